@@ -1,0 +1,48 @@
+#ifndef PS_COMMON_CUDA_CHECK_H_
+#define PS_COMMON_CUDA_CHECK_H_
+
+// Turns CUDA runtime, cuBLAS and NCCL error codes into absl::Status. Include
+// only from code built with PS_WITH_CUDA.
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+
+// Maps a CUDA runtime error to a status naming `what` (the call's text) and
+// the runtime's message. Clears the thread's last error so a later call does
+// not report this one again.
+inline absl::Status CudaStatus(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();
+  const absl::StatusCode code = err == cudaErrorMemoryAllocation
+                                    ? absl::StatusCode::kResourceExhausted
+                                    : absl::StatusCode::kInternal;
+  return absl::Status(code, absl::StrCat(what, ": ", cudaGetErrorName(err), ": ",
+                                         cudaGetErrorString(err)));
+}
+
+inline absl::Status CublasStatus(cublasStatus_t err, const char* what) {
+  if (err == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cublasGetStatusName(err), ": ",
+                                          cublasGetStatusString(err)));
+}
+
+}  // namespace ps
+
+#define PS_CUDA_RETURN_IF_ERROR(call)                                       \
+  do {                                                                      \
+    ::absl::Status ps_cuda_status_ = ::ps::CudaStatus((call), #call);       \
+    if (!ps_cuda_status_.ok()) return ps_cuda_status_;                      \
+  } while (false)
+
+#define PS_CUBLAS_RETURN_IF_ERROR(call)                                     \
+  do {                                                                      \
+    ::absl::Status ps_cublas_status_ = ::ps::CublasStatus((call), #call);   \
+    if (!ps_cublas_status_.ok()) return ps_cublas_status_;                  \
+  } while (false)
+
+#endif  // PS_COMMON_CUDA_CHECK_H_

@@ -1,0 +1,100 @@
+#include "common/cuda_device.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_check.h"
+#include "common/status_macros.h"
+
+namespace ps {
+
+CudaDevice::CudaDevice(int index, int gpu_id)
+    : Device(DeviceType::kCuda, absl::StrCat("cuda:", index)), gpu_id_(gpu_id) {}
+
+absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int index, int gpu_id) {
+  std::unique_ptr<CudaDevice> device(new CudaDevice(index, gpu_id));
+  PS_RETURN_IF_ERROR(device->MakeCurrent());
+  PS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&device->stream_, cudaStreamNonBlocking));
+  PS_CUBLAS_RETURN_IF_ERROR(cublasCreate(&device->cublas_));
+  PS_CUBLAS_RETURN_IF_ERROR(cublasSetStream(device->cublas_, device->stream_));
+  return device;
+}
+
+CudaDevice::~CudaDevice() {
+  ReleaseScratch();
+  cudaSetDevice(gpu_id_);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+absl::Status CudaDevice::MakeCurrent() const {
+  PS_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu_id_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> CudaDevice::Allocate(int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("negative allocation ", bytes));
+  if (bytes == 0) return nullptr;
+  PS_RETURN_IF_ERROR(MakeCurrent());
+  void* ptr = nullptr;
+  PS_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, bytes));
+  return ptr;
+}
+
+void CudaDevice::Deallocate(void* ptr) {
+  if (ptr == nullptr) return;
+  cudaSetDevice(gpu_id_);
+  // Memory may still be in use by queued work on this stream.
+  cudaStreamSynchronize(stream_);
+  cudaFree(ptr);
+}
+
+absl::StatusOr<void*> CudaDevice::AllocateHost(int64_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* ptr = nullptr;
+  PS_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable));
+  return ptr;
+}
+
+void CudaDevice::DeallocateHost(void* ptr) {
+  if (ptr != nullptr) cudaFreeHost(ptr);
+}
+
+absl::Status CudaDevice::CopyOnDevice(void* dst, const void* src, int64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(MakeCurrent());
+  PS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Memzero(void* dst, int64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(MakeCurrent());
+  PS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, 0, bytes, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Synchronize() {
+  PS_RETURN_IF_ERROR(MakeCurrent());
+  PS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::DoCopyHostToDevice(void* dst, const void* src, int64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(MakeCurrent());
+  PS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  PS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::DoCopyDeviceToHost(void* dst, const void* src, int64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(MakeCurrent());
+  PS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  PS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+}  // namespace ps

@@ -1,0 +1,59 @@
+#ifndef PS_COMMON_CUDA_DEVICE_H_
+#define PS_COMMON_CUDA_DEVICE_H_
+
+// Include only from code built with PS_WITH_CUDA.
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/device.h"
+
+namespace ps {
+
+// One logical CUDA device: a stream and a cuBLAS handle on physical GPU
+// `gpu_id`. Every kernel and copy for this device goes to stream(), so two
+// logical devices on one GPU run concurrently and independently.
+class CudaDevice final : public Device {
+ public:
+  // Creates the stream and cuBLAS handle. `index` is the logical index that
+  // names the device ("cuda:<index>").
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int index, int gpu_id);
+  ~CudaDevice() override;
+
+  int gpu_id() const { return gpu_id_; }
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
+
+  // Makes gpu_id() current on the calling thread. Kernel launchers call this
+  // first, since replica threads may drive different GPUs.
+  absl::Status MakeCurrent() const;
+
+  absl::StatusOr<void*> Allocate(int64_t bytes) override;
+  void Deallocate(void* ptr) override;
+  absl::StatusOr<void*> AllocateHost(int64_t bytes) override;
+  void DeallocateHost(void* ptr) override;
+  absl::Status CopyOnDevice(void* dst, const void* src, int64_t bytes) override;
+  absl::Status Memzero(void* dst, int64_t bytes) override;
+  absl::Status Synchronize() override;
+
+ protected:
+  absl::Status DoCopyHostToDevice(void* dst, const void* src, int64_t bytes) override;
+  absl::Status DoCopyDeviceToHost(void* dst, const void* src, int64_t bytes) override;
+
+ private:
+  CudaDevice(int index, int gpu_id);
+
+  const int gpu_id_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+};
+
+// The CudaDevice behind `device`, which must be a CUDA device.
+inline CudaDevice& AsCuda(Device& device) { return static_cast<CudaDevice&>(device); }
+
+}  // namespace ps
+
+#endif  // PS_COMMON_CUDA_DEVICE_H_

@@ -1,0 +1,134 @@
+#ifndef PS_COMMON_DEVICE_H_
+#define PS_COMMON_DEVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ps {
+
+enum class DeviceType { kCpu, kCuda };
+
+// Bytes moved across the host link, counted by the copy layer so tests and
+// benchmarks can check that a training step moves one model's worth each way.
+struct CopyCounters {
+  std::atomic<int64_t> host_to_device_bytes{0};
+  std::atomic<int64_t> device_to_host_bytes{0};
+};
+
+// A place where tensors live and kernels run: a CPU device (a share of the
+// host's cores) or a CUDA device (one stream on one GPU; several logical CUDA
+// devices may share a GPU).
+//
+// Ordering: kernels and copies issued to one device execute in issue order.
+// On CUDA they are asynchronous with respect to the host, except the copies
+// to and from host memory, which return once the host buffer may be reused.
+// On CPU everything completes before the call returns.
+//
+// Thread safety: Allocate/Deallocate and the counters are thread-safe. Work
+// for one device should be issued from one thread at a time (the device's
+// replica thread); different devices may be driven concurrently.
+class Device {
+ public:
+  virtual ~Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  DeviceType type() const { return type_; }
+  bool is_cpu() const { return type_ == DeviceType::kCpu; }
+  bool is_cuda() const { return type_ == DeviceType::kCuda; }
+  // "cpu:0", "cuda:1". Unique among the devices of a process.
+  const std::string& name() const { return name_; }
+
+  // Device memory, 64-byte aligned, uninitialised. kResourceExhausted when
+  // the device is out of memory. `bytes` may be 0 (returns nullptr).
+  virtual absl::StatusOr<void*> Allocate(int64_t bytes) = 0;
+  virtual void Deallocate(void* ptr) = 0;
+
+  // Host memory suited to copies with this device: page-locked on CUDA, so a
+  // copy runs at full link speed and without a staging copy; ordinary aligned
+  // memory on CPU. Release with DeallocateHost.
+  virtual absl::StatusOr<void*> AllocateHost(int64_t bytes) = 0;
+  virtual void DeallocateHost(void* ptr) = 0;
+
+  // Copies between host memory and this device's memory, ordered after all
+  // work issued earlier to this device. Returns once the copy has completed.
+  // Counted in counters().
+  absl::Status CopyHostToDevice(void* device_dst, const void* host_src, int64_t bytes);
+  absl::Status CopyDeviceToHost(void* host_dst, const void* device_src, int64_t bytes);
+  // Copies within this device's memory, asynchronous on CUDA. Not counted.
+  virtual absl::Status CopyOnDevice(void* dst, const void* src, int64_t bytes) = 0;
+  // Sets `bytes` bytes at `dst` to zero, asynchronous on CUDA.
+  virtual absl::Status Memzero(void* dst, int64_t bytes) = 0;
+
+  // Blocks until all work issued to this device has finished; reports any
+  // asynchronous error raised by that work.
+  virtual absl::Status Synchronize() = 0;
+
+  // A scratch buffer of at least `bytes` bytes in device memory, for kernels'
+  // temporaries (im2col columns, reduction partials). There are kScratchSlots
+  // independent slots; a buffer stays valid until the next Scratch call with
+  // the same slot on this device, and its contents are undefined. Because all
+  // work on a device is ordered, a kernel may reuse a slot that an earlier
+  // kernel used. Not thread-safe: call from the thread driving this device.
+  static constexpr int kScratchSlots = 4;
+  absl::StatusOr<void*> Scratch(int slot, int64_t bytes);
+
+  const CopyCounters& counters() const { return counters_; }
+  void ResetCounters() {
+    counters_.host_to_device_bytes = 0;
+    counters_.device_to_host_bytes = 0;
+  }
+
+ protected:
+  Device(DeviceType type, std::string name) : type_(type), name_(std::move(name)) {}
+
+  virtual absl::Status DoCopyHostToDevice(void* dst, const void* src, int64_t bytes) = 0;
+  virtual absl::Status DoCopyDeviceToHost(void* dst, const void* src, int64_t bytes) = 0;
+
+ private:
+  const DeviceType type_;
+  const std::string name_;
+  CopyCounters counters_;
+  void* scratch_[kScratchSlots] = {};
+  int64_t scratch_bytes_[kScratchSlots] = {};
+
+ protected:
+  // Subclasses call this first in their destructor, while Deallocate works.
+  void ReleaseScratch();
+};
+
+// What `--devices` asks for.
+struct DeviceSpec {
+  DeviceType type = DeviceType::kCpu;
+  // CPU: the number of devices. CUDA: ignored when gpu_ids is set.
+  int count = 1;
+  // CUDA: physical GPU ids, one logical device each; repeats allowed (two
+  // logical devices with their own streams on one GPU). Empty = all GPUs.
+  std::vector<int> gpu_ids;
+  bool auto_select = false;  // "auto": every GPU if any, else one CPU device
+};
+
+// Parses "auto", "cpu", "cpu:N", "cuda", "cuda:0,1,1". kInvalidArgument names
+// the bad text.
+absl::StatusOr<DeviceSpec> ParseDeviceSpec(absl::string_view text);
+
+// Number of usable CUDA GPUs: 0 when the build has no CUDA, there is no
+// driver, or no GPU. Never fails.
+int CudaGpuCount();
+
+// Creates the devices `spec` names. CPU devices split `cpu_threads` (0 = all
+// hardware threads) between them, at least one each. kUnavailable when CUDA
+// is asked for and none is usable; kUnimplemented in a build without CUDA.
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(const DeviceSpec& spec,
+                                                                   int cpu_threads = 0);
+
+}  // namespace ps
+
+#endif  // PS_COMMON_DEVICE_H_

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every build, test and data dependency from Debian 12's apt
+# repositories. Idempotent: packages already present are not reinstalled, and
+# apt is not touched at all when nothing is missing. Run as root.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap        # Bazel 4.2.3, the build
+  bazel-rules-java       # @rules_java, offline
+  g++ pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libopenblas-dev
+  zlib1g-dev
+  dataset-fashion-mnist  # real data: /usr/share/datasets/fashion-mnist
+  python3 python3-numpy python3-torch  # PyTorch serves as a test oracle
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi

@@ -1,0 +1,28 @@
+#ifndef PS_KERNELS_LINEAR_H_
+#define PS_KERNELS_LINEAR_H_
+
+// Fully connected layer, PyTorch layout: weight [out, in], bias [out].
+//   y[N, out] = x[N, in] * weight^T + bias
+// Pointers are in `device`'s memory; work is queued on CUDA.
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/device.h"
+
+namespace ps::kernels {
+
+// `bias` may be null (no bias).
+absl::Status LinearForward(Device& device, int64_t batch, int64_t in_features,
+                           int64_t out_features, const float* x, const float* weight,
+                           const float* bias, float* y);
+
+// Given dy [N, out]: dx [N, in] (skipped when null), dweight [out, in] and
+// dbias [out] (skipped when null). All three are overwritten, not accumulated.
+absl::Status LinearBackward(Device& device, int64_t batch, int64_t in_features,
+                            int64_t out_features, const float* x, const float* weight,
+                            const float* dy, float* dx, float* dweight, float* dbias);
+
+}  // namespace ps::kernels
+
+#endif  // PS_KERNELS_LINEAR_H_

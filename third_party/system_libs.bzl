@@ -1,0 +1,136 @@
+"""Repository rules that expose Debian's system libraries and the CUDA toolkit.
+
+Nothing is downloaded: `system_libs` asks pkg-config for each library's flags
+when the repository is fetched and writes a BUILD file of cc_library targets;
+`local_cuda` links the toolkit's headers and libraries into a repository and
+records whether it was found, so the same WORKSPACE loads on machines with
+and without CUDA.
+"""
+
+# target name -> pkg-config modules. Headers live in /usr/include, which the
+# auto-configured toolchain already treats as a system include directory.
+_PKG_CONFIG_LIBS = {
+    "absl": [
+        "absl_base",
+        "absl_flags",
+        "absl_flags_parse",
+        "absl_flags_usage",
+        "absl_hash",
+        "absl_raw_hash_set",
+        "absl_random_random",
+        "absl_status",
+        "absl_statusor",
+        "absl_str_format",
+        "absl_strings",
+        "absl_synchronization",
+        "absl_time",
+    ],
+    "benchmark": ["benchmark"],
+    "grpc": ["grpc++", "grpc"],
+    "gtest": ["gtest", "gmock"],
+    "gtest_main": ["gtest_main", "gmock"],
+    "openblas": ["openblas"],
+    "protobuf": ["protobuf"],
+    "zlib": ["zlib"],
+}
+
+def _pkg_config(ctx, modules, flag):
+    result = ctx.execute(["pkg-config", flag] + modules)
+    if result.return_code != 0:
+        fail("pkg-config %s %s failed: %s\nRun deploy/setup.sh to install the dependencies." %
+             (flag, " ".join(modules), result.stderr))
+    return [f for f in result.stdout.strip().split(" ") if f]
+
+def _system_libs_impl(ctx):
+    lines = ['package(default_visibility = ["//visibility:public"])', ""]
+    for name, modules in sorted(_PKG_CONFIG_LIBS.items()):
+        libs = _pkg_config(ctx, modules, "--libs")
+        cflags = [f for f in _pkg_config(ctx, modules, "--cflags") if f.startswith("-D")]
+        lines.append("cc_library(")
+        lines.append('    name = "%s",' % name)
+        lines.append("    linkopts = %s," % repr(libs + ["-lpthread"]))
+        lines.append("    defines = %s," % repr([f[2:] for f in cflags]))
+        lines.append(")")
+        lines.append("")
+
+    # The code generators, for proto/ genrules.
+    for tool in ["protoc", "grpc_cpp_plugin"]:
+        path = ctx.which(tool)
+        if path == None:
+            fail("%s not found; run deploy/setup.sh" % tool)
+        ctx.symlink(path, tool)
+    # Debian's libbenchmark-dev ships libbenchmark_main without a .pc file.
+    lines.append('cc_library(name = "grpc_health", linkopts = ["-lgrpc++_reflection"], deps = [":grpc"])')
+    lines.append('cc_library(name = "benchmark_main", linkopts = ["-lbenchmark_main"], deps = [":benchmark"])')
+    lines.append('exports_files(["protoc", "grpc_cpp_plugin"])')
+    ctx.file("BUILD", "\n".join(lines) + "\n")
+    ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)
+
+system_libs = repository_rule(
+    implementation = _system_libs_impl,
+    local = True,
+    environ = ["PKG_CONFIG_PATH"],
+)
+
+_CUDA_BUILD = """
+package(default_visibility = ["//visibility:public"])
+
+cc_library(
+    name = "cuda_headers",
+    hdrs = glob(["include/*.h", "include/*.hpp", "include/crt/**", "include/nv/**"]),
+    includes = ["include"],
+)
+
+cc_library(
+    name = "cudart",
+    linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lcudart"],
+    deps = [":cuda_headers"],
+)
+
+cc_library(
+    name = "cublas",
+    linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lcublas", "-lcublasLt"],
+    deps = [":cudart"],
+)
+
+cc_library(
+    name = "nccl",
+    linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lnccl"],
+    deps = [":cudart"],
+)
+
+exports_files(["nvcc"])
+"""
+
+_NO_CUDA_BUILD = """
+package(default_visibility = ["//visibility:public"])
+
+# No CUDA toolkit on this machine: build with --config=cpu_only.
+[cc_library(name = n) for n in ["cuda_headers", "cudart", "cublas", "nccl"]]
+
+genrule(
+    name = "nvcc_missing",
+    outs = ["nvcc"],
+    cmd = "echo 'echo no CUDA toolkit: build with --config=cpu_only >&2; exit 1' > $@",
+    executable = True,
+)
+"""
+
+def _local_cuda_impl(ctx):
+    cuda = ctx.os.environ.get("CUDA_PATH", "/usr/local/cuda")
+    found = ctx.path(cuda + "/bin/nvcc").exists
+    if found:
+        ctx.symlink(cuda + "/include", "include")
+        ctx.symlink(cuda + "/bin/nvcc", "nvcc")
+        lib = str(ctx.path(cuda + "/lib64").realpath)
+        ctx.file("BUILD", _CUDA_BUILD.replace("{lib}", lib))
+    else:
+        ctx.file("BUILD", _NO_CUDA_BUILD)
+    ctx.file("defs.bzl", "CUDA_FOUND = %s\nCUDA_PATH = %r\n" % (found, cuda))
+    ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)
+
+local_cuda = repository_rule(
+    implementation = _local_cuda_impl,
+    local = True,
+    environ = ["CUDA_PATH"],
+)
