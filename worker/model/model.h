@@ -1,0 +1,109 @@
+#ifndef PS_WORKER_MODEL_MODEL_H_
+#define PS_WORKER_MODEL_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/device.h"
+#include "common/dtype.h"
+#include "common/tensor.h"
+
+namespace ps::worker {
+
+// One named tensor of a model: a trainable parameter or a buffer (batch-norm
+// running statistics). Names and layouts are PyTorch's ("conv1.weight" OIHW,
+// "fc1.weight" [out, in], "bn1.running_mean"), so that the parameter server's
+// keys and the safetensors files match torch.nn models.
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::kF32;
+};
+
+// The architecture a model is built from.
+struct ModelConfig {
+  // "softmax", "mlp", "lenet" (sigmoid + average pooling, Dive into Deep
+  // Learning's), "lenet_relu" (ReLU + max pooling), "resnet18" (D2L's
+  // small-image ResNet-18 with batch norm).
+  std::string name = "lenet";
+  Shape input_shape = {1, 28, 28};  // one sample: [C, H, W]
+  int64_t num_classes = 10;
+  std::vector<int64_t> mlp_hidden = {256};  // "mlp" only: hidden widths
+};
+
+// Loss and accuracy of a forward pass, in device memory (two floats) so the
+// training loop need not synchronise with the device every step.
+struct DeviceMetrics {
+  const float* loss_sum = nullptr;  // sum over the samples of cross-entropy
+  const float* correct = nullptr;   // number of samples predicted right
+};
+
+// A model replica on one device. Every trainable parameter is a view into one
+// flat buffer (flat_parameters(), in parameters() order, each tensor
+// contiguous, row-major), and every gradient a view into a second buffer of
+// the same layout (flat_gradients()); buffers live in a third (flat_buffers()).
+// So a whole model's parameters or gradients move between devices, host and
+// wire in one copy, and the parameter server's keys are parameters()' names.
+//
+// Not thread-safe: one thread drives one replica. The device must outlive it.
+class Model {
+ public:
+  // kInvalidArgument for an unknown model name or an input shape the
+  // architecture cannot take (naming both).
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelConfig& config, Device* device);
+  virtual ~Model() = default;
+
+  const ModelConfig& config() const;
+  Device* device() const;
+
+  // Trainable parameters, in a fixed order (the model's signature).
+  virtual const std::vector<ParamSpec>& parameters() const = 0;
+  // Non-trainable state saved with the weights (running_mean, running_var,
+  // num_batches_tracked as F32). Empty for models without batch norm.
+  virtual const std::vector<ParamSpec>& buffers() const = 0;
+
+  virtual Tensor& flat_parameters() = 0;  // [total parameter elements]
+  virtual Tensor& flat_gradients() = 0;   // same layout as flat_parameters()
+  virtual Tensor& flat_buffers() = 0;     // [total buffer elements]
+  // The view of one parameter or buffer by name; kNotFound otherwise.
+  virtual absl::StatusOr<Tensor> Find(const std::string& name) = 0;
+
+  // Seeded initialisation: conv and linear weights Xavier-uniform (as D2L's
+  // init_cnn), biases 0, batch-norm gamma 1, beta 0, running mean 0, var 1.
+  // Deterministic in `seed` on every device type.
+  virtual absl::Status Initialize(uint64_t seed) = 0;
+
+  // Training step on one shard: inputs [n, C, H, W] and labels int32 [n] on
+  // this device (n >= 1, may change between calls). Runs forward in training
+  // mode (batch norm uses the shard's statistics and updates running stats),
+  // the summed softmax cross-entropy loss, and backward, overwriting
+  // flat_gradients() with the gradient of the loss SUM over the shard.
+  // Queued on the device; the metrics are valid once the device synchronises.
+  virtual absl::StatusOr<DeviceMetrics> ForwardBackward(const Tensor& inputs,
+                                                        const Tensor& labels) = 0;
+
+  // Inference-mode forward (batch norm uses running statistics) and loss;
+  // gradients untouched.
+  virtual absl::StatusOr<DeviceMetrics> Evaluate(const Tensor& inputs, const Tensor& labels) = 0;
+
+ protected:
+  Model(ModelConfig config, Device* device) : config_(std::move(config)), device_(device) {}
+
+ private:
+  ModelConfig config_;
+  Device* device_;
+};
+
+inline const ModelConfig& Model::config() const { return config_; }
+inline Device* Model::device() const { return device_; }
+
+// Total elements of a list of specs.
+int64_t TotalElements(const std::vector<ParamSpec>& specs);
+
+}  // namespace ps::worker
+
+#endif  // PS_WORKER_MODEL_MODEL_H_
