@@ -10,19 +10,10 @@
 #include "absl/status/statusor.h"
 #include "common/device.h"
 #include "common/dtype.h"
+#include "common/param_spec.h"
 #include "common/tensor.h"
 
 namespace ps::worker {
-
-// One named tensor of a model: a trainable parameter or a buffer (batch-norm
-// running statistics). Names and layouts are PyTorch's ("conv1.weight" OIHW,
-// "fc1.weight" [out, in], "bn1.running_mean"), so that the parameter server's
-// keys and the safetensors files match torch.nn models.
-struct ParamSpec {
-  std::string name;
-  Shape shape;
-  DType dtype = DType::kF32;
-};
 
 // The architecture a model is built from.
 struct ModelConfig {
