@@ -1,0 +1,77 @@
+#include "server/optimizer.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace ps::server {
+
+float LrSchedule::LearningRate(float base_lr, int64_t step) const {
+  if (step_size <= 0) return base_lr;
+  const int64_t t = unit == Unit::kSteps ? step : step / std::max<int64_t>(1, steps_per_epoch);
+  return base_lr * std::pow(gamma, static_cast<float>(t / step_size));
+}
+
+absl::Status ValidateOptimizerOptions(const OptimizerOptions& options) {
+  const kernels::SgdHyper& sgd = options.sgd;
+  if (!std::isfinite(sgd.lr) || sgd.lr < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("learning rate must be >= 0, got ", sgd.lr));
+  }
+  if (!(sgd.momentum >= 0 && sgd.momentum < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("momentum must be in [0, 1), got ", sgd.momentum));
+  }
+  if (!std::isfinite(sgd.weight_decay) || sgd.weight_decay < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight decay must be >= 0, got ", sgd.weight_decay));
+  }
+  if (sgd.nesterov && sgd.momentum == 0) {
+    return absl::InvalidArgumentError("nesterov momentum needs momentum > 0");
+  }
+  if (options.schedule.step_size < 0 || !(options.schedule.gamma > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "learning-rate schedule needs step_size >= 0 and gamma > 0, got step_size ",
+        options.schedule.step_size, ", gamma ", options.schedule.gamma));
+  }
+  return absl::OkStatus();
+}
+
+SgdOptimizer::SgdOptimizer(const OptimizerOptions& options, int64_t num_parameters,
+                           CpuDevice* device)
+    : options_(options),
+      device_(device),
+      momentum_(options.sgd.momentum != 0 ? num_parameters : 0, 0.f) {}
+
+absl::StatusOr<std::unique_ptr<SgdOptimizer>> SgdOptimizer::Create(const OptimizerOptions& options,
+                                                                   int64_t num_parameters,
+                                                                   CpuDevice* device) {
+  PS_RETURN_IF_ERROR(ValidateOptimizerOptions(options));
+  if (num_parameters < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative parameter count ", num_parameters));
+  }
+  return std::unique_ptr<SgdOptimizer>(new SgdOptimizer(options, num_parameters, device));
+}
+
+absl::Status SgdOptimizer::Apply(int64_t step, int64_t num_samples,
+                                 absl::Span<const float> grad_sum, absl::Span<float> params) {
+  if (grad_sum.size() != params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient has ", grad_sum.size(),
+                                                   " elements, parameters ", params.size()));
+  }
+  if (!momentum_.empty() && momentum_.size() != params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer holds ", momentum_.size(),
+                                                   " momentum elements, parameters ",
+                                                   params.size()));
+  }
+  if (num_samples < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an update must cover at least one sample, got ", num_samples));
+  }
+  kernels::SgdHyper hyper = options_.sgd;
+  hyper.lr = options_.schedule.LearningRate(options_.sgd.lr, step);
+  return kernels::SgdUpdate(*device_, static_cast<int64_t>(params.size()), hyper,
+                            1.f / static_cast<float>(num_samples), grad_sum.data(),
+                            params.data(), momentum_.empty() ? nullptr : momentum_.data());
+}
+
+}  // namespace ps::server

@@ -1,0 +1,71 @@
+#ifndef PS_SERVER_OPTIMIZER_H_
+#define PS_SERVER_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/cpu_device.h"
+#include "kernels/sgd.h"
+
+namespace ps::server {
+
+// Step learning-rate decay: lr = base_lr * gamma^floor(t / step_size), where t
+// counts updates (unit kSteps) or completed epochs (unit kEpochs, using
+// steps_per_epoch). step_size 0 keeps the rate constant.
+struct LrSchedule {
+  enum class Unit { kSteps, kEpochs };
+  Unit unit = Unit::kEpochs;
+  int64_t step_size = 0;
+  float gamma = 0.1f;
+  int64_t steps_per_epoch = 1;  // used with kEpochs
+
+  // The rate for update number `step` (0-based).
+  float LearningRate(float base_lr, int64_t step) const;
+};
+
+struct OptimizerOptions {
+  kernels::SgdHyper sgd;  // sgd.lr is the base learning rate
+  LrSchedule schedule;
+};
+
+// kInvalidArgument naming the field for a negative or non-finite rate,
+// momentum outside [0, 1), negative weight decay, gamma <= 0, nesterov
+// without momentum.
+absl::Status ValidateOptimizerOptions(const OptimizerOptions& options);
+
+// SGD over one flat parameter vector in host memory: the update the server
+// applies once per iteration to the sum of all workers' gradients. Holds the
+// momentum buffer. Not thread-safe; the caller serialises Apply calls.
+class SgdOptimizer {
+ public:
+  // `device` runs the update kernel (a CPU device; its threads split the
+  // work) and must outlive the optimizer.
+  static absl::StatusOr<std::unique_ptr<SgdOptimizer>> Create(const OptimizerOptions& options,
+                                                              int64_t num_parameters,
+                                                              CpuDevice* device);
+
+  // Applies update number `step` (0-based, selects the learning rate) to
+  // `params`, where `grad_sum` is the gradient of the loss summed over
+  // `num_samples` samples: the step is that of the mean loss. kInvalidArgument
+  // for a size mismatch or num_samples < 1; nothing is changed then.
+  absl::Status Apply(int64_t step, int64_t num_samples, absl::Span<const float> grad_sum,
+                     absl::Span<float> params);
+
+  const OptimizerOptions& options() const { return options_; }
+  // The momentum buffer (empty without momentum), for checkpoints.
+  absl::Span<const float> momentum() const { return momentum_; }
+
+ private:
+  SgdOptimizer(const OptimizerOptions& options, int64_t num_parameters, CpuDevice* device);
+
+  const OptimizerOptions options_;
+  CpuDevice* const device_;
+  std::vector<float> momentum_;
+};
+
+}  // namespace ps::server
+
+#endif  // PS_SERVER_OPTIMIZER_H_

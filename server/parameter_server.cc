@@ -1,0 +1,298 @@
+#include "server/parameter_server.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace ps::server {
+namespace {
+
+// Describes the first difference between two signatures, or "" if equal.
+std::string SignatureDifference(const std::vector<ParamSpec>& server,
+                                const std::vector<ParamSpec>& worker) {
+  const size_t n = std::min(server.size(), worker.size());
+  for (size_t i = 0; i < n; ++i) {
+    const ParamSpec& s = server[i];
+    const ParamSpec& w = worker[i];
+    if (s.name != w.name) {
+      return absl::StrCat("parameter ", i, " is '", s.name, "' on the server but '", w.name,
+                          "' on the worker");
+    }
+    if (s.shape != w.shape) {
+      return absl::StrCat("parameter '", s.name, "' has shape ", ShapeToString(s.shape),
+                          " on the server but ", ShapeToString(w.shape), " on the worker");
+    }
+    if (s.dtype != w.dtype) {
+      return absl::StrCat("parameter '", s.name, "' has dtype ", DTypeName(s.dtype),
+                          " on the server but ", DTypeName(w.dtype), " on the worker");
+    }
+  }
+  if (server.size() != worker.size()) {
+    return absl::StrCat("the server's model has ", server.size(), " parameters, the worker's ",
+                        worker.size());
+  }
+  return "";
+}
+
+}  // namespace
+
+ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevice* device)
+    : options_(options), device_(device) {}
+
+absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
+    const ParameterServerOptions& options, std::vector<ParamSpec> signature,
+    std::vector<float> initial, CpuDevice* device) {
+  if (options.num_workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_workers must be >= 1, got ", options.num_workers));
+  }
+  if (options.chunk_elements < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_elements must be >= 1, got ", options.chunk_elements));
+  }
+  PS_RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
+  std::unique_ptr<ParameterServer> server(new ParameterServer(options, device));
+  server->workers_.resize(options.num_workers);
+  if (!signature.empty()) {
+    absl::MutexLock lock(&server->mu_);
+    PS_RETURN_IF_ERROR(server->AdoptSignatureLocked(std::move(signature), std::move(initial)));
+  }
+  return server;
+}
+
+absl::Status ParameterServer::AdoptSignatureLocked(std::vector<ParamSpec> signature,
+                                                   std::vector<float> initial) {
+  std::vector<int64_t> offsets, first_chunks;
+  int64_t total = 0, chunks = 0;
+  for (const ParamSpec& spec : signature) {
+    if (spec.dtype != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", spec.name, "' is ",
+                                                     DTypeName(spec.dtype),
+                                                     "; the server stores F32 only"));
+    }
+    offsets.push_back(total);
+    first_chunks.push_back(chunks);
+    const int64_t n = NumElements(spec.shape);
+    total += n;
+    chunks += std::max<int64_t>(1, (n + options_.chunk_elements - 1) / options_.chunk_elements);
+  }
+  if (static_cast<int64_t>(initial.size()) != total) {
+    return absl::InvalidArgumentError(absl::StrCat("initial parameters have ", initial.size(),
+                                                   " elements but the signature needs ", total));
+  }
+  for (size_t i = 0; i < initial.size(); ++i) {
+    if (!std::isfinite(initial[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("initial parameter element ", i, " is not finite"));
+    }
+  }
+  PS_ASSIGN_OR_RETURN(optimizer_, SgdOptimizer::Create(options_.optimizer, total, device_));
+  signature_ = std::move(signature);
+  key_offset_ = std::move(offsets);
+  key_first_chunk_ = std::move(first_chunks);
+  total_chunks_ = chunks;
+  params_ = std::move(initial);
+  grad_sum_.assign(total, 0.f);
+  for (WorkerState& w : workers_) {
+    w.pushed.assign(chunks, false);
+    w.chunks_pushed = 0;
+    w.num_samples = -1;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
+    const std::string& worker_id, const std::vector<ParamSpec>& signature,
+    absl::Span<const float> proposed) {
+  if (worker_id.empty()) return absl::InvalidArgumentError("worker id is empty");
+  absl::MutexLock lock(&mu_);
+  if (signature_.empty()) {
+    if (signature.empty()) return absl::InvalidArgumentError("worker sent an empty signature");
+    PS_RETURN_IF_ERROR(
+        AdoptSignatureLocked(signature, std::vector<float>(proposed.begin(), proposed.end())));
+  } else {
+    const std::string diff = SignatureDifference(signature_, signature);
+    if (!diff.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker '", worker_id, "' has a different model: ", diff));
+    }
+  }
+  int rank = -1;
+  for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {
+    if (workers_[r].id == worker_id) rank = r;
+  }
+  if (rank < 0) {
+    for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {
+      if (workers_[r].id.empty()) {
+        workers_[r].id = worker_id;
+        rank = r;
+        break;
+      }
+    }
+  }
+  if (rank < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("worker '", worker_id, "' refused: all ",
+                                                     workers_.size(),
+                                                     " worker slots are registered"));
+  }
+  Registration reg;
+  reg.rank = rank;
+  reg.num_workers = static_cast<int>(workers_.size());
+  reg.version = version_;
+  reg.chunk_elements = options_.chunk_elements;
+  return reg;
+}
+
+absl::Status ParameterServer::CheckKeyChunkLocked(int key, int64_t chunk, int64_t* offset,
+                                                  int64_t* length) const {
+  if (signature_.empty()) return absl::FailedPreconditionError("no model registered yet");
+  if (key < 0 || key >= static_cast<int>(signature_.size())) {
+    return absl::OutOfRangeError(
+        absl::StrCat("key ", key, " out of range: the model has ", signature_.size(), " keys"));
+  }
+  const int64_t n = NumElements(signature_[key].shape);
+  const int64_t chunks = std::max<int64_t>(1, (n + options_.chunk_elements - 1) /
+                                                  options_.chunk_elements);
+  if (chunk < 0 || chunk >= chunks) {
+    return absl::OutOfRangeError(absl::StrCat("chunk ", chunk, " of key '", signature_[key].name,
+                                              "' out of range: it has ", chunks, " chunks"));
+  }
+  *offset = chunk * options_.chunk_elements;
+  *length = std::min(options_.chunk_elements, n - *offset);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Push(int rank, int64_t iteration, int key, int64_t chunk,
+                                   int64_t num_samples, absl::Span<const float> gradient) {
+  absl::MutexLock lock(&mu_);
+  if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
+    return absl::NotFoundError(absl::StrCat("push from unregistered worker rank ", rank));
+  }
+  int64_t offset, length;
+  PS_RETURN_IF_ERROR(CheckKeyChunkLocked(key, chunk, &offset, &length));
+  const std::string& name = signature_[key].name;
+  if (static_cast<int64_t>(gradient.size()) != length) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk, " of '", name, "' needs ",
+                                                   length, " elements, got ", gradient.size()));
+  }
+  if (iteration != version_) {
+    return absl::FailedPreconditionError(absl::StrCat("push for iteration ", iteration,
+                                                      " but the server is at iteration ",
+                                                      version_));
+  }
+  WorkerState& worker = workers_[rank];
+  if (num_samples < 0 || (worker.num_samples >= 0 && num_samples != worker.num_samples)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "push of '", name, "' claims ", num_samples, " samples but worker rank ", rank,
+        " claimed ", worker.num_samples, " earlier in iteration ", iteration));
+  }
+  const int64_t global_chunk = key_first_chunk_[key] + chunk;
+  if (worker.pushed[global_chunk]) {
+    return absl::AlreadyExistsError(absl::StrCat("chunk ", chunk, " of '", name,
+                                                 "' already pushed by worker rank ", rank,
+                                                 " in iteration ", iteration));
+  }
+  for (int64_t i = 0; i < length; ++i) {
+    if (!std::isfinite(gradient[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient of '", name, "' element ",
+                                                     offset + i, " is ", gradient[i],
+                                                     "; refusing a non-finite push"));
+    }
+  }
+  // Validated: only now is any state changed.
+  float* sum = grad_sum_.data() + key_offset_[key] + offset;
+  for (int64_t i = 0; i < length; ++i) sum[i] += gradient[i];
+  worker.pushed[global_chunk] = true;
+  worker.chunks_pushed++;
+  worker.num_samples = num_samples;
+  return MaybeApplyLocked();
+}
+
+absl::Status ParameterServer::MaybeApplyLocked() {
+  int64_t samples = 0;
+  for (const WorkerState& w : workers_) {
+    if (w.chunks_pushed < total_chunks_) return absl::OkStatus();
+    samples += w.num_samples;
+  }
+  if (samples > 0) {
+    PS_RETURN_IF_ERROR(optimizer_->Apply(version_, samples, grad_sum_, absl::MakeSpan(params_)));
+  }
+  std::fill(grad_sum_.begin(), grad_sum_.end(), 0.f);
+  for (WorkerState& w : workers_) {
+    std::fill(w.pushed.begin(), w.pushed.end(), false);
+    w.chunks_pushed = 0;
+    w.num_samples = -1;
+  }
+  ++version_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ParameterServer::PullChunk(int64_t version, int key, int64_t chunk,
+                                                   absl::Time deadline, absl::Span<float> out) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return version_ >= version && !signature_.empty();
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat("version ", version,
+                                                    " not reached before the deadline; the "
+                                                    "server is at version ",
+                                                    version_));
+  }
+  int64_t offset, length;
+  PS_RETURN_IF_ERROR(CheckKeyChunkLocked(key, chunk, &offset, &length));
+  if (static_cast<int64_t>(out.size()) != length) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk, " of '",
+                                                   signature_[key].name, "' has ", length,
+                                                   " elements, buffer ", out.size()));
+  }
+  std::memcpy(out.data(), params_.data() + key_offset_[key] + offset, length * sizeof(float));
+  return version_;
+}
+
+absl::StatusOr<int64_t> ParameterServer::Pull(int64_t version, absl::Time deadline,
+                                              absl::Span<float> out) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return version_ >= version && !signature_.empty();
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat("version ", version,
+                                                    " not reached before the deadline; the "
+                                                    "server is at version ",
+                                                    version_));
+  }
+  if (out.size() != params_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("pull into ", out.size(),
+                                                   " elements; the model has ", params_.size()));
+  }
+  std::memcpy(out.data(), params_.data(), params_.size() * sizeof(float));
+  return version_;
+}
+
+std::vector<ParamSpec> ParameterServer::signature() const {
+  absl::MutexLock lock(&mu_);
+  return signature_;
+}
+
+int64_t ParameterServer::version() const {
+  absl::MutexLock lock(&mu_);
+  return version_;
+}
+
+int64_t ParameterServer::num_parameters() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(params_.size());
+}
+
+int64_t ParameterServer::NumChunks(int key) const {
+  absl::MutexLock lock(&mu_);
+  if (key < 0 || key >= static_cast<int>(signature_.size())) return 0;
+  const int64_t n = NumElements(signature_[key].shape);
+  return std::max<int64_t>(1, (n + options_.chunk_elements - 1) / options_.chunk_elements);
+}
+
+}  // namespace ps::server

@@ -1,0 +1,130 @@
+#ifndef PS_SERVER_PARAMETER_SERVER_H_
+#define PS_SERVER_PARAMETER_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/cpu_device.h"
+#include "common/param_spec.h"
+#include "server/optimizer.h"
+
+namespace ps::server {
+
+struct ParameterServerOptions {
+  // Workers that take part in every synchronous iteration.
+  int num_workers = 1;
+  OptimizerOptions optimizer;
+  // Gradients and parameters move in chunks of at most this many elements
+  // per key (4 MiB of fp32 by default), which bounds every message.
+  int64_t chunk_elements = int64_t{1} << 20;
+};
+
+// The synchronous parameter server's state machine, free of any transport:
+// the gRPC service (and the in-process LocalParameterStore) translate calls
+// into these methods. It holds one flat fp32 parameter vector laid out in
+// signature order, sums the gradient pushes of all workers for the current
+// iteration, and when every worker has pushed every chunk, applies one SGD
+// update scaled by the samples the pushes cover and publishes version + 1.
+//
+// Versions: version v is the parameters after v updates; iteration v is the
+// step computed from version v, whose pushes produce version v + 1.
+//
+// Every method is thread-safe. Bad input never changes state: a rejected
+// push leaves the pending sums and the parameters untouched.
+class ParameterServer {
+ public:
+  // `signature` and `initial` (flat, signature order) may both be empty: the
+  // first worker to register then supplies them. `device` runs the optimizer
+  // and must outlive the server.
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(
+      const ParameterServerOptions& options, std::vector<ParamSpec> signature,
+      std::vector<float> initial, CpuDevice* device);
+
+  struct Registration {
+    int rank = 0;
+    int num_workers = 1;
+    int64_t version = 0;
+    int64_t chunk_elements = 0;
+  };
+
+  // Registers worker `worker_id` with its model's signature; `proposed` are
+  // its initial parameters, used only if the server has none yet. Registering
+  // the same worker_id again returns its existing rank (a restarted worker).
+  // Errors: kFailedPrecondition when the signature differs (the message names
+  // the first difference), kResourceExhausted when num_workers others are
+  // registered, kInvalidArgument for an empty id or a proposal of wrong size.
+  absl::StatusOr<Registration> Register(const std::string& worker_id,
+                                        const std::vector<ParamSpec>& signature,
+                                        absl::Span<const float> proposed);
+
+  // Adds chunk `chunk` of key `key` (elements [chunk * chunk_elements, ...)
+  // of that parameter) of the gradient of worker `rank`, computed at
+  // `iteration` over `num_samples` samples (the same for all of that worker's
+  // chunks of the iteration; 0 for a worker whose shard was empty).
+  // Errors, each leaving all state untouched: kNotFound unknown rank,
+  // kOutOfRange key or chunk out of range, kInvalidArgument wrong chunk length
+  // or a non-finite value (named), kFailedPrecondition iteration is not the
+  // current one or num_samples differs from this worker's earlier chunks,
+  // kAlreadyExists the chunk was already pushed this iteration.
+  absl::Status Push(int rank, int64_t iteration, int key, int64_t chunk, int64_t num_samples,
+                    absl::Span<const float> gradient);
+
+  // Waits until version `version` exists (or `deadline` passes:
+  // kDeadlineExceeded) and copies chunk `chunk` of key `key` into `out`
+  // (exactly the chunk's length). Returns the version copied, which is the
+  // newest and at least `version`.
+  absl::StatusOr<int64_t> PullChunk(int64_t version, int key, int64_t chunk, absl::Time deadline,
+                                    absl::Span<float> out);
+  // The same for all parameters at once, flat in signature order.
+  absl::StatusOr<int64_t> Pull(int64_t version, absl::Time deadline, absl::Span<float> out);
+
+  // The signature (empty until known) and current version.
+  std::vector<ParamSpec> signature() const;
+  int64_t version() const;
+  int64_t num_parameters() const;
+  // Number of chunks key `key` is cut into.
+  int64_t NumChunks(int key) const;
+  const ParameterServerOptions& options() const { return options_; }
+
+ private:
+  ParameterServer(const ParameterServerOptions& options, CpuDevice* device);
+
+  absl::Status AdoptSignatureLocked(std::vector<ParamSpec> signature, std::vector<float> initial)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the update once every worker has pushed everything.
+  absl::Status MaybeApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckKeyChunkLocked(int key, int64_t chunk, int64_t* offset, int64_t* length) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ParameterServerOptions options_;
+  CpuDevice* const device_;
+
+  mutable absl::Mutex mu_;
+  std::vector<ParamSpec> signature_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> key_offset_ ABSL_GUARDED_BY(mu_);      // element offset of each key
+  std::vector<int64_t> key_first_chunk_ ABSL_GUARDED_BY(mu_);  // global index of each key's chunk 0
+  int64_t total_chunks_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<float> params_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> grad_sum_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<SgdOptimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+
+  struct WorkerState {
+    std::string id;
+    std::vector<bool> pushed;  // per global chunk, this iteration
+    int64_t chunks_pushed = 0;
+    int64_t num_samples = -1;  // this iteration; -1 before the first chunk
+  };
+  std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ps::server
+
+#endif  // PS_SERVER_PARAMETER_SERVER_H_
