@@ -17,15 +17,17 @@
 
 namespace ps {
 
-absl::Status Device::CopyHostToDevice(void* device_dst, const void* host_src, int64_t bytes) {
+absl::Status Device::CopyHostToDevice(void* device_dst, const void* host_src, int64_t bytes,
+                                      CopyKind kind) {
   PS_RETURN_IF_ERROR(DoCopyHostToDevice(device_dst, host_src, bytes));
-  counters_.host_to_device_bytes += bytes;
+  counters_.host_to_device_bytes[static_cast<int>(kind)] += bytes;
   return absl::OkStatus();
 }
 
-absl::Status Device::CopyDeviceToHost(void* host_dst, const void* device_src, int64_t bytes) {
+absl::Status Device::CopyDeviceToHost(void* host_dst, const void* device_src, int64_t bytes,
+                                      CopyKind kind) {
   PS_RETURN_IF_ERROR(DoCopyDeviceToHost(host_dst, device_src, bytes));
-  counters_.device_to_host_bytes += bytes;
+  counters_.device_to_host_bytes[static_cast<int>(kind)] += bytes;
   return absl::OkStatus();
 }
 

@@ -15,11 +15,23 @@ namespace ps {
 
 enum class DeviceType { kCpu, kCuda };
 
-// Bytes moved across the host link, counted by the copy layer so tests and
-// benchmarks can check that a training step moves one model's worth each way.
+// What a host<->device copy carries, so the copy layer can count model
+// traffic (parameters and gradients: one model's worth each way per step is
+// the target) apart from input batches and metric read-backs.
+enum class CopyKind : int { kModel = 0, kData = 1, kOther = 2 };
+constexpr int kNumCopyKinds = 3;
+
+// Bytes moved across the host link, by kind, counted by the copy layer.
 struct CopyCounters {
-  std::atomic<int64_t> host_to_device_bytes{0};
-  std::atomic<int64_t> device_to_host_bytes{0};
+  std::atomic<int64_t> host_to_device_bytes[kNumCopyKinds] = {};
+  std::atomic<int64_t> device_to_host_bytes[kNumCopyKinds] = {};
+
+  int64_t host_to_device(CopyKind kind) const {
+    return host_to_device_bytes[static_cast<int>(kind)].load();
+  }
+  int64_t device_to_host(CopyKind kind) const {
+    return device_to_host_bytes[static_cast<int>(kind)].load();
+  }
 };
 
 // A place where tensors live and kernels run: a CPU device (a share of the
@@ -59,9 +71,11 @@ class Device {
 
   // Copies between host memory and this device's memory, ordered after all
   // work issued earlier to this device. Returns once the copy has completed.
-  // Counted in counters().
-  absl::Status CopyHostToDevice(void* device_dst, const void* host_src, int64_t bytes);
-  absl::Status CopyDeviceToHost(void* host_dst, const void* device_src, int64_t bytes);
+  // Counted in counters() under `kind`.
+  absl::Status CopyHostToDevice(void* device_dst, const void* host_src, int64_t bytes,
+                                CopyKind kind = CopyKind::kOther);
+  absl::Status CopyDeviceToHost(void* host_dst, const void* device_src, int64_t bytes,
+                                CopyKind kind = CopyKind::kOther);
   // Copies within this device's memory, asynchronous on CUDA. Not counted.
   virtual absl::Status CopyOnDevice(void* dst, const void* src, int64_t bytes) = 0;
   // Sets `bytes` bytes at `dst` to zero, asynchronous on CUDA.
@@ -82,8 +96,10 @@ class Device {
 
   const CopyCounters& counters() const { return counters_; }
   void ResetCounters() {
-    counters_.host_to_device_bytes = 0;
-    counters_.device_to_host_bytes = 0;
+    for (int k = 0; k < kNumCopyKinds; ++k) {
+      counters_.host_to_device_bytes[k] = 0;
+      counters_.device_to_host_bytes[k] = 0;
+    }
   }
 
  protected:

@@ -65,12 +65,14 @@ TEST(CpuDeviceTest, ParallelForCoversEveryIndexOnce) {
 TEST(CpuDeviceTest, CountsHostCopies) {
   CpuDevice device(0, 1);
   std::vector<float> a(10, 1.f), b(10);
-  ASSERT_TRUE(device.CopyHostToDevice(b.data(), a.data(), 40).ok());
-  ASSERT_TRUE(device.CopyDeviceToHost(a.data(), b.data(), 24).ok());
-  EXPECT_EQ(device.counters().host_to_device_bytes, 40);
-  EXPECT_EQ(device.counters().device_to_host_bytes, 24);
+  ASSERT_TRUE(device.CopyHostToDevice(b.data(), a.data(), 40, CopyKind::kModel).ok());
+  ASSERT_TRUE(device.CopyDeviceToHost(a.data(), b.data(), 24, CopyKind::kModel).ok());
+  ASSERT_TRUE(device.CopyHostToDevice(b.data(), a.data(), 8, CopyKind::kData).ok());
+  EXPECT_EQ(device.counters().host_to_device(CopyKind::kModel), 40);
+  EXPECT_EQ(device.counters().device_to_host(CopyKind::kModel), 24);
+  EXPECT_EQ(device.counters().host_to_device(CopyKind::kData), 8);
   device.ResetCounters();
-  EXPECT_EQ(device.counters().host_to_device_bytes, 0);
+  EXPECT_EQ(device.counters().host_to_device(CopyKind::kModel), 0);
 }
 
 }  // namespace
