@@ -8,7 +8,10 @@ namespace ps {
 int64_t DTypeSize(DType dtype) {
   switch (dtype) {
     case DType::kF32:
+    case DType::kI32:
       return 4;
+    case DType::kI64:
+      return 8;
     case DType::kF16:
     case DType::kBF16:
       return 2;
@@ -24,6 +27,10 @@ absl::string_view DTypeName(DType dtype) {
       return "F16";
     case DType::kBF16:
       return "BF16";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
   }
   return "UNKNOWN";
 }
@@ -32,6 +39,8 @@ absl::StatusOr<DType> DTypeFromName(absl::string_view name) {
   if (name == "F32") return DType::kF32;
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
+  if (name == "I32") return DType::kI32;
+  if (name == "I64") return DType::kI64;
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"));
 }
 

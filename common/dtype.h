@@ -14,12 +14,14 @@ enum class DType : int32_t {
   kF32 = 0,
   kF16 = 1,
   kBF16 = 2,
+  kI32 = 3,  // labels, argmax indices
+  kI64 = 4,  // PyTorch's num_batches_tracked in weights files
 };
 
 // Bytes per element.
 int64_t DTypeSize(DType dtype);
 
-// "F32", "F16", "BF16": the safetensors spelling.
+// "F32", "F16", "BF16", "I32", "I64": the safetensors spelling.
 absl::string_view DTypeName(DType dtype);
 
 // Inverse of DTypeName; kInvalidArgument names the unknown string.
