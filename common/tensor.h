@@ -56,7 +56,7 @@ class Tensor {
   }
   template <typename T>
   T* mutable_data() {
-    return reinterpret_cast<T*>(raw_data());
+    return reinterpret_cast<T*>(mutable_raw_data());
   }
   const void* raw_data() const;
   void* mutable_raw_data() { return const_cast<void*>(raw_data()); }

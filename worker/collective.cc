@@ -1,0 +1,104 @@
+#include "worker/collective.h"
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/cpu_device.h"
+
+namespace ps::worker {
+namespace {
+
+absl::Status CheckBuffers(const std::vector<Tensor*>& buffers, size_t devices) {
+  if (buffers.size() != devices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(buffers.size(), " buffers for ", devices, " devices"));
+  }
+  for (const Tensor* t : buffers) {
+    if (t->num_elements() != buffers[0]->num_elements() || t->dtype() != DType::kF32) {
+      return absl::InvalidArgumentError("collective buffers differ in size or are not F32");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// CPU devices share host memory: device d's thread sums slice d of every
+// buffer into the root, so the reduction runs on all devices' cores at once
+// and touches each byte once.
+class CpuCollective final : public DeviceCollective {
+ public:
+  explicit CpuCollective(std::vector<Device*> devices) : devices_(std::move(devices)) {}
+
+  absl::Status ReduceSumToRoot(const std::vector<Tensor*>& buffers) override {
+    if (absl::Status s = CheckBuffers(buffers, devices_.size()); !s.ok()) return s;
+    const int d_count = static_cast<int>(buffers.size());
+    if (d_count == 1) return absl::OkStatus();
+    const int64_t n = buffers[0]->num_elements();
+    float* root = buffers[0]->mutable_data<float>();
+    auto sum_slice = [&](int slice) {
+      const int64_t begin = n * slice / d_count, end = n * (slice + 1) / d_count;
+      for (int d = 1; d < d_count; ++d) {
+        const float* src = buffers[d]->data<float>();
+        for (int64_t i = begin; i < end; ++i) root[i] += src[i];
+      }
+    };
+    RunOnDevices(sum_slice);
+    return absl::OkStatus();
+  }
+
+  absl::Status BroadcastFromRoot(const std::vector<Tensor*>& buffers) override {
+    if (absl::Status s = CheckBuffers(buffers, devices_.size()); !s.ok()) return s;
+    const int d_count = static_cast<int>(buffers.size());
+    RunOnDevices([&](int d) {
+      if (d > 0) {
+        std::memcpy(buffers[d]->mutable_raw_data(), buffers[0]->raw_data(),
+                    buffers[0]->num_bytes());
+      }
+    });
+    (void)d_count;
+    return absl::OkStatus();
+  }
+
+ private:
+  // Runs fn(d) for every device index, device 0 on the calling thread.
+  template <typename Fn>
+  void RunOnDevices(const Fn& fn) {
+    std::vector<std::thread> threads;
+    for (int d = 1; d < static_cast<int>(devices_.size()); ++d) threads.emplace_back(fn, d);
+    fn(0);
+    for (std::thread& t : threads) t.join();
+  }
+
+  std::vector<Device*> devices_;
+};
+
+// One device: nothing to reduce or broadcast.
+class SingleDeviceCollective final : public DeviceCollective {
+ public:
+  absl::Status ReduceSumToRoot(const std::vector<Tensor*>& buffers) override {
+    return CheckBuffers(buffers, 1);
+  }
+  absl::Status BroadcastFromRoot(const std::vector<Tensor*>& buffers) override {
+    return CheckBuffers(buffers, 1);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceCollective>> DeviceCollective::Create(
+    const std::vector<Device*>& devices) {
+  if (devices.empty()) return absl::InvalidArgumentError("no devices");
+  for (Device* d : devices) {
+    if (d->type() != devices[0]->type()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot mix device types (", d->name(),
+                                                     " and ", devices[0]->name(), ")"));
+    }
+  }
+  if (devices.size() == 1) return std::unique_ptr<DeviceCollective>(new SingleDeviceCollective());
+  if (devices[0]->is_cpu()) return std::unique_ptr<DeviceCollective>(new CpuCollective(devices));
+  return absl::UnimplementedError(
+      "several CUDA devices in one worker need the NCCL collective, which is not built yet; "
+      "use one GPU per worker");
+}
+
+}  // namespace ps::worker

@@ -1,0 +1,44 @@
+#ifndef PS_WORKER_LOCAL_PARAMETER_STORE_H_
+#define PS_WORKER_LOCAL_PARAMETER_STORE_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/cpu_device.h"
+#include "server/parameter_server.h"
+#include "worker/parameter_store.h"
+
+namespace ps::worker {
+
+// The parameter store of single-process training: the server's own
+// aggregation and optimizer code (server::ParameterServer) with one worker,
+// called in process. Gradients and parameters still move through host
+// buffers exactly as they would over the wire, so local and distributed
+// training differ only in the transport.
+class LocalParameterStore final : public ParameterStore {
+ public:
+  // `optimizer_threads` CPU threads run the SGD update.
+  static absl::StatusOr<std::unique_ptr<LocalParameterStore>> Create(
+      const server::OptimizerOptions& optimizer, int optimizer_threads = 1);
+
+  absl::StatusOr<Registration> Register(const std::vector<ParamSpec>& signature,
+                                        absl::Span<const float> proposed) override;
+  absl::Status Push(int64_t iteration, int64_t num_samples,
+                    absl::Span<const float> gradient) override;
+  absl::Status WaitForVersion(int64_t version) override;
+  absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override;
+
+  server::ParameterServer& server() { return *server_; }
+
+ private:
+  LocalParameterStore() = default;
+
+  std::unique_ptr<CpuDevice> device_;
+  std::unique_ptr<server::ParameterServer> server_;
+  std::vector<ParamSpec> signature_;
+  int rank_ = 0;
+};
+
+}  // namespace ps::worker
+
+#endif  // PS_WORKER_LOCAL_PARAMETER_STORE_H_
