@@ -253,6 +253,20 @@ absl::StatusOr<int64_t> ParameterServer::PullChunk(int64_t version, int key, int
   return version_;
 }
 
+absl::StatusOr<int64_t> ParameterServer::WaitForVersion(int64_t version, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return version_ >= version && !signature_.empty();
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat("version ", version,
+                                                    " not reached before the deadline; the "
+                                                    "server is at version ",
+                                                    version_));
+  }
+  return version_;
+}
+
 absl::StatusOr<int64_t> ParameterServer::Pull(int64_t version, absl::Time deadline,
                                               absl::Span<float> out) {
   absl::MutexLock lock(&mu_);
@@ -286,6 +300,13 @@ int64_t ParameterServer::version() const {
 int64_t ParameterServer::num_parameters() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(params_.size());
+}
+
+int64_t ParameterServer::ChunkLength(int key, int64_t chunk) const {
+  absl::MutexLock lock(&mu_);
+  int64_t offset, length;
+  if (!CheckKeyChunkLocked(key, chunk, &offset, &length).ok()) return -1;
+  return length;
 }
 
 int64_t ParameterServer::NumChunks(int key) const {

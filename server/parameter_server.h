@@ -22,8 +22,10 @@ struct ParameterServerOptions {
   int num_workers = 1;
   OptimizerOptions optimizer;
   // Gradients and parameters move in chunks of at most this many elements
-  // per key (4 MiB of fp32 by default), which bounds every message.
-  int64_t chunk_elements = int64_t{1} << 20;
+  // per key, which bounds every message: the default keeps a chunk's whole
+  // message (data plus a few fields) inside gRPC's default 4 MiB limit.
+  int64_t chunk_elements = kDefaultChunkElements;
+  static constexpr int64_t kDefaultChunkElements = ((int64_t{4} << 20) - 4096) / 4;
 };
 
 // The synchronous parameter server's state machine, free of any transport:
@@ -82,6 +84,9 @@ class ParameterServer {
   // newest and at least `version`.
   absl::StatusOr<int64_t> PullChunk(int64_t version, int key, int64_t chunk, absl::Time deadline,
                                     absl::Span<float> out);
+  // Waits like PullChunk and returns the current version, copying nothing.
+  absl::StatusOr<int64_t> WaitForVersion(int64_t version, absl::Time deadline);
+
   // The same for all parameters at once, flat in signature order.
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Time deadline, absl::Span<float> out);
 
@@ -89,8 +94,10 @@ class ParameterServer {
   std::vector<ParamSpec> signature() const;
   int64_t version() const;
   int64_t num_parameters() const;
-  // Number of chunks key `key` is cut into.
+  // Number of chunks key `key` is cut into (0 for an unknown key).
   int64_t NumChunks(int key) const;
+  // Elements in chunk `chunk` of key `key`; -1 when either is out of range.
+  int64_t ChunkLength(int key, int64_t chunk) const;
   const ParameterServerOptions& options() const { return options_; }
 
  private:

@@ -1,0 +1,114 @@
+#include "server/grpc_service.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+
+namespace ps::server {
+namespace {
+
+// Waits are capped so a hostile timeout cannot pin a thread for ever.
+constexpr int64_t kMaxWaitMs = 3600 * 1000;
+
+absl::Time WaitDeadline(grpc::ServerContext* context, int64_t timeout_ms) {
+  const int64_t ms = std::clamp<int64_t>(timeout_ms, 0, kMaxWaitMs);
+  absl::Time deadline = absl::Now() + absl::Milliseconds(ms);
+  // Never wait past the client's own deadline: nobody would hear the answer.
+  const absl::Time client = absl::FromChrono(context->deadline());
+  return std::min(deadline, client);
+}
+
+}  // namespace
+
+grpc::Status ParameterServerService::Register(grpc::ServerContext*,
+                                              const proto::RegisterRequest* request,
+                                              proto::RegisterReply* reply) {
+  std::vector<ParamSpec> signature;
+  for (const proto::TensorSpec& t : request->signature()) {
+    if (t.dtype() != proto::DTYPE_F32) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("parameter '", t.name(), "' has dtype ", t.dtype(),
+                       "; only F32 parameters are supported")));
+    }
+    ParamSpec spec;
+    spec.name = t.name();
+    for (int64_t d : t.shape()) {
+      if (d < 0) {
+        return ToGrpcStatus(absl::InvalidArgumentError(
+            absl::StrCat("parameter '", t.name(), "' has a negative dimension")));
+      }
+      spec.shape.push_back(d);
+    }
+    signature.push_back(std::move(spec));
+  }
+  auto reg = server_->Register(request->worker_id(), signature, {});
+  if (!reg.ok()) return ToGrpcStatus(reg.status());
+  reply->set_rank(reg->rank);
+  reply->set_num_workers(reg->num_workers);
+  reply->set_version(reg->version);
+  reply->set_chunk_elements(reg->chunk_elements);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::Push(grpc::ServerContext*, const proto::PushRequest* request,
+                                          proto::PushReply*) {
+  if (request->dtype() != proto::DTYPE_F32) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("push of key ", request->key(), " has dtype ", request->dtype(),
+                     "; only F32 gradients are supported")));
+  }
+  const std::string& data = request->data();
+  if (data.size() % sizeof(float) != 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("push of key ", request->key(), " chunk ", request->chunk(), " carries ",
+                     data.size(), " bytes, not a whole number of F32 elements")));
+  }
+  // The bytes are little-endian F32, as on every machine we run on; copy them
+  // out to get aligned floats.
+  std::vector<float> gradient(data.size() / sizeof(float));
+  std::memcpy(gradient.data(), data.data(), data.size());
+  return ToGrpcStatus(server_->Push(request->rank(), request->iteration(), request->key(),
+                                    request->chunk(), request->num_samples(), gradient));
+}
+
+grpc::Status ParameterServerService::Wait(grpc::ServerContext* context,
+                                          const proto::WaitRequest* request,
+                                          proto::WaitReply* reply) {
+  const absl::Time deadline = WaitDeadline(context, request->timeout_ms());
+  auto version = server_->WaitForVersion(request->version(), deadline);
+  if (!version.ok()) return ToGrpcStatus(version.status());
+  reply->set_version(*version);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::Pull(grpc::ServerContext* context,
+                                          const proto::PullRequest* request,
+                                          proto::PullReply* reply) {
+  if (request->key() < 0) {
+    return ToGrpcStatus(absl::OutOfRangeError(absl::StrCat("key ", request->key(), " out of range")));
+  }
+  const int64_t length = server_->ChunkLength(request->key(), request->chunk());
+  if (length < 0) {
+    return ToGrpcStatus(absl::OutOfRangeError(absl::StrCat(
+        "chunk ", request->chunk(), " of key ", request->key(), " out of range")));
+  }
+  std::string* data = reply->mutable_data();
+  data->resize(length * sizeof(float));
+  auto version = server_->PullChunk(
+      request->version(), request->key(), request->chunk(),
+      WaitDeadline(context, request->timeout_ms()),
+      absl::MakeSpan(reinterpret_cast<float*>(data->data()), length));
+  if (!version.ok()) {
+    reply->clear_data();
+    return ToGrpcStatus(version.status());
+  }
+  reply->set_version(*version);
+  reply->set_dtype(proto::DTYPE_F32);
+  return grpc::Status::OK;
+}
+
+}  // namespace ps::server
