@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Starts a parameter server and W workers on loopback, trains to the end,
+# prints the final accuracy and stops everything it started: also on Ctrl-C,
+# and as soon as any process fails.
+#
+#   deploy/local_cluster.sh                      # LeNet, Fashion-MNIST, 2 workers
+#   deploy/local_cluster.sh --workers=1 --epochs=1 --model=mlp
+#
+# Flags (defaults in brackets):
+#   --workers=W [2]           worker processes
+#   --devices=SPEC [cpu:1]    devices of each worker (cpu:N, cuda, cuda:0,1)
+#   --threads=N [cores/W]     CPU threads of each worker
+#   --model=NAME [lenet]      softmax, mlp, lenet, lenet_relu, resnet18
+#   --epochs=N [10] --batch_size=B [256, global] --lr=X [0.9]
+#   --momentum=X [0] --weight_decay=X [0] --seed=N [0]
+#   --dataset=NAME [fashion_mnist] --data_dir=DIR [/usr/share/datasets/fashion-mnist]
+#   --port=P [0: any free port] --logs=DIR [a temporary directory]
+#   --report=PATH             worker 0's JSON report
+# Anything after `--` goes to every worker unchanged.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+workers=2 devices=cpu:1 threads="" model=lenet epochs=10 batch_size=256 lr=0.9
+momentum=0 weight_decay=0 seed=0 dataset=fashion_mnist
+data_dir=/usr/share/datasets/fashion-mnist port=0 logs="" report=""
+extra=()
+while (($#)); do
+  case "$1" in
+    --workers=*) workers="${1#*=}" ;;
+    --devices=*) devices="${1#*=}" ;;
+    --threads=*) threads="${1#*=}" ;;
+    --model=*) model="${1#*=}" ;;
+    --epochs=*) epochs="${1#*=}" ;;
+    --batch_size=*) batch_size="${1#*=}" ;;
+    --lr=*) lr="${1#*=}" ;;
+    --momentum=*) momentum="${1#*=}" ;;
+    --weight_decay=*) weight_decay="${1#*=}" ;;
+    --seed=*) seed="${1#*=}" ;;
+    --dataset=*) dataset="${1#*=}" ;;
+    --data_dir=*) data_dir="${1#*=}" ;;
+    --port=*) port="${1#*=}" ;;
+    --logs=*) logs="${1#*=}" ;;
+    --report=*) report="${1#*=}" ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "local_cluster: unknown flag $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ -z "$threads" ]] && threads=$(( $(nproc) / workers > 0 ? $(nproc) / workers : 1 ))
+[[ -z "$logs" ]] && logs=$(mktemp -d /tmp/ps-cluster.XXXXXX)
+mkdir -p "$logs"
+
+bash deploy/setup.sh >/dev/null
+bazel build //server:server //worker:worker 2>&1 | tail -n 3
+bin=$(bazel info bazel-bin 2>/dev/null)
+
+pids=()
+cleanup() {
+  trap - EXIT INT TERM
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'echo "local_cluster: interrupted" >&2; exit 130' INT TERM
+
+# Input shape and steps per epoch for the server, from the dataset.
+case "$dataset" in
+  cifar10) shape=3,32,32 train_size=50000 ;;
+  synthetic) shape=1,28,28 train_size=8192 ;;
+  *) shape=1,28,28 train_size=60000 ;;
+esac
+steps_per_epoch=$(( (train_size + batch_size - 1) / batch_size ))
+
+"$bin/server/server" --port="$port" --port_file="$logs/port" --num_workers="$workers" \
+  --model="$model" --input_shape="$shape" --seed="$seed" --lr="$lr" --momentum="$momentum" \
+  --weight_decay="$weight_decay" --steps_per_epoch="$steps_per_epoch" \
+  >"$logs/server.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [[ -s "$logs/port" ]] && break; sleep 0.1; done
+if [[ ! -s "$logs/port" ]]; then
+  echo "local_cluster: server did not start; its log:" >&2; cat "$logs/server.log" >&2; exit 1
+fi
+address="127.0.0.1:$(cat "$logs/port")"
+echo "local_cluster: server at $address, $workers workers, logs in $logs"
+
+worker_pids=()
+for ((r = 0; r < workers; r++)); do
+  flags=(--server="$address" --worker_id="worker-$r" --model="$model" --dataset="$dataset"
+         --data_dir="$data_dir" --batch_size="$batch_size" --epochs="$epochs" --seed="$seed"
+         --devices="$devices" --threads="$threads" --progress=false)
+  ((r == 0)) && [[ -n "$report" ]] && flags+=(--report="$report")
+  ((r != 0)) && flags+=(--evaluate=false)
+  "$bin/worker/worker" "${flags[@]}" "${extra[@]}" >"$logs/worker-$r.log" 2>&1 &
+  worker_pids+=($!)
+  pids+=($!)
+done
+# Show worker 0's progress as it goes.
+tail -n +1 -f "$logs/worker-0.log" --pid="${worker_pids[0]}" &
+pids+=($!)
+
+# Stop everything as soon as one worker fails; otherwise wait for all.
+status=0
+for ((done_count = 0; done_count < workers; done_count++)); do
+  if ! wait -n "${worker_pids[@]}"; then
+    status=1
+    echo "local_cluster: a worker failed; stopping the cluster. Logs in $logs:" >&2
+    tail -n 5 "$logs"/worker-*.log >&2
+    break
+  fi
+done
+if ((status == 0)); then
+  grep -h "final test accuracy" "$logs/worker-0.log" || true
+  grep -h "bytes per step" "$logs"/worker-*.log || true
+fi
+exit $status

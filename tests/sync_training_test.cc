@@ -1,0 +1,170 @@
+// The core promise: synchronous training with W workers x D devices through
+// the real gRPC server gives the parameters of one device running SGD on the
+// same global batches.
+
+#include <cmath>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/cpu_device.h"
+#include "gtest/gtest.h"
+#include "server/grpc_service.h"
+#include "server/parameter_server.h"
+#include "worker/data/synthetic.h"
+#include "worker/local_parameter_store.h"
+#include "worker/remote_parameter_store.h"
+#include "worker/trainer.h"
+
+namespace ps {
+namespace {
+
+constexpr int64_t kSteps = 20;
+constexpr int64_t kGlobalBatch = 30;  // 15 per worker: shards of 8 and 7
+constexpr uint64_t kSeed = 11;
+
+server::OptimizerOptions Sgd() {
+  server::OptimizerOptions o;
+  o.sgd.lr = 0.05f;
+  o.sgd.momentum = 0.9f;
+  o.sgd.weight_decay = 5e-4f;
+  return o;
+}
+
+worker::ModelConfig Config(const std::string& name) {
+  worker::ModelConfig config;
+  config.name = name;
+  config.mlp_hidden = {48, 24};
+  return config;
+}
+
+worker::TrainerOptions Options() {
+  worker::TrainerOptions options;
+  options.batch_size = kGlobalBatch;
+  options.epochs = 100;
+  options.max_steps = kSteps;
+  options.seed = kSeed;
+  options.evaluate = false;
+  return options;
+}
+
+worker::Dataset Data() {
+  worker::SyntheticOptions options;
+  options.size = 200;  // several epochs in 20 steps: exercises reshuffling
+  auto data = worker::MakeSyntheticDataset(options);
+  EXPECT_TRUE(data.ok()) << data.status();
+  return std::move(data).value();
+}
+
+std::vector<float> TrainOnOneDevice(const std::string& model, const worker::Dataset& data) {
+  CpuDevice device(0, 1);
+  auto store = worker::LocalParameterStore::Create(Sgd());
+  EXPECT_TRUE(store.ok());
+  auto trainer =
+      worker::Trainer::Create(Options(), Config(model), {&device}, store->get(), &data, nullptr);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  auto report = (*trainer)->Run();
+  EXPECT_TRUE(report.ok()) << report.status();
+  return *(*trainer)->model().flat_parameters().ToVector();
+}
+
+// A gRPC parameter server on a free loopback port, in this process.
+class TestServer {
+ public:
+  TestServer(const std::string& model, int workers) {
+    auto replica = worker::Model::Create(Config(model), &device_);
+    EXPECT_TRUE(replica.ok()) << replica.status();
+    EXPECT_TRUE((*replica)->Initialize(kSeed).ok());
+    server::ParameterServerOptions options;
+    options.num_workers = workers;
+    options.optimizer = Sgd();
+    options.chunk_elements = 1000;  // several chunks per large tensor
+    auto server = server::ParameterServer::Create(
+        options, (*replica)->parameters(), *(*replica)->flat_parameters().ToVector(), &device_);
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server).value();
+    service_ = std::make_unique<server::ParameterServerService>(server_.get());
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(service_.get());
+    grpc_server_ = builder.BuildAndStart();
+  }
+  ~TestServer() { grpc_server_->Shutdown(); }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  CpuDevice device_{0, 1};
+  std::unique_ptr<server::ParameterServer> server_;
+  std::unique_ptr<server::ParameterServerService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int port_ = 0;
+};
+
+std::vector<float> TrainDistributed(const std::string& model, const worker::Dataset& data,
+                                    int workers, int devices_per_worker) {
+  TestServer server(model, workers);
+  std::vector<std::vector<float>> results(workers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      std::vector<std::unique_ptr<CpuDevice>> owned;
+      std::vector<Device*> devices;
+      for (int d = 0; d < devices_per_worker; ++d) {
+        owned.push_back(std::make_unique<CpuDevice>(d, 1));
+        devices.push_back(owned.back().get());
+      }
+      worker::RemoteStoreOptions options;
+      options.server_address = server.address();
+      options.worker_id = absl::StrCat("worker-", w);
+      auto store = worker::RemoteParameterStore::Create(options);
+      ASSERT_TRUE(store.ok()) << store.status();
+      auto trainer = worker::Trainer::Create(Options(), Config(model), devices, store->get(),
+                                             &data, nullptr);
+      ASSERT_TRUE(trainer.ok()) << trainer.status();
+      auto report = (*trainer)->Run();
+      ASSERT_TRUE(report.ok()) << report.status();
+      EXPECT_EQ(report->steps, kSteps);
+      // One model's worth each way per step over the wire (+1 initial pull).
+      const int64_t model_bytes = report->model_parameters * 4;
+      EXPECT_EQ((*store)->bytes_pushed(), kSteps * model_bytes);
+      EXPECT_EQ((*store)->bytes_pulled(), (kSteps + 1) * model_bytes);
+      results[w] = *(*trainer)->model().flat_parameters().ToVector();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int w = 1; w < workers; ++w) EXPECT_EQ(results[w], results[0]) << "worker " << w;
+  return results[0];
+}
+
+void ExpectRelativelyClose(const std::vector<float>& got, const std::vector<float>& want,
+                           double rtol) {
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - want[i]) / std::max(1e-2, std::fabs(double(want[i])));
+    if (err > worst) worst = err, at = i;
+  }
+  EXPECT_LE(worst, rtol) << "worst element " << at << ": " << got[at] << " vs " << want[at];
+}
+
+TEST(SyncTrainingTest, TwoWorkersTimesTwoDevicesEqualOneDeviceMlp) {
+  const worker::Dataset data = Data();
+  const auto one = TrainOnOneDevice("mlp", data);
+  const auto distributed = TrainDistributed("mlp", data, 2, 2);
+  ExpectRelativelyClose(distributed, one, 1e-4);
+}
+
+TEST(SyncTrainingTest, TwoWorkersTimesTwoDevicesEqualOneDeviceLenet) {
+  const worker::Dataset data = Data();
+  const auto one = TrainOnOneDevice("lenet", data);
+  const auto distributed = TrainDistributed("lenet", data, 2, 2);
+  ExpectRelativelyClose(distributed, one, 1e-4);
+}
+
+}  // namespace
+}  // namespace ps

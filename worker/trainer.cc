@@ -1,0 +1,454 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "kernels/elementwise.h"
+#include "worker/split_batch.h"
+#include "worker/weights.h"
+
+namespace ps::worker {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+void AddSplit(TimeSplit* to, const TimeSplit& from) {
+  to->data += from.data;
+  to->compute += from.compute;
+  to->copy += from.copy;
+  to->push += from.push;
+  to->wait += from.wait;
+  to->pull += from.pull;
+}
+
+std::string SplitToJson(const TimeSplit& s) {
+  return absl::StrFormat(
+      "{\"data_s\": %.6f, \"compute_s\": %.6f, \"copy_s\": %.6f, \"push_s\": %.6f, "
+      "\"wait_s\": %.6f, \"pull_s\": %.6f}",
+      s.data, s.compute, s.copy, s.push, s.wait, s.pull);
+}
+
+}  // namespace
+
+// Per-device state besides the model.
+struct Trainer::Replica {
+  Device* device = nullptr;
+  Tensor inputs;   // [capacity, C, H, W]
+  Tensor labels;   // [capacity] I32
+  Tensor metrics;  // [2]: summed loss, correct count (accumulated on device)
+  int64_t capacity = 0;
+  // Pinned host staging for devices whose memory is not host memory.
+  float* host_inputs = nullptr;
+  int32_t* host_labels = nullptr;
+  std::vector<float> cpu_scratch_images;
+};
+
+Trainer::Trainer(const TrainerOptions& options, std::vector<Device*> devices,
+                 ParameterStore* store, const Dataset* train, const Dataset* test)
+    : options_(options), devices_(std::move(devices)), store_(store), train_(train), test_(test) {}
+
+Trainer::~Trainer() {
+  if (!devices_.empty()) {
+    devices_[0]->DeallocateHost(host_gradients_);
+    devices_[0]->DeallocateHost(host_parameters_);
+  }
+  for (auto& r : replica_state_) {
+    r->device->DeallocateHost(r->host_inputs);
+    r->device->DeallocateHost(r->host_labels);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
+                                                         const ModelConfig& model,
+                                                         std::vector<Device*> devices,
+                                                         ParameterStore* store,
+                                                         const Dataset* train,
+                                                         const Dataset* test) {
+  if (devices.empty()) return absl::InvalidArgumentError("trainer needs at least one device");
+  if (options.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch size must be >= 1, got ", options.batch_size));
+  }
+  if (options.epochs < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("epochs must be >= 1, got ", options.epochs));
+  }
+  if (train == nullptr || train->size() == 0) {
+    return absl::InvalidArgumentError("training dataset is empty");
+  }
+  if (train->sample_shape != model.input_shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset '", train->name, "' has samples of shape ", ShapeToString(train->sample_shape),
+        " but the model expects ", ShapeToString(model.input_shape)));
+  }
+  std::unique_ptr<Trainer> trainer(new Trainer(options, std::move(devices), store, train, test));
+  PS_RETURN_IF_ERROR(trainer->Init(model));
+  return trainer;
+}
+
+absl::Status Trainer::Init(const ModelConfig& model_config) {
+  PS_ASSIGN_OR_RETURN(collective_, DeviceCollective::Create(devices_));
+  const Shape& sample = train_->sample_shape;
+  const int64_t sample_elements = NumElements(sample);
+  for (Device* device : devices_) {
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(model_config, device));
+    replicas_.push_back(std::move(model));
+  }
+  // Registration decides how the global batch is split across workers, and
+  // so the largest shard each device sees.
+  std::vector<float> proposed(TotalElements(replicas_[0]->parameters()));
+  num_parameters_ = static_cast<int64_t>(proposed.size());
+  for (auto& replica : replicas_) {
+    PS_RETURN_IF_ERROR(replica->Initialize(options_.seed));
+    if (!options_.init_weights.empty()) {
+      PS_RETURN_IF_ERROR(LoadWeights(options_.init_weights, *replica));
+    }
+  }
+  PS_RETURN_IF_ERROR(replicas_[0]->flat_parameters().CopyToHost(absl::MakeSpan(proposed)));
+  PS_ASSIGN_OR_RETURN(registration_, store_->Register(replicas_[0]->parameters(), proposed));
+  version_ = registration_.version;
+
+  const int64_t worker_part =
+      SplitEvenly(options_.batch_size, registration_.num_workers, 0).size;
+  const int64_t shard_capacity =
+      std::max<int64_t>(1, SplitEvenly(worker_part, static_cast<int>(devices_.size()), 0).size);
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    auto r = std::make_unique<Replica>();
+    r->device = devices_[d];
+    r->capacity = d == 0 ? std::max(shard_capacity, options_.eval_batch_size) : shard_capacity;
+    Shape input_shape = {r->capacity};
+    input_shape.insert(input_shape.end(), sample.begin(), sample.end());
+    PS_ASSIGN_OR_RETURN(r->inputs, Tensor::Empty(r->device, input_shape));
+    PS_ASSIGN_OR_RETURN(r->labels, Tensor::Empty(r->device, {r->capacity}, DType::kI32));
+    PS_ASSIGN_OR_RETURN(r->metrics, Tensor::Zeros(r->device, {2}));
+    if (!r->device->is_cpu()) {
+      PS_ASSIGN_OR_RETURN(void* images,
+                          r->device->AllocateHost(r->capacity * sample_elements * sizeof(float)));
+      r->host_inputs = static_cast<float*>(images);
+      PS_ASSIGN_OR_RETURN(void* labels, r->device->AllocateHost(r->capacity * sizeof(int32_t)));
+      r->host_labels = static_cast<int32_t*>(labels);
+    }
+    replica_state_.push_back(std::move(r));
+  }
+  PS_ASSIGN_OR_RETURN(void* grads, devices_[0]->AllocateHost(num_parameters_ * sizeof(float)));
+  host_gradients_ = static_cast<float*>(grads);
+  PS_ASSIGN_OR_RETURN(void* params, devices_[0]->AllocateHost(num_parameters_ * sizeof(float)));
+  host_parameters_ = static_cast<float*>(params);
+
+  // Start from the store's parameters: one copy to device 0, then broadcast.
+  PS_ASSIGN_OR_RETURN(version_,
+                      store_->Pull(version_, absl::MakeSpan(host_parameters_, num_parameters_)));
+  PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(replicas_[0]->flat_parameters().mutable_raw_data(),
+                                                   host_parameters_,
+                                                   num_parameters_ * sizeof(float),
+                                                   CopyKind::kModel));
+  // Every replica holds the same buffers (batch-norm statistics) already; the
+  // parameters come from device 0.
+  std::vector<Tensor*> params;
+  for (auto& m : replicas_) params.push_back(&m->flat_parameters());
+  PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
+  for (Device* device : devices_) device->ResetCounters();
+  return absl::OkStatus();
+}
+
+int64_t Trainer::steps_per_epoch() const {
+  return (train_->size() + options_.batch_size - 1) / options_.batch_size;
+}
+
+absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_t>* shard_sizes) {
+  if (order_epoch_ != epoch) {
+    order_ = EpochOrder(train_->size(), options_.seed, epoch, options_.shuffle);
+    order_epoch_ = epoch;
+  }
+  const int64_t batch_begin = step * options_.batch_size;
+  const int64_t batch_size =
+      std::min<int64_t>(options_.batch_size, train_->size() - batch_begin);
+  const Part worker = SplitEvenly(batch_size, registration_.num_workers, registration_.rank);
+  const int64_t sample_elements = NumElements(train_->sample_shape);
+  shard_sizes->assign(devices_.size(), 0);
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    const Part shard = SplitEvenly(worker.size, static_cast<int>(devices_.size()),
+                                   static_cast<int>(d));
+    (*shard_sizes)[d] = shard.size;
+    if (shard.size == 0) continue;
+    Replica& r = *replica_state_[d];
+    absl::Span<const int64_t> indices(order_.data() + batch_begin + worker.begin + shard.begin,
+                                      shard.size);
+    if (r.device->is_cpu()) {
+      // Device memory is host memory: gather straight into the input tensor.
+      PS_RETURN_IF_ERROR(GatherBatch(
+          *train_, indices, options_.normalization,
+          absl::MakeSpan(r.inputs.mutable_data<float>(), shard.size * sample_elements),
+          absl::MakeSpan(r.labels.mutable_data<int32_t>(), shard.size)));
+    } else {
+      PS_RETURN_IF_ERROR(GatherBatch(*train_, indices, options_.normalization,
+                                     absl::MakeSpan(r.host_inputs, shard.size * sample_elements),
+                                     absl::MakeSpan(r.host_labels, shard.size)));
+      PS_RETURN_IF_ERROR(r.device->CopyHostToDevice(r.inputs.mutable_raw_data(), r.host_inputs,
+                                                    shard.size * sample_elements * sizeof(float),
+                                                    CopyKind::kData));
+      PS_RETURN_IF_ERROR(r.device->CopyHostToDevice(r.labels.mutable_raw_data(), r.host_labels,
+                                                    shard.size * sizeof(int32_t),
+                                                    CopyKind::kData));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
+  using Clock = std::chrono::steady_clock;
+  auto t = Clock::now();
+
+  // 1. This worker's shards.
+  std::vector<int64_t> shard_sizes;
+  PS_RETURN_IF_ERROR(LoadShards(epoch, step, &shard_sizes));
+  split_.data += Seconds(t);
+  t = Clock::now();
+
+  // 2. Forward/backward on every device at once, each on its own thread.
+  const int d_count = static_cast<int>(devices_.size());
+  std::vector<absl::Status> statuses(d_count);
+  auto run_replica = [&](int d) {
+    Replica& r = *replica_state_[d];
+    Model& model = *replicas_[d];
+    const int64_t n = shard_sizes[d];
+    if (n == 0) {
+      // An empty shard contributes a zero gradient.
+      statuses[d] = model.flat_gradients().SetZero();
+      return;
+    }
+    Shape shape = r.inputs.shape();
+    shape[0] = n;
+    auto inputs = r.inputs.View(0, shape);
+    auto labels = r.labels.View(0, {n});
+    if (!inputs.ok() || !labels.ok()) {
+      statuses[d] = !inputs.ok() ? inputs.status() : labels.status();
+      return;
+    }
+    auto metrics = model.ForwardBackward(*inputs, *labels);
+    if (!metrics.ok()) {
+      statuses[d] = metrics.status();
+      return;
+    }
+    float* acc = r.metrics.mutable_data<float>();
+    statuses[d] = kernels::Axpy(*r.device, 1, 1.f, metrics->loss_sum, acc);
+    if (statuses[d].ok()) statuses[d] = kernels::Axpy(*r.device, 1, 1.f, metrics->correct, acc + 1);
+  };
+  if (d_count == 1) {
+    run_replica(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (int d = 1; d < d_count; ++d) threads.emplace_back(run_replica, d);
+    run_replica(0);
+    for (std::thread& th : threads) th.join();
+  }
+  for (const absl::Status& s : statuses) PS_RETURN_IF_ERROR(s);
+
+  // 3. Sum the gradients on the devices into device 0.
+  std::vector<Tensor*> grads;
+  for (auto& m : replicas_) grads.push_back(&m->flat_gradients());
+  PS_RETURN_IF_ERROR(collective_->ReduceSumToRoot(grads));
+  PS_RETURN_IF_ERROR(devices_[0]->Synchronize());
+  split_.compute += Seconds(t);
+  t = Clock::now();
+
+  // 4. One copy to host, then push.
+  const int64_t bytes = num_parameters_ * static_cast<int64_t>(sizeof(float));
+  PS_RETURN_IF_ERROR(devices_[0]->CopyDeviceToHost(
+      host_gradients_, replicas_[0]->flat_gradients().raw_data(), bytes, CopyKind::kModel));
+  split_.copy += Seconds(t);
+  t = Clock::now();
+  int64_t samples = 0;
+  for (int64_t s : shard_sizes) samples += s;
+  PS_RETURN_IF_ERROR(
+      store_->Push(version_, samples, absl::MakeConstSpan(host_gradients_, num_parameters_)));
+  split_.push += Seconds(t);
+  t = Clock::now();
+
+  // 5. Wait for every worker, then pull.
+  PS_RETURN_IF_ERROR(store_->WaitForVersion(version_ + 1));
+  split_.wait += Seconds(t);
+  t = Clock::now();
+  PS_ASSIGN_OR_RETURN(version_,
+                      store_->Pull(version_ + 1, absl::MakeSpan(host_parameters_, num_parameters_)));
+  split_.pull += Seconds(t);
+  t = Clock::now();
+
+  // 6. One copy to device 0, broadcast to the rest.
+  PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
+      replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_, bytes,
+      CopyKind::kModel));
+  std::vector<Tensor*> params;
+  for (auto& m : replicas_) params.push_back(&m->flat_parameters());
+  PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
+  split_.copy += Seconds(t);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::ReadAndResetMetrics(double* loss_sum, double* correct) {
+  *loss_sum = 0;
+  *correct = 0;
+  for (auto& r : replica_state_) {
+    float host[2];
+    PS_RETURN_IF_ERROR(r->device->Synchronize());
+    PS_RETURN_IF_ERROR(r->device->CopyDeviceToHost(host, r->metrics.raw_data(), sizeof(host),
+                                                   CopyKind::kOther));
+    *loss_sum += host[0];
+    *correct += host[1];
+    PS_RETURN_IF_ERROR(r->metrics.SetZero());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Evaluate(const Dataset& dataset, double* loss, double* accuracy) {
+  Replica& r = *replica_state_[0];
+  Model& model = *replicas_[0];
+  // Keep the training accumulators apart from the evaluation ones.
+  PS_ASSIGN_OR_RETURN(Tensor acc, Tensor::Zeros(r.device, {2}));
+  const int64_t sample_elements = NumElements(dataset.sample_shape);
+  const int64_t batch = std::min(options_.eval_batch_size, r.capacity);
+  std::vector<int64_t> indices;
+  for (int64_t begin = 0; begin < dataset.size(); begin += batch) {
+    const int64_t n = std::min(batch, dataset.size() - begin);
+    indices.resize(n);
+    for (int64_t i = 0; i < n; ++i) indices[i] = begin + i;
+    float* images = r.device->is_cpu() ? r.inputs.mutable_data<float>() : r.host_inputs;
+    int32_t* labels = r.device->is_cpu() ? r.labels.mutable_data<int32_t>() : r.host_labels;
+    PS_RETURN_IF_ERROR(GatherBatch(dataset, indices, options_.normalization,
+                                   absl::MakeSpan(images, n * sample_elements),
+                                   absl::MakeSpan(labels, n)));
+    if (!r.device->is_cpu()) {
+      PS_RETURN_IF_ERROR(r.device->CopyHostToDevice(r.inputs.mutable_raw_data(), images,
+                                                    n * sample_elements * sizeof(float),
+                                                    CopyKind::kData));
+      PS_RETURN_IF_ERROR(r.device->CopyHostToDevice(r.labels.mutable_raw_data(), labels,
+                                                    n * sizeof(int32_t), CopyKind::kData));
+    }
+    Shape shape = r.inputs.shape();
+    shape[0] = n;
+    PS_ASSIGN_OR_RETURN(Tensor inputs, r.inputs.View(0, shape));
+    PS_ASSIGN_OR_RETURN(Tensor batch_labels, r.labels.View(0, {n}));
+    PS_ASSIGN_OR_RETURN(DeviceMetrics metrics, model.Evaluate(inputs, batch_labels));
+    PS_RETURN_IF_ERROR(kernels::Axpy(*r.device, 1, 1.f, metrics.loss_sum, acc.mutable_data<float>()));
+    PS_RETURN_IF_ERROR(
+        kernels::Axpy(*r.device, 1, 1.f, metrics.correct, acc.mutable_data<float>() + 1));
+  }
+  float host[2];
+  PS_RETURN_IF_ERROR(r.device->Synchronize());
+  PS_RETURN_IF_ERROR(r.device->CopyDeviceToHost(host, acc.raw_data(), sizeof(host), CopyKind::kOther));
+  *loss = host[0] / std::max<int64_t>(1, dataset.size());
+  *accuracy = host[1] / std::max<int64_t>(1, dataset.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainingReport> Trainer::Run() {
+  TrainingReport report;
+  report.model = replicas_[0]->config().name;
+  for (Device* d : devices_) report.devices.push_back(d->name());
+  report.rank = registration_.rank;
+  report.num_workers = registration_.num_workers;
+  report.global_batch_size = options_.batch_size;
+  report.model_parameters = num_parameters_;
+
+  for (auto& r : replica_state_) PS_RETURN_IF_ERROR(r->metrics.SetZero());
+  for (Device* d : devices_) d->ResetCounters();
+  const int64_t steps_per_epoch = this->steps_per_epoch();
+  int64_t total_steps = 0;
+  double later_samples = 0, later_seconds = 0;
+  for (int64_t epoch = 0; epoch < options_.epochs; ++epoch) {
+    if (options_.max_steps > 0 && total_steps >= options_.max_steps) break;
+    EpochStats stats;
+    stats.epoch = epoch + 1;
+    split_ = TimeSplit();
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t step = 0; step < steps_per_epoch; ++step) {
+      if (options_.max_steps > 0 && total_steps >= options_.max_steps) break;
+      PS_RETURN_IF_ERROR(TrainStep(epoch, step));
+      ++total_steps;
+      ++stats.steps;
+      const int64_t batch_begin = step * options_.batch_size;
+      const int64_t batch = std::min<int64_t>(options_.batch_size, train_->size() - batch_begin);
+      stats.samples += SplitEvenly(batch, registration_.num_workers, registration_.rank).size;
+      if (on_step_) {
+        StepProgress p;
+        p.epoch = epoch + 1;
+        p.step_in_epoch = step + 1;
+        p.steps_in_epoch = steps_per_epoch;
+        p.samples = stats.samples;
+        p.seconds = Seconds(start);
+        on_step_(p);
+      }
+    }
+    stats.train_seconds = Seconds(start);
+    stats.split = split_;
+    AddSplit(&report.split, split_);
+    double loss_sum, correct;
+    PS_RETURN_IF_ERROR(ReadAndResetMetrics(&loss_sum, &correct));
+    stats.train_loss = loss_sum / std::max<int64_t>(1, stats.samples);
+    stats.train_accuracy = correct / std::max<int64_t>(1, stats.samples);
+    stats.samples_per_second = stats.samples / std::max(1e-9, stats.train_seconds);
+    if (epoch > 0 || options_.epochs == 1) {
+      later_samples += stats.samples;
+      later_seconds += stats.train_seconds;
+    }
+    if (options_.evaluate && test_ != nullptr && test_->size() > 0) {
+      PS_RETURN_IF_ERROR(Evaluate(*test_, &stats.test_loss, &stats.test_accuracy));
+    }
+    report.epochs.push_back(stats);
+    if (on_epoch_) on_epoch_(stats);
+  }
+  if (later_seconds == 0 && !report.epochs.empty()) {  // stopped inside epoch 1
+    later_samples = report.epochs[0].samples;
+    later_seconds = report.epochs[0].train_seconds;
+  }
+  report.steps = total_steps;
+  if (!report.epochs.empty()) {
+    report.final_train_loss = report.epochs.back().train_loss;
+    report.final_test_accuracy = report.epochs.back().test_accuracy;
+  }
+  report.samples_per_second = later_samples / std::max(1e-9, later_seconds);
+  int64_t to_host = 0, to_device = 0;
+  for (Device* d : devices_) {
+    to_host += d->counters().device_to_host(CopyKind::kModel);
+    to_device += d->counters().host_to_device(CopyKind::kModel);
+  }
+  if (total_steps > 0) {
+    report.model_bytes_to_host_per_step = static_cast<double>(to_host) / total_steps;
+    report.model_bytes_to_device_per_step = static_cast<double>(to_device) / total_steps;
+  }
+  return report;
+}
+
+std::string TrainingReportToJson(const TrainingReport& r) {
+  std::vector<std::string> epochs;
+  for (const EpochStats& e : r.epochs) {
+    epochs.push_back(absl::StrFormat(
+        "    {\"epoch\": %d, \"steps\": %d, \"samples\": %d, \"train_loss\": %.6f, "
+        "\"train_accuracy\": %.6f, \"test_loss\": %.6f, \"test_accuracy\": %.6f, "
+        "\"train_seconds\": %.4f, \"samples_per_second\": %.2f, \"time_split\": %s}",
+        e.epoch, e.steps, e.samples, e.train_loss, e.train_accuracy, e.test_loss,
+        e.test_accuracy, e.train_seconds, e.samples_per_second, SplitToJson(e.split)));
+  }
+  std::vector<std::string> devices;
+  for (const std::string& d : r.devices) devices.push_back(absl::StrCat("\"", d, "\""));
+  return absl::StrFormat(
+      "{\n  \"model\": \"%s\",\n  \"devices\": [%s],\n  \"rank\": %d,\n  \"num_workers\": %d,\n"
+      "  \"global_batch_size\": %d,\n  \"model_parameters\": %d,\n  \"steps\": %d,\n"
+      "  \"final_train_loss\": %.6f,\n  \"final_test_accuracy\": %.6f,\n"
+      "  \"samples_per_second\": %.2f,\n  \"model_bytes_to_host_per_step\": %.1f,\n"
+      "  \"model_bytes_to_device_per_step\": %.1f,\n  \"time_split\": %s,\n"
+      "  \"epochs\": [\n%s\n  ]\n}\n",
+      r.model, absl::StrJoin(devices, ", "), r.rank, r.num_workers, r.global_batch_size,
+      r.model_parameters, r.steps, r.final_train_loss, r.final_test_accuracy,
+      r.samples_per_second, r.model_bytes_to_host_per_step, r.model_bytes_to_device_per_step,
+      SplitToJson(r.split), absl::StrJoin(epochs, ",\n"));
+}
+
+}  // namespace ps::worker

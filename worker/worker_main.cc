@@ -1,0 +1,237 @@
+// The worker daemon. Without --server it trains on its own devices with SGD
+// in process; with --server it is one worker of a synchronous
+// parameter-server job (the remote store arrives with the server).
+//
+//   bazel run -c opt //worker:worker -- --model=lenet --epochs=10
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/cpu_device.h"
+#include "common/device.h"
+#include "common/status_macros.h"
+#include "kernels/gemm.h"
+#include "worker/data/loader.h"
+#include "worker/local_parameter_store.h"
+#include "worker/remote_parameter_store.h"
+#include "worker/trainer.h"
+#include "worker/weights.h"
+
+ABSL_FLAG(std::string, model, "lenet", "softmax, mlp, lenet, lenet_relu or resnet18");
+ABSL_FLAG(std::string, mlp_hidden, "256", "mlp hidden widths, comma-separated");
+ABSL_FLAG(std::string, dataset, "fashion_mnist", "fashion_mnist, mnist, cifar10 or synthetic");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "dataset directory");
+ABSL_FLAG(int64_t, batch_size, 256, "global minibatch size (all workers and devices)");
+ABSL_FLAG(double, lr, 0.9, "base learning rate");
+ABSL_FLAG(double, momentum, 0.0, "SGD momentum");
+ABSL_FLAG(double, weight_decay, 0.0, "L2 weight decay");
+ABSL_FLAG(bool, nesterov, false, "Nesterov momentum");
+ABSL_FLAG(int64_t, lr_decay_every, 0, "decay the learning rate every this many epochs/steps (0: never)");
+ABSL_FLAG(double, lr_decay_gamma, 0.1, "learning-rate decay factor");
+ABSL_FLAG(std::string, lr_decay_unit, "epochs", "epochs or steps");
+ABSL_FLAG(int64_t, epochs, 10, "epochs to train");
+ABSL_FLAG(int64_t, max_steps, 0, "stop after this many steps in all (0: no limit)");
+ABSL_FLAG(uint64_t, seed, 0, "seed of the initialisation and the data order");
+ABSL_FLAG(bool, shuffle, true, "shuffle the training data each epoch (--noshuffle: fixed order)");
+ABSL_FLAG(bool, normalize, false,
+          "standardise inputs per channel with the training set's mean/std (default: pixel/255 only)");
+ABSL_FLAG(std::string, init_weights, "", "safetensors file to start from");
+ABSL_FLAG(std::string, save_weights, "", "safetensors file to write at the end");
+ABSL_FLAG(std::string, report, "", "write a JSON report here at the end");
+ABSL_FLAG(std::string, devices, "auto", "auto, cpu, cpu:N, cuda, or cuda:ID[,ID...]");
+ABSL_FLAG(int, threads, 0, "CPU threads for compute, split between CPU devices (0: all cores)");
+ABSL_FLAG(std::string, server, "",
+          "parameter server host:port; empty trains alone with SGD in process");
+ABSL_FLAG(std::string, worker_id, "", "stable worker id (default hostname-pid)");
+ABSL_FLAG(bool, evaluate, true, "evaluate on the test set after each epoch");
+ABSL_FLAG(bool, progress, true, "show a live progress bar when stderr is a terminal");
+
+namespace ps::worker {
+namespace {
+
+absl::StatusOr<std::vector<int64_t>> ParseWidths(const std::string& text) {
+  std::vector<int64_t> widths;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int64_t w;
+    if (!absl::SimpleAtoi(part, &w) || w < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--mlp_hidden: bad width '", part, "'"));
+    }
+    widths.push_back(w);
+  }
+  return widths;
+}
+
+std::string FormatSplit(const TimeSplit& s) {
+  const double total = s.data + s.compute + s.copy + s.push + s.wait + s.pull;
+  if (total <= 0) return "";
+  auto pct = [&](double x) { return 100.0 * x / total; };
+  return absl::StrFormat("data %.0f%% compute %.0f%% copy %.0f%% push %.0f%% wait %.0f%% pull %.0f%%",
+                         pct(s.data), pct(s.compute), pct(s.copy), pct(s.push), pct(s.wait),
+                         pct(s.pull));
+}
+
+absl::Status Main() {
+  // Devices.
+  PS_ASSIGN_OR_RETURN(DeviceSpec spec, ParseDeviceSpec(absl::GetFlag(FLAGS_devices)));
+  const int threads = absl::GetFlag(FLAGS_threads) > 0
+                          ? absl::GetFlag(FLAGS_threads)
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  PS_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Device>> owned, CreateDevices(spec, threads));
+  std::vector<Device*> devices;
+  for (auto& d : owned) devices.push_back(d.get());
+  // D CPU devices run concurrently: each BLAS call gets its device's share.
+  kernels::SetBlasThreads(devices[0]->is_cpu()
+                              ? AsCpu(*devices[0]).num_threads()
+                              : 1);
+
+  // Data.
+  const std::string dataset = absl::GetFlag(FLAGS_dataset);
+  PS_ASSIGN_OR_RETURN(Dataset train, LoadDataset(dataset, absl::GetFlag(FLAGS_data_dir), "train"));
+  PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(dataset, absl::GetFlag(FLAGS_data_dir), "test"));
+
+  // Model.
+  ModelConfig model;
+  model.name = absl::GetFlag(FLAGS_model);
+  model.input_shape = train.sample_shape;
+  model.num_classes = train.num_classes;
+  PS_ASSIGN_OR_RETURN(model.mlp_hidden, ParseWidths(absl::GetFlag(FLAGS_mlp_hidden)));
+
+  // Optimizer.
+  server::OptimizerOptions optimizer;
+  optimizer.sgd.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+  optimizer.sgd.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  optimizer.sgd.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+  optimizer.sgd.nesterov = absl::GetFlag(FLAGS_nesterov);
+  optimizer.schedule.step_size = absl::GetFlag(FLAGS_lr_decay_every);
+  optimizer.schedule.gamma = static_cast<float>(absl::GetFlag(FLAGS_lr_decay_gamma));
+  const std::string unit = absl::GetFlag(FLAGS_lr_decay_unit);
+  if (unit == "steps") {
+    optimizer.schedule.unit = server::LrSchedule::Unit::kSteps;
+  } else if (unit == "epochs") {
+    optimizer.schedule.unit = server::LrSchedule::Unit::kEpochs;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lr_decay_unit must be epochs or steps, got '", unit, "'"));
+  }
+
+  TrainerOptions options;
+  options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.epochs = absl::GetFlag(FLAGS_epochs);
+  options.max_steps = absl::GetFlag(FLAGS_max_steps);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.shuffle = absl::GetFlag(FLAGS_shuffle);
+  options.init_weights = absl::GetFlag(FLAGS_init_weights);
+  if (absl::GetFlag(FLAGS_normalize)) {
+    PS_ASSIGN_OR_RETURN(options.normalization, ComputeNormalization(train));
+  }
+  if (options.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batch_size must be >= 1, got ", options.batch_size));
+  }
+  optimizer.schedule.steps_per_epoch =
+      (train.size() + options.batch_size - 1) / options.batch_size;
+
+  // The store: the optimizer in this process, or the parameter server (which
+  // then owns the initial parameters and the optimizer settings).
+  std::unique_ptr<ParameterStore> store;
+  RemoteParameterStore* remote = nullptr;
+  if (absl::GetFlag(FLAGS_server).empty()) {
+    PS_ASSIGN_OR_RETURN(store, LocalParameterStore::Create(optimizer));
+  } else {
+    RemoteStoreOptions remote_options;
+    remote_options.server_address = absl::GetFlag(FLAGS_server);
+    remote_options.worker_id = absl::GetFlag(FLAGS_worker_id);
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterStore> r,
+                        RemoteParameterStore::Create(remote_options));
+    remote = r.get();
+    store = std::move(r);
+  }
+  options.evaluate = absl::GetFlag(FLAGS_evaluate);
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(options, model, devices, store.get(), &train, &test));
+  const int rank = trainer->registration().rank;
+
+  std::vector<std::string> names;
+  for (Device* d : devices) names.push_back(d->name());
+  std::printf("worker %d/%d: training %s (%lld parameters) on %s: %lld train / %lld test "
+              "samples, global batch %lld, lr %g, %lld epochs\n",
+              rank, trainer->registration().num_workers, model.name.c_str(), static_cast<long long>(TotalElements(trainer->model().parameters())),
+              absl::StrJoin(names, ",").c_str(), static_cast<long long>(train.size()),
+              static_cast<long long>(test.size()), static_cast<long long>(options.batch_size),
+              optimizer.sgd.lr, static_cast<long long>(options.epochs));
+  std::fflush(stdout);
+
+  const bool bar = absl::GetFlag(FLAGS_progress) && isatty(STDERR_FILENO);
+  if (bar) {
+    trainer->set_step_callback([](const StepProgress& p) {
+      if (p.step_in_epoch % 5 != 0 && p.step_in_epoch != p.steps_in_epoch) return;
+      const int width = 30;
+      const int filled = static_cast<int>(width * p.step_in_epoch / p.steps_in_epoch);
+      std::fprintf(stderr, "\repoch %lld [%s%s] %lld/%lld  %.0f samples/s ",
+                   static_cast<long long>(p.epoch), std::string(filled, '#').c_str(),
+                   std::string(width - filled, '.').c_str(),
+                   static_cast<long long>(p.step_in_epoch),
+                   static_cast<long long>(p.steps_in_epoch), p.samples / std::max(1e-9, p.seconds));
+      std::fflush(stderr);
+    });
+  }
+  trainer->set_epoch_callback([bar, epochs = options.epochs](const EpochStats& e) {
+    if (bar) std::fprintf(stderr, "\r\033[K");
+    std::printf("epoch %lld/%lld  loss %.4f  train acc %.4f  test acc %.4f  %.0f samples/s  [%s]\n",
+                static_cast<long long>(e.epoch), static_cast<long long>(epochs), e.train_loss,
+                e.train_accuracy, e.test_accuracy, e.samples_per_second,
+                FormatSplit(e.split).c_str());
+    std::fflush(stdout);
+  });
+
+  PS_ASSIGN_OR_RETURN(TrainingReport report, trainer->Run());
+  std::printf("worker %d: final test accuracy %.4f, train loss %.4f, %.0f samples/s\n", rank,
+              report.final_test_accuracy, report.final_train_loss, report.samples_per_second);
+  if (remote != nullptr && report.steps > 0) {
+    std::printf("worker %d: pushed %.0f and pulled %.0f bytes per step (model: %lld bytes)\n",
+                rank, static_cast<double>(remote->bytes_pushed()) / report.steps,
+                static_cast<double>(remote->bytes_pulled()) / report.steps,
+                static_cast<long long>(report.model_parameters * 4));
+  }
+
+  if (!absl::GetFlag(FLAGS_save_weights).empty()) {
+    PS_RETURN_IF_ERROR(SaveWeights(trainer->model(), absl::GetFlag(FLAGS_save_weights)));
+    std::printf("saved weights to %s\n", absl::GetFlag(FLAGS_save_weights).c_str());
+  }
+  if (!absl::GetFlag(FLAGS_report).empty()) {
+    std::ofstream out(absl::GetFlag(FLAGS_report));
+    out << TrainingReportToJson(report);
+    if (!out) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot write report to ", absl::GetFlag(FLAGS_report)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace ps::worker
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Data-parallel training worker. See README.md.");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status status = ps::worker::Main();
+  if (!status.ok()) {
+    std::fprintf(stderr, "worker: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
