@@ -3,6 +3,9 @@
 
 // Element-wise activations over n fp32 values. Backward passes take the
 // forward *output* y, which is all ReLU and sigmoid need; dx may alias dy.
+// On CUDA the work is queued on the device's stream. Errors: kInvalidArgument
+// for n < 0, kInternal for a CUDA launch failure, kUnimplemented for a CUDA
+// device in a build without CUDA.
 
 #include <cstdint>
 

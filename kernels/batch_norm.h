@@ -9,6 +9,10 @@
 //                             + momentum * var * M / (M - 1),  M = N * S
 //   inference: normalise with running_mean and running_var.
 //   y = gamma * (x - mean) / sqrt(var + eps) + beta
+// Pointers are in `device` memory; x, y, dy, dx hold N * C * S values, the
+// rest C. Errors: kInvalidArgument naming the field for a non-positive size,
+// channels >= 2^31, eps < 0, momentum outside [0, 1], or (training, as in
+// PyTorch) batch * spatial < 2; kInternal / kUnimplemented as for every kernel.
 
 #include <cstdint>
 

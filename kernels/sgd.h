@@ -25,7 +25,9 @@ struct SgdHyper {
 };
 
 // Updates n parameters in place. momentum_buf may be null only when
-// hyper.momentum == 0. All pointers in `device` memory.
+// hyper.momentum == 0. All pointers in `device` memory. kInvalidArgument, as
+// torch.optim.SGD, for negative lr / momentum / weight_decay or nesterov
+// without momentum, and for n < 0 or a missing momentum_buf.
 absl::Status SgdUpdate(Device& device, int64_t n, const SgdHyper& hyper, float grad_scale,
                        const float* grad, float* param, float* momentum_buf);
 

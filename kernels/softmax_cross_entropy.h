@@ -3,6 +3,7 @@
 
 // Fused, numerically stable softmax + cross-entropy over logits [N, K] with
 // integer labels [N] (log-sum-exp with the row maximum subtracted).
+// Errors: kInvalidArgument for batch < 0 or classes outside [1, 2^31).
 
 #include <cstdint>
 
@@ -21,6 +22,9 @@ namespace ps::kernels {
 // A label outside [0, K) makes the row contribute nothing to loss_sum or
 // correct and a zero dlogits row; the data layer rejects such labels before
 // they get here.
+// Results are deterministic: the CPU sums rows in fixed groups, the CUDA
+// version reduces per-block partials in a second pass (no float atomics); on
+// CUDA the partials live in scratch slot Device::kScratchSlots - 1.
 absl::Status SoftmaxCrossEntropy(Device& device, int64_t batch, int64_t classes,
                                  const float* logits, const int32_t* labels, float grad_scale,
                                  float* loss_sum, float* correct, float* dlogits);
