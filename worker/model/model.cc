@@ -1,0 +1,258 @@
+// The models of ModelConfig::name, built from layer.h's layers.
+//
+// Parameter names (torch state_dict keys; worker/model/torch_models.py holds
+// the equivalent torch.nn modules, with exactly these keys, as a test oracle):
+//
+//   softmax:    fc.{weight,bias}
+//   mlp:        fc1 .. fc<H>.{weight,bias} for the H hidden layers (each
+//               followed by a ReLU), fc<H+1>.{weight,bias} the output layer
+//   lenet,
+//   lenet_relu: conv1, conv2, fc1, fc2, fc3 .{weight,bias}
+//   resnet18:   b1.conv.{weight,bias}
+//               b1.bn.{weight,bias,running_mean,running_var,num_batches_tracked}
+//               stage<s>.block<b>.{conv1,conv2[,conv3]}.{weight,bias}
+//               stage<s>.block<b>.{bn1,bn2}.{weight,bias,running_mean,...}
+//                 s = 1..4 (64, 128, 256, 512 channels), b = 0, 1; conv3 is
+//                 the 1x1 shortcut of block0 in stages 2..4
+//               fc.{weight,bias}
+//
+// parameters() lists trainable tensors in torch's named_parameters() order
+// and buffers() in named_buffers() order.
+
+#include "worker/model/model.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "kernels/softmax_cross_entropy.h"
+#include "worker/model/layer.h"
+
+namespace ps::worker {
+
+int64_t TotalElements(const std::vector<ParamSpec>& specs) {
+  int64_t total = 0;
+  for (const ParamSpec& spec : specs) total += NumElements(spec.shape);
+  return total;
+}
+
+namespace {
+
+using ActKind = Activation::Kind;
+using PoolKind = Pool2d::Kind;
+
+std::unique_ptr<Layer> BuildSoftmax(const ModelConfig& config, Device* device) {
+  auto net = std::make_unique<Sequential>(device);
+  net->Add("", std::make_unique<Flatten>(device));
+  net->Add("fc",
+           std::make_unique<Linear>(device, NumElements(config.input_shape), config.num_classes));
+  return net;
+}
+
+std::unique_ptr<Layer> BuildMlp(const ModelConfig& config, Device* device) {
+  auto net = std::make_unique<Sequential>(device);
+  net->Add("", std::make_unique<Flatten>(device));
+  int64_t width = NumElements(config.input_shape);
+  int index = 1;
+  for (int64_t hidden : config.mlp_hidden) {
+    net->Add(absl::StrCat("fc", index++), std::make_unique<Linear>(device, width, hidden));
+    net->Add("", std::make_unique<Activation>(device, ActKind::kRelu));
+    width = hidden;
+  }
+  net->Add(absl::StrCat("fc", index), std::make_unique<Linear>(device, width, config.num_classes));
+  return net;
+}
+
+// D2L's LeNet (section 7.6); `relu` swaps sigmoid for ReLU and average for
+// max pooling.
+std::unique_ptr<Layer> BuildLeNet(const ModelConfig& config, Device* device, bool relu) {
+  const ActKind act = relu ? ActKind::kRelu : ActKind::kSigmoid;
+  const PoolKind pool = relu ? PoolKind::kMax : PoolKind::kAverage;
+  auto net = std::make_unique<Sequential>(device);
+  net->Add("conv1", std::make_unique<Conv2d>(device, config.input_shape[0], 6, 5, 1, 2));
+  net->Add("", std::make_unique<Activation>(device, act));
+  net->Add("", std::make_unique<Pool2d>(device, pool, 2, 2));
+  net->Add("conv2", std::make_unique<Conv2d>(device, 6, 16, 5));
+  net->Add("", std::make_unique<Activation>(device, act));
+  net->Add("", std::make_unique<Pool2d>(device, pool, 2, 2));
+  net->Add("", std::make_unique<Flatten>(device));
+  net->Add("fc1", std::make_unique<Linear>(device, 16 * 5 * 5, 120));
+  net->Add("", std::make_unique<Activation>(device, act));
+  net->Add("fc2", std::make_unique<Linear>(device, 120, 84));
+  net->Add("", std::make_unique<Activation>(device, act));
+  net->Add("fc3", std::make_unique<Linear>(device, 84, config.num_classes));
+  return net;
+}
+
+// D2L's ResNet-18 (section 8.6).
+std::unique_ptr<Layer> BuildResNet18(const ModelConfig& config, Device* device) {
+  auto net = std::make_unique<Sequential>(device);
+  auto b1 = std::make_unique<Sequential>(device);
+  b1->Add("conv", std::make_unique<Conv2d>(device, config.input_shape[0], 64, 7, 2, 3));
+  b1->Add("bn", std::make_unique<BatchNorm>(device, 64, 2));
+  b1->Add("", std::make_unique<Activation>(device, ActKind::kRelu));
+  b1->Add("", std::make_unique<Pool2d>(device, PoolKind::kMax, 3, 2, 1));
+  net->Add("b1", std::move(b1));
+  const int64_t channels[] = {64, 128, 256, 512};
+  int64_t in = 64;
+  for (int s = 0; s < 4; ++s) {
+    auto stage = std::make_unique<Sequential>(device);
+    for (int b = 0; b < 2; ++b) {
+      // The first block of every stage but the first halves the resolution
+      // and changes the width, so its shortcut needs a strided 1x1 conv.
+      const bool downsample = b == 0 && s > 0;
+      stage->Add(
+          absl::StrCat("block", b),
+          std::make_unique<Residual>(device, in, channels[s], downsample, downsample ? 2 : 1));
+      in = channels[s];
+    }
+    net->Add(absl::StrCat("stage", s + 1), std::move(stage));
+  }
+  net->Add("", std::make_unique<GlobalAvgPool2d>(device));
+  net->Add("", std::make_unique<Flatten>(device));
+  net->Add("fc", std::make_unique<Linear>(device, 512, config.num_classes));
+  return net;
+}
+
+// Inputs must be [n, C, H, W] with [C, H, W] the configured sample shape.
+absl::Status CheckBatch(const ModelConfig& config, const Tensor& inputs, const Tensor& labels,
+                        Device* device) {
+  const Shape& shape = inputs.shape();
+  if (shape.size() != config.input_shape.size() + 1 || shape[0] < 1 ||
+      !std::equal(config.input_shape.begin(), config.input_shape.end(), shape.begin() + 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", config.name, ": inputs of shape ", ShapeToString(shape),
+                     ", expected [n, ", absl::StrJoin(config.input_shape, ", "), "] with n >= 1"));
+  }
+  if (inputs.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", config.name, ": inputs must be F32, got ", DTypeName(inputs.dtype())));
+  }
+  if (labels.num_elements() != shape[0] || labels.dtype() != DType::kI32) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", config.name, ": labels of shape ",
+                                                   ShapeToString(labels.shape()), " ",
+                                                   DTypeName(labels.dtype()), " for ", shape[0],
+                                                   " inputs; expected ", shape[0], " I32 values"));
+  }
+  if (inputs.device() != device || labels.device() != device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", config.name, " on ", device->name(),
+                     ": inputs and labels must be on the same device"));
+  }
+  return absl::OkStatus();
+}
+
+// A Model over a layer tree. The DeviceMetrics a call returns point into
+// metrics_ and stay valid until the next call of the same method; all
+// activation buffers are kept between calls and grow with the batch.
+class LayerModel final : public Model {
+ public:
+  LayerModel(ModelConfig config, Device* device, std::unique_ptr<Layer> net,
+             std::unique_ptr<ParameterSet> params, Tensor metrics)
+      : Model(std::move(config), device),
+        net_(std::move(net)),
+        params_(std::move(params)),
+        metrics_(std::move(metrics)) {}
+
+  const std::vector<ParamSpec>& parameters() const override { return params_->parameters(); }
+  const std::vector<ParamSpec>& buffers() const override { return params_->buffers(); }
+  Tensor& flat_parameters() override { return params_->flat_parameters(); }
+  Tensor& flat_gradients() override { return params_->flat_gradients(); }
+  Tensor& flat_buffers() override { return params_->flat_buffers(); }
+  absl::StatusOr<Tensor> Find(const std::string& name) override { return params_->Find(name); }
+  absl::Status Initialize(uint64_t seed) override { return params_->Initialize(seed); }
+
+  absl::StatusOr<DeviceMetrics> ForwardBackward(const Tensor& inputs,
+                                                const Tensor& labels) override {
+    PS_RETURN_IF_ERROR(CheckBatch(config(), inputs, labels, device()));
+    PS_ASSIGN_OR_RETURN(Tensor logits, net_->Forward(inputs, Mode::kTraining));
+    PS_ASSIGN_OR_RETURN(Tensor dlogits, dlogits_.Get(device(), logits.shape()));
+    float* metrics = MutableF32(metrics_);
+    PS_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(
+        *device(), logits.dim(0), logits.dim(1), logits.data<float>(), labels.data<int32_t>(),
+        /*grad_scale=*/1.0f, &metrics[0], &metrics[1], MutableF32(dlogits)));
+    PS_RETURN_IF_ERROR(net_->Backward(dlogits, /*need_dx=*/false).status());
+    return DeviceMetrics{&metrics[0], &metrics[1]};
+  }
+
+  absl::StatusOr<DeviceMetrics> Evaluate(const Tensor& inputs, const Tensor& labels) override {
+    PS_RETURN_IF_ERROR(CheckBatch(config(), inputs, labels, device()));
+    PS_ASSIGN_OR_RETURN(Tensor logits, net_->Forward(inputs, Mode::kInference));
+    // Separate slots from ForwardBackward's, so an evaluation does not
+    // overwrite training metrics not yet read.
+    float* metrics = MutableF32(metrics_);
+    PS_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(*device(), logits.dim(0), logits.dim(1),
+                                                    logits.data<float>(), labels.data<int32_t>(),
+                                                    1.0f, &metrics[2], &metrics[3],
+                                                    /*dlogits=*/nullptr));
+    return DeviceMetrics{&metrics[2], &metrics[3]};
+  }
+
+ private:
+  std::unique_ptr<Layer> net_;
+  std::unique_ptr<ParameterSet> params_;
+  Tensor metrics_;  // [4]: training loss_sum, correct; evaluation loss_sum, correct
+  ActivationBuffer dlogits_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, Device* device) {
+  if (device == nullptr) return absl::InvalidArgumentError("Model::Create: null device");
+  const Shape& in = config.input_shape;
+  if (in.size() != 3 || in[0] < 1 || in[1] < 1 || in[2] < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", config.name, ": input shape ",
+                                                   ShapeToString(in),
+                                                   " is not a sample shape [C, H, W]"));
+  }
+  if (config.num_classes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", config.name, ": num_classes ", config.num_classes, " < 1"));
+  }
+  std::unique_ptr<Layer> net;
+  if (config.name == "softmax") {
+    net = BuildSoftmax(config, device);
+  } else if (config.name == "mlp") {
+    for (int64_t width : config.mlp_hidden) {
+      if (width < 1) {
+        return absl::InvalidArgumentError(absl::StrCat("model mlp: hidden width ", width, " < 1"));
+      }
+    }
+    net = BuildMlp(config, device);
+  } else if (config.name == "lenet" || config.name == "lenet_relu") {
+    net = BuildLeNet(config, device, config.name == "lenet_relu");
+  } else if (config.name == "resnet18") {
+    net = BuildResNet18(config, device);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown model name \"", config.name,
+                     "\"; known: softmax, mlp, lenet, lenet_relu, resnet18"));
+  }
+
+  // The architecture must map one sample to num_classes logits.
+  Shape sample = {1};
+  sample.insert(sample.end(), in.begin(), in.end());
+  absl::StatusOr<Shape> out = net->OutputShape(sample);
+  if (!out.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", config.name,
+                                                   " cannot take input shape ", ShapeToString(in),
+                                                   ": ", out.status().message()));
+  }
+  if (*out != Shape{1, config.num_classes}) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", config.name, " with input shape ",
+                                                   ShapeToString(in), " gives output ",
+                                                   ShapeToString(*out)));
+  }
+
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterSet> params, ParameterSet::Create(*net, device));
+  PS_ASSIGN_OR_RETURN(Tensor metrics, Tensor::Zeros(device, {4}));
+  return std::unique_ptr<Model>(
+      new LayerModel(config, device, std::move(net), std::move(params), std::move(metrics)));
+}
+
+}  // namespace ps::worker
