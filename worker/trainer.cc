@@ -139,8 +139,8 @@ absl::Status Trainer::Init(const ModelConfig& model_config) {
   }
   PS_ASSIGN_OR_RETURN(void* grads, devices_[0]->AllocateHost(num_parameters_ * sizeof(float)));
   host_gradients_ = static_cast<float*>(grads);
-  PS_ASSIGN_OR_RETURN(void* params, devices_[0]->AllocateHost(num_parameters_ * sizeof(float)));
-  host_parameters_ = static_cast<float*>(params);
+  PS_ASSIGN_OR_RETURN(void* host_params, devices_[0]->AllocateHost(num_parameters_ * sizeof(float)));
+  host_parameters_ = static_cast<float*>(host_params);
 
   // Start from the store's parameters: one copy to device 0, then broadcast.
   PS_ASSIGN_OR_RETURN(version_,

@@ -123,6 +123,11 @@ class Trainer {
   // tests that compare single steps across configurations.
   absl::Status TrainStep(int64_t epoch, int64_t step);
 
+  // Time spent in each phase by TrainStep since the last reset (Run resets
+  // it every epoch).
+  const TimeSplit& time_split() const { return split_; }
+  void ResetTimeSplit() { split_ = TimeSplit(); }
+
   // Loss and accuracy on `dataset` in inference mode, on device 0.
   absl::Status Evaluate(const Dataset& dataset, double* loss, double* accuracy);
 

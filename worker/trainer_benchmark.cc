@@ -1,0 +1,111 @@
+// Training throughput on CPU devices at one global batch: one device with 1
+// and with 2 threads, and D = 2 devices of 1 thread each, with the step time
+// split into its phases. Prints figures; not a test (tagged "benchmark").
+//
+//   bazel run //worker:trainer_benchmark
+//   bazel run //worker:trainer_benchmark -- --steps=100 --models=lenet
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "common/cpu_device.h"
+#include "kernels/gemm.h"
+#include "worker/data/synthetic.h"
+#include "worker/local_parameter_store.h"
+#include "worker/trainer.h"
+
+ABSL_FLAG(int64_t, steps, 40, "measured steps per configuration (after 5 warm-up steps)");
+ABSL_FLAG(int64_t, batch_size, 256, "global batch");
+ABSL_FLAG(std::string, models, "lenet,mlp", "models to measure (mlp: 784-1024-1024-10)");
+
+namespace ps::worker {
+namespace {
+
+struct Config {
+  const char* label;
+  int devices;
+  int threads_per_device;
+};
+
+absl::Status Measure(const std::string& model_name, const Config& c, const Dataset& data,
+                     int64_t batch, int64_t steps) {
+  std::vector<std::unique_ptr<CpuDevice>> owned;
+  std::vector<Device*> devices;
+  for (int d = 0; d < c.devices; ++d) {
+    owned.push_back(std::make_unique<CpuDevice>(d, c.threads_per_device));
+    devices.push_back(owned.back().get());
+  }
+  kernels::SetBlasThreads(c.threads_per_device);
+  server::OptimizerOptions sgd;
+  sgd.sgd.lr = 0.1f;
+  sgd.sgd.momentum = 0.9f;
+  auto store = LocalParameterStore::Create(sgd);
+  if (!store.ok()) return store.status();
+  TrainerOptions options;
+  options.batch_size = batch;
+  options.epochs = 1;
+  options.evaluate = false;
+  ModelConfig model;
+  model.name = model_name;
+  model.mlp_hidden = {1024, 1024};
+  auto trainer = Trainer::Create(options, model, devices, store->get(), &data, nullptr);
+  if (!trainer.ok()) return trainer.status();
+  for (int64_t s = 0; s < 5; ++s) {
+    if (absl::Status st = (*trainer)->TrainStep(0, s); !st.ok()) return st;
+  }
+  (*trainer)->ResetTimeSplit();
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t s = 5; s < 5 + steps; ++s) {
+    if (absl::Status st = (*trainer)->TrainStep(0, s); !st.ok()) return st;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const TimeSplit& t = (*trainer)->time_split();
+  const double total = t.data + t.compute + t.copy + t.push + t.wait + t.pull;
+  std::printf("%-6s %-22s %9.2f %12.0f %7.1f%% %7.1f%% %7.1f%% %7.1f%%\n", model_name.c_str(),
+              c.label, 1e3 * seconds / steps, batch * steps / seconds, 100 * t.data / total,
+              100 * t.compute / total, 100 * t.copy / total,
+              100 * (t.push + t.wait + t.pull) / total);
+  return absl::OkStatus();
+}
+
+int Run() {
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  const int64_t batch = absl::GetFlag(FLAGS_batch_size);
+  SyntheticOptions data_options;
+  data_options.size = batch * (steps + 5);
+  auto data = MakeSyntheticDataset(data_options);
+  if (!data.ok()) {
+    std::fprintf(stderr, "%s\n", data.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("global batch %lld, %lld measured steps\n", static_cast<long long>(batch),
+              static_cast<long long>(steps));
+  std::printf("%-6s %-22s %9s %12s %8s %8s %8s %8s\n", "model", "devices", "step ms",
+              "samples/s", "data", "compute", "copy", "store");
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
+    for (const Config& c : {Config{"1 device x 1 thread", 1, 1},
+                            Config{"1 device x 2 threads", 1, 2},
+                            Config{"2 devices x 1 thread", 2, 1}}) {
+      if (absl::Status s = Measure(std::string(name), c, *data, batch, steps); !s.ok()) {
+        std::fprintf(stderr, "%s\n", s.ToString().c_str());
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ps::worker
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return ps::worker::Run();
+}
