@@ -101,16 +101,22 @@ pids+=($!)
 
 # Stop everything as soon as one worker fails; otherwise wait for all.
 status=0
-for ((done_count = 0; done_count < workers; done_count++)); do
-  if ! wait -n "${worker_pids[@]}"; then
+live=("${worker_pids[@]}")
+while ((${#live[@]})); do
+  finished=""
+  if wait -n -p finished "${live[@]}"; then rc=0; else rc=$?; fi
+  if ((rc != 0)); then
     status=1
-    echo "local_cluster: a worker failed; stopping the cluster. Logs in $logs:" >&2
-    tail -n 5 "$logs"/worker-*.log >&2
+    echo "local_cluster: worker process $finished failed (exit $rc); stopping the cluster." >&2
+    tail -n 5 "$logs"/worker-*.log "$logs/server.log" >&2
     break
   fi
+  next=()
+  for pid in "${live[@]}"; do [[ "$pid" != "$finished" ]] && next+=("$pid"); done
+  live=("${next[@]}")
 done
 if ((status == 0)); then
-  grep -h "final test accuracy" "$logs/worker-0.log" || true
-  grep -h "bytes per step" "$logs"/worker-*.log || true
+  sleep 0.2  # let the progress tail print worker 0's last lines
+  echo "local_cluster: done; logs in $logs"
 fi
 exit $status

@@ -361,11 +361,12 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
   for (Device* d : devices_) d->ResetCounters();
   const int64_t steps_per_epoch = this->steps_per_epoch();
   int64_t total_steps = 0;
-  double later_samples = 0, later_seconds = 0;
+  double later_samples = 0, later_seconds = 0, later_global_samples = 0;
   for (int64_t epoch = 0; epoch < options_.epochs; ++epoch) {
     if (options_.max_steps > 0 && total_steps >= options_.max_steps) break;
     EpochStats stats;
     stats.epoch = epoch + 1;
+    int64_t global_samples = 0;
     split_ = TimeSplit();
     const auto start = std::chrono::steady_clock::now();
     for (int64_t step = 0; step < steps_per_epoch; ++step) {
@@ -376,6 +377,7 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
       const int64_t batch_begin = step * options_.batch_size;
       const int64_t batch = std::min<int64_t>(options_.batch_size, train_->size() - batch_begin);
       stats.samples += SplitEvenly(batch, registration_.num_workers, registration_.rank).size;
+      global_samples += batch;
       if (on_step_) {
         StepProgress p;
         p.epoch = epoch + 1;
@@ -396,6 +398,7 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     stats.samples_per_second = stats.samples / std::max(1e-9, stats.train_seconds);
     if (epoch > 0 || options_.epochs == 1) {
       later_samples += stats.samples;
+      later_global_samples += global_samples;
       later_seconds += stats.train_seconds;
     }
     if (options_.evaluate && test_ != nullptr && test_->size() > 0) {
@@ -406,6 +409,7 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
   }
   if (later_seconds == 0 && !report.epochs.empty()) {  // stopped inside epoch 1
     later_samples = report.epochs[0].samples;
+    later_global_samples = static_cast<double>(report.epochs[0].samples) * registration_.num_workers;
     later_seconds = report.epochs[0].train_seconds;
   }
   report.steps = total_steps;
@@ -414,6 +418,7 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     report.final_test_accuracy = report.epochs.back().test_accuracy;
   }
   report.samples_per_second = later_samples / std::max(1e-9, later_seconds);
+  report.global_samples_per_second = later_global_samples / std::max(1e-9, later_seconds);
   int64_t to_host = 0, to_device = 0;
   for (Device* d : devices_) {
     to_host += d->counters().device_to_host(CopyKind::kModel);
@@ -442,12 +447,13 @@ std::string TrainingReportToJson(const TrainingReport& r) {
       "{\n  \"model\": \"%s\",\n  \"devices\": [%s],\n  \"rank\": %d,\n  \"num_workers\": %d,\n"
       "  \"global_batch_size\": %d,\n  \"model_parameters\": %d,\n  \"steps\": %d,\n"
       "  \"final_train_loss\": %.6f,\n  \"final_test_accuracy\": %.6f,\n"
-      "  \"samples_per_second\": %.2f,\n  \"model_bytes_to_host_per_step\": %.1f,\n"
+      "  \"samples_per_second\": %.2f,\n  \"global_samples_per_second\": %.2f,\n"
+      "  \"model_bytes_to_host_per_step\": %.1f,\n"
       "  \"model_bytes_to_device_per_step\": %.1f,\n  \"time_split\": %s,\n"
       "  \"epochs\": [\n%s\n  ]\n}\n",
       r.model, absl::StrJoin(devices, ", "), r.rank, r.num_workers, r.global_batch_size,
       r.model_parameters, r.steps, r.final_train_loss, r.final_test_accuracy,
-      r.samples_per_second, r.model_bytes_to_host_per_step, r.model_bytes_to_device_per_step,
+      r.samples_per_second, r.global_samples_per_second, r.model_bytes_to_host_per_step, r.model_bytes_to_device_per_step,
       SplitToJson(r.split), absl::StrJoin(epochs, ",\n"));
 }
 

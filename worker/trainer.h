@@ -74,6 +74,8 @@ struct TrainingReport {
   // Training samples/s of this worker after the first epoch (all epochs if
   // there was only one).
   double samples_per_second = 0;
+  // The same for the global batches (all workers together).
+  double global_samples_per_second = 0;
   // Bytes across the host link per step, summed over this worker's devices.
   double model_bytes_to_host_per_step = 0;
   double model_bytes_to_device_per_step = 0;

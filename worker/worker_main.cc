@@ -198,13 +198,17 @@ absl::Status Main() {
   });
 
   PS_ASSIGN_OR_RETURN(TrainingReport report, trainer->Run());
-  std::printf("worker %d: final test accuracy %.4f, train loss %.4f, %.0f samples/s\n", rank,
-              report.final_test_accuracy, report.final_train_loss, report.samples_per_second);
+  std::printf("worker %d: final test accuracy %.4f, train loss %.4f, %.0f samples/s "
+              "(all workers: %.0f samples/s)\n",
+              rank, report.final_test_accuracy, report.final_train_loss,
+              report.samples_per_second, report.global_samples_per_second);
   if (remote != nullptr && report.steps > 0) {
+    // The first pull (the initial parameters) is not part of any step.
+    const int64_t model_bytes = report.model_parameters * 4;
     std::printf("worker %d: pushed %.0f and pulled %.0f bytes per step (model: %lld bytes)\n",
                 rank, static_cast<double>(remote->bytes_pushed()) / report.steps,
-                static_cast<double>(remote->bytes_pulled()) / report.steps,
-                static_cast<long long>(report.model_parameters * 4));
+                static_cast<double>(remote->bytes_pulled() - model_bytes) / report.steps,
+                static_cast<long long>(model_bytes));
   }
 
   if (!absl::GetFlag(FLAGS_save_weights).empty()) {
