@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace ps::kernels::internal {
 namespace {
@@ -92,6 +93,31 @@ void AvgPool2dForwardCpu(CpuDevice& device, const Pool2dShape& s, const float* x
   // every window lies inside the padded input, so the divisor is always
   // kernel_h * kernel_w.
   const float inv_count = 1.f / static_cast<float>(s.kernel_h * s.kernel_w);
+  if (s.stride_h == s.kernel_h && s.stride_w == s.kernel_w && s.pad_h == 0 && s.pad_w == 0) {
+    // Non-overlapping windows (LeNet's 2x2/2): add each window's rows into a
+    // row buffer with contiguous, vectorisable loops, then sum column groups.
+    device.ParallelFor(s.batch * s.channels, MinPlanes(in_plane), [&](int64_t b, int64_t e) {
+      std::vector<float> rows(s.width);
+      for (int64_t plane = b; plane < e; ++plane) {
+        const float* xp = x + plane * in_plane;
+        float* yp = y + plane * out_plane;
+        for (int64_t oh = 0; oh < oh_n; ++oh) {
+          const float* first = xp + oh * s.kernel_h * s.width;
+          std::copy(first, first + s.width, rows.begin());
+          for (int64_t k = 1; k < s.kernel_h; ++k) {
+            const float* row = first + k * s.width;
+            for (int64_t w = 0; w < s.width; ++w) rows[w] += row[w];
+          }
+          for (int64_t ow = 0; ow < ow_n; ++ow) {
+            float sum = 0.f;
+            for (int64_t k = 0; k < s.kernel_w; ++k) sum += rows[ow * s.kernel_w + k];
+            yp[oh * ow_n + ow] = sum * inv_count;
+          }
+        }
+      }
+    });
+    return;
+  }
   device.ParallelFor(s.batch * s.channels, MinPlanes(in_plane), [&](int64_t b, int64_t e) {
     for (int64_t plane = b; plane < e; ++plane) {
       const float* xp = x + plane * in_plane;
@@ -117,6 +143,40 @@ void AvgPool2dBackwardCpu(CpuDevice& device, const Pool2dShape& s, const float* 
   const int64_t oh_n = s.out_height(), ow_n = s.out_width();
   const int64_t in_plane = s.height * s.width, out_plane = oh_n * ow_n;
   const float inv_count = 1.f / static_cast<float>(s.kernel_h * s.kernel_w);
+  if (s.stride_h == s.kernel_h && s.stride_w == s.kernel_w && s.pad_h == 0 && s.pad_w == 0) {
+    // Non-overlapping windows (LeNet's 2x2/2): each input cell gets its one
+    // window's gradient, so spread each output over its window row by row.
+    // Cells no window covers (the floor remainder) get zero.
+    device.ParallelFor(s.batch * s.channels, MinPlanes(in_plane), [&](int64_t b, int64_t e) {
+      for (int64_t plane = b; plane < e; ++plane) {
+        float* dxp = dx + plane * in_plane;
+        const float* dyp = dy + plane * out_plane;
+        for (int64_t oh = 0; oh < oh_n; ++oh) {
+          float* row = dxp + oh * s.kernel_h * s.width;
+          const float* dyr = dyp + oh * ow_n;
+          for (int64_t ow = 0; ow < ow_n; ++ow) {
+            const float g = dyr[ow] * inv_count;
+            for (int64_t k = 0; k < s.kernel_w; ++k) row[ow * s.kernel_w + k] = g;
+          }
+          for (int64_t w = ow_n * s.kernel_w; w < s.width; ++w) row[w] = 0.f;
+          for (int64_t k = 1; k < s.kernel_h; ++k) {
+            std::copy(row, row + s.width, row + k * s.width);
+          }
+        }
+        std::fill(dxp + oh_n * s.kernel_h * s.width, dxp + in_plane, 0.f);
+      }
+    });
+    return;
+  }
+  // General case. The output ranges covering each row and column are the
+  // same for every plane: compute them once, not with divisions per cell.
+  std::vector<int64_t> oh_begin(s.height), oh_end(s.height), ow_begin(s.width), ow_end(s.width);
+  for (int64_t h = 0; h < s.height; ++h) {
+    OutputsCovering(h, s.kernel_h, s.stride_h, s.pad_h, oh_n, &oh_begin[h], &oh_end[h]);
+  }
+  for (int64_t w = 0; w < s.width; ++w) {
+    OutputsCovering(w, s.kernel_w, s.stride_w, s.pad_w, ow_n, &ow_begin[w], &ow_end[w]);
+  }
   // Gather: each input sums the outputs whose windows cover it, the same
   // order as the CUDA kernel.
   device.ParallelFor(s.batch * s.channels, MinPlanes(in_plane), [&](int64_t b, int64_t e) {
@@ -124,14 +184,10 @@ void AvgPool2dBackwardCpu(CpuDevice& device, const Pool2dShape& s, const float* 
       float* dxp = dx + plane * in_plane;
       const float* dyp = dy + plane * out_plane;
       for (int64_t h = 0; h < s.height; ++h) {
-        int64_t oh0, oh1;
-        OutputsCovering(h, s.kernel_h, s.stride_h, s.pad_h, oh_n, &oh0, &oh1);
         for (int64_t w = 0; w < s.width; ++w) {
-          int64_t ow0, ow1;
-          OutputsCovering(w, s.kernel_w, s.stride_w, s.pad_w, ow_n, &ow0, &ow1);
           float sum = 0.f;
-          for (int64_t oh = oh0; oh < oh1; ++oh) {
-            for (int64_t ow = ow0; ow < ow1; ++ow) sum += dyp[oh * ow_n + ow];
+          for (int64_t oh = oh_begin[h]; oh < oh_end[h]; ++oh) {
+            for (int64_t ow = ow_begin[w]; ow < ow_end[w]; ++ow) sum += dyp[oh * ow_n + ow];
           }
           dxp[h * s.width + w] = sum * inv_count;
         }
