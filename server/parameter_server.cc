@@ -195,12 +195,15 @@ absl::Status ParameterServer::Push(int rank, int64_t iteration, int key, int64_t
                                                  "' already pushed by worker rank ", rank,
                                                  " in iteration ", iteration));
   }
-  for (int64_t i = 0; i < length; ++i) {
-    if (!std::isfinite(gradient[i])) {
-      return absl::InvalidArgumentError(absl::StrCat("gradient of '", name, "' element ",
-                                                     offset + i, " is ", gradient[i],
-                                                     "; refusing a non-finite push"));
-    }
+  // One vectorisable pass decides; only a bad chunk pays for finding where.
+  bool all_finite = true;
+  for (int64_t i = 0; i < length; ++i) all_finite &= std::isfinite(gradient[i]);
+  if (!all_finite) {
+    int64_t i = 0;
+    while (std::isfinite(gradient[i])) ++i;
+    return absl::InvalidArgumentError(absl::StrCat("gradient of '", name, "' element ",
+                                                   offset + i, " is ", gradient[i],
+                                                   "; refusing a non-finite push"));
   }
   // Validated: only now is any state changed.
   float* sum = grad_sum_.data() + key_offset_[key] + offset;

@@ -39,7 +39,8 @@ struct TrainerOptions {
 // Seconds of one step's phases, summed over the steps measured.
 struct TimeSplit {
   double data = 0;     // gathering the batch and copying it to the devices
-  double compute = 0;  // forward, loss, backward and the device reduction
+  double compute = 0;  // forward, loss and backward on every device
+  double reduce = 0;   // summing the devices' gradients on the devices
   double copy = 0;     // device->host gradients and host->device parameters,
                        // and the broadcast to the other devices
   double push = 0;

@@ -67,11 +67,10 @@ absl::Status Measure(const std::string& model_name, const Config& c, const Datas
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const TimeSplit& t = (*trainer)->time_split();
-  const double total = t.data + t.compute + t.copy + t.push + t.wait + t.pull;
-  std::printf("%-6s %-22s %9.2f %12.0f %7.1f%% %7.1f%% %7.1f%% %7.1f%%\n", model_name.c_str(),
-              c.label, 1e3 * seconds / steps, batch * steps / seconds, 100 * t.data / total,
-              100 * t.compute / total, 100 * t.copy / total,
-              100 * (t.push + t.wait + t.pull) / total);
+  const double ms = 1e3 / steps;
+  std::printf("%-6s %-22s %9.2f %11.0f %8.2f %8.2f %8.2f %8.2f %8.2f\n", model_name.c_str(),
+              c.label, 1e3 * seconds / steps, batch * steps / seconds, t.data * ms,
+              t.compute * ms, t.reduce * ms, t.copy * ms, (t.push + t.wait + t.pull) * ms);
   return absl::OkStatus();
 }
 
@@ -87,8 +86,9 @@ int Run() {
   }
   std::printf("global batch %lld, %lld measured steps\n", static_cast<long long>(batch),
               static_cast<long long>(steps));
-  std::printf("%-6s %-22s %9s %12s %8s %8s %8s %8s\n", "model", "devices", "step ms",
-              "samples/s", "data", "compute", "copy", "store");
+  std::printf("times per step in ms; store = push + wait + pull (in process here)\n");
+  std::printf("%-6s %-22s %9s %11s %8s %8s %8s %8s %8s\n", "model", "devices", "step ms",
+              "samples/s", "data", "compute", "reduce", "copy", "store");
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
     for (const Config& c : {Config{"1 device x 1 thread", 1, 1},
                             Config{"1 device x 2 threads", 1, 2},

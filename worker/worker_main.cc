@@ -75,12 +75,13 @@ absl::StatusOr<std::vector<int64_t>> ParseWidths(const std::string& text) {
 }
 
 std::string FormatSplit(const TimeSplit& s) {
-  const double total = s.data + s.compute + s.copy + s.push + s.wait + s.pull;
+  const double total = s.data + s.compute + s.reduce + s.copy + s.push + s.wait + s.pull;
   if (total <= 0) return "";
   auto pct = [&](double x) { return 100.0 * x / total; };
-  return absl::StrFormat("data %.0f%% compute %.0f%% copy %.0f%% push %.0f%% wait %.0f%% pull %.0f%%",
-                         pct(s.data), pct(s.compute), pct(s.copy), pct(s.push), pct(s.wait),
-                         pct(s.pull));
+  return absl::StrFormat(
+      "data %.0f%% compute %.0f%% reduce %.0f%% copy %.0f%% push %.0f%% wait %.0f%% pull %.0f%%",
+      pct(s.data), pct(s.compute), pct(s.reduce), pct(s.copy), pct(s.push), pct(s.wait),
+      pct(s.pull));
 }
 
 absl::Status Main() {
@@ -166,12 +167,15 @@ absl::Status Main() {
 
   std::vector<std::string> names;
   for (Device* d : devices) names.push_back(d->name());
+  const std::string optimizer_text =
+      remote != nullptr ? std::string("optimizer on the server")
+                        : absl::StrFormat("lr %g", optimizer.sgd.lr);
   std::printf("worker %d/%d: training %s (%lld parameters) on %s: %lld train / %lld test "
-              "samples, global batch %lld, lr %g, %lld epochs\n",
+              "samples, global batch %lld, %s, %lld epochs\n",
               rank, trainer->registration().num_workers, model.name.c_str(), static_cast<long long>(TotalElements(trainer->model().parameters())),
               absl::StrJoin(names, ",").c_str(), static_cast<long long>(train.size()),
               static_cast<long long>(test.size()), static_cast<long long>(options.batch_size),
-              optimizer.sgd.lr, static_cast<long long>(options.epochs));
+              optimizer_text.c_str(), static_cast<long long>(options.epochs));
   std::fflush(stdout);
 
   const bool bar = absl::GetFlag(FLAGS_progress) && isatty(STDERR_FILENO);
