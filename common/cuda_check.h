@@ -6,6 +6,9 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -31,6 +34,19 @@ inline absl::Status CublasStatus(cublasStatus_t err, const char* what) {
                                           cublasGetStatusString(err)));
 }
 
+// Maps an NCCL error to a status naming `what`, NCCL's message for the code
+// and NCCL's last-error detail when it has one. An NCCL call that failed in
+// CUDA may leave the runtime's last error set; it is cleared here, as in
+// CudaStatus. Code that uses this links @local_cuda//:nccl.
+inline absl::Status NcclStatus(ncclResult_t err, const char* what) {
+  if (err == ncclSuccess) return absl::OkStatus();
+  cudaGetLastError();
+  std::string message = absl::StrCat(what, ": ", ncclGetErrorString(err));
+  const char* detail = ncclGetLastError(nullptr);
+  if (detail != nullptr && detail[0] != '\0') absl::StrAppend(&message, " (", detail, ")");
+  return absl::InternalError(message);
+}
+
 }  // namespace ps
 
 #define PS_CUDA_RETURN_IF_ERROR(call)                                       \
@@ -43,6 +59,12 @@ inline absl::Status CublasStatus(cublasStatus_t err, const char* what) {
   do {                                                                      \
     ::absl::Status ps_cublas_status_ = ::ps::CublasStatus((call), #call);   \
     if (!ps_cublas_status_.ok()) return ps_cublas_status_;                  \
+  } while (false)
+
+#define PS_NCCL_RETURN_IF_ERROR(call)                                       \
+  do {                                                                      \
+    ::absl::Status ps_nccl_status_ = ::ps::NcclStatus((call), #call);       \
+    if (!ps_nccl_status_.ok()) return ps_nccl_status_;                      \
   } while (false)
 
 #endif  // PS_COMMON_CUDA_CHECK_H_

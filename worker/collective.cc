@@ -6,6 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/cpu_device.h"
 
+#ifdef PS_WITH_CUDA
+#include "worker/nccl_collective.h"
+#endif
+
 namespace ps::worker {
 namespace {
 
@@ -96,9 +100,15 @@ absl::StatusOr<std::unique_ptr<DeviceCollective>> DeviceCollective::Create(
   }
   if (devices.size() == 1) return std::unique_ptr<DeviceCollective>(new SingleDeviceCollective());
   if (devices[0]->is_cpu()) return std::unique_ptr<DeviceCollective>(new CpuCollective(devices));
+#ifdef PS_WITH_CUDA
+  absl::StatusOr<std::unique_ptr<NcclCollective>> nccl = NcclCollective::Create(devices);
+  if (!nccl.ok()) return nccl.status();
+  return std::unique_ptr<DeviceCollective>(std::move(nccl).value());
+#else
   return absl::UnimplementedError(
-      "several CUDA devices in one worker need the NCCL collective, which is not built yet; "
-      "use one GPU per worker");
+      "several CUDA devices in one worker need the NCCL collective, which this build does not "
+      "have (built without CUDA); use one device per worker or a CUDA build");
+#endif
 }
 
 }  // namespace ps::worker
