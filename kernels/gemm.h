@@ -12,6 +12,7 @@
 // CUDA device in a build without CUDA.
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "common/device.h"
@@ -30,8 +31,49 @@ absl::Status GemmStridedBatched(Device& device, bool trans_a, bool trans_b, int6
 
 // Sets how many threads OpenBLAS uses for one call (process-wide: OpenBLAS
 // has no per-call setting). The trainer sets cores / D so that D CPU devices
-// running concurrently do not oversubscribe the machine.
+// running concurrently do not oversubscribe the machine. The first call also
+// runs SelectBlasCore(), so call it from main() before any BLAS work starts.
+//
+// The convolution and linear kernels split their work across a CpuDevice's
+// own threads only when BLAS is single-threaded (concurrent multi-threaded
+// OpenBLAS calls spin against each other); with a multi-threaded BLAS they
+// issue each GEMM from the calling thread and let BLAS thread it. LeNet's
+// GEMMs are too small for BLAS to thread well, so a CpuDevice with T > 1
+// threads trains it fastest with SetBlasThreads(1) (see kernels_benchmark).
 void SetBlasThreads(int threads);
+
+// The number of threads OpenBLAS currently uses for one call (what the last
+// SetBlasThreads set, or OpenBLAS's default of all cores).
+int BlasThreads();
+
+// Makes OpenBLAS use the fastest kernels this CPU runs, and returns the name
+// of the kernel set in use afterwards ("SkylakeX", "Haswell", ...).
+//
+// OpenBLAS picks its kernels by CPU model when it loads, and 0.3.21 (Debian
+// 12) does not know models newer than about 2021 (Sapphire and Emerald
+// Rapids among them): it falls back to its SSE3 "Prescott" kernels, which run
+// SGEMM 5-6x slower than its AVX-512 ones on the same core. When that has
+// happened this re-selects by the CPU's features (AVX-512 -> SkylakeX, AVX2
+// and FMA -> Haswell); otherwise it changes nothing. Process-wide, and not
+// safe while any thread is inside a BLAS call: call it (or SetBlasThreads)
+// from main() first. Idempotent.
+std::string SelectBlasCore();
+
+// The OpenBLAS kernel set in use, e.g. "SkylakeX" or "Prescott".
+std::string BlasCoreName();
+
+namespace internal {
+
+// C = alpha * op(A) * op(B) + beta * C on host memory, row-major with explicit
+// leading dimensions (elements between rows), so CPU kernels can multiply
+// sub-blocks of larger matrices without copying them. The caller has checked
+// the sizes (non-negative, each below 2^31) and pointers. Runs on the calling
+// thread plus OpenBLAS's own threads (see SetBlasThreads).
+void GemmCpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+             int64_t ldc);
+
+}  // namespace internal
 
 }  // namespace ps::kernels
 

@@ -1,0 +1,330 @@
+#include "kernels/conv.h"
+
+#include <string>
+#include <vector>
+
+#include "common/cpu_device.h"
+#include "kernels/gemm.h"
+#include "kernels/test_util.h"
+
+namespace ps::kernels {
+namespace {
+
+using testing::AllClose;
+using testing::DeviceBuffer;
+using testing::RandomVector;
+
+Conv2dShape MakeShape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw,
+                      int64_t sh, int64_t sw, int64_t ph, int64_t pw) {
+  Conv2dShape s;
+  s.batch = n;
+  s.in_channels = c;
+  s.height = h;
+  s.width = w;
+  s.out_channels = o;
+  s.kernel_h = kh;
+  s.kernel_w = kw;
+  s.stride_h = sh;
+  s.stride_w = sw;
+  s.pad_h = ph;
+  s.pad_w = pw;
+  return s;
+}
+
+std::string Describe(const Conv2dShape& s) {
+  return ::testing::PrintToString(std::vector<int64_t>{s.batch, s.in_channels, s.height, s.width,
+                                                       s.out_channels, s.kernel_h, s.kernel_w,
+                                                       s.stride_h, s.stride_w, s.pad_h, s.pad_w});
+}
+
+int64_t InSize(const Conv2dShape& s) { return s.batch * s.in_channels * s.height * s.width; }
+int64_t WeightSize(const Conv2dShape& s) {
+  return s.out_channels * s.in_channels * s.kernel_h * s.kernel_w;
+}
+int64_t OutSize(const Conv2dShape& s) {
+  return s.batch * s.out_channels * s.out_height() * s.out_width();
+}
+
+// Shapes: LeNet's two layers (small batch), stride 2 with padding,
+// non-square images, kernels and strides, batch 1, odd sizes, 1x1 kernels,
+// a kernel as large as the padded image, and batches that the CPU splits
+// into several blocks (with a short last block).
+const Conv2dShape kShapes[] = {
+    MakeShape(2, 1, 28, 28, 6, 5, 5, 1, 1, 2, 2),    // LeNet conv1
+    MakeShape(3, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0),   // LeNet conv2
+    MakeShape(2, 3, 9, 9, 4, 3, 3, 2, 2, 1, 1),      // stride 2, padding
+    MakeShape(2, 2, 7, 11, 3, 3, 2, 2, 1, 1, 0),     // non-square everything
+    MakeShape(1, 3, 5, 6, 2, 2, 3, 1, 2, 0, 2),      // batch 1, odd
+    MakeShape(3, 5, 6, 4, 7, 1, 1, 1, 1, 0, 0),      // pointwise
+    MakeShape(1, 5, 6, 4, 7, 1, 1, 1, 1, 0, 0),      // pointwise, batch 1
+    MakeShape(2, 4, 7, 7, 3, 1, 1, 2, 2, 0, 0),      // 1x1, stride 2
+    MakeShape(2, 2, 3, 3, 2, 5, 5, 1, 1, 1, 1),      // 1x1 output
+    MakeShape(1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0),      // scalar
+    MakeShape(2, 2, 4, 4, 2, 3, 3, 3, 3, 2, 2),      // stride 3, output 2x2
+    MakeShape(41, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0),  // several blocks
+    MakeShape(9, 1, 28, 28, 6, 5, 5, 1, 1, 2, 2),    // blocks of 2, then 1
+    MakeShape(7, 64, 16, 16, 8, 3, 3, 1, 1, 1, 1),   // one sample per block
+};
+
+// Cross-correlation by the definition, in double.
+std::vector<float> ReferenceForward(const Conv2dShape& s, const std::vector<float>& x,
+                                    const std::vector<float>& w, const float* bias) {
+  const int64_t oh = s.out_height(), ow = s.out_width();
+  std::vector<float> y(OutSize(s));
+  for (int64_t n = 0; n < s.batch; ++n) {
+    for (int64_t o = 0; o < s.out_channels; ++o) {
+      for (int64_t r = 0; r < oh; ++r) {
+        for (int64_t q = 0; q < ow; ++q) {
+          double sum = bias != nullptr ? bias[o] : 0.0;
+          for (int64_t c = 0; c < s.in_channels; ++c) {
+            for (int64_t i = 0; i < s.kernel_h; ++i) {
+              for (int64_t j = 0; j < s.kernel_w; ++j) {
+                const int64_t ih = r * s.stride_h - s.pad_h + i;
+                const int64_t iw = q * s.stride_w - s.pad_w + j;
+                if (ih < 0 || ih >= s.height || iw < 0 || iw >= s.width) continue;
+                sum += double(x[((n * s.in_channels + c) * s.height + ih) * s.width + iw]) *
+                       w[((o * s.in_channels + c) * s.kernel_h + i) * s.kernel_w + j];
+              }
+            }
+          }
+          y[((n * s.out_channels + o) * oh + r) * ow + q] = static_cast<float>(sum);
+        }
+      }
+    }
+  }
+  return y;
+}
+
+struct Grads {
+  std::vector<float> dx, dw, db;
+};
+
+Grads ReferenceBackward(const Conv2dShape& s, const std::vector<float>& x,
+                        const std::vector<float>& w, const std::vector<float>& dy) {
+  const int64_t oh = s.out_height(), ow = s.out_width();
+  std::vector<double> dx(InSize(s)), dw(WeightSize(s)), db(s.out_channels);
+  for (int64_t n = 0; n < s.batch; ++n) {
+    for (int64_t o = 0; o < s.out_channels; ++o) {
+      for (int64_t r = 0; r < oh; ++r) {
+        for (int64_t q = 0; q < ow; ++q) {
+          const double g = dy[((n * s.out_channels + o) * oh + r) * ow + q];
+          db[o] += g;
+          for (int64_t c = 0; c < s.in_channels; ++c) {
+            for (int64_t i = 0; i < s.kernel_h; ++i) {
+              for (int64_t j = 0; j < s.kernel_w; ++j) {
+                const int64_t ih = r * s.stride_h - s.pad_h + i;
+                const int64_t iw = q * s.stride_w - s.pad_w + j;
+                if (ih < 0 || ih >= s.height || iw < 0 || iw >= s.width) continue;
+                const int64_t xi = ((n * s.in_channels + c) * s.height + ih) * s.width + iw;
+                const int64_t wi = ((o * s.in_channels + c) * s.kernel_h + i) * s.kernel_w + j;
+                dx[xi] += g * w[wi];
+                dw[wi] += g * x[xi];
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return {std::vector<float>(dx.begin(), dx.end()), std::vector<float>(dw.begin(), dw.end()),
+          std::vector<float>(db.begin(), db.end())};
+}
+
+// Sets OpenBLAS's thread count for a scope (it is process-wide).
+class ScopedBlasThreads {
+ public:
+  explicit ScopedBlasThreads(int threads) : saved_(BlasThreads()) { SetBlasThreads(threads); }
+  ~ScopedBlasThreads() { SetBlasThreads(saved_); }
+
+ private:
+  const int saved_;
+};
+
+// Runs the CPU kernels on every shape against the reference, on a device
+// with `threads` threads and BLAS set to `blas_threads` (which selects how
+// the CPU kernel spreads its blocks; see conv_cpu.h).
+void CheckCpuAgainstReference(int threads, int blas_threads) {
+  const ScopedBlasThreads blas(blas_threads);
+  CpuDevice cpu(0, threads);
+  uint64_t seed = 1;
+  for (const Conv2dShape& s : kShapes) {
+    SCOPED_TRACE(Describe(s) + " threads=" + std::to_string(threads) +
+                 " blas_threads=" + std::to_string(blas_threads));
+    ASSERT_TRUE(ValidateConv2dShape(s).ok()) << ValidateConv2dShape(s);
+    const auto x = RandomVector(InSize(s), seed++);
+    const auto w = RandomVector(WeightSize(s), seed++);
+    const auto b = RandomVector(s.out_channels, seed++);
+    const auto dy = RandomVector(OutSize(s), seed++);
+
+    std::vector<float> y(OutSize(s), -7.f);
+    ASSERT_TRUE(Conv2dForward(cpu, s, x.data(), w.data(), b.data(), y.data()).ok());
+    EXPECT_TRUE(AllClose(y, ReferenceForward(s, x, w, b.data()), 1e-4f, 1e-4f));
+    ASSERT_TRUE(Conv2dForward(cpu, s, x.data(), w.data(), nullptr, y.data()).ok());
+    EXPECT_TRUE(AllClose(y, ReferenceForward(s, x, w, nullptr), 1e-4f, 1e-4f));
+
+    // Outputs start as garbage: they must be overwritten, not accumulated.
+    const Grads ref = ReferenceBackward(s, x, w, dy);
+    std::vector<float> dx(x.size(), 9.f), dw(w.size(), 9.f), db(b.size(), 9.f);
+    ASSERT_TRUE(
+        Conv2dBackward(cpu, s, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data())
+            .ok());
+    // dweight and dbias sum up to batch * OH * OW products.
+    EXPECT_TRUE(AllClose(dx, ref.dx, 1e-4f, 1e-4f));
+    EXPECT_TRUE(AllClose(dw, ref.dw, 1e-3f, 1e-4f));
+    EXPECT_TRUE(AllClose(db, ref.db, 1e-3f, 1e-4f));
+    std::fill(dw.begin(), dw.end(), 9.f);
+    ASSERT_TRUE(
+        Conv2dBackward(cpu, s, x.data(), w.data(), dy.data(), nullptr, dw.data(), nullptr).ok());
+    EXPECT_TRUE(AllClose(dw, ref.dw, 1e-3f, 1e-4f));
+  }
+}
+
+TEST(ConvCpuTest, MatchesReferenceOnOneThread) { CheckCpuAgainstReference(1, 1); }
+
+// Two device threads, each running whole blocks with a single-threaded BLAS.
+TEST(ConvCpuTest, MatchesReferenceWithThreadsRunningBlocks) { CheckCpuAgainstReference(2, 1); }
+
+// Two device threads and a two-thread BLAS: blocks in order, GEMMs threaded.
+TEST(ConvCpuTest, MatchesReferenceWithThreadedBlas) { CheckCpuAgainstReference(2, 2); }
+
+// Central differences of L = sum(y * g), which is linear in each of x,
+// weight and bias, so the only error is rounding.
+TEST(ConvCpuTest, BackwardMatchesNumericGradient) {
+  CpuDevice cpu(0, 1);
+  for (const Conv2dShape& s :
+       {MakeShape(2, 2, 5, 6, 3, 3, 3, 2, 2, 1, 1), MakeShape(1, 3, 4, 5, 2, 2, 3, 1, 2, 1, 0)}) {
+    SCOPED_TRACE(Describe(s));
+    auto x = RandomVector(InSize(s), 1);
+    auto w = RandomVector(WeightSize(s), 2);
+    auto b = RandomVector(s.out_channels, 3);
+    const auto g = RandomVector(OutSize(s), 4);
+    auto loss = [&]() {
+      std::vector<float> y(OutSize(s));
+      EXPECT_TRUE(Conv2dForward(cpu, s, x.data(), w.data(), b.data(), y.data()).ok());
+      double l = 0;
+      for (size_t i = 0; i < y.size(); ++i) l += double(y[i]) * g[i];
+      return l;
+    };
+    auto numeric = [&](std::vector<float>& param) {
+      const float h = 1e-2f;
+      std::vector<float> grad(param.size());
+      for (size_t i = 0; i < param.size(); ++i) {
+        const float saved = param[i];
+        param[i] = saved + h;
+        const double up = loss();
+        param[i] = saved - h;
+        const double down = loss();
+        param[i] = saved;
+        grad[i] = static_cast<float>((up - down) / (2 * h));
+      }
+      return grad;
+    };
+    std::vector<float> dx(x.size()), dw(w.size()), db(b.size());
+    ASSERT_TRUE(
+        Conv2dBackward(cpu, s, x.data(), w.data(), g.data(), dx.data(), dw.data(), db.data()).ok());
+    EXPECT_TRUE(AllClose(dx, numeric(x), 1e-3f, 1e-3f));
+    EXPECT_TRUE(AllClose(dw, numeric(w), 1e-3f, 1e-3f));
+    EXPECT_TRUE(AllClose(db, numeric(b), 1e-3f, 1e-3f));
+  }
+}
+
+TEST(ConvTest, ValidateNamesTheBadField) {
+  const Conv2dShape good = MakeShape(2, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1);
+  EXPECT_TRUE(ValidateConv2dShape(good).ok());
+  struct BadCase {
+    const char* field;
+    Conv2dShape shape;
+  };
+  std::vector<BadCase> cases;
+  auto with = [&](const char* field, auto mutate) {
+    Conv2dShape s = good;
+    mutate(s);
+    cases.push_back({field, s});
+  };
+  with("batch", [](Conv2dShape& s) { s.batch = 0; });
+  with("in_channels", [](Conv2dShape& s) { s.in_channels = -1; });
+  with("height", [](Conv2dShape& s) { s.height = 0; });
+  with("width", [](Conv2dShape& s) { s.width = -3; });
+  with("out_channels", [](Conv2dShape& s) { s.out_channels = 0; });
+  with("kernel_h", [](Conv2dShape& s) { s.kernel_h = 0; });
+  with("kernel_w", [](Conv2dShape& s) { s.kernel_w = -1; });
+  with("stride_h", [](Conv2dShape& s) { s.stride_h = 0; });
+  with("stride_w", [](Conv2dShape& s) { s.stride_w = 0; });
+  with("pad_h", [](Conv2dShape& s) { s.pad_h = -1; });
+  with("pad_w", [](Conv2dShape& s) { s.pad_w = -2; });
+  with("kernel_h", [](Conv2dShape& s) { s.kernel_h = 11; });  // > 8 + 2 * 1: empty output
+  with("kernel_w", [](Conv2dShape& s) {
+    s.pad_w = 0;
+    s.kernel_w = 9;
+  });
+  with("in_channels * kernel_h * kernel_w", [](Conv2dShape& s) { s.in_channels = 1 << 30; });
+  for (const BadCase& bad : cases) {
+    const absl::Status status = ValidateConv2dShape(bad.shape);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad.field;
+    EXPECT_NE(status.message().find(bad.field), absl::string_view::npos)
+        << "expected '" << bad.field << "' in: " << status;
+  }
+
+  // The entry points validate too, and return rather than crash.
+  CpuDevice cpu(0, 1);
+  std::vector<float> buf(1024);
+  float* p = buf.data();
+  Conv2dShape bad = good;
+  bad.stride_w = 0;
+  EXPECT_EQ(Conv2dForward(cpu, bad, p, p, p, p).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Conv2dBackward(cpu, bad, p, p, p, p, p, p).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Conv2dForward(cpu, good, nullptr, p, p, p).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ConvCudaTest, MatchesCpu) {
+  PS_SKIP_WITHOUT_GPU();
+  Device* gpu = testing::TestGpu();
+  CpuDevice cpu(0, 1);
+  uint64_t seed = 100;
+  std::vector<Conv2dShape> shapes(std::begin(kShapes), std::end(kShapes));
+  shapes.push_back(MakeShape(256, 1, 28, 28, 6, 5, 5, 1, 1, 2, 2));  // LeNet at batch 256
+  shapes.push_back(MakeShape(256, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0));
+  for (const Conv2dShape& s : shapes) {
+    SCOPED_TRACE(Describe(s));
+    const auto x = RandomVector(InSize(s), seed++);
+    const auto w = RandomVector(WeightSize(s), seed++);
+    const auto b = RandomVector(s.out_channels, seed++);
+    const auto dy = RandomVector(OutSize(s), seed++);
+    DeviceBuffer gx(gpu, x), gw(gpu, w), gb(gpu, b), gdy(gpu, dy);
+    DeviceBuffer gy(gpu, OutSize(s)), gdx(gpu, x.size()), gdw(gpu, w.size()), gdb(gpu, b.size());
+
+    std::vector<float> y(OutSize(s));
+    ASSERT_TRUE(Conv2dForward(cpu, s, x.data(), w.data(), b.data(), y.data()).ok());
+    ASSERT_TRUE(Conv2dForward(*gpu, s, gx.data(), gw.data(), gb.data(), gy.data()).ok());
+    EXPECT_TRUE(AllClose(gy.ToHost(), y, 1e-4f, 1e-4f));
+    ASSERT_TRUE(Conv2dForward(cpu, s, x.data(), w.data(), nullptr, y.data()).ok());
+    ASSERT_TRUE(Conv2dForward(*gpu, s, gx.data(), gw.data(), nullptr, gy.data()).ok());
+    EXPECT_TRUE(AllClose(gy.ToHost(), y, 1e-4f, 1e-4f));
+
+    std::vector<float> dx(x.size()), dw(w.size()), db(b.size());
+    ASSERT_TRUE(
+        Conv2dBackward(cpu, s, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data())
+            .ok());
+    ASSERT_TRUE(Conv2dBackward(*gpu, s, gx.data(), gw.data(), gdy.data(), gdx.data(), gdw.data(),
+                               gdb.data())
+                    .ok());
+    EXPECT_TRUE(AllClose(gdx.ToHost(), dx, 1e-4f, 1e-4f));
+    // Long sums (up to 256 * 28 * 28 terms) in different orders.
+    EXPECT_TRUE(AllClose(gdw.ToHost(), dw, 1e-2f, 1e-4f));
+    EXPECT_TRUE(AllClose(gdb.ToHost(), db, 1e-2f, 1e-4f));
+
+    // dx and dbias may be skipped.
+    ASSERT_TRUE(
+        Conv2dBackward(*gpu, s, gx.data(), gw.data(), gdy.data(), nullptr, gdw.data(), nullptr)
+            .ok());
+    EXPECT_TRUE(AllClose(gdw.ToHost(), dw, 1e-2f, 1e-4f));
+  }
+  Conv2dShape bad = kShapes[0];
+  bad.kernel_h = 0;
+  DeviceBuffer buf(gpu, 16);
+  EXPECT_EQ(Conv2dForward(*gpu, bad, buf.data(), buf.data(), nullptr, buf.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ps::kernels

@@ -1,0 +1,224 @@
+#include "kernels/gemm.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/cpu_device.h"
+#include "kernels/test_util.h"
+
+namespace ps::kernels {
+namespace {
+
+using testing::AllClose;
+using testing::DeviceBuffer;
+using testing::RandomVector;
+
+// C = alpha * op(A) op(B) + beta * C by the definition, in double; beta == 0
+// ignores C's old contents.
+std::vector<float> ReferenceGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                 float alpha, const std::vector<float>& a,
+                                 const std::vector<float>& b, float beta,
+                                 const std::vector<float>& c) {
+  std::vector<float> out(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double av = trans_a ? a[p * m + i] : a[i * k + p];
+        const double bv = trans_b ? b[j * k + p] : b[p * n + j];
+        sum += av * bv;
+      }
+      const double old = beta == 0 ? 0.0 : beta * double(c[i * n + j]);
+      out[i * n + j] = static_cast<float>(alpha * sum + old);
+    }
+  }
+  return out;
+}
+
+struct GemmCase {
+  int64_t m, n, k;
+  float alpha, beta;
+};
+
+// Square, skinny, wide, odd and degenerate sizes, with and without beta.
+const GemmCase kCases[] = {
+    {1, 1, 1, 1.f, 0.f},     {3, 5, 7, 1.f, 0.f},       {17, 33, 9, 0.5f, -1.5f},
+    {64, 1, 128, 1.f, 1.f},  {1, 100, 3, 2.f, 0.f},     {128, 96, 200, 1.f, 0.25f},
+    {6, 3136, 25, 1.f, 0.f}, {16, 150, 1200, 1.f, 1.f}, {65, 67, 63, -1.f, 0.5f},
+};
+
+TEST(GemmCpuTest, MatchesReferenceForEveryTransposeAndShape) {
+  CpuDevice cpu(0, 1);
+  uint64_t seed = 1;
+  for (const GemmCase& cs : kCases) {
+    for (bool trans_a : {false, true}) {
+      for (bool trans_b : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " trans_a=" << trans_a
+                     << " trans_b=" << trans_b << " alpha=" << cs.alpha << " beta=" << cs.beta);
+        const auto a = RandomVector(cs.m * cs.k, seed++);
+        const auto b = RandomVector(cs.k * cs.n, seed++);
+        auto c = RandomVector(cs.m * cs.n, seed++);
+        const auto expected =
+            ReferenceGemm(trans_a, trans_b, cs.m, cs.n, cs.k, cs.alpha, a, b, cs.beta, c);
+        ASSERT_TRUE(Gemm(cpu, trans_a, trans_b, cs.m, cs.n, cs.k, cs.alpha, a.data(), b.data(),
+                         cs.beta, c.data())
+                        .ok());
+        EXPECT_TRUE(AllClose(c, expected, 1e-4f, 1e-4f));
+      }
+    }
+  }
+}
+
+TEST(GemmCpuTest, BetaZeroIgnoresNansInC) {
+  CpuDevice cpu(0, 1);
+  const auto a = RandomVector(4 * 6, 1), b = RandomVector(6 * 5, 2);
+  std::vector<float> c(4 * 5, std::numeric_limits<float>::quiet_NaN());
+  ASSERT_TRUE(Gemm(cpu, false, false, 4, 5, 6, 1.f, a.data(), b.data(), 0.f, c.data()).ok());
+  EXPECT_TRUE(AllClose(c, ReferenceGemm(false, false, 4, 5, 6, 1.f, a, b, 0.f, c), 1e-5f, 1e-5f));
+}
+
+TEST(GemmCpuTest, EmptyProductScalesC) {
+  CpuDevice cpu(0, 1);
+  std::vector<float> c = {1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(Gemm(cpu, false, false, 2, 3, 0, 1.f, nullptr, nullptr, 2.f, c.data()).ok());
+  EXPECT_TRUE(AllClose(c, {2, 4, 6, 8, 10, 12}, 0, 0));
+  std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
+  ASSERT_TRUE(Gemm(cpu, true, true, 2, 3, 0, 1.f, nullptr, nullptr, 0.f, c.data()).ok());
+  EXPECT_TRUE(AllClose(c, std::vector<float>(6, 0.f), 0, 0));
+  // An empty C is a no-op, whatever the pointers.
+  EXPECT_TRUE(Gemm(cpu, false, false, 0, 3, 4, 1.f, nullptr, nullptr, 0.f, nullptr).ok());
+}
+
+TEST(GemmCpuTest, StridedBatchedMatchesPerMatrixReference) {
+  CpuDevice cpu(0, 1);
+  const int64_t m = 7, n = 9, k = 5, batch = 4;
+  // A is shared by every matrix (stride 0); C has a gap between matrices.
+  const int64_t stride_b = k * n + 3, stride_c = m * n + 2;
+  const auto a = RandomVector(m * k, 1);
+  const auto b = RandomVector(stride_b * batch, 2);
+  auto c = RandomVector(stride_c * batch, 3);
+  std::vector<float> expected = c;
+  for (int64_t i = 0; i < batch; ++i) {
+    const std::vector<float> bi(b.begin() + i * stride_b, b.begin() + i * stride_b + k * n);
+    const std::vector<float> ci(c.begin() + i * stride_c, c.begin() + i * stride_c + m * n);
+    const auto ref = ReferenceGemm(true, false, m, n, k, 1.5f, a, bi, 0.5f, ci);
+    std::copy(ref.begin(), ref.end(), expected.begin() + i * stride_c);
+  }
+  ASSERT_TRUE(GemmStridedBatched(cpu, true, false, m, n, k, 1.5f, a.data(), 0, b.data(), stride_b,
+                                 0.5f, c.data(), stride_c, batch)
+                  .ok());
+  EXPECT_TRUE(AllClose(c, expected, 1e-5f, 1e-5f));
+}
+
+TEST(GemmCpuTest, RejectsBadSizes) {
+  CpuDevice cpu(0, 1);
+  std::vector<float> buf(64);
+  float* p = buf.data();
+  EXPECT_EQ(Gemm(cpu, false, false, -1, 2, 2, 1.f, p, p, 0.f, p).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Gemm(cpu, false, false, 2, -1, 2, 1.f, p, p, 0.f, p).code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Status negative_k = Gemm(cpu, false, false, 2, 2, -3, 1.f, p, p, 0.f, p);
+  EXPECT_EQ(negative_k.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(negative_k.message().find("k = -3"), absl::string_view::npos) << negative_k;
+  EXPECT_EQ(Gemm(cpu, false, false, int64_t{1} << 31, 1, 1, 1.f, p, p, 0.f, p).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Gemm(cpu, false, false, 2, 2, 2, 1.f, nullptr, p, 0.f, p).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GemmStridedBatched(cpu, false, false, 2, 2, 2, 1.f, p, 4, p, 4, 0.f, p, 4, -1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GemmStridedBatched(cpu, false, false, 2, 2, 2, 1.f, p, -4, p, 4, 0.f, p, 4, 2).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Outputs 3 elements apart would overlap 2 x 2 matrices.
+  EXPECT_EQ(GemmStridedBatched(cpu, false, false, 2, 2, 2, 1.f, p, 4, p, 4, 0.f, p, 3, 2).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GemmCpuTest, BlasThreadsRoundTrip) {
+  const int before = BlasThreads();
+  SetBlasThreads(1);
+  EXPECT_EQ(BlasThreads(), 1);
+  SetBlasThreads(0);  // clamped to 1
+  EXPECT_EQ(BlasThreads(), 1);
+  SetBlasThreads(before);
+  EXPECT_EQ(BlasThreads(), before);
+}
+
+// Run after the reference checks above (gtest keeps declaration order), so
+// both kernel sets are checked on a CPU where OpenBLAS falls back.
+TEST(GemmCpuTest, SelectBlasCoreAvoidsTheSse3FallbackAndStaysCorrect) {
+  const std::string core = SelectBlasCore();
+  EXPECT_EQ(core, BlasCoreName());
+  EXPECT_EQ(SelectBlasCore(), core);  // idempotent
+  // Debian's OpenBLAS is a DYNAMIC_ARCH build, which can always switch.
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_NE(core, "Prescott");
+  }
+  CpuDevice cpu(0, 1);
+  for (const GemmCase& cs : kCases) {
+    SCOPED_TRACE(::testing::Message()
+                 << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " core=" << core);
+    const auto a = RandomVector(cs.m * cs.k, 7), b = RandomVector(cs.k * cs.n, 8);
+    auto c = RandomVector(cs.m * cs.n, 9);
+    const auto expected = ReferenceGemm(true, false, cs.m, cs.n, cs.k, cs.alpha, a, b, cs.beta, c);
+    ASSERT_TRUE(
+        Gemm(cpu, true, false, cs.m, cs.n, cs.k, cs.alpha, a.data(), b.data(), cs.beta, c.data())
+            .ok());
+    EXPECT_TRUE(AllClose(c, expected, 1e-4f, 1e-4f));
+  }
+}
+
+TEST(GemmCudaTest, MatchesCpu) {
+  PS_SKIP_WITHOUT_GPU();
+  Device* gpu = testing::TestGpu();
+  CpuDevice cpu(0, 1);
+  uint64_t seed = 100;
+  for (const GemmCase& cs : kCases) {
+    for (bool trans_a : {false, true}) {
+      for (bool trans_b : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k
+                                          << " trans_a=" << trans_a << " trans_b=" << trans_b);
+        const auto a = RandomVector(cs.m * cs.k, seed++);
+        const auto b = RandomVector(cs.k * cs.n, seed++);
+        auto c = RandomVector(cs.m * cs.n, seed++);
+        DeviceBuffer ga(gpu, a), gb(gpu, b), gc(gpu, c);
+        ASSERT_TRUE(Gemm(cpu, trans_a, trans_b, cs.m, cs.n, cs.k, cs.alpha, a.data(), b.data(),
+                         cs.beta, c.data())
+                        .ok());
+        ASSERT_TRUE(Gemm(*gpu, trans_a, trans_b, cs.m, cs.n, cs.k, cs.alpha, ga.data(), gb.data(),
+                         cs.beta, gc.data())
+                        .ok());
+        EXPECT_TRUE(AllClose(gc.ToHost(), c, 1e-4f, 1e-4f));
+      }
+    }
+  }
+
+  // Batched, with a shared A, and the empty product.
+  const int64_t m = 7, n = 9, k = 5, batch = 4, stride_b = k * n + 3, stride_c = m * n + 2;
+  const auto a = RandomVector(m * k, 1), b = RandomVector(stride_b * batch, 2);
+  auto c = RandomVector(stride_c * batch, 3);
+  DeviceBuffer ga(gpu, a), gb(gpu, b), gc(gpu, c);
+  ASSERT_TRUE(GemmStridedBatched(cpu, false, true, m, n, k, 1.5f, a.data(), 0, b.data(), stride_b,
+                                 0.5f, c.data(), stride_c, batch)
+                  .ok());
+  ASSERT_TRUE(GemmStridedBatched(*gpu, false, true, m, n, k, 1.5f, ga.data(), 0, gb.data(),
+                                 stride_b, 0.5f, gc.data(), stride_c, batch)
+                  .ok());
+  EXPECT_TRUE(AllClose(gc.ToHost(), c, 1e-5f, 1e-5f));
+
+  std::vector<float> scaled = {1, 2, 3, 4, 5, 6};
+  DeviceBuffer gs(gpu, scaled);
+  ASSERT_TRUE(Gemm(*gpu, false, false, 2, 3, 0, 1.f, nullptr, nullptr, -2.f, gs.data()).ok());
+  EXPECT_TRUE(AllClose(gs.ToHost(), {-2, -4, -6, -8, -10, -12}, 0, 0));
+  ASSERT_TRUE(Gemm(*gpu, false, false, 2, 3, 0, 1.f, nullptr, nullptr, 0.f, gs.data()).ok());
+  EXPECT_TRUE(AllClose(gs.ToHost(), std::vector<float>(6, 0.f), 0, 0));
+
+  EXPECT_EQ(Gemm(*gpu, false, false, -1, 2, 2, 1.f, ga.data(), gb.data(), 0.f, gc.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ps::kernels

@@ -1,0 +1,27 @@
+#ifndef PS_KERNELS_LINEAR_CPU_H_
+#define PS_KERNELS_LINEAR_CPU_H_
+
+// The CPU implementation behind linear.h; same contracts. Sizes have been
+// checked (non-negative, below 2^31) and every pointer is host memory.
+//
+// Threads: with a multi-threaded BLAS (SetBlasThreads > 1) each GEMM is one
+// call that BLAS spreads over its threads. With a single-threaded BLAS the
+// device's threads each run a GEMM on a slice of the rows. The bias passes
+// use the device's threads.
+
+#include <cstdint>
+
+#include "common/cpu_device.h"
+
+namespace ps::kernels::internal {
+
+void LinearForwardCpu(CpuDevice& device, int64_t batch, int64_t in_features, int64_t out_features,
+                      const float* x, const float* weight, const float* bias, float* y);
+
+void LinearBackwardCpu(CpuDevice& device, int64_t batch, int64_t in_features, int64_t out_features,
+                       const float* x, const float* weight, const float* dy, float* dx,
+                       float* dweight, float* dbias);
+
+}  // namespace ps::kernels::internal
+
+#endif  // PS_KERNELS_LINEAR_CPU_H_

@@ -1,0 +1,242 @@
+#include "kernels/linear.h"
+
+#include <vector>
+
+#include "common/cpu_device.h"
+#include "kernels/gemm.h"
+#include "kernels/test_util.h"
+
+namespace ps::kernels {
+namespace {
+
+using testing::AllClose;
+using testing::DeviceBuffer;
+using testing::RandomVector;
+
+struct LinearCase {
+  int64_t batch, in, out;
+};
+
+// Batch 1, odd sizes, LeNet's three layers at batch 256.
+const LinearCase kCases[] = {{1, 1, 1},       {1, 7, 3},      {5, 4, 6},    {33, 17, 65},
+                             {256, 400, 120}, {256, 120, 84}, {256, 84, 10}};
+
+// y = x weight^T + bias, in double.
+std::vector<float> ReferenceForward(const LinearCase& cs, const std::vector<float>& x,
+                                    const std::vector<float>& w, const float* bias) {
+  std::vector<float> y(cs.batch * cs.out);
+  for (int64_t n = 0; n < cs.batch; ++n) {
+    for (int64_t o = 0; o < cs.out; ++o) {
+      double sum = bias != nullptr ? bias[o] : 0.0;
+      for (int64_t i = 0; i < cs.in; ++i) sum += double(x[n * cs.in + i]) * w[o * cs.in + i];
+      y[n * cs.out + o] = static_cast<float>(sum);
+    }
+  }
+  return y;
+}
+
+struct Grads {
+  std::vector<float> dx, dw, db;
+};
+
+Grads ReferenceBackward(const LinearCase& cs, const std::vector<float>& x,
+                        const std::vector<float>& w, const std::vector<float>& dy) {
+  std::vector<double> dx(cs.batch * cs.in), dw(cs.out * cs.in), db(cs.out);
+  for (int64_t n = 0; n < cs.batch; ++n) {
+    for (int64_t o = 0; o < cs.out; ++o) {
+      const double g = dy[n * cs.out + o];
+      db[o] += g;
+      for (int64_t i = 0; i < cs.in; ++i) {
+        dx[n * cs.in + i] += g * w[o * cs.in + i];
+        dw[o * cs.in + i] += g * x[n * cs.in + i];
+      }
+    }
+  }
+  return {std::vector<float>(dx.begin(), dx.end()), std::vector<float>(dw.begin(), dw.end()),
+          std::vector<float>(db.begin(), db.end())};
+}
+
+// Sets OpenBLAS's thread count for a scope (it is process-wide).
+class ScopedBlasThreads {
+ public:
+  explicit ScopedBlasThreads(int threads) : saved_(BlasThreads()) { SetBlasThreads(threads); }
+  ~ScopedBlasThreads() { SetBlasThreads(saved_); }
+
+ private:
+  const int saved_;
+};
+
+// Device threads and BLAS threads: one core; device threads each running a
+// slice on a single-threaded BLAS; BLAS threading every GEMM.
+const struct { int threads, blas_threads; } kThreadConfigs[] = {{1, 1}, {2, 1}, {2, 2}};
+
+TEST(LinearCpuTest, ForwardMatchesReference) {
+  for (const auto& config : kThreadConfigs) {
+    const int threads = config.threads;
+    const ScopedBlasThreads blas(config.blas_threads);
+    CpuDevice cpu(0, threads);
+    uint64_t seed = 1;
+    for (const LinearCase& cs : kCases) {
+      SCOPED_TRACE(::testing::Message()
+                   << "batch=" << cs.batch << " in=" << cs.in << " out=" << cs.out
+                   << " threads=" << threads << " blas_threads=" << config.blas_threads);
+      const auto x = RandomVector(cs.batch * cs.in, seed++);
+      const auto w = RandomVector(cs.out * cs.in, seed++);
+      const auto b = RandomVector(cs.out, seed++);
+      std::vector<float> y(cs.batch * cs.out, -7.f);
+      ASSERT_TRUE(
+          LinearForward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), b.data(), y.data()).ok());
+      EXPECT_TRUE(AllClose(y, ReferenceForward(cs, x, w, b.data()), 1e-4f, 1e-4f));
+      ASSERT_TRUE(
+          LinearForward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), nullptr, y.data()).ok());
+      EXPECT_TRUE(AllClose(y, ReferenceForward(cs, x, w, nullptr), 1e-4f, 1e-4f));
+    }
+  }
+}
+
+TEST(LinearCpuTest, BackwardMatchesReference) {
+  for (const auto& config : kThreadConfigs) {
+    const int threads = config.threads;
+    const ScopedBlasThreads blas(config.blas_threads);
+    CpuDevice cpu(0, threads);
+    uint64_t seed = 10;
+    for (const LinearCase& cs : kCases) {
+      SCOPED_TRACE(::testing::Message()
+                   << "batch=" << cs.batch << " in=" << cs.in << " out=" << cs.out
+                   << " threads=" << threads << " blas_threads=" << config.blas_threads);
+      const auto x = RandomVector(cs.batch * cs.in, seed++);
+      const auto w = RandomVector(cs.out * cs.in, seed++);
+      const auto dy = RandomVector(cs.batch * cs.out, seed++);
+      const Grads ref = ReferenceBackward(cs, x, w, dy);
+      // Outputs start as garbage: they must be overwritten, not accumulated.
+      std::vector<float> dx(x.size(), 9.f), dw(w.size(), 9.f), db(cs.out, 9.f);
+      ASSERT_TRUE(LinearBackward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), dy.data(),
+                                 dx.data(), dw.data(), db.data())
+                      .ok());
+      EXPECT_TRUE(AllClose(dx, ref.dx, 1e-4f, 1e-4f));
+      EXPECT_TRUE(AllClose(dw, ref.dw, 1e-4f, 1e-4f));
+      EXPECT_TRUE(AllClose(db, ref.db, 1e-4f, 1e-4f));
+      // dx and dbias may be skipped.
+      std::fill(dw.begin(), dw.end(), 9.f);
+      ASSERT_TRUE(LinearBackward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), dy.data(),
+                                 nullptr, dw.data(), nullptr)
+                      .ok());
+      EXPECT_TRUE(AllClose(dw, ref.dw, 1e-4f, 1e-4f));
+    }
+  }
+}
+
+// Central differences of L = sum(y * g), which is linear in each parameter,
+// so the only error is rounding.
+TEST(LinearCpuTest, BackwardMatchesNumericGradient) {
+  CpuDevice cpu(0, 1);
+  const LinearCase cs = {3, 4, 5};
+  auto x = RandomVector(cs.batch * cs.in, 1);
+  auto w = RandomVector(cs.out * cs.in, 2);
+  auto b = RandomVector(cs.out, 3);
+  const auto g = RandomVector(cs.batch * cs.out, 4);
+  auto loss = [&]() {
+    std::vector<float> y(cs.batch * cs.out);
+    EXPECT_TRUE(
+        LinearForward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), b.data(), y.data()).ok());
+    double l = 0;
+    for (size_t i = 0; i < y.size(); ++i) l += double(y[i]) * g[i];
+    return l;
+  };
+  auto numeric = [&](std::vector<float>& param) {
+    const float h = 1e-2f;
+    std::vector<float> grad(param.size());
+    for (size_t i = 0; i < param.size(); ++i) {
+      const float saved = param[i];
+      param[i] = saved + h;
+      const double up = loss();
+      param[i] = saved - h;
+      const double down = loss();
+      param[i] = saved;
+      grad[i] = static_cast<float>((up - down) / (2 * h));
+    }
+    return grad;
+  };
+  std::vector<float> dx(x.size()), dw(w.size()), db(b.size());
+  ASSERT_TRUE(LinearBackward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), g.data(), dx.data(),
+                             dw.data(), db.data())
+                  .ok());
+  EXPECT_TRUE(AllClose(dx, numeric(x), 1e-3f, 1e-3f));
+  EXPECT_TRUE(AllClose(dw, numeric(w), 1e-3f, 1e-3f));
+  EXPECT_TRUE(AllClose(db, numeric(b), 1e-3f, 1e-3f));
+}
+
+TEST(LinearCpuTest, EmptyBatchGivesZeroGradients) {
+  CpuDevice cpu(0, 1);
+  const auto w = RandomVector(3 * 2, 1);
+  std::vector<float> dw(6, 5.f), db(3, 5.f);
+  ASSERT_TRUE(
+      LinearBackward(cpu, 0, 2, 3, nullptr, w.data(), nullptr, nullptr, dw.data(), db.data()).ok());
+  EXPECT_TRUE(AllClose(dw, std::vector<float>(6, 0.f), 0, 0));
+  EXPECT_TRUE(AllClose(db, std::vector<float>(3, 0.f), 0, 0));
+  EXPECT_TRUE(LinearForward(cpu, 0, 2, 3, nullptr, w.data(), nullptr, nullptr).ok());
+}
+
+TEST(LinearCpuTest, RejectsBadSizes) {
+  CpuDevice cpu(0, 1);
+  std::vector<float> buf(64);
+  float* p = buf.data();
+  const absl::Status negative = LinearForward(cpu, 2, -1, 3, p, p, p, p);
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.message().find("in_features"), absl::string_view::npos) << negative;
+  EXPECT_EQ(LinearForward(cpu, -2, 1, 3, p, p, p, p).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LinearBackward(cpu, 2, 2, -3, p, p, p, p, p, p).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LinearBackward(cpu, 2, 2, int64_t{1} << 31, p, p, p, p, p, p).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LinearForward(cpu, 2, 2, 2, nullptr, p, p, p).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LinearBackward(cpu, 2, 2, 2, p, p, p, p, nullptr, p).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LinearCudaTest, MatchesCpu) {
+  PS_SKIP_WITHOUT_GPU();
+  Device* gpu = testing::TestGpu();
+  CpuDevice cpu(0, 1);
+  uint64_t seed = 100;
+  for (const LinearCase& cs : kCases) {
+    SCOPED_TRACE(::testing::Message()
+                 << "batch=" << cs.batch << " in=" << cs.in << " out=" << cs.out);
+    const auto x = RandomVector(cs.batch * cs.in, seed++);
+    const auto w = RandomVector(cs.out * cs.in, seed++);
+    const auto b = RandomVector(cs.out, seed++);
+    const auto dy = RandomVector(cs.batch * cs.out, seed++);
+    DeviceBuffer gx(gpu, x), gw(gpu, w), gb(gpu, b), gdy(gpu, dy);
+    DeviceBuffer gy(gpu, cs.batch * cs.out), gdx(gpu, x.size()), gdw(gpu, w.size()),
+        gdb(gpu, b.size());
+
+    std::vector<float> y(cs.batch * cs.out);
+    ASSERT_TRUE(
+        LinearForward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), b.data(), y.data()).ok());
+    ASSERT_TRUE(
+        LinearForward(*gpu, cs.batch, cs.in, cs.out, gx.data(), gw.data(), gb.data(), gy.data())
+            .ok());
+    EXPECT_TRUE(AllClose(gy.ToHost(), y, 1e-4f, 1e-4f));
+    ASSERT_TRUE(
+        LinearForward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), nullptr, y.data()).ok());
+    ASSERT_TRUE(
+        LinearForward(*gpu, cs.batch, cs.in, cs.out, gx.data(), gw.data(), nullptr, gy.data())
+            .ok());
+    EXPECT_TRUE(AllClose(gy.ToHost(), y, 1e-4f, 1e-4f));
+
+    std::vector<float> dx(x.size()), dw(w.size()), db(b.size());
+    ASSERT_TRUE(LinearBackward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), dy.data(),
+                               dx.data(), dw.data(), db.data())
+                    .ok());
+    ASSERT_TRUE(LinearBackward(*gpu, cs.batch, cs.in, cs.out, gx.data(), gw.data(), gdy.data(),
+                               gdx.data(), gdw.data(), gdb.data())
+                    .ok());
+    EXPECT_TRUE(AllClose(gdx.ToHost(), dx, 1e-4f, 1e-4f));
+    EXPECT_TRUE(AllClose(gdw.ToHost(), dw, 1e-4f, 1e-4f));
+    EXPECT_TRUE(AllClose(gdb.ToHost(), db, 1e-4f, 1e-4f));
+  }
+}
+
+}  // namespace
+}  // namespace ps::kernels
