@@ -1,6 +1,7 @@
 #include "server/grpc_service.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -67,12 +68,20 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext*, const proto::Pus
         absl::StrCat("push of key ", request->key(), " chunk ", request->chunk(), " carries ",
                      data.size(), " bytes, not a whole number of F32 elements")));
   }
-  // The bytes are little-endian F32, as on every machine we run on; copy them
-  // out to get aligned floats.
-  std::vector<float> gradient(data.size() / sizeof(float));
-  std::memcpy(gradient.data(), data.data(), data.size());
+  // The bytes are little-endian F32, as on every machine we run on. A parsed
+  // bytes field lives in a heap block (malloc-aligned), so read the floats in
+  // place; copy only in the unlikely case it is not 4-byte aligned.
+  const int64_t n = static_cast<int64_t>(data.size() / sizeof(float));
+  std::vector<float> aligned_copy;
+  const float* floats = reinterpret_cast<const float*>(data.data());
+  if (reinterpret_cast<uintptr_t>(floats) % alignof(float) != 0) {
+    aligned_copy.resize(n);
+    std::memcpy(aligned_copy.data(), data.data(), data.size());
+    floats = aligned_copy.data();
+  }
   return ToGrpcStatus(server_->Push(request->rank(), request->iteration(), request->key(),
-                                    request->chunk(), request->num_samples(), gradient));
+                                    request->chunk(), request->num_samples(),
+                                    absl::MakeConstSpan(floats, n)));
 }
 
 grpc::Status ParameterServerService::Wait(grpc::ServerContext* context,

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/cpu_device.h"
+#include "common/malloc_tuning.h"
 #include "common/status_macros.h"
 #include "server/grpc_service.h"
 #include "server/parameter_server.h"
@@ -161,6 +162,7 @@ absl::Status Main() {
 }  // namespace ps::server
 
 int main(int argc, char** argv) {
+  ps::TuneMallocForLargeMessages();
   absl::SetProgramUsageMessage("Synchronous parameter server. See README.md.");
   absl::ParseCommandLine(argc, argv);
   const absl::Status status = ps::server::Main();

@@ -17,7 +17,8 @@ namespace ps::worker {
 // model's worth per step whatever D is.
 //
 // Implementations: CPU devices (a parallel reduction in host memory, each
-// device's thread summing one slice) and, later, NCCL for CUDA devices.
+// device's thread summing one slice) and CUDA devices (NcclCollective:
+// kernels between logical devices of one GPU, NCCL across GPUs).
 // Calls are issued from one thread; on CUDA they are queued on the devices'
 // streams.
 class DeviceCollective {
@@ -30,8 +31,8 @@ class DeviceCollective {
   virtual absl::Status BroadcastFromRoot(const std::vector<Tensor*>& buffers) = 0;
 
   // The collective for `devices` (all of one type). kUnimplemented for
-  // several CUDA devices until NCCL support lands; kInvalidArgument for a
-  // mix of device types.
+  // several CUDA devices in a build without CUDA; kInvalidArgument for a mix
+  // of device types.
   static absl::StatusOr<std::unique_ptr<DeviceCollective>> Create(
       const std::vector<Device*>& devices);
 };

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/cpu_device.h"
+#include "common/malloc_tuning.h"
 #include "common/device.h"
 #include "common/status_macros.h"
 #include "kernels/gemm.h"
@@ -234,6 +235,7 @@ absl::Status Main() {
 }  // namespace ps::worker
 
 int main(int argc, char** argv) {
+  ps::TuneMallocForLargeMessages();
   absl::SetProgramUsageMessage("Data-parallel training worker. See README.md.");
   absl::ParseCommandLine(argc, argv);
   const absl::Status status = ps::worker::Main();
