@@ -86,7 +86,7 @@ echo "local_cluster: server at $address, $workers workers, logs in $logs"
 
 worker_pids=()
 for ((r = 0; r < workers; r++)); do
-  flags=(--server="$address" --worker_id="worker-$r" --model="$model" --dataset="$dataset"
+  flags=(--server="$address" --worker_id="worker-$r" --rank="$r" --model="$model" --dataset="$dataset"
          --data_dir="$data_dir" --batch_size="$batch_size" --epochs="$epochs" --seed="$seed"
          --devices="$devices" --threads="$threads" --progress=false)
   ((r == 0)) && [[ -n "$report" ]] && flags+=(--report="$report")

@@ -46,7 +46,12 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext*,
     }
     signature.push_back(std::move(spec));
   }
-  auto reg = server_->Register(request->worker_id(), signature, {});
+  const int requested_rank = request->has_requested_rank() ? request->requested_rank() : -1;
+  if (request->has_requested_rank() && requested_rank < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("requested rank ", requested_rank, " is negative")));
+  }
+  auto reg = server_->Register(request->worker_id(), signature, {}, requested_rank);
   if (!reg.ok()) return ToGrpcStatus(reg.status());
   reply->set_rank(reg->rank);
   reply->set_num_workers(reg->num_workers);

@@ -106,8 +106,13 @@ absl::Status ParameterServer::AdoptSignatureLocked(std::vector<ParamSpec> signat
 
 absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
     const std::string& worker_id, const std::vector<ParamSpec>& signature,
-    absl::Span<const float> proposed) {
+    absl::Span<const float> proposed, int requested_rank) {
   if (worker_id.empty()) return absl::InvalidArgumentError("worker id is empty");
+  if (requested_rank >= static_cast<int>(workers_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("worker '", worker_id, "' asks for rank ",
+                                                   requested_rank, " but the job has ",
+                                                   workers_.size(), " workers"));
+  }
   absl::MutexLock lock(&mu_);
   if (signature_.empty()) {
     if (signature.empty()) return absl::InvalidArgumentError("worker sent an empty signature");
@@ -123,6 +128,19 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   int rank = -1;
   for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {
     if (workers_[r].id == worker_id) rank = r;
+  }
+  if (requested_rank >= 0 && rank != requested_rank) {
+    if (rank >= 0) {
+      return absl::AlreadyExistsError(absl::StrCat("worker '", worker_id, "' holds rank ", rank,
+                                                   " and cannot move to rank ", requested_rank));
+    }
+    if (!workers_[requested_rank].id.empty()) {
+      return absl::AlreadyExistsError(absl::StrCat("rank ", requested_rank,
+                                                   " is already held by worker '",
+                                                   workers_[requested_rank].id, "'"));
+    }
+    workers_[requested_rank].id = worker_id;
+    rank = requested_rank;
   }
   if (rank < 0) {
     for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {

@@ -57,14 +57,19 @@ class ParameterServer {
   };
 
   // Registers worker `worker_id` with its model's signature; `proposed` are
-  // its initial parameters, used only if the server has none yet. Registering
-  // the same worker_id again returns its existing rank (a restarted worker).
+  // its initial parameters, used only if the server has none yet. The worker
+  // gets `requested_rank` if it is >= 0, else the lowest free rank.
+  // Registering the same worker_id again returns its existing rank (a
+  // restarted worker).
   // Errors: kFailedPrecondition when the signature differs (the message names
   // the first difference), kResourceExhausted when num_workers others are
-  // registered, kInvalidArgument for an empty id or a proposal of wrong size.
+  // registered, kAlreadyExists when the requested rank is another worker's,
+  // kInvalidArgument for an empty id, a rank out of range or a proposal of
+  // wrong size.
   absl::StatusOr<Registration> Register(const std::string& worker_id,
                                         const std::vector<ParamSpec>& signature,
-                                        absl::Span<const float> proposed);
+                                        absl::Span<const float> proposed,
+                                        int requested_rank = -1);
 
   // Adds chunk `chunk` of key `key` (elements [chunk * chunk_elements, ...)
   // of that parameter) of the gradient of worker `rank`, computed at

@@ -111,6 +111,20 @@ TEST_F(ParameterServerTest, RegistrationErrors) {
             absl::StatusCode::kResourceExhausted);
 }
 
+TEST_F(ParameterServerTest, RequestedRanks) {
+  auto server = MakeServer(2);
+  auto b = server->Register("b", Signature(), {}, /*requested_rank=*/1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->rank, 1);
+  auto taken = server->Register("c", Signature(), {}, 1);
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(taken.status().message()), HasSubstr("already held by worker 'b'"));
+  EXPECT_EQ(server->Register("c", Signature(), {}, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(server->Register("a", Signature(), {})->rank, 0);  // the free one
+  EXPECT_EQ(server->Register("b", Signature(), {}, 1)->rank, 1);  // restart keeps it
+}
+
 TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
   auto server = MakeServer(1);
   ASSERT_TRUE(server->Register("a", Signature(), {}).ok());

@@ -65,6 +65,7 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Register(
     const std::vector<ParamSpec>& signature, absl::Span<const float>) {
   proto::RegisterRequest request;
   request.set_worker_id(options_.worker_id);
+  if (options_.rank >= 0) request.set_requested_rank(options_.rank);
   for (const ParamSpec& spec : signature) {
     proto::TensorSpec* t = request.add_signature();
     t->set_name(spec.name);

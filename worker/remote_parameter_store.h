@@ -16,6 +16,7 @@ namespace ps::worker {
 struct RemoteStoreOptions {
   std::string server_address = "127.0.0.1:50051";  // host:port
   std::string worker_id;  // stable per worker; default: hostname-pid
+  int rank = -1;          // the rank to ask for; -1: any free one
   // How long Register waits for the server to come up.
   absl::Duration connect_timeout = absl::Seconds(60);
   // Deadline of each Push and Pull chunk call.

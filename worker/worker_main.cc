@@ -57,6 +57,7 @@ ABSL_FLAG(int, threads, 0, "CPU threads for compute, split between CPU devices (
 ABSL_FLAG(std::string, server, "",
           "parameter server host:port; empty trains alone with SGD in process");
 ABSL_FLAG(std::string, worker_id, "", "stable worker id (default hostname-pid)");
+ABSL_FLAG(int, rank, -1, "the rank (data part) to ask the server for; -1: any free one");
 ABSL_FLAG(bool, evaluate, true, "evaluate on the test set after each epoch");
 ABSL_FLAG(bool, progress, true, "show a live progress bar when stderr is a terminal");
 
@@ -156,6 +157,7 @@ absl::Status Main() {
     RemoteStoreOptions remote_options;
     remote_options.server_address = absl::GetFlag(FLAGS_server);
     remote_options.worker_id = absl::GetFlag(FLAGS_worker_id);
+    remote_options.rank = absl::GetFlag(FLAGS_rank);
     PS_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterStore> r,
                         RemoteParameterStore::Create(remote_options));
     remote = r.get();
