@@ -19,6 +19,11 @@ namespace {
 // 768 KiB up to 2.5x slower.
 constexpr int64_t kBlockColumnBytes = 192 << 10;
 
+// OpenBLAS runs a GEMM with fewer multiply-adds than this on the calling
+// thread whatever its thread count (interface/gemm.c: m * n * k below
+// GEMM_MULTITHREAD_THRESHOLD (4, as Debian builds it) x 65536).
+constexpr int64_t kBlasSingleThreadMacs = 4 * 65536;
+
 // Eight floats, for the copy loops below: GCC at -O2 does not vectorise loops
 // whose trip count is unknown, and these loops run over short image rows.
 typedef float Vec8 __attribute__((vector_size(32)));
@@ -255,10 +260,22 @@ Plan MakePlan(const Geometry& g, const CpuDevice& device) {
   Plan plan;
   const int64_t sample_bytes = g.k * g.p * static_cast<int64_t>(sizeof(float));
   plan.block = std::clamp<int64_t>(kBlockColumnBytes / sample_bytes, 1, g.batch);
+  // Threads run whole blocks when each of their GEMMs stays on its caller's
+  // thread: always with a single-threaded BLAS, and with a multi-threaded
+  // one when the blocks can be made small enough for OpenBLAS not to thread
+  // their GEMMs (concurrent threaded calls would spin against each other).
+  // Otherwise the blocks run in order and BLAS threads the GEMMs, which are
+  // then large enough to gain from it.
+  bool run_blocks_on_threads = device.num_threads() > 1;
+  if (run_blocks_on_threads && BlasThreads() > 1) {
+    // Every GEMM of a block does O * K * block * P multiply-adds.
+    const int64_t macs_per_sample = g.o * g.k * g.p;
+    const int64_t max_block = (kBlasSingleThreadMacs - 1) / macs_per_sample;
+    run_blocks_on_threads = max_block >= 1;
+    if (run_blocks_on_threads) plan.block = std::min(plan.block, max_block);
+  }
   plan.num_blocks = (g.batch + plan.block - 1) / plan.block;
-  // Threads run whole blocks only when each BLAS call stays on its caller's
-  // thread; otherwise BLAS's own threads already use the device's cores.
-  if (device.num_threads() > 1 && BlasThreads() == 1 && plan.num_blocks > 1) {
+  if (run_blocks_on_threads && plan.num_blocks > 1) {
     plan.workers = static_cast<int>(std::min<int64_t>(device.num_threads(), plan.num_blocks));
     // Equal shares: a multiple of `workers` blocks.
     plan.num_blocks = (plan.num_blocks + plan.workers - 1) / plan.workers * plan.workers;

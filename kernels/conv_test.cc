@@ -184,7 +184,9 @@ TEST(ConvCpuTest, MatchesReferenceOnOneThread) { CheckCpuAgainstReference(1, 1);
 // Two device threads, each running whole blocks with a single-threaded BLAS.
 TEST(ConvCpuTest, MatchesReferenceWithThreadsRunningBlocks) { CheckCpuAgainstReference(2, 1); }
 
-// Two device threads and a two-thread BLAS: blocks in order, GEMMs threaded.
+// Two device threads and a two-thread BLAS: threads run blocks small enough
+// for OpenBLAS not to thread their GEMMs; larger layers (the 64-channel
+// shape) run their blocks in order with the GEMMs threaded.
 TEST(ConvCpuTest, MatchesReferenceWithThreadedBlas) { CheckCpuAgainstReference(2, 2); }
 
 // Central differences of L = sum(y * g), which is linear in each of x,

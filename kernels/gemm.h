@@ -35,11 +35,11 @@ absl::Status GemmStridedBatched(Device& device, bool trans_a, bool trans_b, int6
 // runs SelectBlasCore(), so call it from main() before any BLAS work starts.
 //
 // The convolution and linear kernels split their work across a CpuDevice's
-// own threads only when BLAS is single-threaded (concurrent multi-threaded
-// OpenBLAS calls spin against each other); with a multi-threaded BLAS they
-// issue each GEMM from the calling thread and let BLAS thread it. LeNet's
-// GEMMs are too small for BLAS to thread well, so a CpuDevice with T > 1
-// threads trains it fastest with SetBlasThreads(1) (see kernels_benchmark).
+// own threads when their GEMMs then stay single-threaded (concurrent
+// multi-threaded OpenBLAS calls spin against each other): always with
+// SetBlasThreads(1); with more BLAS threads, convolution does so when it can
+// cut its GEMMs below OpenBLAS's threading threshold, linear never (it then
+// lets BLAS thread each GEMM). See conv_cpu.h and linear_cpu.h.
 void SetBlasThreads(int threads);
 
 // The number of threads OpenBLAS currently uses for one call (what the last

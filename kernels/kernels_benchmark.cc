@@ -30,16 +30,18 @@ void SetFlopCounter(benchmark::State& state, double flops_per_iteration) {
   state.SetLabel(BlasCoreName());
 }
 
-// Arguments: m, n, k, device threads, BLAS threads. C = A * B.
+// Arguments: m, n, k, trans_a, trans_b, device threads, BLAS threads.
+// C = op(A) * op(B).
 void BM_Gemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
-  CpuDevice cpu(0, static_cast<int>(state.range(3)));
-  SetBlasThreads(static_cast<int>(state.range(4)));
+  const bool trans_a = state.range(3) != 0, trans_b = state.range(4) != 0;
+  CpuDevice cpu(0, static_cast<int>(state.range(5)));
+  SetBlasThreads(static_cast<int>(state.range(6)));
   const auto a = RandomVector(m * k, 1), b = RandomVector(k * n, 2);
   std::vector<float> c(m * n);
   for (auto _ : state) {
     const absl::Status status =
-        Gemm(cpu, false, false, m, n, k, 1.f, a.data(), b.data(), 0.f, c.data());
+        Gemm(cpu, trans_a, trans_b, m, n, k, 1.f, a.data(), b.data(), 0.f, c.data());
     if (!status.ok()) state.SkipWithError(status.ToString().c_str());
     benchmark::DoNotOptimize(c.data());
   }
@@ -47,31 +49,43 @@ void BM_Gemm(benchmark::State& state) {
 }
 
 void GemmArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"m", "n", "k", "threads", "blas"});
+  b->ArgNames({"m", "n", "k", "ta", "tb", "threads", "blas"});
   const std::vector<std::vector<int64_t>> shapes = {
-      {256, 256, 256},
-      {1024, 1024, 1024},
+      {256, 256, 256, 0, 0},
+      {1024, 1024, 1024, 0, 0},
       // LeNet's convolutions as one GEMM over batch 256 (weight x columns)...
-      {6, 256 * 28 * 28, 25},
-      {16, 256 * 10 * 10, 150},
-      // ...and as the CPU kernel runs them, one block of samples at a time.
-      {6, 8 * 28 * 28, 25},
-      {16, 13 * 10 * 10, 150},
+      {6, 256 * 28 * 28, 25, 0, 0},
+      {16, 256 * 10 * 10, 150, 0, 0},
+      // ...and as the CPU kernel runs them, one block of samples (2 for
+      // conv1, 3 for conv2) at a time: forward, dx's columns, dweight (for
+      // conv2 as its transpose, see conv_cpu.cc).
+      {6, 2 * 28 * 28, 25, 0, 0},
+      {6, 25, 2 * 28 * 28, 0, 1},
+      {16, 3 * 10 * 10, 150, 0, 0},
+      {150, 3 * 10 * 10, 16, 1, 0},
+      {150, 16, 3 * 10 * 10, 0, 1},
       // LeNet's fully connected layers at batch 256 (batch x out x in).
-      {256, 120, 400},
-      {256, 84, 120},
+      {256, 120, 400, 0, 1},
+      {256, 84, 120, 0, 1},
   };
   for (const auto& s : shapes) {
-    b->Args({s[0], s[1], s[2], 1, 1});
-    b->Args({s[0], s[1], s[2], 2, 2});
+    b->Args({s[0], s[1], s[2], s[3], s[4], 1, 1});
+    b->Args({s[0], s[1], s[2], s[3], s[4], 2, 2});
   }
 }
-// The fastest of several repetitions (--benchmark_repetitions=N) estimates
-// the uncontended speed on a shared machine, where the mean and median pick
-// up other processes' noise.
-double Min(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
-BENCHMARK(BM_Gemm)->Apply(GemmArgs)->UseRealTime()->ComputeStatistics("min", Min);
+// With --benchmark_repetitions=N, "min" and "max" rows besides the mean,
+// median and stddev: on a shared machine the fastest repetition estimates
+// the uncontended speed. Each statistic applies to every column, so read the
+// time from the _min row and the FLOP/s from the _max row.
+double Min(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+double Max(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+BENCHMARK(BM_Gemm)
+    ->Apply(GemmArgs)
+    ->UseRealTime()
+    ->ComputeStatistics("min", Min)
+    ->ComputeStatistics("max", Max);
 
 Conv2dShape LeNetConv(int layer) {
   Conv2dShape s;
@@ -136,6 +150,44 @@ void BM_ConvBackward(benchmark::State& state) {
   SetFlopCounter(state, ConvFlops(s) * (layer == 1 ? 1 : 2));
 }
 
+// Both of LeNet's convolutions, forward and backward, as one training step
+// at batch 256 runs them. Arguments: device threads, BLAS threads.
+void BM_LeNetConvStep(benchmark::State& state) {
+  CpuDevice cpu(0, static_cast<int>(state.range(0)));
+  SetBlasThreads(static_cast<int>(state.range(1)));
+  const Conv2dShape s1 = LeNetConv(1), s2 = LeNetConv(2);
+  const auto x1 = RandomVector(s1.batch * 28 * 28, 1);
+  const auto w1 = RandomVector(6 * 25, 2), b1 = RandomVector(6, 3);
+  const auto x2 = RandomVector(s2.batch * 6 * 14 * 14, 4);
+  const auto w2 = RandomVector(16 * 6 * 25, 5), b2 = RandomVector(16, 6);
+  std::vector<float> y1(s1.batch * 6 * 28 * 28), y2(s2.batch * 16 * 10 * 10);
+  std::vector<float> dw1(w1.size()), db1(6), dx2(x2.size()), dw2(w2.size()), db2(16);
+  for (auto _ : state) {
+    absl::Status status = Conv2dForward(cpu, s1, x1.data(), w1.data(), b1.data(), y1.data());
+    if (status.ok()) status = Conv2dForward(cpu, s2, x2.data(), w2.data(), b2.data(), y2.data());
+    // The step's dy are stand-ins of the right sizes: the outputs themselves.
+    if (status.ok()) {
+      status = Conv2dBackward(cpu, s2, x2.data(), w2.data(), y2.data(), dx2.data(), dw2.data(),
+                              db2.data());
+    }
+    if (status.ok()) {
+      status =
+          Conv2dBackward(cpu, s1, x1.data(), w1.data(), y1.data(), nullptr, dw1.data(), db1.data());
+    }
+    if (!status.ok()) state.SkipWithError(status.ToString().c_str());
+    benchmark::DoNotOptimize(dw1.data());
+  }
+  SetFlopCounter(state, 2 * ConvFlops(s1) + 3 * ConvFlops(s2));
+}
+BENCHMARK(BM_LeNetConvStep)
+    ->ArgNames({"threads", "blas"})
+    ->Args({1, 1})
+    ->Args({2, 1})
+    ->Args({2, 2})
+    ->UseRealTime()
+    ->ComputeStatistics("min", Min)
+    ->ComputeStatistics("max", Max);
+
 void ConvArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"layer", "threads", "blas"});
   for (int layer : {1, 2}) {
@@ -144,8 +196,16 @@ void ConvArgs(benchmark::internal::Benchmark* b) {
     b->Args({layer, 2, 2});
   }
 }
-BENCHMARK(BM_ConvForward)->Apply(ConvArgs)->UseRealTime()->ComputeStatistics("min", Min);
-BENCHMARK(BM_ConvBackward)->Apply(ConvArgs)->UseRealTime()->ComputeStatistics("min", Min);
+BENCHMARK(BM_ConvForward)
+    ->Apply(ConvArgs)
+    ->UseRealTime()
+    ->ComputeStatistics("min", Min)
+    ->ComputeStatistics("max", Max);
+BENCHMARK(BM_ConvBackward)
+    ->Apply(ConvArgs)
+    ->UseRealTime()
+    ->ComputeStatistics("min", Min)
+    ->ComputeStatistics("max", Max);
 
 }  // namespace
 }  // namespace ps::kernels
