@@ -314,6 +314,7 @@ struct WorkerBuffers {
   float* cols;    // plan.cols_floats: the block's columns (or their gradient)
   float* padded;  // plan.padded_floats: one zero-bordered input plane
   float* block;   // plan.out_floats: the block's GEMM output, or its dy
+  float* block2;  // plan.out_floats: its dy in another layout
 };
 
 // Slot 0 holds each worker's columns and padded plane, slot 1 its output
@@ -326,15 +327,18 @@ struct Scratch {
 
   WorkerBuffers For(const Plan& plan, int t) const {
     float* s0 = slot0 + t * slot0_stride;
-    return {s0, s0 + plan.cols_floats, slot1 + t * slot1_stride};
+    float* s1 = slot1 + t * slot1_stride;
+    return {s0, s0 + plan.cols_floats, s1, s1 + plan.out_floats};
   }
-  float* Extra(const Plan& plan, int t) const { return slot1 + t * slot1_stride + plan.out_floats; }
+  float* Extra(const Plan& plan, int t) const {
+    return slot1 + t * slot1_stride + 2 * plan.out_floats;
+  }
 };
 
 absl::StatusOr<Scratch> GetScratch(CpuDevice& device, const Plan& plan, int64_t extra_floats) {
   Scratch scratch;
   scratch.slot0_stride = plan.cols_floats + plan.padded_floats;
-  scratch.slot1_stride = plan.out_floats + extra_floats;
+  scratch.slot1_stride = 2 * plan.out_floats + extra_floats;
   PS_ASSIGN_OR_RETURN(scratch.slot0, ScratchFloats(device, 0, plan.workers * scratch.slot0_stride));
   PS_ASSIGN_OR_RETURN(scratch.slot1, ScratchFloats(device, 1, plan.workers * scratch.slot1_stride));
   return scratch;
@@ -364,6 +368,27 @@ void NchwToBlock(const float* y, int64_t count, int64_t channels, int64_t pixels
       sum += CopySum(y + (s * channels + c) * pixels, block + c * ld + s * pixels, pixels);
     }
     if (sums != nullptr) sums[c] = accumulate ? sums[c] + sum : sum;
+  }
+}
+
+// The block transposed, pixel-major: dst[(s * pixels + p) * channels + c] =
+// y[s][c][p], also summing each channel into sums as NchwToBlock does.
+void NchwToPixelMajor(const float* y, int64_t count, int64_t channels, int64_t pixels, float* dst,
+                      float* sums, bool accumulate) {
+  for (int64_t s = 0; s < count; ++s) {
+    const float* src = y + s * channels * pixels;
+    float* out = dst + s * pixels * channels;
+    // Pixel outermost: each pixel's row of `channels` is written whole, while
+    // the reads walk `channels` rows of one sample, all in L1.
+    for (int64_t p = 0; p < pixels; ++p) {
+      for (int64_t c = 0; c < channels; ++c) out[p * channels + c] = src[c * pixels + p];
+    }
+  }
+  if (sums == nullptr) return;
+  for (int64_t c = 0; c < channels; ++c) {
+    float sum = 0;
+    for (int64_t s = 0; s < count; ++s) sum += Sum(y + (s * channels + c) * pixels, pixels);
+    sums[c] = accumulate ? sums[c] + sum : sum;
   }
 }
 
@@ -402,7 +427,9 @@ void BackwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x,
   const float* x0 = x + n0 * g.in_size;
   const float* dy0 = dy + n0 * g.out_size;
 
-  // 1. dy as one [O x count*P] matrix, summing each channel for dbias.
+  // 1. dy as one [O x count*P] matrix (with one sample, dy as stored),
+  // summing each channel for dbias; when transposed also pixel-major
+  // [count*P x O] for dweight's GEMM.
   const float* dy_block = dy0;
   if (count > 1) {
     NchwToBlock(dy0, count, g.o, g.p, buf.block, db, accumulate);
@@ -414,8 +441,8 @@ void BackwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x,
     }
   }
 
-  // 2. dweight [O x K] (+)= dy_block [O x count*P] * columns^T, or its
-  // transpose columns * dy_block^T.
+  // 2. dweight [O x K] (+)= dy_block * columns^T, or its transpose
+  // columns * dy (pixel-major).
   const bool direct = g.pointwise && count == 1;
   const float* columns = x0;
   if (!direct) {
@@ -424,21 +451,19 @@ void BackwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x,
   }
   const float beta = accumulate ? 1.f : 0.f;
   if (transposed) {
-    GemmCpu(false, true, g.k, g.o, ld, 1.f, columns, ld, dy_block, ld, beta, dw, g.o);
+    NchwToPixelMajor(dy0, count, g.o, g.p, buf.block2, nullptr, false);
+    GemmCpu(false, false, g.k, g.o, ld, 1.f, columns, ld, buf.block2, g.o, beta, dw, g.o);
   } else {
     GemmCpu(false, true, g.o, g.k, ld, 1.f, dy_block, ld, columns, ld, beta, dw, g.k);
   }
 
-  // 3. dx: the columns' gradient weight^T * dy_block, folded back onto the
-  // image (the columns are no longer needed, so their buffer holds it).
+  // 3. dx: the columns' gradient weight^T * dy, folded back onto the image
+  // (the columns are no longer needed, so their buffer holds it).
   if (dx == nullptr) return;
   float* dx0 = dx + n0 * g.in_size;
-  if (direct) {
-    GemmCpu(true, false, g.k, ld, g.o, 1.f, weight, g.k, dy_block, ld, 0.f, dx0, ld);
-    return;
-  }
-  GemmCpu(true, false, g.k, ld, g.o, 1.f, weight, g.k, dy_block, ld, 0.f, buf.cols, ld);
-  Col2Im(g, buf.cols, count, dx0, buf.padded);
+  float* dcols = direct ? dx0 : buf.cols;
+  GemmCpu(true, false, g.k, ld, g.o, 1.f, weight, g.k, dy_block, ld, 0.f, dcols, ld);
+  if (!direct) Col2Im(g, buf.cols, count, dx0, buf.padded);
 }
 
 }  // namespace
@@ -464,11 +489,13 @@ absl::Status Conv2dBackwardCpu(CpuDevice& device, const Conv2dShape& shape, cons
   const Geometry g(shape);
   const Plan plan = MakePlan(g, device);
   // OpenBLAS runs dweight's GEMM, whose depth is the block's pixels, at
-  // different speeds in its two orientations. Measured on one AVX-512 core
-  // (OpenBLAS 0.3.21, SkylakeX kernels) for one block: LeNet's conv2 (O = 16,
-  // K = 150, 300 pixels) at 73 GFLOP/s as K x O and 49 as O x K (the whole
-  // backward pass 15% faster); conv1 (O = 6, K = 25) about the same either
-  // way. K x O wins once O fills the kernel's 16-wide register tile.
+  // different speeds depending on its orientation and operand layouts.
+  // Measured on one AVX-512 core (OpenBLAS 0.3.21, SkylakeX kernels) for one
+  // block of LeNet's conv2 (O = 16, K = 150, 300 pixels): 50 GFLOP/s as
+  // dy [O x N] * columns^T, 75 as columns * dy^T, 85-120 as columns * dy
+  // with dy pixel-major [N x O] (worth its extra transposing pass: conv2's
+  // backward 10% faster). For conv1 (O = 6, K = 25) the first is best. The
+  // pixel-major form wins once O fills the kernel's 16-wide register tile.
   const bool transposed = g.o >= 16;
   // Every worker sums its blocks' dweight and dbias into its own partials;
   // the partials are added (and transposed back) into the outputs at the end.
