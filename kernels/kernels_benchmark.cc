@@ -4,9 +4,13 @@
 //   (add --benchmark_report_aggregates_only for just the aggregates)
 //
 // Each benchmark takes the device's thread count and the BLAS thread count
-// as its last two arguments: "threads:1/blas:1" is one core; with two device
-// threads, blas:1 has the convolution's threads each run whole blocks on a
-// single-threaded BLAS, blas:2 has BLAS thread every GEMM (see conv_cpu.h).
+// as its last two arguments: "threads:1/blas:1" is one core. With two device
+// threads the convolution's threads each run whole blocks of samples; with
+// blas:2 those blocks are cut small enough for OpenBLAS not to thread their
+// GEMMs (see conv_cpu.h). GEMM alone with blas:2 is OpenBLAS's threading.
+//
+// The first benchmark to run calls SetBlasThreads, which also makes OpenBLAS
+// use this CPU's AVX-512 kernels (SelectBlasCore); the label names them.
 
 #include <algorithm>
 #include <cstdint>
