@@ -7,9 +7,10 @@ LeNet, the twin of our "lenet"), batch 256, torch.optim.SGD at lr 0.9 (D2L's
 setting), cross-entropy with mean reduction, on data already in memory:
 Fashion-MNIST when it is installed (pixels / 255, as our default
 normalisation), else uniform random pixels and labels. Each thread count runs
-warm-up steps, then timed steps over consecutive batches, and prints
-samples/s. Only the training step is timed (forward, loss, backward,
-optimizer step); no data loading, no evaluation.
+warm-up steps, then --repeats runs of timed steps over consecutive batches,
+and prints the best run's samples/s and the median (other load on the
+machine only ever slows a run). Only the training step is timed (forward,
+loss, backward, optimizer step); no data loading, no evaluation.
 
     /usr/bin/python3 deploy/bench/pytorch_lenet.py
     /usr/bin/python3 deploy/bench/pytorch_lenet.py --threads=1,2 --steps=100
