@@ -1,0 +1,181 @@
+// The daemons as separate processes: a server and two workers on loopback
+// train a small model to the end; the server answers gRPC health checks;
+// a worker with a different model is refused with the difference named.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/health.grpc.pb.h"
+
+extern char** environ;
+
+namespace ps {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& path) {
+  const char* dir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(dir ? dir : ".", "/", workspace ? workspace : "ps", "/", path);
+}
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir ? dir : "/tmp", "/", name);
+}
+
+// A child process with stdout and stderr sent to a log file.
+class Process {
+ public:
+  Process(const std::string& binary, std::vector<std::string> args, const std::string& log)
+      : log_(log) {
+    args.insert(args.begin(), binary);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    EXPECT_EQ(posix_spawn(&pid_, binary.c_str(), &actions, nullptr, argv.data(), environ), 0)
+        << binary;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~Process() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // Waits for exit (up to `timeout`); returns the exit code, or -1 on
+  // timeout or a signal.
+  int Wait(std::chrono::seconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1;
+  }
+  void Signal(int sig) { kill(pid_, sig); }
+
+  std::string Log() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
+int WaitForPortFile(const std::string& path) {
+  for (int i = 0; i < 600; ++i) {
+    std::ifstream in(path);
+    int port = 0;
+    if (in >> port && port > 0) return port;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return 0;
+}
+
+TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
+  const std::string port_file = TempPath("port");
+  const std::vector<std::string> model = {"--model=mlp", "--mlp_hidden=32", "--seed=3"};
+  std::vector<std::string> server_args = {"--port=0", "--port_file=" + port_file,
+                                          "--num_workers=2", "--lr=0.1", "--momentum=0.9"};
+  server_args.insert(server_args.end(), model.begin(), model.end());
+  Process server(Runfile("server/server"), server_args, TempPath("server.log"));
+  const int port = WaitForPortFile(port_file);
+  ASSERT_GT(port, 0) << server.Log();
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+
+  // gRPC health: SERVING.
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::health::v1::HealthCheckRequest request;
+    grpc::health::v1::HealthCheckResponse response;
+    ASSERT_TRUE(health->Check(&context, request, &response).ok());
+    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+
+  // A worker whose model differs is refused, naming the difference.
+  Process stranger(Runfile("worker/worker"),
+                   {"--server=" + address, "--worker_id=stranger", "--model=mlp",
+                    "--mlp_hidden=33", "--dataset=synthetic", "--epochs=1", "--devices=cpu",
+                    "--threads=1", "--progress=false"},
+                   TempPath("stranger.log"));
+  EXPECT_EQ(stranger.Wait(std::chrono::seconds(60)), 1);
+  EXPECT_THAT(stranger.Log(), HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(stranger.Log(), HasSubstr("'fc1.weight' has shape [32, 784] on the server but "
+                                        "[33, 784] on the worker"));
+
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> args = {"--server=" + address,
+                                     absl::StrCat("--worker_id=w", r),
+                                     absl::StrCat("--rank=", r),
+                                     "--dataset=synthetic",
+                                     "--batch_size=64",
+                                     "--epochs=2",
+                                     "--max_steps=60",
+                                     "--devices=cpu:2",
+                                     "--threads=1",
+                                     "--progress=false",
+                                     absl::StrCat("--report=", TempPath(absl::StrCat("r", r, ".json")))};
+    args.insert(args.end(), model.begin(), model.end());
+    workers.push_back(std::make_unique<Process>(Runfile("worker/worker"), args,
+                                                TempPath(absl::StrCat("worker", r, ".log"))));
+  }
+  std::string logs;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(workers[r]->Wait(std::chrono::seconds(240)), 0) << workers[r]->Log();
+    logs += workers[r]->Log();
+    // One model's worth each way per step over the wire.
+    EXPECT_THAT(workers[r]->Log(), HasSubstr("pushed 101800 and pulled 101800 bytes per step "
+                                             "(model: 101800 bytes)"));
+  }
+  // Each worker got the rank it asked for.
+  EXPECT_THAT(workers[0]->Log(), HasSubstr("worker 0/2"));
+  EXPECT_THAT(workers[1]->Log(), HasSubstr("worker 1/2"));
+  std::ifstream report(TempPath("r0.json"));
+  std::stringstream json;
+  json << report.rdbuf();
+  EXPECT_THAT(json.str(), HasSubstr("\"steps\": 60"));
+  EXPECT_THAT(json.str(), HasSubstr("\"num_workers\": 2"));
+
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(std::chrono::seconds(20)), 0) << server.Log();
+  EXPECT_THAT(server.Log(), HasSubstr("stopping at version 60"));
+}
+
+}  // namespace
+}  // namespace ps
