@@ -62,31 +62,36 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext*,
 
 grpc::Status ParameterServerService::Push(grpc::ServerContext*, const proto::PushRequest* request,
                                           proto::PushReply*) {
-  if (request->dtype() != proto::DTYPE_F32) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("push of key ", request->key(), " has dtype ", request->dtype(),
-                     "; only F32 gradients are supported")));
+  std::vector<ParameterServer::ChunkData> chunks;
+  chunks.reserve(request->chunks_size());
+  // Copies only for the unlikely bytes field that is not 4-byte aligned.
+  std::vector<std::vector<float>> aligned_copies;
+  for (const proto::TensorChunk& chunk : request->chunks()) {
+    if (chunk.dtype() != proto::DTYPE_F32) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("push of key ", chunk.key(), " has dtype ", chunk.dtype(),
+                       "; only F32 gradients are supported")));
+    }
+    const std::string& data = chunk.data();
+    if (data.size() % sizeof(float) != 0) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("push of key ", chunk.key(), " chunk ", chunk.chunk(), " carries ",
+                       data.size(), " bytes, not a whole number of F32 elements")));
+    }
+    // The bytes are little-endian F32, as on every machine we run on. A parsed
+    // bytes field lives in a heap block (malloc-aligned), so the floats are
+    // read in place.
+    const int64_t n = static_cast<int64_t>(data.size() / sizeof(float));
+    const float* floats = reinterpret_cast<const float*>(data.data());
+    if (reinterpret_cast<uintptr_t>(floats) % alignof(float) != 0) {
+      aligned_copies.emplace_back(n);
+      std::memcpy(aligned_copies.back().data(), data.data(), data.size());
+      floats = aligned_copies.back().data();
+    }
+    chunks.push_back({chunk.key(), chunk.chunk(), absl::MakeConstSpan(floats, n)});
   }
-  const std::string& data = request->data();
-  if (data.size() % sizeof(float) != 0) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("push of key ", request->key(), " chunk ", request->chunk(), " carries ",
-                     data.size(), " bytes, not a whole number of F32 elements")));
-  }
-  // The bytes are little-endian F32, as on every machine we run on. A parsed
-  // bytes field lives in a heap block (malloc-aligned), so read the floats in
-  // place; copy only in the unlikely case it is not 4-byte aligned.
-  const int64_t n = static_cast<int64_t>(data.size() / sizeof(float));
-  std::vector<float> aligned_copy;
-  const float* floats = reinterpret_cast<const float*>(data.data());
-  if (reinterpret_cast<uintptr_t>(floats) % alignof(float) != 0) {
-    aligned_copy.resize(n);
-    std::memcpy(aligned_copy.data(), data.data(), data.size());
-    floats = aligned_copy.data();
-  }
-  return ToGrpcStatus(server_->Push(request->rank(), request->iteration(), request->key(),
-                                    request->chunk(), request->num_samples(),
-                                    absl::MakeConstSpan(floats, n)));
+  return ToGrpcStatus(server_->PushChunks(request->rank(), request->iteration(),
+                                          request->num_samples(), chunks));
 }
 
 grpc::Status ParameterServerService::Wait(grpc::ServerContext* context,
@@ -102,26 +107,40 @@ grpc::Status ParameterServerService::Wait(grpc::ServerContext* context,
 grpc::Status ParameterServerService::Pull(grpc::ServerContext* context,
                                           const proto::PullRequest* request,
                                           proto::PullReply* reply) {
-  if (request->key() < 0) {
-    return ToGrpcStatus(absl::OutOfRangeError(absl::StrCat("key ", request->key(), " out of range")));
+  // Size the reply first: every chunk must exist, and the reply must stay
+  // within one message's bound.
+  const int64_t max_elements = server_->options().chunk_elements;
+  int64_t total = 0;
+  std::vector<ParameterServer::ChunkOut> outs;
+  outs.reserve(request->chunks_size());
+  for (const proto::ChunkId& id : request->chunks()) {
+    const int64_t length = server_->ChunkLength(id.key(), id.chunk());
+    if (length < 0) {
+      return ToGrpcStatus(absl::OutOfRangeError(
+          absl::StrCat("chunk ", id.chunk(), " of key ", id.key(), " out of range")));
+    }
+    total += length;
+    if (total > max_elements) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("pull asks for more than ", max_elements,
+                       " elements in one message; split it")));
+    }
+    proto::TensorChunk* chunk = reply->add_chunks();
+    chunk->set_key(id.key());
+    chunk->set_chunk(id.chunk());
+    chunk->set_dtype(proto::DTYPE_F32);
+    std::string* data = chunk->mutable_data();
+    data->resize(length * sizeof(float));
+    outs.push_back({id.key(), id.chunk(),
+                    absl::MakeSpan(reinterpret_cast<float*>(data->data()), length)});
   }
-  const int64_t length = server_->ChunkLength(request->key(), request->chunk());
-  if (length < 0) {
-    return ToGrpcStatus(absl::OutOfRangeError(absl::StrCat(
-        "chunk ", request->chunk(), " of key ", request->key(), " out of range")));
-  }
-  std::string* data = reply->mutable_data();
-  data->resize(length * sizeof(float));
-  auto version = server_->PullChunk(
-      request->version(), request->key(), request->chunk(),
-      WaitDeadline(context, request->timeout_ms()),
-      absl::MakeSpan(reinterpret_cast<float*>(data->data()), length));
+  auto version = server_->PullChunks(request->version(),
+                                     WaitDeadline(context, request->timeout_ms()), outs);
   if (!version.ok()) {
-    reply->clear_data();
+    reply->Clear();
     return ToGrpcStatus(version.status());
   }
   reply->set_version(*version);
-  reply->set_dtype(proto::DTYPE_F32);
   return grpc::Status::OK;
 }
 

@@ -3,6 +3,7 @@
 
 #include "server/grpc_service.h"
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -56,21 +57,50 @@ class GrpcServiceTest : public ::testing::Test {
     return stub_->Register(&context, request, &reply);
   }
 
-  grpc::Status Push(int key, int64_t chunk, std::vector<float> values, int64_t iteration = 0,
-                    proto::DType dtype = proto::DTYPE_F32, int extra_bytes = 0) {
+  struct ChunkSpec {
+    int key;
+    int64_t chunk;
+    std::vector<float> values;
+    proto::DType dtype = proto::DTYPE_F32;
+    int extra_bytes = 0;
+  };
+
+  grpc::Status PushMany(const std::vector<ChunkSpec>& chunks, int64_t iteration = 0) {
     proto::PushRequest request;
     request.set_rank(0);
     request.set_iteration(iteration);
-    request.set_key(key);
-    request.set_chunk(chunk);
     request.set_num_samples(1);
-    request.set_dtype(dtype);
-    std::string data(reinterpret_cast<const char*>(values.data()), values.size() * 4);
-    data.append(extra_bytes, '\0');
-    request.set_data(data);
+    for (const ChunkSpec& c : chunks) {
+      proto::TensorChunk* chunk = request.add_chunks();
+      chunk->set_key(c.key);
+      chunk->set_chunk(c.chunk);
+      chunk->set_dtype(c.dtype);
+      std::string data(reinterpret_cast<const char*>(c.values.data()), c.values.size() * 4);
+      data.append(c.extra_bytes, '\0');
+      chunk->set_data(data);
+    }
     grpc::ClientContext context;
     proto::PushReply reply;
     return stub_->Push(&context, request, &reply);
+  }
+
+  grpc::Status Push(int key, int64_t chunk, std::vector<float> values, int64_t iteration = 0,
+                    proto::DType dtype = proto::DTYPE_F32, int extra_bytes = 0) {
+    return PushMany({{key, chunk, std::move(values), dtype, extra_bytes}}, iteration);
+  }
+
+  grpc::Status Pull(const std::vector<std::pair<int, int64_t>>& ids, proto::PullReply* reply,
+                    int64_t version = 0, int64_t timeout_ms = 1000) {
+    proto::PullRequest request;
+    request.set_version(version);
+    request.set_timeout_ms(timeout_ms);
+    for (const auto& [key, chunk] : ids) {
+      proto::ChunkId* id = request.add_chunks();
+      id->set_key(key);
+      id->set_chunk(chunk);
+    }
+    grpc::ClientContext context;
+    return stub_->Pull(&context, request, reply);
   }
 
   std::vector<float> PullAll() {
@@ -106,44 +136,50 @@ TEST_F(GrpcServiceTest, MalformedAndHostileCallsGetSpecificStatuses) {
   ASSERT_TRUE(Push(0, 0, {1, 1, 1, 1}).ok());
   EXPECT_EQ(Push(0, 0, {1, 1, 1, 1}).error_code(), grpc::StatusCode::ALREADY_EXISTS);
 
-  // A pull of a chunk that does not exist, and one for a far future version.
-  proto::PullRequest pull;
-  pull.set_key(1);
-  pull.set_chunk(1);
+  // A pull of a chunk that does not exist, one for a far future version, and
+  // one asking for more than a message may carry.
   {
-    grpc::ClientContext context;
     proto::PullReply reply;
-    EXPECT_EQ(stub_->Pull(&context, pull, &reply).error_code(), grpc::StatusCode::OUT_OF_RANGE);
+    EXPECT_EQ(Pull({{1, 1}}, &reply).error_code(), grpc::StatusCode::OUT_OF_RANGE);
   }
-  pull.set_chunk(0);
-  pull.set_version(1000);
-  pull.set_timeout_ms(50);
   {
-    grpc::ClientContext context;
     proto::PullReply reply;
-    EXPECT_EQ(stub_->Pull(&context, pull, &reply).error_code(),
-              grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_EQ(Pull({{1, 0}}, &reply, 1000, 50).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   }
+  {
+    proto::PullReply reply;
+    s = Pull({{0, 0}, {0, 1}}, &reply);  // 6 elements; a message holds 4
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("more than 4 elements in one message"));
+  }
+
+  // A message with one bad chunk adds none of its chunks.
+  s = PushMany({{0, 1, {1, 1}}, {1, 0, {2, NAN}}});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = PushMany({{0, 1, {1, 1}}, {0, 1, {1, 1}}});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(s.error_message(), HasSubstr("already pushed"));
 
   // The server still works and the update reflects only the good pushes.
   EXPECT_EQ(PullAll(), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
-  ASSERT_TRUE(Push(0, 1, {1, 1}).ok());
-  ASSERT_TRUE(Push(1, 0, {2, 2}).ok());
+  ASSERT_TRUE(PushMany({{0, 1, {1, 1}}, {1, 0, {2, 2}}}).ok());  // two keys, one message
   EXPECT_EQ(server_->version(), 1);
   EXPECT_EQ(PullAll(), (std::vector<float>{0, 1, 2, 3, 4, 5, 5, 6}));
 }
 
-TEST_F(GrpcServiceTest, PullReturnsChunksAsLittleEndianBytes) {
+TEST_F(GrpcServiceTest, PullReturnsChunksAsLittleEndianBytesInRequestOrder) {
   ASSERT_TRUE(Register("a").ok());
-  proto::PullRequest pull;
-  pull.set_key(0);
-  pull.set_chunk(1);
-  grpc::ClientContext context;
   proto::PullReply reply;
-  ASSERT_TRUE(stub_->Pull(&context, pull, &reply).ok());
-  ASSERT_EQ(reply.data().size(), 8u);
+  ASSERT_TRUE(Pull({{1, 0}, {0, 1}}, &reply).ok());
+  ASSERT_EQ(reply.chunks_size(), 2);
+  EXPECT_EQ(reply.chunks(0).key(), 1);
+  EXPECT_EQ(reply.chunks(1).chunk(), 1);
+  ASSERT_EQ(reply.chunks(1).data().size(), 8u);
   float values[2];
-  std::memcpy(values, reply.data().data(), 8);
+  std::memcpy(values, reply.chunks(0).data().data(), 8);
+  EXPECT_EQ(values[0], 7.f);
+  EXPECT_EQ(values[1], 8.f);
+  std::memcpy(values, reply.chunks(1).data().data(), 8);
   EXPECT_EQ(values[0], 5.f);
   EXPECT_EQ(values[1], 6.f);
   EXPECT_EQ(reply.version(), 0);

@@ -185,50 +185,70 @@ absl::Status ParameterServer::CheckKeyChunkLocked(int key, int64_t chunk, int64_
 
 absl::Status ParameterServer::Push(int rank, int64_t iteration, int key, int64_t chunk,
                                    int64_t num_samples, absl::Span<const float> gradient) {
+  const ChunkData one{key, chunk, gradient};
+  return PushChunks(rank, iteration, num_samples, absl::MakeConstSpan(&one, 1));
+}
+
+absl::Status ParameterServer::PushChunks(int rank, int64_t iteration, int64_t num_samples,
+                                         absl::Span<const ChunkData> chunks) {
   absl::MutexLock lock(&mu_);
   if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
     return absl::NotFoundError(absl::StrCat("push from unregistered worker rank ", rank));
   }
-  int64_t offset, length;
-  PS_RETURN_IF_ERROR(CheckKeyChunkLocked(key, chunk, &offset, &length));
-  const std::string& name = signature_[key].name;
-  if (static_cast<int64_t>(gradient.size()) != length) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk, " of '", name, "' needs ",
-                                                   length, " elements, got ", gradient.size()));
-  }
-  if (iteration != version_) {
-    return absl::FailedPreconditionError(absl::StrCat("push for iteration ", iteration,
-                                                      " but the server is at iteration ",
-                                                      version_));
-  }
   WorkerState& worker = workers_[rank];
-  if (num_samples < 0 || (worker.num_samples >= 0 && num_samples != worker.num_samples)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "push of '", name, "' claims ", num_samples, " samples but worker rank ", rank,
-        " claimed ", worker.num_samples, " earlier in iteration ", iteration));
+  // 1. Check every chunk; nothing changes until all pass.
+  std::vector<int64_t> offsets(chunks.size()), global_chunks(chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const ChunkData& chunk = chunks[c];
+    int64_t offset, length;
+    PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
+    const std::string& name = signature_[chunk.key].name;
+    if (static_cast<int64_t>(chunk.data.size()) != length) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk, " of '", name,
+                                                     "' needs ", length, " elements, got ",
+                                                     chunk.data.size()));
+    }
+    if (iteration != version_) {
+      return absl::FailedPreconditionError(absl::StrCat("push for iteration ", iteration,
+                                                        " but the server is at iteration ",
+                                                        version_));
+    }
+    if (num_samples < 0 || (worker.num_samples >= 0 && num_samples != worker.num_samples)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "push of '", name, "' claims ", num_samples, " samples but worker rank ", rank,
+          " claimed ", worker.num_samples, " earlier in iteration ", iteration));
+    }
+    const int64_t global_chunk = key_first_chunk_[chunk.key] + chunk.chunk;
+    bool repeated = worker.pushed[global_chunk];
+    for (size_t earlier = 0; earlier < c; ++earlier) repeated |= global_chunks[earlier] == global_chunk;
+    if (repeated) {
+      return absl::AlreadyExistsError(absl::StrCat("chunk ", chunk.chunk, " of '", name,
+                                                   "' already pushed by worker rank ", rank,
+                                                   " in iteration ", iteration));
+    }
+    // One vectorisable pass decides; only a bad chunk pays for finding where.
+    bool all_finite = true;
+    for (int64_t i = 0; i < length; ++i) all_finite &= std::isfinite(chunk.data[i]);
+    if (!all_finite) {
+      int64_t i = 0;
+      while (std::isfinite(chunk.data[i])) ++i;
+      return absl::InvalidArgumentError(absl::StrCat("gradient of '", name, "' element ",
+                                                     offset + i, " is ", chunk.data[i],
+                                                     "; refusing a non-finite push"));
+    }
+    offsets[c] = key_offset_[chunk.key] + offset;
+    global_chunks[c] = global_chunk;
   }
-  const int64_t global_chunk = key_first_chunk_[key] + chunk;
-  if (worker.pushed[global_chunk]) {
-    return absl::AlreadyExistsError(absl::StrCat("chunk ", chunk, " of '", name,
-                                                 "' already pushed by worker rank ", rank,
-                                                 " in iteration ", iteration));
+  // 2. All valid: add them.
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    float* sum = grad_sum_.data() + offsets[c];
+    const float* g = chunks[c].data.data();
+    const int64_t n = static_cast<int64_t>(chunks[c].data.size());
+    for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+    worker.pushed[global_chunks[c]] = true;
+    worker.chunks_pushed++;
   }
-  // One vectorisable pass decides; only a bad chunk pays for finding where.
-  bool all_finite = true;
-  for (int64_t i = 0; i < length; ++i) all_finite &= std::isfinite(gradient[i]);
-  if (!all_finite) {
-    int64_t i = 0;
-    while (std::isfinite(gradient[i])) ++i;
-    return absl::InvalidArgumentError(absl::StrCat("gradient of '", name, "' element ",
-                                                   offset + i, " is ", gradient[i],
-                                                   "; refusing a non-finite push"));
-  }
-  // Validated: only now is any state changed.
-  float* sum = grad_sum_.data() + key_offset_[key] + offset;
-  for (int64_t i = 0; i < length; ++i) sum[i] += gradient[i];
-  worker.pushed[global_chunk] = true;
-  worker.chunks_pushed++;
-  worker.num_samples = num_samples;
+  if (!chunks.empty()) worker.num_samples = num_samples;
   return MaybeApplyLocked();
 }
 
@@ -271,6 +291,35 @@ absl::StatusOr<int64_t> ParameterServer::PullChunk(int64_t version, int key, int
                                                    " elements, buffer ", out.size()));
   }
   std::memcpy(out.data(), params_.data() + key_offset_[key] + offset, length * sizeof(float));
+  return version_;
+}
+
+absl::StatusOr<int64_t> ParameterServer::PullChunks(int64_t version, absl::Time deadline,
+                                                    absl::Span<const ChunkOut> chunks) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return version_ >= version && !signature_.empty();
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat("version ", version,
+                                                    " not reached before the deadline; the "
+                                                    "server is at version ",
+                                                    version_));
+  }
+  for (const ChunkOut& chunk : chunks) {
+    int64_t offset, length;
+    PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
+    if (static_cast<int64_t>(chunk.out.size()) != length) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk, " of '",
+                                                     signature_[chunk.key].name, "' has ",
+                                                     length, " elements, buffer ",
+                                                     chunk.out.size()));
+    }
+  }
+  for (const ChunkOut& chunk : chunks) {
+    const int64_t offset = key_offset_[chunk.key] + chunk.chunk * options_.chunk_elements;
+    std::memcpy(chunk.out.data(), params_.data() + offset, chunk.out.size() * sizeof(float));
+  }
   return version_;
 }
 

@@ -83,12 +83,31 @@ class ParameterServer {
   absl::Status Push(int rank, int64_t iteration, int key, int64_t chunk, int64_t num_samples,
                     absl::Span<const float> gradient);
 
+  // Several chunks at once, all or nothing: every chunk is checked (as in
+  // Push, and for repeats within `chunks`) before any is added.
+  struct ChunkData {
+    int key = 0;
+    int64_t chunk = 0;
+    absl::Span<const float> data;
+  };
+  absl::Status PushChunks(int rank, int64_t iteration, int64_t num_samples,
+                          absl::Span<const ChunkData> chunks);
+
   // Waits until version `version` exists (or `deadline` passes:
   // kDeadlineExceeded) and copies chunk `chunk` of key `key` into `out`
   // (exactly the chunk's length). Returns the version copied, which is the
   // newest and at least `version`.
   absl::StatusOr<int64_t> PullChunk(int64_t version, int key, int64_t chunk, absl::Time deadline,
                                     absl::Span<float> out);
+  // Several chunks of one version at once (copied under one lock).
+  struct ChunkOut {
+    int key = 0;
+    int64_t chunk = 0;
+    absl::Span<float> out;
+  };
+  absl::StatusOr<int64_t> PullChunks(int64_t version, absl::Time deadline,
+                                     absl::Span<const ChunkOut> chunks);
+
   // Waits like PullChunk and returns the current version, copying nothing.
   absl::StatusOr<int64_t> WaitForVersion(int64_t version, absl::Time deadline);
 

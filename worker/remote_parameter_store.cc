@@ -98,6 +98,16 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Register(
     offset += n;
   }
   num_parameters_ = offset;
+  messages_.clear();
+  int64_t in_message = 0;
+  for (const Chunk& chunk : chunks_) {
+    if (messages_.empty() || in_message + chunk.length > reply.chunk_elements()) {
+      messages_.emplace_back();
+      in_message = 0;
+    }
+    messages_.back().push_back(chunk);
+    in_message += chunk.length;
+  }
   Registration out;
   out.rank = reply.rank();
   out.num_workers = reply.num_workers();
@@ -117,27 +127,30 @@ absl::Status RemoteParameterStore::Push(int64_t iteration, int64_t num_samples,
     proto::PushRequest request;
     proto::PushReply reply;
   };
-  std::vector<std::unique_ptr<Call>> calls(chunks_.size());
-  CallGroup group(static_cast<int64_t>(chunks_.size()));
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    const Chunk& chunk = chunks_[i];
-    calls[i] = std::make_unique<Call>();
-    Call& call = *calls[i];
+  std::vector<std::unique_ptr<Call>> calls(messages_.size());
+  CallGroup group(static_cast<int64_t>(messages_.size()));
+  for (size_t m = 0; m < messages_.size(); ++m) {
+    calls[m] = std::make_unique<Call>();
+    Call& call = *calls[m];
     call.context.set_deadline(DeadlineAfter(options_.rpc_timeout));
     call.request.set_rank(rank_);
     call.request.set_iteration(iteration);
-    call.request.set_key(chunk.key);
-    call.request.set_chunk(chunk.index);
     call.request.set_num_samples(num_samples);
-    call.request.set_dtype(proto::DTYPE_F32);
-    call.request.set_data(reinterpret_cast<const char*>(gradient.data() + chunk.offset),
-                          chunk.length * sizeof(float));
+    for (const Chunk& chunk : messages_[m]) {
+      proto::TensorChunk* out = call.request.add_chunks();
+      out->set_key(chunk.key);
+      out->set_chunk(chunk.index);
+      out->set_dtype(proto::DTYPE_F32);
+      out->set_data(reinterpret_cast<const char*>(gradient.data() + chunk.offset),
+                    chunk.length * sizeof(float));
+    }
+    const Chunk& first = messages_[m].front();
     stub_->async()->Push(&call.context, &call.request, &call.reply,
-                         [&group, &chunk, this](grpc::Status status) {
+                         [&group, &first, this](grpc::Status status) {
                            group.Done(FromGrpcStatus(
-                               status, absl::StrCat("Push of key ", chunk.key, " chunk ",
-                                                    chunk.index, " to ",
-                                                    options_.server_address)));
+                               status, absl::StrCat("Push of key ", first.key, " chunk ",
+                                                    first.index, " (and the rest of its "
+                                                    "message) to ", options_.server_address)));
                          });
   }
   PS_RETURN_IF_ERROR(group.Wait());
@@ -168,40 +181,50 @@ absl::StatusOr<int64_t> RemoteParameterStore::Pull(int64_t version, absl::Span<f
     proto::PullRequest request;
     proto::PullReply reply;
   };
-  std::vector<std::unique_ptr<Call>> calls(chunks_.size());
-  CallGroup group(static_cast<int64_t>(chunks_.size()));
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    const Chunk& chunk = chunks_[i];
-    calls[i] = std::make_unique<Call>();
-    Call& call = *calls[i];
+  std::vector<std::unique_ptr<Call>> calls(messages_.size());
+  CallGroup group(static_cast<int64_t>(messages_.size()));
+  for (size_t m = 0; m < messages_.size(); ++m) {
+    calls[m] = std::make_unique<Call>();
+    Call& call = *calls[m];
     call.context.set_deadline(DeadlineAfter(options_.rpc_timeout));
     call.request.set_version(version);
-    call.request.set_key(chunk.key);
-    call.request.set_chunk(chunk.index);
     call.request.set_timeout_ms(absl::ToInt64Milliseconds(options_.rpc_timeout));
+    for (const Chunk& chunk : messages_[m]) {
+      proto::ChunkId* id = call.request.add_chunks();
+      id->set_key(chunk.key);
+      id->set_chunk(chunk.index);
+    }
+    const std::vector<Chunk>& wanted = messages_[m];
     stub_->async()->Pull(
         &call.context, &call.request, &call.reply,
-        [&group, &chunk, &call, params, this](grpc::Status status) {
+        [&group, &wanted, &call, params, this](grpc::Status status) {
           absl::Status s = FromGrpcStatus(
-              status, absl::StrCat("Pull of key ", chunk.key, " chunk ", chunk.index, " from ",
+              status, absl::StrCat("Pull of key ", wanted.front().key, " chunk ",
+                                   wanted.front().index, " (and the rest of its message) from ",
                                    options_.server_address));
-          if (s.ok() && call.reply.data().size() !=
-                            static_cast<size_t>(chunk.length) * sizeof(float)) {
-            s = absl::InternalError(absl::StrCat("server sent ", call.reply.data().size(),
-                                                 " bytes for key ", chunk.key, " chunk ",
-                                                 chunk.index, ", expected ",
-                                                 chunk.length * sizeof(float)));
+          if (s.ok() && call.reply.chunks_size() != static_cast<int>(wanted.size())) {
+            s = absl::InternalError(absl::StrCat("server sent ", call.reply.chunks_size(),
+                                                 " chunks, expected ", wanted.size()));
           }
-          if (s.ok()) {
-            std::memcpy(params.data() + chunk.offset, call.reply.data().data(),
-                        call.reply.data().size());
+          for (size_t c = 0; s.ok() && c < wanted.size(); ++c) {
+            const proto::TensorChunk& got = call.reply.chunks(static_cast<int>(c));
+            const Chunk& chunk = wanted[c];
+            if (got.key() != chunk.key || got.chunk() != chunk.index ||
+                got.data().size() != static_cast<size_t>(chunk.length) * sizeof(float)) {
+              s = absl::InternalError(absl::StrCat(
+                  "server sent key ", got.key(), " chunk ", got.chunk(), " with ",
+                  got.data().size(), " bytes where key ", chunk.key, " chunk ", chunk.index,
+                  " with ", chunk.length * sizeof(float), " bytes was expected"));
+              break;
+            }
+            std::memcpy(params.data() + chunk.offset, got.data().data(), got.data().size());
           }
           group.Done(s);
         });
   }
   PS_RETURN_IF_ERROR(group.Wait());
-  // Every chunk must come from one version, or the parameters would mix two.
-  int64_t got = calls.empty() ? version : calls[0]->reply.version();
+  // Every message must come from one version, or the parameters would mix two.
+  const int64_t got = calls.empty() ? version : calls[0]->reply.version();
   for (const auto& call : calls) {
     if (call->reply.version() != got) {
       return absl::InternalError(absl::StrCat("pull mixed versions ", got, " and ",

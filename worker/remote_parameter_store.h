@@ -26,9 +26,10 @@ struct RemoteStoreOptions {
 };
 
 // The parameter store on the other side of a gRPC channel. Push and Pull cut
-// the flat buffer into the server's chunks and send them all concurrently
+// the flat buffer into the server's chunks, pack small chunks together into
+// messages of at most one chunk's size, and send all messages concurrently
 // (gRPC callback API), waiting for every reply; the first error is returned
-// with the chunk's key and index. The server owns the initial parameters
+// naming the message's first key and chunk. The server owns the initial parameters
 // (from its seed or weights file), so Register ignores `proposed`.
 class RemoteParameterStore final : public ParameterStore {
  public:
@@ -61,6 +62,9 @@ class RemoteParameterStore final : public ParameterStore {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::ParameterServer::Stub> stub_;
   std::vector<Chunk> chunks_;
+  // Chunks grouped into messages of at most chunk_elements elements: many
+  // small tensors share a message, a large one has one message per chunk.
+  std::vector<std::vector<Chunk>> messages_;
   int64_t num_parameters_ = 0;
   int rank_ = -1;
   int64_t bytes_pushed_ = 0;
