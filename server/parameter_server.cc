@@ -271,9 +271,7 @@ absl::Status ParameterServer::MaybeApplyLocked() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> ParameterServer::PullChunk(int64_t version, int key, int64_t chunk,
-                                                   absl::Time deadline, absl::Span<float> out) {
-  absl::MutexLock lock(&mu_);
+absl::Status ParameterServer::AwaitVersionLocked(int64_t version, absl::Time deadline) {
   auto ready = [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return version_ >= version && !signature_.empty();
   };
@@ -283,29 +281,13 @@ absl::StatusOr<int64_t> ParameterServer::PullChunk(int64_t version, int key, int
                                                     "server is at version ",
                                                     version_));
   }
-  int64_t offset, length;
-  PS_RETURN_IF_ERROR(CheckKeyChunkLocked(key, chunk, &offset, &length));
-  if (static_cast<int64_t>(out.size()) != length) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk, " of '",
-                                                   signature_[key].name, "' has ", length,
-                                                   " elements, buffer ", out.size()));
-  }
-  std::memcpy(out.data(), params_.data() + key_offset_[key] + offset, length * sizeof(float));
-  return version_;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> ParameterServer::PullChunks(int64_t version, absl::Time deadline,
                                                     absl::Span<const ChunkOut> chunks) {
   absl::MutexLock lock(&mu_);
-  auto ready = [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return version_ >= version && !signature_.empty();
-  };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat("version ", version,
-                                                    " not reached before the deadline; the "
-                                                    "server is at version ",
-                                                    version_));
-  }
+  PS_RETURN_IF_ERROR(AwaitVersionLocked(version, deadline));
   for (const ChunkOut& chunk : chunks) {
     int64_t offset, length;
     PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
@@ -325,30 +307,14 @@ absl::StatusOr<int64_t> ParameterServer::PullChunks(int64_t version, absl::Time 
 
 absl::StatusOr<int64_t> ParameterServer::WaitForVersion(int64_t version, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto ready = [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return version_ >= version && !signature_.empty();
-  };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat("version ", version,
-                                                    " not reached before the deadline; the "
-                                                    "server is at version ",
-                                                    version_));
-  }
+  PS_RETURN_IF_ERROR(AwaitVersionLocked(version, deadline));
   return version_;
 }
 
 absl::StatusOr<int64_t> ParameterServer::Pull(int64_t version, absl::Time deadline,
                                               absl::Span<float> out) {
   absl::MutexLock lock(&mu_);
-  auto ready = [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return version_ >= version && !signature_.empty();
-  };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat("version ", version,
-                                                    " not reached before the deadline; the "
-                                                    "server is at version ",
-                                                    version_));
-  }
+  PS_RETURN_IF_ERROR(AwaitVersionLocked(version, deadline));
   if (out.size() != params_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("pull into ", out.size(),
                                                    " elements; the model has ", params_.size()));

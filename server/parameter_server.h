@@ -94,12 +94,11 @@ class ParameterServer {
                           absl::Span<const ChunkData> chunks);
 
   // Waits until version `version` exists (or `deadline` passes:
-  // kDeadlineExceeded) and copies chunk `chunk` of key `key` into `out`
-  // (exactly the chunk's length). Returns the version copied, which is the
-  // newest and at least `version`.
-  absl::StatusOr<int64_t> PullChunk(int64_t version, int key, int64_t chunk, absl::Time deadline,
-                                    absl::Span<float> out);
-  // Several chunks of one version at once (copied under one lock).
+  // kDeadlineExceeded) and copies each chunk (key, chunk index) into its
+  // `out`, which must be exactly the chunk's length, all from one version
+  // under one lock. Returns the version copied: the newest, at least
+  // `version`. kOutOfRange / kInvalidArgument for a bad chunk or buffer; then
+  // nothing is copied.
   struct ChunkOut {
     int key = 0;
     int64_t chunk = 0;
@@ -108,7 +107,7 @@ class ParameterServer {
   absl::StatusOr<int64_t> PullChunks(int64_t version, absl::Time deadline,
                                      absl::Span<const ChunkOut> chunks);
 
-  // Waits like PullChunk and returns the current version, copying nothing.
+  // Waits like PullChunks and returns the current version, copying nothing.
   absl::StatusOr<int64_t> WaitForVersion(int64_t version, absl::Time deadline);
 
   // The same for all parameters at once, flat in signature order.
@@ -128,6 +127,10 @@ class ParameterServer {
   ParameterServer(const ParameterServerOptions& options, CpuDevice* device);
 
   absl::Status AdoptSignatureLocked(std::vector<ParamSpec> signature, std::vector<float> initial)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (releasing mu_) until `version` exists; kDeadlineExceeded after
+  // `deadline`.
+  absl::Status AwaitVersionLocked(int64_t version, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the update once every worker has pushed everything.
   absl::Status MaybeApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
