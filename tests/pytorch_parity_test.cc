@@ -512,7 +512,9 @@ TEST_P(SgdParityTest, StepsGiveTorchOptimSgdsParameters) {
     std::cout << "PyTorch's float32 result is " << torch_to_exact.worst
               << " tolerances from its float64 one: held to the float64 result only\n";
   }
-  if (torch_step_error_exact <= kStepRtol) EXPECT_LE(step_error, kStepRtol);
+  if (torch_step_error_exact <= kStepRtol) {
+    EXPECT_LE(step_error, kStepRtol);
+  }
   EXPECT_LE(ours_to_exact.worst, std::max(1.0, torch_to_exact.worst)) << diagnosis;
   EXPECT_LE(step_error_exact, std::max(kStepRtol, torch_step_error_exact));
   // The steps moved the weights well beyond the tolerance, so agreement is
