@@ -331,14 +331,14 @@ class HeaderParser {
           out->push_back('\t');
           break;
         case 'u': {
-          uint32_t cp;
+          uint32_t cp = 0;
           PS_RETURN_IF_ERROR(ParseHex4(&cp));
           if (cp >= 0xDC00 && cp <= 0xDFFF) return Error("unpaired low surrogate in \\u escape");
           if (cp >= 0xD800 && cp <= 0xDBFF) {
             if (!(Consume('\\') && Consume('u'))) {
               return Error("high surrogate not followed by a \\u low surrogate");
             }
-            uint32_t low;
+            uint32_t low = 0;
             PS_RETURN_IF_ERROR(ParseHex4(&low));
             if (low < 0xDC00 || low > 0xDFFF) return Error("high surrogate without a low one");
             cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);

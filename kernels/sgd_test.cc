@@ -109,7 +109,9 @@ TEST(SgdCpuTest, SeveralStepsMatchTorchFormula) {
       ref.Step(grad, grad_scale);
     }
     EXPECT_TRUE(AllClose(param, ToFloat(ref.param), 1e-6f, 1e-5f));
-    if (buf_ptr != nullptr) EXPECT_TRUE(AllClose(buf, ToFloat(ref.buf), 1e-6f, 1e-5f));
+    if (buf_ptr != nullptr) {
+      EXPECT_TRUE(AllClose(buf, ToFloat(ref.buf), 1e-6f, 1e-5f));
+    }
   }
 }
 
@@ -164,7 +166,9 @@ TEST(SgdCudaTest, MatchesCpu) {
     }
     // nvcc contracts a * b + c into FMAs, so results differ by a few ulps.
     EXPECT_TRUE(AllClose(gparam.ToHost(), param, 1e-6f, 1e-5f));
-    if (has_buf) EXPECT_TRUE(AllClose(gbuf.ToHost(), buf, 1e-6f, 1e-5f));
+    if (has_buf) {
+      EXPECT_TRUE(AllClose(gbuf.ToHost(), buf, 1e-6f, 1e-5f));
+    }
   }
 }
 

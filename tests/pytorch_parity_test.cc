@@ -351,7 +351,9 @@ Distance Compare(const SafetensorsFile& a, const SafetensorsFile& reference,
     if (x.dtype != SafetensorsDType::kF32) {
       absl::StatusOr<std::vector<int64_t>> u = x.ToInt64s(), v = (*y)->ToInt64s();
       EXPECT_TRUE(u.ok() && v.ok()) << SafetensorsDTypeName(x.dtype) << " is not an integer type";
-      if (u.ok() && v.ok()) EXPECT_EQ(*u, *v) << a_name << " vs " << reference_name;
+      if (u.ok() && v.ok()) {
+        EXPECT_EQ(*u, *v) << a_name << " vs " << reference_name;
+      }
       continue;
     }
     const std::vector<float> u = *x.ToFloats();
