@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/activation.h"
+#include "kernels/activation_pool.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
 
@@ -16,6 +17,20 @@ namespace {
 absl::Status BadInput(const std::string& layer, const Shape& input, absl::string_view why) {
   return absl::InvalidArgumentError(
       absl::StrCat(layer, " cannot take input ", ShapeToString(input), ": ", why));
+}
+
+// A square pooling window over an [N, C, H, W] input.
+kernels::Pool2dShape PoolShapeFor(const Shape& input, int64_t kernel, int64_t stride,
+                                  int64_t pad) {
+  kernels::Pool2dShape s;
+  s.batch = input[0];
+  s.channels = input[1];
+  s.height = input[2];
+  s.width = input[3];
+  s.kernel_h = s.kernel_w = kernel;
+  s.stride_h = s.stride_w = stride;
+  s.pad_h = s.pad_w = pad;
+  return s;
 }
 
 absl::Status NoForward(const std::string& layer) {
@@ -212,15 +227,7 @@ std::string Pool2d::Describe() const {
 }
 
 kernels::Pool2dShape Pool2d::ShapeFor(const Shape& input) const {
-  kernels::Pool2dShape s;
-  s.batch = input[0];
-  s.channels = input[1];
-  s.height = input[2];
-  s.width = input[3];
-  s.kernel_h = s.kernel_w = kernel_;
-  s.stride_h = s.stride_w = stride_;
-  s.pad_h = s.pad_w = pad_;
-  return s;
+  return PoolShapeFor(input, kernel_, stride_, pad_);
 }
 
 absl::StatusOr<Shape> Pool2d::OutputShape(const Shape& input) const {
@@ -355,6 +362,79 @@ absl::StatusOr<Tensor> Activation::Backward(const Tensor& dy, bool need_dx) {
   } else {
     PS_RETURN_IF_ERROR(kernels::SigmoidBackward(*device(), n, y_view_.data<float>(),
                                                 dy.data<float>(), MutableF32(dx)));
+  }
+  return dx;
+}
+
+// --- ActivationPool2d ---
+
+ActivationPool2d::ActivationPool2d(Device* device, Activation::Kind activation, Pool2d::Kind pool,
+                                   int64_t kernel, int64_t stride, int64_t pad)
+    : Layer(device),
+      activation_(activation),
+      pool_kind_(pool),
+      kernel_(kernel),
+      stride_(stride),
+      pad_(pad) {}
+
+std::string ActivationPool2d::Describe() const {
+  return absl::StrCat(activation_ == Activation::Kind::kRelu ? "ReLU+" : "Sigmoid+",
+                      pool_kind_ == Pool2d::Kind::kMax ? "MaxPool2d" : "AvgPool2d",
+                      "(kernel=", kernel_, ", stride=", stride_, ", pad=", pad_, ")");
+}
+
+absl::StatusOr<Shape> ActivationPool2d::OutputShape(const Shape& input) const {
+  if (input.size() != 4) return BadInput(Describe(), input, "expected [N, C, H, W]");
+  const kernels::Pool2dShape s = PoolShapeFor(input, kernel_, stride_, pad_);
+  absl::Status valid = kernels::ValidatePool2dShape(s);
+  if (!valid.ok()) return BadInput(Describe(), input, valid.message());
+  if (s.out_height() < 1 || s.out_width() < 1) {
+    return BadInput(Describe(), input, "output would be empty");
+  }
+  return Shape{s.batch, s.channels, s.out_height(), s.out_width()};
+}
+
+absl::StatusOr<Tensor> ActivationPool2d::Forward(const Tensor& x, Mode mode) {
+  PS_RETURN_IF_ERROR(CheckDevice(Describe(), x, device()));
+  PS_ASSIGN_OR_RETURN(Shape out_shape, OutputShape(x.shape()));
+  PS_ASSIGN_OR_RETURN(Tensor a, a_.Get(device(), x.shape()));
+  PS_ASSIGN_OR_RETURN(Tensor y, y_.Get(device(), out_shape));
+  const kernels::Pool2dShape s = PoolShapeFor(x.shape(), kernel_, stride_, pad_);
+  const kernels::PoolActivation act = activation_ == Activation::Kind::kRelu
+                                          ? kernels::PoolActivation::kRelu
+                                          : kernels::PoolActivation::kSigmoid;
+  if (pool_kind_ == Pool2d::Kind::kMax) {
+    PS_ASSIGN_OR_RETURN(Tensor argmax, argmax_.Get(device(), out_shape, DType::kI32));
+    PS_RETURN_IF_ERROR(kernels::ActivationMaxPool2dForward(*device(), act, s, x.data<float>(),
+                                                           MutableF32(a), MutableF32(y),
+                                                           MutableI32(argmax)));
+  } else {
+    PS_RETURN_IF_ERROR(kernels::ActivationAvgPool2dForward(*device(), act, s, x.data<float>(),
+                                                           MutableF32(a), MutableF32(y)));
+  }
+  x_shape_ = x.shape();
+  a_view_ = a;
+  return y;
+}
+
+absl::StatusOr<Tensor> ActivationPool2d::Backward(const Tensor& dy, bool need_dx) {
+  if (a_view_.empty()) return NoForward(Describe());
+  PS_ASSIGN_OR_RETURN(Shape out_shape, OutputShape(x_shape_));
+  PS_RETURN_IF_ERROR(CheckGradShape(Describe(), dy, out_shape));
+  if (!need_dx) return Tensor();
+  PS_ASSIGN_OR_RETURN(Tensor dx, dx_.Get(device(), x_shape_));
+  const kernels::Pool2dShape s = PoolShapeFor(x_shape_, kernel_, stride_, pad_);
+  const kernels::PoolActivation act = activation_ == Activation::Kind::kRelu
+                                          ? kernels::PoolActivation::kRelu
+                                          : kernels::PoolActivation::kSigmoid;
+  if (pool_kind_ == Pool2d::Kind::kMax) {
+    PS_ASSIGN_OR_RETURN(Tensor argmax, argmax_.Get(device(), out_shape, DType::kI32));
+    PS_RETURN_IF_ERROR(kernels::ActivationMaxPool2dBackward(*device(), act, s, a_view_.data<float>(),
+                                                            dy.data<float>(),
+                                                            argmax.data<int32_t>(), MutableF32(dx)));
+  } else {
+    PS_RETURN_IF_ERROR(kernels::ActivationAvgPool2dBackward(
+        *device(), act, s, a_view_.data<float>(), dy.data<float>(), MutableF32(dx)));
   }
   return dx;
 }

@@ -212,6 +212,32 @@ class Activation final : public Layer {
   ActivationBuffer y_, dx_;
 };
 
+// An Activation followed by a Pool2d over [N, C, H, W], as one layer with the
+// same results (bit-identical on the CPU): forward activates each plane and
+// pools it while it is in cache, keeping the activation for backward;
+// backward spreads the pooled gradient and applies the activation's
+// derivative in one pass. Saves LeNet the separate pool passes and a
+// full-size intermediate gradient. Declares no tensors, so a model's
+// parameter names are those of the unfused sequence.
+class ActivationPool2d final : public Layer {
+ public:
+  ActivationPool2d(Device* device, Activation::Kind activation, Pool2d::Kind pool, int64_t kernel,
+                   int64_t stride, int64_t pad = 0);
+  std::string Describe() const override;
+  absl::StatusOr<Shape> OutputShape(const Shape& input) const override;
+  absl::StatusOr<Tensor> Forward(const Tensor& x, Mode mode) override;
+  absl::StatusOr<Tensor> Backward(const Tensor& dy, bool need_dx) override;
+
+ private:
+  const Activation::Kind activation_;
+  const Pool2d::Kind pool_kind_;
+  const int64_t kernel_, stride_, pad_;
+  Shape x_shape_;
+  Tensor a_view_;  // the last forward's activation, which backward reads
+  ActivationBuffer a_, y_, dx_;
+  ActivationBuffer argmax_;  // I32 (max only)
+};
+
 // torch.nn.BatchNorm1d over [N, C] (spatial_dims 0) or BatchNorm2d over
 // [N, C, H, W] (spatial_dims 2); eps 1e-5, momentum 0.1. Parameters "weight"
 // (gamma) and "bias" (beta) [C]; buffers "running_mean", "running_var" [C]

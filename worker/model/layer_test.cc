@@ -223,6 +223,44 @@ TEST_F(LayerTest, SigmoidGradients) {
   CheckLayerGradients(dev(), sigmoid, {2, 3, 4}, CheckOptions());
 }
 
+TEST_F(LayerTest, SigmoidAvgPoolGradients) {
+  ActivationPool2d layer(dev(), Activation::Kind::kSigmoid, Pool2d::Kind::kAverage, 2, 2);
+  CheckLayerGradients(dev(), layer, {2, 2, 4, 5}, CheckOptions());
+}
+
+TEST_F(LayerTest, ReluMaxPoolPaddedOverlappingGradients) {
+  ActivationPool2d layer(dev(), Activation::Kind::kRelu, Pool2d::Kind::kMax, 3, 2, 1);
+  CheckLayerGradients(dev(), layer, {2, 2, 5, 5}, CheckOptions().Eps(1e-3).Distinct());
+}
+
+// The fused layer gives exactly the unfused pair's output and input gradient.
+TEST_F(LayerTest, ActivationPoolMatchesActivationThenPool) {
+  const Shape shape = {3, 4, 9, 8};
+  const std::vector<float> x = Uniform(NumElements(shape), 5, -5.f, 5.f);
+  for (Activation::Kind act : {Activation::Kind::kRelu, Activation::Kind::kSigmoid}) {
+    for (Pool2d::Kind pool : {Pool2d::Kind::kAverage, Pool2d::Kind::kMax}) {
+      for (int64_t kernel : {2, 3}) {
+        ActivationPool2d fused(dev(), act, pool, kernel, 2, kernel / 2);
+        Sequential unfused(dev());
+        unfused.Add("", std::make_unique<Activation>(dev(), act));
+        unfused.Add("", std::make_unique<Pool2d>(dev(), pool, kernel, 2, kernel / 2));
+        SCOPED_TRACE(fused.Describe());
+        Tensor xt = DeviceTensor(dev(), shape, x);
+        auto y_fused = fused.Forward(xt, Mode::kTraining);
+        auto y_unfused = unfused.Forward(xt, Mode::kTraining);
+        ASSERT_TRUE(y_fused.ok() && y_unfused.ok());
+        ASSERT_EQ(y_fused->shape(), y_unfused->shape());
+        EXPECT_EQ(HostValues(*y_fused), HostValues(*y_unfused));
+        Tensor dy = DeviceTensor(dev(), y_fused->shape(), Uniform(y_fused->num_elements(), 6));
+        auto dx_fused = fused.Backward(dy, true);
+        auto dx_unfused = unfused.Backward(dy, true);
+        ASSERT_TRUE(dx_fused.ok() && dx_unfused.ok());
+        EXPECT_EQ(HostValues(*dx_fused), HostValues(*dx_unfused));
+      }
+    }
+  }
+}
+
 TEST_F(LayerTest, BatchNorm2dGradients) {
   BatchNorm bn(dev(), 4, 2);
   CheckLayerGradients(dev(), bn, {3, 4, 3, 3}, CheckOptions().Eps(3e-3).Atol(2e-3));

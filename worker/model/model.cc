@@ -74,12 +74,11 @@ std::unique_ptr<Layer> BuildLeNet(const ModelConfig& config, Device* device, boo
   const ActKind act = relu ? ActKind::kRelu : ActKind::kSigmoid;
   const PoolKind pool = relu ? PoolKind::kMax : PoolKind::kAverage;
   auto net = std::make_unique<Sequential>(device);
+  // Each activation + pool pair runs as one fused layer (same results).
   net->Add("conv1", std::make_unique<Conv2d>(device, config.input_shape[0], 6, 5, 1, 2));
-  net->Add("", std::make_unique<Activation>(device, act));
-  net->Add("", std::make_unique<Pool2d>(device, pool, 2, 2));
+  net->Add("", std::make_unique<ActivationPool2d>(device, act, pool, 2, 2));
   net->Add("conv2", std::make_unique<Conv2d>(device, 6, 16, 5));
-  net->Add("", std::make_unique<Activation>(device, act));
-  net->Add("", std::make_unique<Pool2d>(device, pool, 2, 2));
+  net->Add("", std::make_unique<ActivationPool2d>(device, act, pool, 2, 2));
   net->Add("", std::make_unique<Flatten>(device));
   net->Add("fc1", std::make_unique<Linear>(device, 16 * 5 * 5, 120));
   net->Add("", std::make_unique<Activation>(device, act));
