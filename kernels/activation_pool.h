@@ -15,7 +15,8 @@
 // activation.h followed by the pooling of pool.h (same formulas, same
 // summation order). Shapes as in pool.h; the activation sees only real cells,
 // padding keeps pool.h's meaning (zero for average, ignored for max). a and
-// dx are [N, C, H, W], y and dy [N, C, OH, OW]; no buffer may alias another.
+// dx are [N, C, H, W], y and dy [N, C, OH, OW]; a may alias x (activation in
+// place), no other buffers may alias.
 // Errors: kInvalidArgument for a bad shape (naming the field), kInternal for
 // a CUDA launch failure, kUnimplemented for a CUDA device in a build without
 // CUDA. On CUDA the work is queued on the device's stream.

@@ -22,6 +22,17 @@ void ActivationMaxPool2dBackwardCpu(CpuDevice& device, PoolActivation act,
                                     const Pool2dShape& shape, const float* a, const float* dy,
                                     const int32_t* argmax, float* dx);
 
+// One (n, c) plane of the above, for kernels that fuse these passes into
+// their own (the convolution's write-back): x and a (which may alias x) hold
+// shape.height x shape.width floats, y and argmax (max only; else unused)
+// out_height x out_width, dy and dx likewise; `rows` is shape.width floats
+// of scratch. shape.batch and shape.channels are not read.
+void ActivationPoolPlaneForward(PoolActivation act, bool max, const Pool2dShape& shape,
+                                const float* x, float* a, float* y, int32_t* argmax, float* rows);
+void ActivationPoolPlaneBackward(PoolActivation act, bool max, const Pool2dShape& shape,
+                                 const float* a, const float* dy, const int32_t* argmax,
+                                 float* dx, float* rows);
+
 }  // namespace ps::kernels::internal
 
 #endif  // PS_KERNELS_ACTIVATION_POOL_CPU_H_

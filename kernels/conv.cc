@@ -213,4 +213,84 @@ absl::Status Conv2dBackward(Device& device, const Conv2dShape& shape, const floa
 #endif
 }
 
+namespace {
+
+absl::Status ValidateEpilogue(const Conv2dShape& shape, const ConvActivationPool& e) {
+  PS_RETURN_IF_ERROR(ValidatePool2dShape(e.pool));
+  if (e.pool.batch != shape.batch || e.pool.channels != shape.out_channels ||
+      e.pool.height != shape.out_height() || e.pool.width != shape.out_width()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Conv2dActivationPool: pooling over [", e.pool.batch, ", ", e.pool.channels, ", ",
+        e.pool.height, ", ", e.pool.width, "] but the convolution's output is [", shape.batch,
+        ", ", shape.out_channels, ", ", shape.out_height(), ", ", shape.out_width(), "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Conv2dActivationPoolForward(Device& device, const Conv2dShape& shape,
+                                         const ConvActivationPool& epilogue, const float* x,
+                                         const float* weight, const float* bias, float* a,
+                                         float* y, int32_t* argmax) {
+  PS_RETURN_IF_ERROR(ValidateConv2dShape(shape));
+  PS_RETURN_IF_ERROR(ValidateEpilogue(shape, epilogue));
+  PS_RETURN_IF_ERROR(CheckPointers(x, weight, a));
+  if (y == nullptr || (epilogue.max && argmax == nullptr)) {
+    return absl::InvalidArgumentError("Conv2dActivationPoolForward: null y or argmax");
+  }
+  if (device.is_cpu()) {
+    internal::ActivationPoolEpilogue e;
+    e.activation = epilogue.activation;
+    e.max = epilogue.max;
+    e.pool = epilogue.pool;
+    e.a = a;
+    e.y = y;
+    e.argmax = argmax;
+    return internal::Conv2dForwardCpu(AsCpu(device), shape, x, weight, bias, nullptr, &e);
+  }
+  // On a GPU the passes run one after another: the convolution into a, then
+  // the activation in place and the pooling.
+  PS_RETURN_IF_ERROR(Conv2dForward(device, shape, x, weight, bias, a));
+  if (epilogue.max) {
+    return ActivationMaxPool2dForward(device, epilogue.activation, epilogue.pool, a, a, y, argmax);
+  }
+  return ActivationAvgPool2dForward(device, epilogue.activation, epilogue.pool, a, a, y);
+}
+
+absl::Status Conv2dActivationPoolBackward(Device& device, const Conv2dShape& shape,
+                                          const ConvActivationPool& epilogue, const float* x,
+                                          const float* weight, const float* a, const float* dy,
+                                          const int32_t* argmax, float* dx, float* dweight,
+                                          float* dbias) {
+  PS_RETURN_IF_ERROR(ValidateConv2dShape(shape));
+  PS_RETURN_IF_ERROR(ValidateEpilogue(shape, epilogue));
+  PS_RETURN_IF_ERROR(CheckPointers(x, weight, dweight));
+  if (a == nullptr || dy == nullptr || (epilogue.max && argmax == nullptr)) {
+    return absl::InvalidArgumentError("Conv2dActivationPoolBackward: null a, dy or argmax");
+  }
+  if (device.is_cpu()) {
+    internal::ActivationPoolEpilogue e;
+    e.activation = epilogue.activation;
+    e.max = epilogue.max;
+    e.pool = epilogue.pool;
+    e.a_in = a;
+    e.pooled_dy = dy;
+    e.argmax_in = argmax;
+    return internal::Conv2dBackwardCpu(AsCpu(device), shape, x, weight, nullptr, dx, dweight,
+                                       dbias, &e);
+  }
+  const int64_t n = shape.batch * shape.out_channels * shape.out_height() * shape.out_width();
+  PS_ASSIGN_OR_RETURN(void* scratch, device.Scratch(2, n * static_cast<int64_t>(sizeof(float))));
+  float* dconv = static_cast<float*>(scratch);
+  if (epilogue.max) {
+    PS_RETURN_IF_ERROR(ActivationMaxPool2dBackward(device, epilogue.activation, epilogue.pool, a,
+                                                   dy, argmax, dconv));
+  } else {
+    PS_RETURN_IF_ERROR(
+        ActivationAvgPool2dBackward(device, epilogue.activation, epilogue.pool, a, dy, dconv));
+  }
+  return Conv2dBackward(device, shape, x, weight, dconv, dx, dweight, dbias);
+}
+
 }  // namespace ps::kernels

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <vector>
 
 #include "common/status_macros.h"
+#include "kernels/activation_pool_cpu.h"
 #include "kernels/gemm.h"
 
 namespace ps::kernels::internal {
@@ -392,17 +394,58 @@ void NchwToPixelMajor(const float* y, int64_t count, int64_t channels, int64_t p
   }
 }
 
+// The epilogue's forward for the block [O x count*P] (bias not yet added)
+// of samples [n0, n0 + count): bias, activation and pooling plane by plane.
+// `block` is modified.
+void EpilogueForward(const Geometry& g, int64_t n0, int64_t count, float* block,
+                     const float* bias, const ActivationPoolEpilogue& e, float* rows) {
+  const int64_t ld = count * g.p;
+  const int64_t pooled = e.pool.out_height() * e.pool.out_width();
+  for (int64_t s = 0; s < count; ++s) {
+    for (int64_t c = 0; c < g.o; ++c) {
+      float* plane = block + c * ld + s * g.p;
+      if (bias != nullptr) AddScalar(bias[c], plane, g.p);
+      const int64_t index = (n0 + s) * g.o + c;
+      ActivationPoolPlaneForward(e.activation, e.max, e.pool, plane, e.a + index * g.p,
+                                 e.y + index * pooled,
+                                 e.max ? e.argmax + index * pooled : nullptr, rows);
+    }
+  }
+}
+
+// The epilogue's backward: the NCHW dy of samples [n0, n0 + count) into
+// `dy` (count * O * P floats).
+void EpilogueBackward(const Geometry& g, int64_t n0, int64_t count,
+                      const ActivationPoolEpilogue& e, float* dy, float* rows) {
+  const int64_t pooled = e.pool.out_height() * e.pool.out_width();
+  for (int64_t s = 0; s < count; ++s) {
+    for (int64_t c = 0; c < g.o; ++c) {
+      const int64_t index = (n0 + s) * g.o + c;
+      ActivationPoolPlaneBackward(e.activation, e.max, e.pool, e.a_in + index * g.p,
+                                  e.pooled_dy + index * pooled,
+                                  e.max ? e.argmax_in + index * pooled : nullptr,
+                                  dy + (s * g.o + c) * g.p, rows);
+    }
+  }
+}
+
 // Forward for samples [n0, n0 + count).
 void ForwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x, const float* weight,
-                  const float* bias, float* y, const WorkerBuffers& buf) {
+                  const float* bias, float* y, const WorkerBuffers& buf,
+                  const ActivationPoolEpilogue* epilogue, float* rows) {
   const int64_t ld = count * g.p;
   const float* x0 = x + n0 * g.in_size;
-  float* y0 = y + n0 * g.out_size;
   const float* columns = x0;
   if (!(g.pointwise && count == 1)) {
     Im2Col(g, x0, count, buf.cols, buf.padded);
     columns = buf.cols;
   }
+  if (epilogue != nullptr) {
+    GemmCpu(false, false, g.o, ld, g.k, 1.f, weight, g.k, columns, ld, 0.f, buf.block, ld);
+    EpilogueForward(g, n0, count, buf.block, bias, *epilogue, rows);
+    return;
+  }
+  float* y0 = y + n0 * g.out_size;
   if (count == 1) {
     // One sample's [O x P] product is its NCHW output already.
     GemmCpu(false, false, g.o, ld, g.k, 1.f, weight, g.k, columns, ld, 0.f, y0, ld);
@@ -420,12 +463,12 @@ void ForwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x, 
 // Backward for samples [n0, n0 + count). dw (O x K, or K x O when
 // `transposed`) and db (when not null) are overwritten when `accumulate` is
 // false, else added to.
+// `dy0` is the block's own dy (NCHW, count samples).
 void BackwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x,
-                   const float* weight, const float* dy, float* dx, float* dw, bool transposed,
+                   const float* weight, const float* dy0, float* dx, float* dw, bool transposed,
                    float* db, bool accumulate, const WorkerBuffers& buf) {
   const int64_t ld = count * g.p;
   const float* x0 = x + n0 * g.in_size;
-  const float* dy0 = dy + n0 * g.out_size;
 
   // 1. dy as one [O x count*P] matrix (with one sample, dy as stored),
   // summing each channel for dbias; when transposed also pixel-major
@@ -469,15 +512,18 @@ void BackwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x,
 }  // namespace
 
 absl::Status Conv2dForwardCpu(CpuDevice& device, const Conv2dShape& shape, const float* x,
-                              const float* weight, const float* bias, float* y) {
+                              const float* weight, const float* bias, float* y,
+                              const ActivationPoolEpilogue* epilogue) {
   const Geometry g(shape);
   const Plan plan = MakePlan(g, device);
   PS_ASSIGN_OR_RETURN(const Scratch scratch, GetScratch(device, plan, 0));
   RunWorkers(device, plan.workers, [&](int t) {
+    std::vector<float> rows(epilogue != nullptr ? g.ow : 0);
     for (int64_t b = plan.BlockBegin(t); b < plan.BlockBegin(t + 1); ++b) {
       const int64_t n0 = b * plan.block;
       const int64_t count = std::min(plan.block, g.batch - n0);
-      ForwardBlock(g, n0, count, x, weight, bias, y, scratch.For(plan, t));
+      ForwardBlock(g, n0, count, x, weight, bias, y, scratch.For(plan, t), epilogue,
+                   rows.data());
     }
   });
   return absl::OkStatus();
@@ -485,7 +531,7 @@ absl::Status Conv2dForwardCpu(CpuDevice& device, const Conv2dShape& shape, const
 
 absl::Status Conv2dBackwardCpu(CpuDevice& device, const Conv2dShape& shape, const float* x,
                                const float* weight, const float* dy, float* dx, float* dweight,
-                               float* dbias) {
+                               float* dbias, const ActivationPoolEpilogue* epilogue) {
   const Geometry g(shape);
   const Plan plan = MakePlan(g, device);
   // OpenBLAS runs dweight's GEMM, whose depth is the block's pixels, at
@@ -499,15 +545,24 @@ absl::Status Conv2dBackwardCpu(CpuDevice& device, const Conv2dShape& shape, cons
   const bool transposed = g.o >= 16;
   // Every worker sums its blocks' dweight and dbias into its own partials;
   // the partials are added (and transposed back) into the outputs at the end.
+  // With an epilogue, each worker also holds its block's dy (NCHW).
   const int64_t partial_floats = g.o * g.k + g.o;
-  PS_ASSIGN_OR_RETURN(const Scratch scratch, GetScratch(device, plan, partial_floats));
+  const int64_t extra_floats = partial_floats + (epilogue != nullptr ? plan.out_floats : 0);
+  PS_ASSIGN_OR_RETURN(const Scratch scratch, GetScratch(device, plan, extra_floats));
   RunWorkers(device, plan.workers, [&](int t) {
     float* dw = scratch.Extra(plan, t);
     float* db = dbias != nullptr ? dw + g.o * g.k : nullptr;
+    float* dy_block = dw + partial_floats;
+    std::vector<float> rows(epilogue != nullptr ? g.ow : 0);
     for (int64_t b = plan.BlockBegin(t); b < plan.BlockBegin(t + 1); ++b) {
       const int64_t n0 = b * plan.block;
       const int64_t count = std::min(plan.block, g.batch - n0);
-      BackwardBlock(g, n0, count, x, weight, dy, dx, dw, transposed, db, b > plan.BlockBegin(t),
+      const float* dy0 = dy + n0 * g.out_size;
+      if (epilogue != nullptr) {
+        EpilogueBackward(g, n0, count, *epilogue, dy_block, rows.data());
+        dy0 = dy_block;
+      }
+      BackwardBlock(g, n0, count, x, weight, dy0, dx, dw, transposed, db, b > plan.BlockBegin(t),
                     scratch.For(plan, t));
     }
   });

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/cpu_device.h"
+#include "kernels/activation_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/test_util.h"
 
@@ -64,6 +65,8 @@ const Conv2dShape kShapes[] = {
     MakeShape(41, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0),  // several blocks
     MakeShape(9, 1, 28, 28, 6, 5, 5, 1, 1, 2, 2),    // blocks of 2, then 1
     MakeShape(7, 64, 16, 16, 8, 3, 3, 1, 1, 1, 1),   // one sample per block
+    MakeShape(3, 3, 9, 40, 5, 3, 3, 1, 1, 1, 1),     // odd O, wide rows
+    MakeShape(2, 2, 6, 8, 3, 2, 7, 1, 1, 0, 3),      // 7-wide kernel, padded in w only
 };
 
 // Cross-correlation by the definition, in double.
@@ -176,6 +179,13 @@ void CheckCpuAgainstReference(int threads, int blas_threads) {
     ASSERT_TRUE(
         Conv2dBackward(cpu, s, x.data(), w.data(), dy.data(), nullptr, dw.data(), nullptr).ok());
     EXPECT_TRUE(AllClose(dw, ref.dw, 1e-3f, 1e-4f));
+    // Without dx (a model's first layer), with dbias.
+    std::fill(dw.begin(), dw.end(), 9.f);
+    std::fill(db.begin(), db.end(), 9.f);
+    ASSERT_TRUE(
+        Conv2dBackward(cpu, s, x.data(), w.data(), dy.data(), nullptr, dw.data(), db.data()).ok());
+    EXPECT_TRUE(AllClose(dw, ref.dw, 1e-3f, 1e-4f));
+    EXPECT_TRUE(AllClose(db, ref.db, 1e-3f, 1e-4f));
   }
 }
 
@@ -276,6 +286,212 @@ TEST(ConvTest, ValidateNamesTheBadField) {
   EXPECT_EQ(Conv2dForward(cpu, bad, p, p, p, p).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Conv2dBackward(cpu, bad, p, p, p, p, p, p).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Conv2dForward(cpu, good, nullptr, p, p, p).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// --- convolution with a fused activation and pooling ---
+
+// Pooling over the convolution's output with window k, stride st, pad p.
+ConvActivationPool MakeEpilogue(const Conv2dShape& s, PoolActivation act, bool max, int64_t k,
+                                int64_t st, int64_t p) {
+  ConvActivationPool e;
+  e.activation = act;
+  e.max = max;
+  e.pool.batch = s.batch;
+  e.pool.channels = s.out_channels;
+  e.pool.height = s.out_height();
+  e.pool.width = s.out_width();
+  e.pool.kernel_h = e.pool.kernel_w = k;
+  e.pool.stride_h = e.pool.stride_w = st;
+  e.pool.pad_h = e.pool.pad_w = p;
+  return e;
+}
+
+int64_t PooledSize(const ConvActivationPool& e) {
+  return e.pool.batch * e.pool.channels * e.pool.out_height() * e.pool.out_width();
+}
+
+struct FusedResult {
+  std::vector<float> a, y, dx, dw, db;
+  std::vector<int32_t> argmax;
+};
+
+// The fused kernels, or (unfused) Conv2dForward/Backward around
+// activation_pool.h's kernels.
+FusedResult RunConvActivationPool(Device& device, bool fused, const Conv2dShape& s,
+                                  const ConvActivationPool& e, const std::vector<float>& x,
+                                  const std::vector<float>& w, const std::vector<float>& b,
+                                  const std::vector<float>& dy) {
+  FusedResult r{std::vector<float>(OutSize(s)), std::vector<float>(PooledSize(e)),
+                std::vector<float>(x.size(), 9.f), std::vector<float>(w.size(), 9.f),
+                std::vector<float>(b.size(), 9.f), std::vector<int32_t>(PooledSize(e))};
+  if (fused) {
+    EXPECT_TRUE(Conv2dActivationPoolForward(device, s, e, x.data(), w.data(), b.data(),
+                                            r.a.data(), r.y.data(), r.argmax.data())
+                    .ok());
+    EXPECT_TRUE(Conv2dActivationPoolBackward(device, s, e, x.data(), w.data(), r.a.data(),
+                                             dy.data(), r.argmax.data(), r.dx.data(),
+                                             r.dw.data(), r.db.data())
+                    .ok());
+    return r;
+  }
+  std::vector<float> conv(OutSize(s)), dconv(OutSize(s));
+  EXPECT_TRUE(Conv2dForward(device, s, x.data(), w.data(), b.data(), conv.data()).ok());
+  if (e.max) {
+    EXPECT_TRUE(ActivationMaxPool2dForward(device, e.activation, e.pool, conv.data(), r.a.data(),
+                                           r.y.data(), r.argmax.data())
+                    .ok());
+    EXPECT_TRUE(ActivationMaxPool2dBackward(device, e.activation, e.pool, r.a.data(), dy.data(),
+                                            r.argmax.data(), dconv.data())
+                    .ok());
+  } else {
+    EXPECT_TRUE(ActivationAvgPool2dForward(device, e.activation, e.pool, conv.data(), r.a.data(),
+                                           r.y.data())
+                    .ok());
+    EXPECT_TRUE(ActivationAvgPool2dBackward(device, e.activation, e.pool, r.a.data(), dy.data(),
+                                            dconv.data())
+                    .ok());
+  }
+  EXPECT_TRUE(Conv2dBackward(device, s, x.data(), w.data(), dconv.data(), r.dx.data(),
+                             r.dw.data(), r.db.data())
+                  .ok());
+  return r;
+}
+
+// The CPU's fused epilogue computes exactly what the separate kernels do:
+// the same GEMMs, the bias added the same way, the same plane functions.
+TEST(ConvActivationPoolCpuTest, BitIdenticalToSeparateKernels) {
+  for (int threads : {1, 2}) {
+    CpuDevice cpu(0, threads);
+    uint64_t seed = 300;
+    for (const Conv2dShape& s :
+         {MakeShape(9, 1, 28, 28, 6, 5, 5, 1, 1, 2, 2), MakeShape(5, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0),
+          MakeShape(1, 3, 9, 9, 4, 3, 3, 1, 1, 1, 1), MakeShape(3, 2, 11, 9, 3, 3, 3, 2, 2, 1, 1)}) {
+      for (PoolActivation act : {PoolActivation::kSigmoid, PoolActivation::kRelu}) {
+        for (bool max : {false, true}) {
+          const ConvActivationPool e =
+              max ? MakeEpilogue(s, act, true, 3, 2, 1) : MakeEpilogue(s, act, false, 2, 2, 0);
+          SCOPED_TRACE(Describe(s) + (max ? " max" : " avg") +
+                       (act == PoolActivation::kRelu ? " relu" : " sigmoid") +
+                       " threads=" + std::to_string(threads));
+          const auto x = RandomVector(InSize(s), seed++);
+          const auto w = RandomVector(WeightSize(s), seed++);
+          const auto b = RandomVector(s.out_channels, seed++);
+          const auto dy = RandomVector(PooledSize(e), seed++);
+          const FusedResult fused = RunConvActivationPool(cpu, true, s, e, x, w, b, dy);
+          const FusedResult ref = RunConvActivationPool(cpu, false, s, e, x, w, b, dy);
+          EXPECT_TRUE(AllClose(fused.a, ref.a, 0, 0));
+          EXPECT_TRUE(AllClose(fused.y, ref.y, 0, 0));
+          if (max) EXPECT_EQ(fused.argmax, ref.argmax);
+          EXPECT_TRUE(AllClose(fused.dx, ref.dx, 0, 0));
+          EXPECT_TRUE(AllClose(fused.dw, ref.dw, 0, 0));
+          EXPECT_TRUE(AllClose(fused.db, ref.db, 0, 0));
+        }
+      }
+    }
+  }
+}
+
+// Central differences of L = sum(y * g) through the whole fused layer.
+TEST(ConvActivationPoolCpuTest, BackwardMatchesNumericGradient) {
+  CpuDevice cpu(0, 1);
+  const Conv2dShape s = MakeShape(2, 2, 6, 6, 3, 3, 3, 1, 1, 1, 1);
+  const ConvActivationPool e = MakeEpilogue(s, PoolActivation::kSigmoid, false, 2, 2, 0);
+  auto x = RandomVector(InSize(s), 1);
+  auto w = RandomVector(WeightSize(s), 2);
+  auto b = RandomVector(s.out_channels, 3);
+  const auto g = RandomVector(PooledSize(e), 4);
+  auto loss = [&]() {
+    std::vector<float> a(OutSize(s)), y(PooledSize(e));
+    EXPECT_TRUE(Conv2dActivationPoolForward(cpu, s, e, x.data(), w.data(), b.data(), a.data(),
+                                            y.data(), nullptr)
+                    .ok());
+    double sum = 0;
+    for (size_t i = 0; i < y.size(); ++i) sum += double(y[i]) * g[i];
+    return sum;
+  };
+  const FusedResult r = RunConvActivationPool(cpu, true, s, e, x, w, b, g);
+  const float h = 1e-2f;
+  auto numeric = [&](std::vector<float>& v, size_t i) {
+    const float saved = v[i];
+    v[i] = saved + h;
+    const double plus = loss();
+    v[i] = saved - h;
+    const double minus = loss();
+    v[i] = saved;
+    return static_cast<float>((plus - minus) / (2 * h));
+  };
+  std::vector<float> ndx(x.size()), ndw(w.size()), ndb(b.size());
+  for (size_t i = 0; i < x.size(); ++i) ndx[i] = numeric(x, i);
+  for (size_t i = 0; i < w.size(); ++i) ndw[i] = numeric(w, i);
+  for (size_t i = 0; i < b.size(); ++i) ndb[i] = numeric(b, i);
+  EXPECT_TRUE(AllClose(r.dx, ndx, 1e-3f, 1e-2f));
+  EXPECT_TRUE(AllClose(r.dw, ndw, 1e-3f, 1e-2f));
+  EXPECT_TRUE(AllClose(r.db, ndb, 1e-3f, 1e-2f));
+}
+
+TEST(ConvActivationPoolCpuTest, RejectsPoolingThatDoesNotFitTheOutput) {
+  CpuDevice cpu(0, 1);
+  const Conv2dShape s = MakeShape(2, 1, 8, 8, 3, 3, 3, 1, 1, 1, 1);
+  ConvActivationPool e = MakeEpilogue(s, PoolActivation::kSigmoid, false, 2, 2, 0);
+  e.pool.channels = 4;
+  std::vector<float> buf(4096);
+  const absl::Status st = Conv2dActivationPoolForward(cpu, s, e, buf.data(), buf.data(), nullptr,
+                                                      buf.data(), buf.data(), nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  e = MakeEpilogue(s, PoolActivation::kSigmoid, true, 2, 2, 0);
+  EXPECT_EQ(Conv2dActivationPoolForward(cpu, s, e, buf.data(), buf.data(), nullptr, buf.data(),
+                                        buf.data(), nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // max pooling without argmax
+}
+
+// The GPU's composition (convolution, then activation and pooling) against
+// the CPU's fused kernels.
+TEST(ConvActivationPoolCudaTest, MatchesCpu) {
+  PS_SKIP_WITHOUT_GPU();
+  Device* gpu = testing::TestGpu();
+  CpuDevice cpu(0, 1);
+  uint64_t seed = 400;
+  for (const Conv2dShape& s :
+       {MakeShape(256, 1, 28, 28, 6, 5, 5, 1, 1, 2, 2), MakeShape(9, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0),
+        MakeShape(3, 2, 11, 9, 3, 3, 3, 2, 2, 1, 1)}) {
+    for (bool max : {false, true}) {
+      const PoolActivation act = max ? PoolActivation::kRelu : PoolActivation::kSigmoid;
+      const ConvActivationPool e =
+          max ? MakeEpilogue(s, act, true, 3, 2, 1) : MakeEpilogue(s, act, false, 2, 2, 0);
+      SCOPED_TRACE(Describe(s) + (max ? " relu max" : " sigmoid avg"));
+      const auto x = RandomVector(InSize(s), seed++);
+      const auto w = RandomVector(WeightSize(s), seed++);
+      const auto b = RandomVector(s.out_channels, seed++);
+      const auto dy = RandomVector(PooledSize(e), seed++);
+      const FusedResult ref = RunConvActivationPool(cpu, true, s, e, x, w, b, dy);
+      DeviceBuffer gx(gpu, x), gw(gpu, w), gb(gpu, b), gdy(gpu, dy);
+      DeviceBuffer ga(gpu, OutSize(s)), gy(gpu, PooledSize(e)), gdx(gpu, x.size()),
+          gdw(gpu, w.size()), gdb(gpu, b.size());
+      auto gargmax_mem = gpu->Allocate(PooledSize(e) * sizeof(int32_t));
+      ASSERT_TRUE(gargmax_mem.ok()) << gargmax_mem.status();
+      int32_t* gargmax = static_cast<int32_t*>(*gargmax_mem);
+      ASSERT_TRUE(Conv2dActivationPoolForward(*gpu, s, e, gx.data(), gw.data(), gb.data(),
+                                              ga.data(), gy.data(), gargmax)
+                      .ok());
+      EXPECT_TRUE(AllClose(ga.ToHost(), ref.a, 1e-4f, 1e-4f));
+      EXPECT_TRUE(AllClose(gy.ToHost(), ref.y, 1e-4f, 1e-4f));
+      // Backward from the CPU's a and argmax, so that a last-ulp difference
+      // cannot move a maximum.
+      DeviceBuffer ga_cpu(gpu, ref.a);
+      ASSERT_TRUE(gpu->CopyHostToDevice(gargmax, ref.argmax.data(),
+                                        PooledSize(e) * sizeof(int32_t))
+                      .ok());
+      ASSERT_TRUE(Conv2dActivationPoolBackward(*gpu, s, e, gx.data(), gw.data(), ga_cpu.data(),
+                                               gdy.data(), gargmax, gdx.data(), gdw.data(),
+                                               gdb.data())
+                      .ok());
+      EXPECT_TRUE(AllClose(gdx.ToHost(), ref.dx, 1e-4f, 1e-4f));
+      EXPECT_TRUE(AllClose(gdw.ToHost(), ref.dw, 1e-2f, 1e-4f));
+      EXPECT_TRUE(AllClose(gdb.ToHost(), ref.db, 1e-2f, 1e-4f));
+      gpu->Deallocate(gargmax);
+    }
+  }
 }
 
 TEST(ConvCudaTest, MatchesCpu) {

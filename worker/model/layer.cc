@@ -33,6 +33,21 @@ kernels::Pool2dShape PoolShapeFor(const Shape& input, int64_t kernel, int64_t st
   return s;
 }
 
+// A square convolution over an [N, C, H, W] input.
+kernels::Conv2dShape ConvShapeFor(const Shape& input, int64_t out_channels, int64_t kernel,
+                                  int64_t stride, int64_t pad) {
+  kernels::Conv2dShape s;
+  s.batch = input[0];
+  s.in_channels = input[1];
+  s.height = input[2];
+  s.width = input[3];
+  s.out_channels = out_channels;
+  s.kernel_h = s.kernel_w = kernel;
+  s.stride_h = s.stride_w = stride;
+  s.pad_h = s.pad_w = pad;
+  return s;
+}
+
 absl::Status NoForward(const std::string& layer) {
   return absl::FailedPreconditionError(absl::StrCat(layer, ": Backward without Forward"));
 }
@@ -110,16 +125,7 @@ std::string Conv2d::Describe() const {
 }
 
 kernels::Conv2dShape Conv2d::ShapeFor(const Shape& input) const {
-  kernels::Conv2dShape s;
-  s.batch = input[0];
-  s.in_channels = input[1];
-  s.height = input[2];
-  s.width = input[3];
-  s.out_channels = out_channels_;
-  s.kernel_h = s.kernel_w = kernel_;
-  s.stride_h = s.stride_w = stride_;
-  s.pad_h = s.pad_w = pad_;
-  return s;
+  return ConvShapeFor(input, out_channels_, kernel_, stride_, pad_);
 }
 
 absl::StatusOr<Shape> Conv2d::OutputShape(const Shape& input) const {
@@ -436,6 +442,99 @@ absl::StatusOr<Tensor> ActivationPool2d::Backward(const Tensor& dy, bool need_dx
     PS_RETURN_IF_ERROR(kernels::ActivationAvgPool2dBackward(
         *device(), act, s, a_view_.data<float>(), dy.data<float>(), MutableF32(dx)));
   }
+  return dx;
+}
+
+// --- Conv2dActivationPool ---
+
+Conv2dActivationPool::Conv2dActivationPool(Device* device, int64_t in_channels,
+                                           int64_t out_channels, int64_t kernel, int64_t stride,
+                                           int64_t pad, Activation::Kind activation,
+                                           Pool2d::Kind pool, int64_t pool_kernel,
+                                           int64_t pool_stride, int64_t pool_pad)
+    : Layer(device),
+      in_channels_(in_channels),
+      out_channels_(out_channels),
+      kernel_(kernel),
+      stride_(stride),
+      pad_(pad),
+      activation_(activation),
+      pool_kind_(pool),
+      pool_kernel_(pool_kernel),
+      pool_stride_(pool_stride),
+      pool_pad_(pool_pad),
+      conv_shapes_(device, in_channels, out_channels, kernel, stride, pad),
+      activation_shapes_(device, activation, pool, pool_kernel, pool_stride, pool_pad) {}
+
+std::string Conv2dActivationPool::Describe() const {
+  return absl::StrCat(conv_shapes_.Describe(), "+", activation_shapes_.Describe());
+}
+
+absl::StatusOr<Shape> Conv2dActivationPool::OutputShape(const Shape& input) const {
+  absl::StatusOr<Shape> conv = conv_shapes_.OutputShape(input);
+  if (!conv.ok()) return BadInput(Describe(), input, conv.status().message());
+  absl::StatusOr<Shape> pooled = activation_shapes_.OutputShape(*conv);
+  if (!pooled.ok()) return BadInput(Describe(), input, pooled.status().message());
+  return pooled;
+}
+
+void Conv2dActivationPool::Declare(const std::string& prefix, TensorDecls* decls) {
+  const int64_t area = kernel_ * kernel_;
+  AddParameter(decls, prefix + "weight", {out_channels_, in_channels_, kernel_, kernel_},
+               InitKind::kXavierUniform, in_channels_ * area, out_channels_ * area, &weight_,
+               &weight_grad_);
+  AddParameter(decls, prefix + "bias", {out_channels_}, InitKind::kZeros, 0, 0, &bias_,
+               &bias_grad_);
+}
+
+kernels::ConvActivationPool Conv2dActivationPool::EpilogueFor(const Shape& conv_output) const {
+  kernels::ConvActivationPool e;
+  e.activation = activation_ == Activation::Kind::kRelu ? kernels::PoolActivation::kRelu
+                                                        : kernels::PoolActivation::kSigmoid;
+  e.max = pool_kind_ == Pool2d::Kind::kMax;
+  e.pool = PoolShapeFor(conv_output, pool_kernel_, pool_stride_, pool_pad_);
+  return e;
+}
+
+absl::StatusOr<Tensor> Conv2dActivationPool::Forward(const Tensor& x, Mode mode) {
+  PS_RETURN_IF_ERROR(CheckDevice(Describe(), x, device()));
+  PS_ASSIGN_OR_RETURN(Shape out_shape, OutputShape(x.shape()));
+  PS_ASSIGN_OR_RETURN(Shape conv_shape, conv_shapes_.OutputShape(x.shape()));
+  PS_ASSIGN_OR_RETURN(Tensor a, a_.Get(device(), conv_shape));
+  PS_ASSIGN_OR_RETURN(Tensor y, y_.Get(device(), out_shape));
+  const kernels::ConvActivationPool e = EpilogueFor(conv_shape);
+  int32_t* argmax = nullptr;
+  if (e.max) {
+    PS_ASSIGN_OR_RETURN(Tensor t, argmax_.Get(device(), out_shape, DType::kI32));
+    argmax = MutableI32(t);
+  }
+  PS_RETURN_IF_ERROR(kernels::Conv2dActivationPoolForward(
+      *device(), ConvShapeFor(x.shape(), out_channels_, kernel_, stride_, pad_), e,
+      x.data<float>(), weight_.data<float>(), bias_.data<float>(), MutableF32(a), MutableF32(y),
+      argmax));
+  x_ = x;
+  a_view_ = a;
+  return y;
+}
+
+absl::StatusOr<Tensor> Conv2dActivationPool::Backward(const Tensor& dy, bool need_dx) {
+  if (x_.empty()) return NoForward(Describe());
+  PS_ASSIGN_OR_RETURN(Shape out_shape, OutputShape(x_.shape()));
+  PS_RETURN_IF_ERROR(CheckGradShape(Describe(), dy, out_shape));
+  Tensor dx;
+  if (need_dx) {
+    PS_ASSIGN_OR_RETURN(dx, dx_.Get(device(), x_.shape()));
+  }
+  const kernels::ConvActivationPool e = EpilogueFor(a_view_.shape());
+  const int32_t* argmax = nullptr;
+  if (e.max) {
+    PS_ASSIGN_OR_RETURN(Tensor t, argmax_.Get(device(), out_shape, DType::kI32));
+    argmax = t.data<int32_t>();
+  }
+  PS_RETURN_IF_ERROR(kernels::Conv2dActivationPoolBackward(
+      *device(), ConvShapeFor(x_.shape(), out_channels_, kernel_, stride_, pad_), e,
+      x_.data<float>(), weight_.data<float>(), a_view_.data<float>(), dy.data<float>(), argmax,
+      need_dx ? MutableF32(dx) : nullptr, MutableF32(weight_grad_), MutableF32(bias_grad_)));
   return dx;
 }
 

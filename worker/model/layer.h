@@ -238,6 +238,40 @@ class ActivationPool2d final : public Layer {
   ActivationBuffer argmax_;  // I32 (max only)
 };
 
+// A Conv2d followed by an Activation and a Pool2d, fused (conv.h's
+// Conv2dActivationPool*): the same parameters ("weight" [out, in, k, k] and
+// "bias" [out], initialised as Conv2d's) and the same results as the three
+// layers in sequence (bit-identical on the CPU), but the convolution's
+// output is activated and pooled block by block while in cache, and its
+// gradient is formed the same way in backward, so neither is ever stored.
+class Conv2dActivationPool final : public Layer {
+ public:
+  Conv2dActivationPool(Device* device, int64_t in_channels, int64_t out_channels, int64_t kernel,
+                       int64_t stride, int64_t pad, Activation::Kind activation,
+                       Pool2d::Kind pool, int64_t pool_kernel, int64_t pool_stride,
+                       int64_t pool_pad = 0);
+  std::string Describe() const override;
+  absl::StatusOr<Shape> OutputShape(const Shape& input) const override;
+  void Declare(const std::string& prefix, TensorDecls* decls) override;
+  absl::StatusOr<Tensor> Forward(const Tensor& x, Mode mode) override;
+  absl::StatusOr<Tensor> Backward(const Tensor& dy, bool need_dx) override;
+
+ private:
+  kernels::ConvActivationPool EpilogueFor(const Shape& conv_output) const;
+
+  const int64_t in_channels_, out_channels_, kernel_, stride_, pad_;
+  const Activation::Kind activation_;
+  const Pool2d::Kind pool_kind_;
+  const int64_t pool_kernel_, pool_stride_, pool_pad_;
+  Conv2d conv_shapes_;                  // shape checks only; holds no parameters
+  ActivationPool2d activation_shapes_;  // likewise
+  Tensor weight_, weight_grad_, bias_, bias_grad_;
+  Tensor x_;
+  Tensor a_view_;  // the last forward's activation, which backward reads
+  ActivationBuffer a_, y_, dx_;
+  ActivationBuffer argmax_;  // I32 (max only)
+};
+
 // torch.nn.BatchNorm1d over [N, C] (spatial_dims 0) or BatchNorm2d over
 // [N, C, H, W] (spatial_dims 2); eps 1e-5, momentum 0.1. Parameters "weight"
 // (gamma) and "bias" (beta) [C]; buffers "running_mean", "running_var" [C]

@@ -261,6 +261,54 @@ TEST_F(LayerTest, ActivationPoolMatchesActivationThenPool) {
   }
 }
 
+TEST_F(LayerTest, Conv2dSigmoidAvgPoolGradients) {
+  Conv2dActivationPool layer(dev(), 2, 3, 3, 1, 1, Activation::Kind::kSigmoid,
+                             Pool2d::Kind::kAverage, 2, 2);
+  CheckLayerGradients(dev(), layer, {2, 2, 6, 6}, CheckOptions());
+}
+
+// The fused layer gives exactly the output, input gradient and parameter
+// gradients of Conv2d, Activation and Pool2d in sequence, and declares the
+// same parameter names.
+TEST_F(LayerTest, Conv2dActivationPoolMatchesSequence) {
+  const Shape shape = {5, 2, 12, 12};
+  const std::vector<float> x = Uniform(NumElements(shape), 8);
+  for (Activation::Kind act : {Activation::Kind::kRelu, Activation::Kind::kSigmoid}) {
+    for (Pool2d::Kind pool : {Pool2d::Kind::kAverage, Pool2d::Kind::kMax}) {
+      Sequential fused(dev());
+      fused.Add("conv", std::make_unique<Conv2dActivationPool>(dev(), 2, 4, 5, 1, 2, act, pool,
+                                                               3, 2, 1));
+      Sequential unfused(dev());
+      unfused.Add("conv", std::make_unique<Conv2d>(dev(), 2, 4, 5, 1, 2));
+      unfused.Add("", std::make_unique<Activation>(dev(), act));
+      unfused.Add("", std::make_unique<Pool2d>(dev(), pool, 3, 2, 1));
+      auto fused_params = ParameterSet::Create(fused, dev());
+      auto unfused_params = ParameterSet::Create(unfused, dev());
+      ASSERT_TRUE(fused_params.ok() && unfused_params.ok());
+      EXPECT_EQ((*fused_params)->parameters(), (*unfused_params)->parameters());
+      ASSERT_TRUE((*fused_params)->Initialize(3).ok());
+      ASSERT_TRUE((*unfused_params)->Initialize(3).ok());
+      // Non-zero biases.
+      const std::vector<float> p = Uniform((*fused_params)->flat_parameters().num_elements(), 9);
+      ASSERT_TRUE((*fused_params)->flat_parameters().CopyFromHost(p).ok());
+      ASSERT_TRUE((*unfused_params)->flat_parameters().CopyFromHost(p).ok());
+      Tensor xt = DeviceTensor(dev(), shape, x);
+      auto y_fused = fused.Forward(xt, Mode::kTraining);
+      auto y_unfused = unfused.Forward(xt, Mode::kTraining);
+      ASSERT_TRUE(y_fused.ok() && y_unfused.ok()) << y_fused.status() << y_unfused.status();
+      ASSERT_EQ(y_fused->shape(), y_unfused->shape());
+      EXPECT_EQ(HostValues(*y_fused), HostValues(*y_unfused));
+      Tensor dy = DeviceTensor(dev(), y_fused->shape(), Uniform(y_fused->num_elements(), 10));
+      auto dx_fused = fused.Backward(dy, true);
+      auto dx_unfused = unfused.Backward(dy, true);
+      ASSERT_TRUE(dx_fused.ok() && dx_unfused.ok());
+      EXPECT_EQ(HostValues(*dx_fused), HostValues(*dx_unfused));
+      EXPECT_EQ(HostValues((*fused_params)->flat_gradients()),
+                HostValues((*unfused_params)->flat_gradients()));
+    }
+  }
+}
+
 TEST_F(LayerTest, BatchNorm2dGradients) {
   BatchNorm bn(dev(), 4, 2);
   CheckLayerGradients(dev(), bn, {3, 4, 3, 3}, CheckOptions().Eps(3e-3).Atol(2e-3));

@@ -74,11 +74,12 @@ std::unique_ptr<Layer> BuildLeNet(const ModelConfig& config, Device* device, boo
   const ActKind act = relu ? ActKind::kRelu : ActKind::kSigmoid;
   const PoolKind pool = relu ? PoolKind::kMax : PoolKind::kAverage;
   auto net = std::make_unique<Sequential>(device);
-  // Each activation + pool pair runs as one fused layer (same results).
-  net->Add("conv1", std::make_unique<Conv2d>(device, config.input_shape[0], 6, 5, 1, 2));
-  net->Add("", std::make_unique<ActivationPool2d>(device, act, pool, 2, 2));
-  net->Add("conv2", std::make_unique<Conv2d>(device, 6, 16, 5));
-  net->Add("", std::make_unique<ActivationPool2d>(device, act, pool, 2, 2));
+  // Each convolution, activation and pooling runs as one fused layer (same
+  // parameter names and results as the three in sequence).
+  net->Add("conv1", std::make_unique<Conv2dActivationPool>(device, config.input_shape[0], 6, 5, 1,
+                                                           2, act, pool, 2, 2));
+  net->Add("conv2",
+           std::make_unique<Conv2dActivationPool>(device, 6, 16, 5, 1, 0, act, pool, 2, 2));
   net->Add("", std::make_unique<Flatten>(device));
   net->Add("fc1", std::make_unique<Linear>(device, 16 * 5 * 5, 120));
   net->Add("", std::make_unique<Activation>(device, act));
