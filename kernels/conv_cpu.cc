@@ -1,5 +1,7 @@
 #include "kernels/conv_cpu.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -147,6 +149,29 @@ void CopyRows(const float* src, int64_t src_stride, float* dst, int64_t n, int64
   }
 }
 
+// CopyRows with AVX-512 lane masks: a row of n <= 32 floats is one or two
+// masked 16-float copies, against up to four 8-float copies (the last one
+// overlapping) with AVX2. Only called where the CPU has AVX-512.
+__attribute__((target("avx512f"))) void CopyRowsAvx512(const float* src, int64_t src_stride,
+                                                       float* dst, int64_t n, int64_t rows) {
+  if (n > 32) {
+    CopyRows(src, src_stride, dst, n, rows);
+    return;
+  }
+  const __mmask16 first = n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << n) - 1);
+  const __mmask16 second = n <= 16 ? __mmask16{0} : static_cast<__mmask16>((1u << (n - 16)) - 1);
+  if (second == 0) {
+    for (int64_t r = 0; r < rows; ++r, src += src_stride, dst += n) {
+      _mm512_mask_storeu_ps(dst, first, _mm512_maskz_loadu_ps(first, src));
+    }
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r, src += src_stride, dst += n) {
+    _mm512_storeu_ps(dst, _mm512_loadu_ps(src));
+    _mm512_mask_storeu_ps(dst + 16, second, _mm512_maskz_loadu_ps(second, src + 16));
+  }
+}
+
 // As CopyRows, reading every `step`-th source element.
 void CopyRowsStrided(const float* src, int64_t src_stride, int64_t step, float* dst, int64_t n,
                      int64_t rows) {
@@ -181,6 +206,7 @@ const float* PaddedPlane(const Geometry& g, const float* plane, float* padded, i
 // under kernel tap (i, j) of channel ci, or 0 in the padding. `padded` holds
 // PaddedFloats(g) floats.
 void Im2Col(const Geometry& g, const float* x, int64_t count, float* cols, float* padded) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
   const int64_t ld = count * g.p;
   for (int64_t s = 0; s < count; ++s) {
     for (int64_t ci = 0; ci < g.c; ++ci) {
@@ -190,7 +216,9 @@ void Im2Col(const Geometry& g, const float* x, int64_t count, float* cols, float
         for (int64_t j = 0; j < g.kw; ++j) {
           float* dst = cols + ((ci * g.kh + i) * g.kw + j) * ld + s * g.p;
           const float* src = plane + i * wp + j;
-          if (g.sw == 1) {
+          if (g.sw == 1 && avx512) {
+            CopyRowsAvx512(src, g.sh * wp, dst, g.ow, g.oh);
+          } else if (g.sw == 1) {
             CopyRows(src, g.sh * wp, dst, g.ow, g.oh);
           } else {
             CopyRowsStrided(src, g.sh * wp, g.sw, dst, g.ow, g.oh);
