@@ -190,7 +190,7 @@ void MaxBackwardPlane(const Pool2dShape& s, const float* ap, const float* dyp, c
 // Both plane functions are also compiled for AVX-512 and picked at load time
 // (an ifunc): the sigmoid's polynomial runs on twice as many lanes. Same IEEE
 // operations in the same order, so results do not depend on the clone.
-__attribute__((target_clones("avx512f", "default")))
+__attribute__((target_clones("avx512f", "default"), flatten))
 void ActivationPoolPlaneForward(PoolActivation act, bool max, const Pool2dShape& s, const float* x,
                                 float* a, float* y, int32_t* argmax, float* rows) {
   const int64_t in_plane = s.height * s.width;
@@ -206,7 +206,7 @@ void ActivationPoolPlaneForward(PoolActivation act, bool max, const Pool2dShape&
   }
 }
 
-__attribute__((target_clones("avx512f", "default")))
+__attribute__((target_clones("avx512f", "default"), flatten))
 void ActivationPoolPlaneBackward(PoolActivation act, bool max, const Pool2dShape& s,
                                  const float* a, const float* dy, const int32_t* argmax,
                                  float* dx, float* rows) {
