@@ -216,9 +216,10 @@ class Activation final : public Layer {
 // same results (bit-identical on the CPU): forward activates each plane and
 // pools it while it is in cache, keeping the activation for backward;
 // backward spreads the pooled gradient and applies the activation's
-// derivative in one pass. Saves LeNet the separate pool passes and a
-// full-size intermediate gradient. Declares no tensors, so a model's
-// parameter names are those of the unfused sequence.
+// derivative in one pass, saving the separate pool passes and a full-size
+// intermediate gradient. Declares no tensors, so a model's parameter names
+// are those of the unfused sequence. (Where a Conv2d comes first, as in
+// LeNet, Conv2dActivationPool below fuses all three.)
 class ActivationPool2d final : public Layer {
  public:
   ActivationPool2d(Device* device, Activation::Kind activation, Pool2d::Kind pool, int64_t kernel,
