@@ -41,11 +41,17 @@ bool NonOverlapping(const Pool2dShape& s) {
   return s.stride_h == s.kernel_h && s.stride_w == s.kernel_w && s.pad_h == 0 && s.pad_w == 0;
 }
 
-// One plane's activation in one long loop, which vectorises well (sigmoid is
-// compute-bound: ~25 vector operations per 8 values). a may alias x.
+// One plane's activation (of x + *bias when bias is not null) in one long
+// loop, which vectorises well (sigmoid is compute-bound: ~25 vector
+// operations per 8 values). a may alias x.
 template <class Act>
-void ActivatePlane(const float* x, int64_t n, float* a) {
-  for (int64_t i = 0; i < n; ++i) a[i] = Act::F(x[i]);
+void ActivatePlane(const float* x, const float* bias, int64_t n, float* a) {
+  if (bias == nullptr) {
+    for (int64_t i = 0; i < n; ++i) a[i] = Act::F(x[i]);
+    return;
+  }
+  const float b = *bias;
+  for (int64_t i = 0; i < n; ++i) a[i] = Act::F(x[i] + b);
 }
 
 // Average pooling of one activated plane ap into yp.
@@ -192,12 +198,13 @@ void MaxBackwardPlane(const Pool2dShape& s, const float* ap, const float* dyp, c
 // operations in the same order, so results do not depend on the clone.
 __attribute__((target_clones("avx512f", "default"), flatten))
 void ActivationPoolPlaneForward(PoolActivation act, bool max, const Pool2dShape& s, const float* x,
-                                float* a, float* y, int32_t* argmax, float* rows) {
+                                const float* bias, float* a, float* y, int32_t* argmax,
+                                float* rows) {
   const int64_t in_plane = s.height * s.width;
   if (act == PoolActivation::kSigmoid) {
-    ActivatePlane<SigmoidOp>(x, in_plane, a);
+    ActivatePlane<SigmoidOp>(x, bias, in_plane, a);
   } else {
-    ActivatePlane<ReluOp>(x, in_plane, a);
+    ActivatePlane<ReluOp>(x, bias, in_plane, a);
   }
   if (max) {
     MaxPoolPlane(s, a, y, argmax);
@@ -233,7 +240,7 @@ void ForwardPlanes(CpuDevice& device, PoolActivation act, bool max, const Pool2d
   device.ParallelFor(s.batch * s.channels, MinPlanes(in_plane), [&](int64_t b, int64_t e) {
     std::vector<float> rows(s.width);
     for (int64_t plane = b; plane < e; ++plane) {
-      ActivationPoolPlaneForward(act, max, s, x + plane * in_plane, a + plane * in_plane,
+      ActivationPoolPlaneForward(act, max, s, x + plane * in_plane, nullptr, a + plane * in_plane,
                                  y + plane * out_plane,
                                  max ? argmax + plane * out_plane : nullptr, rows.data());
     }

@@ -26,9 +26,12 @@ void ActivationMaxPool2dBackwardCpu(CpuDevice& device, PoolActivation act,
 // their own (the convolution's write-back): x and a (which may alias x) hold
 // shape.height x shape.width floats, y and argmax (max only; else unused)
 // out_height x out_width, dy and dx likewise; `rows` is shape.width floats
-// of scratch. shape.batch and shape.channels are not read.
+// of scratch. The forward activates x + *bias when bias is not null (the
+// same float sums as adding the bias first). shape.batch and shape.channels
+// are not read.
 void ActivationPoolPlaneForward(PoolActivation act, bool max, const Pool2dShape& shape,
-                                const float* x, float* a, float* y, int32_t* argmax, float* rows);
+                                const float* x, const float* bias, float* a, float* y,
+                                int32_t* argmax, float* rows);
 void ActivationPoolPlaneBackward(PoolActivation act, bool max, const Pool2dShape& shape,
                                  const float* a, const float* dy, const int32_t* argmax,
                                  float* dx, float* rows);

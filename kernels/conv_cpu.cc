@@ -401,50 +401,55 @@ void NchwToBlock(const float* y, int64_t count, int64_t channels, int64_t pixels
   }
 }
 
-// The block transposed, pixel-major: dst[(s * pixels + p) * channels + c] =
-// y[s][c][p], also summing each channel into sums as NchwToBlock does.
-void NchwToPixelMajor(const float* y, int64_t count, int64_t channels, int64_t pixels, float* dst,
-                      float* sums, bool accumulate) {
+// dy transposed, pixel-major: dst[(s * pixels + p) * channels + c] = plane
+// (s, c)'s pixel p, the planes `sample_stride` and `channel_stride` floats
+// apart (NCHW: channels * pixels and pixels; the block layout: pixels and
+// count * pixels). Also sums each channel into sums as NchwToBlock does.
+void NchwToPixelMajor(const float* y, int64_t count, int64_t channels, int64_t pixels,
+                      int64_t sample_stride, int64_t channel_stride, float* dst, float* sums,
+                      bool accumulate) {
   for (int64_t s = 0; s < count; ++s) {
-    const float* src = y + s * channels * pixels;
+    const float* src = y + s * sample_stride;
     float* out = dst + s * pixels * channels;
     // Pixel outermost: each pixel's row of `channels` is written whole, while
     // the reads walk `channels` rows of one sample, all in L1.
     for (int64_t p = 0; p < pixels; ++p) {
-      for (int64_t c = 0; c < channels; ++c) out[p * channels + c] = src[c * pixels + p];
+      for (int64_t c = 0; c < channels; ++c) out[p * channels + c] = src[c * channel_stride + p];
     }
   }
   if (sums == nullptr) return;
   for (int64_t c = 0; c < channels; ++c) {
     float sum = 0;
-    for (int64_t s = 0; s < count; ++s) sum += Sum(y + (s * channels + c) * pixels, pixels);
+    for (int64_t s = 0; s < count; ++s) {
+      sum += Sum(y + s * sample_stride + c * channel_stride, pixels);
+    }
     sums[c] = accumulate ? sums[c] + sum : sum;
   }
 }
 
 // The epilogue's forward for the block [O x count*P] (bias not yet added)
 // of samples [n0, n0 + count): bias, activation and pooling plane by plane.
-// `block` is modified.
-void EpilogueForward(const Geometry& g, int64_t n0, int64_t count, float* block,
+void EpilogueForward(const Geometry& g, int64_t n0, int64_t count, const float* block,
                      const float* bias, const ActivationPoolEpilogue& e, float* rows) {
   const int64_t ld = count * g.p;
   const int64_t pooled = e.pool.out_height() * e.pool.out_width();
   for (int64_t s = 0; s < count; ++s) {
     for (int64_t c = 0; c < g.o; ++c) {
-      float* plane = block + c * ld + s * g.p;
-      if (bias != nullptr) AddScalar(bias[c], plane, g.p);
+      const float* plane = block + c * ld + s * g.p;
       const int64_t index = (n0 + s) * g.o + c;
-      ActivationPoolPlaneForward(e.activation, e.max, e.pool, plane, e.a + index * g.p,
+      ActivationPoolPlaneForward(e.activation, e.max, e.pool, plane,
+                                 bias != nullptr ? bias + c : nullptr, e.a + index * g.p,
                                  e.y + index * pooled,
                                  e.max ? e.argmax + index * pooled : nullptr, rows);
     }
   }
 }
 
-// The epilogue's backward: the NCHW dy of samples [n0, n0 + count) into
-// `dy` (count * O * P floats).
+// The epilogue's backward: the dy of samples [n0, n0 + count) straight into
+// the block layout [O x count*P] that the GEMMs read (no NCHW copy).
 void EpilogueBackward(const Geometry& g, int64_t n0, int64_t count,
-                      const ActivationPoolEpilogue& e, float* dy, float* rows) {
+                      const ActivationPoolEpilogue& e, float* block, float* rows) {
+  const int64_t ld = count * g.p;
   const int64_t pooled = e.pool.out_height() * e.pool.out_width();
   for (int64_t s = 0; s < count; ++s) {
     for (int64_t c = 0; c < g.o; ++c) {
@@ -452,7 +457,7 @@ void EpilogueBackward(const Geometry& g, int64_t n0, int64_t count,
       ActivationPoolPlaneBackward(e.activation, e.max, e.pool, e.a_in + index * g.p,
                                   e.pooled_dy + index * pooled,
                                   e.max ? e.argmax_in + index * pooled : nullptr,
-                                  dy + (s * g.o + c) * g.p, rows);
+                                  block + c * ld + s * g.p, rows);
     }
   }
 }
@@ -491,10 +496,11 @@ void ForwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x, 
 // Backward for samples [n0, n0 + count). dw (O x K, or K x O when
 // `transposed`) and db (when not null) are overwritten when `accumulate` is
 // false, else added to.
-// `dy0` is the block's own dy (NCHW, count samples).
+// `dy0` is the block's own dy: NCHW (count samples), or when `dy_in_block`
+// already in buf.block's layout [O x count*P] (the two agree for one sample).
 void BackwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x,
-                   const float* weight, const float* dy0, float* dx, float* dw, bool transposed,
-                   float* db, bool accumulate, const WorkerBuffers& buf) {
+                   const float* weight, const float* dy0, bool dy_in_block, float* dx, float* dw,
+                   bool transposed, float* db, bool accumulate, const WorkerBuffers& buf) {
   const int64_t ld = count * g.p;
   const float* x0 = x + n0 * g.in_size;
 
@@ -502,7 +508,14 @@ void BackwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x,
   // summing each channel for dbias; when transposed also pixel-major
   // [count*P x O] for dweight's GEMM.
   const float* dy_block = dy0;
-  if (count > 1) {
+  if (count > 1 && dy_in_block) {
+    // Summed sample by sample, as NchwToBlock does, so dbias is the same.
+    for (int64_t c = 0; db != nullptr && c < g.o; ++c) {
+      float sum = 0;
+      for (int64_t s = 0; s < count; ++s) sum += Sum(dy0 + c * ld + s * g.p, g.p);
+      db[c] = accumulate ? db[c] + sum : sum;
+    }
+  } else if (count > 1) {
     NchwToBlock(dy0, count, g.o, g.p, buf.block, db, accumulate);
     dy_block = buf.block;
   } else if (db != nullptr) {
@@ -522,7 +535,11 @@ void BackwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x,
   }
   const float beta = accumulate ? 1.f : 0.f;
   if (transposed) {
-    NchwToPixelMajor(dy0, count, g.o, g.p, buf.block2, nullptr, false);
+    if (dy_in_block) {
+      NchwToPixelMajor(dy0, count, g.o, g.p, g.p, ld, buf.block2, nullptr, false);
+    } else {
+      NchwToPixelMajor(dy0, count, g.o, g.p, g.o * g.p, g.p, buf.block2, nullptr, false);
+    }
     GemmCpu(false, false, g.k, g.o, ld, 1.f, columns, ld, buf.block2, g.o, beta, dw, g.o);
   } else {
     GemmCpu(false, true, g.o, g.k, ld, 1.f, dy_block, ld, columns, ld, beta, dw, g.k);
@@ -573,25 +590,24 @@ absl::Status Conv2dBackwardCpu(CpuDevice& device, const Conv2dShape& shape, cons
   const bool transposed = g.o >= 16;
   // Every worker sums its blocks' dweight and dbias into its own partials;
   // the partials are added (and transposed back) into the outputs at the end.
-  // With an epilogue, each worker also holds its block's dy (NCHW).
   const int64_t partial_floats = g.o * g.k + g.o;
-  const int64_t extra_floats = partial_floats + (epilogue != nullptr ? plan.out_floats : 0);
-  PS_ASSIGN_OR_RETURN(const Scratch scratch, GetScratch(device, plan, extra_floats));
+  PS_ASSIGN_OR_RETURN(const Scratch scratch, GetScratch(device, plan, partial_floats));
   RunWorkers(device, plan.workers, [&](int t) {
     float* dw = scratch.Extra(plan, t);
     float* db = dbias != nullptr ? dw + g.o * g.k : nullptr;
-    float* dy_block = dw + partial_floats;
+    const WorkerBuffers buf = scratch.For(plan, t);
     std::vector<float> rows(epilogue != nullptr ? g.ow : 0);
     for (int64_t b = plan.BlockBegin(t); b < plan.BlockBegin(t + 1); ++b) {
       const int64_t n0 = b * plan.block;
       const int64_t count = std::min(plan.block, g.batch - n0);
       const float* dy0 = dy + n0 * g.out_size;
+      // With an epilogue, the block's dy is formed in its GEMM layout.
       if (epilogue != nullptr) {
-        EpilogueBackward(g, n0, count, *epilogue, dy_block, rows.data());
-        dy0 = dy_block;
+        EpilogueBackward(g, n0, count, *epilogue, buf.block, rows.data());
+        dy0 = buf.block;
       }
-      BackwardBlock(g, n0, count, x, weight, dy0, dx, dw, transposed, db, b > plan.BlockBegin(t),
-                    scratch.For(plan, t));
+      BackwardBlock(g, n0, count, x, weight, dy0, epilogue != nullptr, dx, dw, transposed, db,
+                    b > plan.BlockBegin(t), buf);
     }
   });
   for (int t = 0; t < plan.workers; ++t) {
