@@ -20,61 +20,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/safetensors.h"
+#include "common/testing/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace ps {
 namespace {
 
-std::string TmpPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
-std::string ShellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-// Runs `command` through the shell; returns its exit code (-1 if it did not
-// exit normally) and puts its stdout and stderr in *output.
-int RunCommand(const std::string& command, std::string* output) {
-  output->clear();
-  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output->append(buffer, n);
-  const int status = ::pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-std::string ScriptPath() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return "common/safetensors_interop.py";
-  return absl::StrCat(srcdir, "/", workspace, "/common/safetensors_interop.py");
-}
+std::string ScriptPath() { return testing::RunfilePath("common/safetensors_interop.py"); }
 
 class SafetensorsInteropTest : public ::testing::Test {
  protected:
   // Debian's interpreter first: python3-torch lives there, while a python3
   // earlier on PATH (pyenv, a virtualenv) may lack torch.
   static void SetUpTestSuite() {
-    for (const char* candidate : {"/usr/bin/python3", "python3"}) {
-      std::string output;
-      if (RunCommand(absl::StrCat(candidate, " -c 'import torch'"), &output) == 0) {
-        python_ = new std::string(candidate);
-        return;
-      }
-    }
+    const std::string python = testing::FindPython("torch");
+    if (!python.empty()) python_ = new std::string(python);
   }
 
   void SetUp() override {
@@ -88,7 +49,7 @@ class SafetensorsInteropTest : public ::testing::Test {
   void RunScript(const std::string& args) {
     std::string output;
     const int code =
-        RunCommand(absl::StrCat(*python_, " ", ShellQuote(ScriptPath()), " ", args), &output);
+        testing::RunCommand(absl::StrCat(*python_, " ", testing::ShellQuote(ScriptPath()), " ", args), &output);
     EXPECT_EQ(code, 0) << "safetensors_interop.py " << args << ":\n" << output;
     std::cout << output;
   }
@@ -118,9 +79,9 @@ TEST_F(SafetensorsInteropTest, TorchLoadsWhatWeWrite) {
   tensors.push_back({"half", SafetensorsDType::kF16, {3}, U16Bytes({0x3C00, 0xC000, 0x3800})});
   tensors.push_back({"bf16", SafetensorsDType::kBF16, {2}, U16Bytes({0x3F80, 0xC020})});
   tensors.push_back(*NamedHostTensor::FromFloats("caf\xC3\xA9 \xF0\x9F\x98\x80", {1}, {7.f}));
-  const std::string path = TmpPath("from_cpp.safetensors");
+  const std::string path = testing::TestTmpPath("from_cpp.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, tensors, {{"format", "pt"}, {"note", "x\"y\n"}}).ok());
-  RunScript("check " + ShellQuote(path));
+  RunScript("check " + testing::ShellQuote(path));
 }
 
 struct Expected {
@@ -148,9 +109,9 @@ std::vector<Expected> ReadExpected(const std::string& path) {
 }
 
 TEST_F(SafetensorsInteropTest, WeReadWhatTorchWrites) {
-  const std::string path = TmpPath("from_torch.safetensors");
-  const std::string expected_path = TmpPath("from_torch.expected");
-  RunScript("write " + ShellQuote(path) + " " + ShellQuote(expected_path));
+  const std::string path = testing::TestTmpPath("from_torch.safetensors");
+  const std::string expected_path = testing::TestTmpPath("from_torch.expected");
+  RunScript("write " + testing::ShellQuote(path) + " " + testing::ShellQuote(expected_path));
   if (HasFailure()) return;
 
   absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);

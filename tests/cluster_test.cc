@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/testing/subprocess.h"
 #include "proto/health.grpc.pb.h"
 
 extern char** environ;
@@ -30,16 +31,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Runfile(const std::string& path) {
-  const char* dir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(dir ? dir : ".", "/", workspace ? workspace : "ps", "/", path);
-}
 
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir ? dir : "/tmp", "/", name);
-}
 
 // A child process with stdout and stderr sent to a log file.
 class Process {
@@ -105,12 +97,12 @@ int WaitForPortFile(const std::string& path) {
 }
 
 TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
-  const std::string port_file = TempPath("port");
+  const std::string port_file = testing::TestTmpPath("port");
   const std::vector<std::string> model = {"--model=mlp", "--mlp_hidden=32", "--seed=3"};
   std::vector<std::string> server_args = {"--port=0", "--port_file=" + port_file,
                                           "--num_workers=2", "--lr=0.1", "--momentum=0.9"};
   server_args.insert(server_args.end(), model.begin(), model.end());
-  Process server(Runfile("server/server"), server_args, TempPath("server.log"));
+  Process server(testing::RunfilePath("server/server"), server_args, testing::TestTmpPath("server.log"));
   const int port = WaitForPortFile(port_file);
   ASSERT_GT(port, 0) << server.Log();
   const std::string address = absl::StrCat("127.0.0.1:", port);
@@ -128,11 +120,11 @@ TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
   }
 
   // A worker whose model differs is refused, naming the difference.
-  Process stranger(Runfile("worker/worker"),
+  Process stranger(testing::RunfilePath("worker/worker"),
                    {"--server=" + address, "--worker_id=stranger", "--model=mlp",
                     "--mlp_hidden=33", "--dataset=synthetic", "--epochs=1", "--devices=cpu",
                     "--threads=1", "--progress=false"},
-                   TempPath("stranger.log"));
+                   testing::TestTmpPath("stranger.log"));
   EXPECT_EQ(stranger.Wait(std::chrono::seconds(60)), 1);
   EXPECT_THAT(stranger.Log(), HasSubstr("FAILED_PRECONDITION"));
   EXPECT_THAT(stranger.Log(), HasSubstr("'fc1.weight' has shape [32, 784] on the server but "
@@ -150,10 +142,10 @@ TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
                                      "--devices=cpu:2",
                                      "--threads=1",
                                      "--progress=false",
-                                     absl::StrCat("--report=", TempPath(absl::StrCat("r", r, ".json")))};
+                                     absl::StrCat("--report=", testing::TestTmpPath(absl::StrCat("r", r, ".json")))};
     args.insert(args.end(), model.begin(), model.end());
-    workers.push_back(std::make_unique<Process>(Runfile("worker/worker"), args,
-                                                TempPath(absl::StrCat("worker", r, ".log"))));
+    workers.push_back(std::make_unique<Process>(testing::RunfilePath("worker/worker"), args,
+                                                testing::TestTmpPath(absl::StrCat("worker", r, ".log"))));
   }
   std::string logs;
   for (int r = 0; r < 2; ++r) {
@@ -166,7 +158,7 @@ TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
   // Each worker got the rank it asked for.
   EXPECT_THAT(workers[0]->Log(), HasSubstr("worker 0/2"));
   EXPECT_THAT(workers[1]->Log(), HasSubstr("worker 1/2"));
-  std::ifstream report(TempPath("r0.json"));
+  std::ifstream report(testing::TestTmpPath("r0.json"));
   std::stringstream json;
   json << report.rdbuf();
   EXPECT_THAT(json.str(), HasSubstr("\"steps\": 60"));

@@ -43,48 +43,14 @@
 #include "worker/model/model.h"
 #include "worker/trainer.h"
 #include "worker/weights.h"
+#include "common/testing/subprocess.h"
 
 namespace ps::worker {
 namespace {
 
 constexpr char kFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
 
-std::string TmpPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
-std::string ShellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-// Runs `command` through the shell; returns its exit code (-1 if it did not
-// exit normally) and puts its stdout and stderr in *output.
-int RunCommand(const std::string& command, std::string* output) {
-  output->clear();
-  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output->append(buffer, n);
-  const int status = ::pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-std::string ScriptPath() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return "tests/pytorch_parity.py";
-  return absl::StrCat(srcdir, "/", workspace, "/tests/pytorch_parity.py");
-}
+std::string ScriptPath() { return testing::RunfilePath("tests/pytorch_parity.py"); }
 
 bool IsDirectory(const std::string& path) {
   struct stat st;
@@ -167,14 +133,9 @@ class PytorchParityTest : public ::testing::Test {
   // Debian's interpreter first: python3-torch lives there, while a python3
   // earlier on PATH (pyenv, a virtualenv) may lack torch.
   static void SetUpTestSuite() {
-    for (const char* candidate : {"/usr/bin/python3", "python3"}) {
-      std::string output;
-      if (RunCommand(absl::StrCat(candidate, " -c 'import torch, numpy'"), &output) == 0) {
-        python_ = new std::string(candidate);
-        break;
-      }
-    }
-    if (python_ == nullptr) return;
+    const std::string python = testing::FindPython("torch, numpy");
+    if (python.empty()) return;
+    python_ = new std::string(python);
     // Real data when it is installed: a missing directory means synthetic
     // data, but a directory that does not load is an error, not a fallback.
     const bool real = IsDirectory(kFashionMnistDir);
@@ -205,7 +166,7 @@ class PytorchParityTest : public ::testing::Test {
   void RunScript(const std::string& args) {
     std::string output;
     const int code =
-        RunCommand(absl::StrCat(*python_, " ", ShellQuote(ScriptPath()), " ", args), &output);
+        testing::RunCommand(absl::StrCat(*python_, " ", testing::ShellQuote(ScriptPath()), " ", args), &output);
     ASSERT_EQ(code, 0) << "pytorch_parity.py " << args << ":\n" << output;
     std::cout << output;
   }
@@ -259,7 +220,7 @@ TEST_P(AccuracyParityTest, SavedWeightsGiveTheSameTestAccuracyInPytorch) {
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->steps, c.steps);
 
-  const std::string weights = TmpPath(c.model + "_trained.safetensors");
+  const std::string weights = testing::TestTmpPath(c.model + "_trained.safetensors");
   ASSERT_TRUE(SaveWeights(rig->trainer->model(), weights).ok());
   const Dataset eval = Slice(*test_, 0, std::min(c.eval_samples, test_->size()));
   double loss = 0, accuracy = 0;
@@ -268,11 +229,11 @@ TEST_P(AccuracyParityTest, SavedWeightsGiveTheSameTestAccuracyInPytorch) {
   EXPECT_GE(accuracy, synthetic_ ? c.min_accuracy_synthetic : c.min_accuracy)
       << c.model << " did not learn in " << c.steps << " steps";
 
-  const std::string samples = TmpPath(c.model + "_eval_samples.safetensors");
+  const std::string samples = testing::TestTmpPath(c.model + "_eval_samples.safetensors");
   ASSERT_TRUE(WriteSamples(eval, samples).ok());
-  const std::string result = TmpPath(c.model + "_torch_eval.txt");
-  RunScript(absl::StrCat("evaluate ", TorchSpec(config), " ", ShellQuote(weights), " ",
-                         ShellQuote(samples), " ", ShellQuote(result)));
+  const std::string result = testing::TestTmpPath(c.model + "_torch_eval.txt");
+  RunScript(absl::StrCat("evaluate ", TorchSpec(config), " ", testing::ShellQuote(weights), " ",
+                         testing::ShellQuote(samples), " ", testing::ShellQuote(result)));
   if (HasFatalFailure()) return;
   std::map<std::string, double> torch = ReadKeyValues(result);
   ASSERT_EQ(torch.count("accuracy"), 1u) << result;
@@ -426,7 +387,7 @@ TEST_P(SgdParityTest, StepsGiveTorchOptimSgdsParameters) {
   absl::StatusOr<std::unique_ptr<Model>> initial = Model::Create(config, &device);
   ASSERT_TRUE(initial.ok()) << initial.status();
   ASSERT_TRUE((*initial)->Initialize(42).ok());
-  const std::string w0 = TmpPath(tag + "_w0.safetensors");
+  const std::string w0 = testing::TestTmpPath(tag + "_w0.safetensors");
   ASSERT_TRUE(SaveWeights(**initial, w0).ok());
 
   // 2. The trainer starts from W0 and takes steps 0.. of epoch 0 in data
@@ -448,20 +409,20 @@ TEST_P(SgdParityTest, StepsGiveTorchOptimSgdsParameters) {
     const absl::Status step = rig->trainer->TrainStep(0, s);
     ASSERT_TRUE(step.ok()) << step;
   }
-  const std::string w1 = TmpPath(tag + "_w1.safetensors");
+  const std::string w1 = testing::TestTmpPath(tag + "_w1.safetensors");
   ASSERT_TRUE(SaveWeights(rig->trainer->model(), w1).ok());
 
   // 3. PyTorch takes the same steps from W0 on the same samples, in float32
   // (the oracle) and in float64 (nearly exact, for the diagnosis).
-  const std::string samples = TmpPath(tag + "_batches.safetensors");
+  const std::string samples = testing::TestTmpPath(tag + "_batches.safetensors");
   ASSERT_TRUE(WriteSamples(Slice(*train_, 0, c.steps * c.batch_size), samples).ok());
   std::map<std::string, SafetensorsFile> torch;
   for (const char* dtype : {"float32", "float64"}) {
-    const std::string out = TmpPath(absl::StrCat(tag, "_w1_torch_", dtype, ".safetensors"));
+    const std::string out = testing::TestTmpPath(absl::StrCat(tag, "_w1_torch_", dtype, ".safetensors"));
     RunScript(absl::StrFormat("sgd %s %s %s %.9g %.9g %.9g %d %s %s", TorchSpec(config),
-                              ShellQuote(w0), ShellQuote(samples), sgd.sgd.lr,
+                              testing::ShellQuote(w0), testing::ShellQuote(samples), sgd.sgd.lr,
                               sgd.sgd.momentum, sgd.sgd.weight_decay, c.batch_size,
-                              ShellQuote(out), dtype));
+                              testing::ShellQuote(out), dtype));
     if (HasFatalFailure()) return;
     absl::StatusOr<SafetensorsFile> file = ReadSafetensors(out);
     ASSERT_TRUE(file.ok()) << file.status();
