@@ -42,7 +42,7 @@ while (($#)); do
     --logs=*) logs="${1#*=}" ;;
     --report=*) report="${1#*=}" ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
     *) echo "local_cluster: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
