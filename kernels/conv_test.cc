@@ -381,7 +381,9 @@ TEST(ConvActivationPoolCpuTest, BitIdenticalToSeparateKernels) {
           const FusedResult ref = RunConvActivationPool(cpu, false, s, e, x, w, b, dy);
           EXPECT_TRUE(AllClose(fused.a, ref.a, 0, 0));
           EXPECT_TRUE(AllClose(fused.y, ref.y, 0, 0));
-          if (max) EXPECT_EQ(fused.argmax, ref.argmax);
+          if (max) {
+            EXPECT_EQ(fused.argmax, ref.argmax);
+          }
           EXPECT_TRUE(AllClose(fused.dx, ref.dx, 0, 0));
           EXPECT_TRUE(AllClose(fused.dw, ref.dw, 0, 0));
           EXPECT_TRUE(AllClose(fused.db, ref.db, 0, 0));
