@@ -106,10 +106,17 @@ absl::Status Trainer::Init(const ModelConfig& model_config) {
   // so the largest shard each device sees.
   std::vector<float> proposed(TotalElements(replicas_[0]->parameters()));
   num_parameters_ = static_cast<int64_t>(proposed.size());
-  for (auto& replica : replicas_) {
-    PS_RETURN_IF_ERROR(replica->Initialize(options_.seed));
-    if (!options_.init_weights.empty()) {
-      PS_RETURN_IF_ERROR(LoadWeights(options_.init_weights, *replica));
+  for (auto& replica : replicas_) PS_RETURN_IF_ERROR(replica->Initialize(options_.seed));
+  if (!options_.init_weights.empty()) {
+    // Read the file once, into device 0; its parameters reach the other
+    // devices with the broadcast below, its buffers (batch-norm statistics)
+    // are copied here.
+    PS_RETURN_IF_ERROR(LoadWeights(options_.init_weights, *replicas_[0]));
+    if (replicas_.size() > 1 && replicas_[0]->flat_buffers().num_elements() > 0) {
+      PS_ASSIGN_OR_RETURN(std::vector<float> buffers, replicas_[0]->flat_buffers().ToVector());
+      for (size_t d = 1; d < replicas_.size(); ++d) {
+        PS_RETURN_IF_ERROR(replicas_[d]->flat_buffers().CopyFromHost(buffers));
+      }
     }
   }
   PS_RETURN_IF_ERROR(replicas_[0]->flat_parameters().CopyToHost(absl::MakeSpan(proposed)));
