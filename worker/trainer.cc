@@ -170,6 +170,40 @@ int64_t Trainer::steps_per_epoch() const {
   return (train_->size() + options_.batch_size - 1) / options_.batch_size;
 }
 
+absl::Status Trainer::StageBatch(Replica& r, const Dataset& data,
+                                 absl::Span<const int64_t> indices) const {
+  const int64_t n = static_cast<int64_t>(indices.size());
+  const int64_t image_elements = n * NumElements(data.sample_shape);
+  if (r.device->is_cpu()) {
+    // Device memory is host memory: gather straight into the input tensors.
+    return GatherBatch(data, indices, options_.normalization,
+                       absl::MakeSpan(r.inputs.mutable_data<float>(), image_elements),
+                       absl::MakeSpan(r.labels.mutable_data<int32_t>(), n));
+  }
+  PS_RETURN_IF_ERROR(GatherBatch(data, indices, options_.normalization,
+                                 absl::MakeSpan(r.host_inputs, image_elements),
+                                 absl::MakeSpan(r.host_labels, n)));
+  PS_RETURN_IF_ERROR(r.device->CopyHostToDevice(r.inputs.mutable_raw_data(), r.host_inputs,
+                                                image_elements * sizeof(float), CopyKind::kData));
+  return r.device->CopyHostToDevice(r.labels.mutable_raw_data(), r.host_labels,
+                                    n * sizeof(int32_t), CopyKind::kData);
+}
+
+absl::StatusOr<std::pair<Tensor, Tensor>> Trainer::StagedViews(const Replica& r, int64_t n) {
+  Shape shape = r.inputs.shape();
+  shape[0] = n;
+  PS_ASSIGN_OR_RETURN(Tensor inputs, r.inputs.View(0, shape));
+  PS_ASSIGN_OR_RETURN(Tensor labels, r.labels.View(0, {n}));
+  return std::make_pair(std::move(inputs), std::move(labels));
+}
+
+absl::Status Trainer::AccumulateMetrics(Device& device, const DeviceMetrics& metrics,
+                                        Tensor& acc) {
+  float* sums = acc.mutable_data<float>();
+  PS_RETURN_IF_ERROR(kernels::Axpy(device, 1, 1.f, metrics.loss_sum, sums));
+  return kernels::Axpy(device, 1, 1.f, metrics.correct, sums + 1);
+}
+
 absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_t>* shard_sizes) {
   if (order_epoch_ != epoch) {
     order_ = EpochOrder(train_->size(), options_.seed, epoch, options_.shuffle);
@@ -179,33 +213,15 @@ absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_
   const int64_t batch_size =
       std::min<int64_t>(options_.batch_size, train_->size() - batch_begin);
   const Part worker = SplitEvenly(batch_size, registration_.num_workers, registration_.rank);
-  const int64_t sample_elements = NumElements(train_->sample_shape);
   shard_sizes->assign(devices_.size(), 0);
   for (size_t d = 0; d < devices_.size(); ++d) {
     const Part shard = SplitEvenly(worker.size, static_cast<int>(devices_.size()),
                                    static_cast<int>(d));
     (*shard_sizes)[d] = shard.size;
     if (shard.size == 0) continue;
-    Replica& r = *replica_state_[d];
     absl::Span<const int64_t> indices(order_.data() + batch_begin + worker.begin + shard.begin,
                                       shard.size);
-    if (r.device->is_cpu()) {
-      // Device memory is host memory: gather straight into the input tensor.
-      PS_RETURN_IF_ERROR(GatherBatch(
-          *train_, indices, options_.normalization,
-          absl::MakeSpan(r.inputs.mutable_data<float>(), shard.size * sample_elements),
-          absl::MakeSpan(r.labels.mutable_data<int32_t>(), shard.size)));
-    } else {
-      PS_RETURN_IF_ERROR(GatherBatch(*train_, indices, options_.normalization,
-                                     absl::MakeSpan(r.host_inputs, shard.size * sample_elements),
-                                     absl::MakeSpan(r.host_labels, shard.size)));
-      PS_RETURN_IF_ERROR(r.device->CopyHostToDevice(r.inputs.mutable_raw_data(), r.host_inputs,
-                                                    shard.size * sample_elements * sizeof(float),
-                                                    CopyKind::kData));
-      PS_RETURN_IF_ERROR(r.device->CopyHostToDevice(r.labels.mutable_raw_data(), r.host_labels,
-                                                    shard.size * sizeof(int32_t),
-                                                    CopyKind::kData));
-    }
+    PS_RETURN_IF_ERROR(StageBatch(*replica_state_[d], *train_, indices));
   }
   return absl::OkStatus();
 }
@@ -232,22 +248,14 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
       statuses[d] = model.flat_gradients().SetZero();
       return;
     }
-    Shape shape = r.inputs.shape();
-    shape[0] = n;
-    auto inputs = r.inputs.View(0, shape);
-    auto labels = r.labels.View(0, {n});
-    if (!inputs.ok() || !labels.ok()) {
-      statuses[d] = !inputs.ok() ? inputs.status() : labels.status();
+    auto views = StagedViews(r, n);
+    if (!views.ok()) {
+      statuses[d] = views.status();
       return;
     }
-    auto metrics = model.ForwardBackward(*inputs, *labels);
-    if (!metrics.ok()) {
-      statuses[d] = metrics.status();
-      return;
-    }
-    float* acc = r.metrics.mutable_data<float>();
-    statuses[d] = kernels::Axpy(*r.device, 1, 1.f, metrics->loss_sum, acc);
-    if (statuses[d].ok()) statuses[d] = kernels::Axpy(*r.device, 1, 1.f, metrics->correct, acc + 1);
+    auto metrics = model.ForwardBackward(views->first, views->second);
+    statuses[d] = metrics.ok() ? AccumulateMetrics(*r.device, *metrics, r.metrics)
+                               : metrics.status();
   };
   if (d_count == 1) {
     run_replica(0);
@@ -327,33 +335,16 @@ absl::Status Trainer::Evaluate(const Dataset& dataset, double* loss, double* acc
   Model& model = *replicas_[0];
   // Keep the training accumulators apart from the evaluation ones.
   PS_ASSIGN_OR_RETURN(Tensor acc, Tensor::Zeros(r.device, {2}));
-  const int64_t sample_elements = NumElements(dataset.sample_shape);
   const int64_t batch = std::min(options_.eval_batch_size, r.capacity);
   std::vector<int64_t> indices;
   for (int64_t begin = 0; begin < dataset.size(); begin += batch) {
     const int64_t n = std::min(batch, dataset.size() - begin);
     indices.resize(n);
     for (int64_t i = 0; i < n; ++i) indices[i] = begin + i;
-    float* images = r.device->is_cpu() ? r.inputs.mutable_data<float>() : r.host_inputs;
-    int32_t* labels = r.device->is_cpu() ? r.labels.mutable_data<int32_t>() : r.host_labels;
-    PS_RETURN_IF_ERROR(GatherBatch(dataset, indices, options_.normalization,
-                                   absl::MakeSpan(images, n * sample_elements),
-                                   absl::MakeSpan(labels, n)));
-    if (!r.device->is_cpu()) {
-      PS_RETURN_IF_ERROR(r.device->CopyHostToDevice(r.inputs.mutable_raw_data(), images,
-                                                    n * sample_elements * sizeof(float),
-                                                    CopyKind::kData));
-      PS_RETURN_IF_ERROR(r.device->CopyHostToDevice(r.labels.mutable_raw_data(), labels,
-                                                    n * sizeof(int32_t), CopyKind::kData));
-    }
-    Shape shape = r.inputs.shape();
-    shape[0] = n;
-    PS_ASSIGN_OR_RETURN(Tensor inputs, r.inputs.View(0, shape));
-    PS_ASSIGN_OR_RETURN(Tensor batch_labels, r.labels.View(0, {n}));
-    PS_ASSIGN_OR_RETURN(DeviceMetrics metrics, model.Evaluate(inputs, batch_labels));
-    PS_RETURN_IF_ERROR(kernels::Axpy(*r.device, 1, 1.f, metrics.loss_sum, acc.mutable_data<float>()));
-    PS_RETURN_IF_ERROR(
-        kernels::Axpy(*r.device, 1, 1.f, metrics.correct, acc.mutable_data<float>() + 1));
+    PS_RETURN_IF_ERROR(StageBatch(r, dataset, indices));
+    PS_ASSIGN_OR_RETURN(auto views, StagedViews(r, n));
+    PS_ASSIGN_OR_RETURN(DeviceMetrics metrics, model.Evaluate(views.first, views.second));
+    PS_RETURN_IF_ERROR(AccumulateMetrics(*r.device, metrics, acc));
   }
   float host[2];
   PS_RETURN_IF_ERROR(r.device->Synchronize());

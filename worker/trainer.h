@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -148,6 +149,15 @@ class Trainer {
 
   absl::Status Init(const ModelConfig& model);
   absl::Status LoadShards(int64_t epoch, int64_t step, std::vector<int64_t>* shard_sizes);
+  // Gathers samples `indices` of `data` into replica r's input tensors (via
+  // its pinned staging buffers when its memory is not host memory).
+  absl::Status StageBatch(Replica& r, const Dataset& data,
+                          absl::Span<const int64_t> indices) const;
+  // Views of the first n staged inputs and labels.
+  static absl::StatusOr<std::pair<Tensor, Tensor>> StagedViews(const Replica& r, int64_t n);
+  // acc[0] += loss sum, acc[1] += correct count, on the device.
+  static absl::Status AccumulateMetrics(Device& device, const DeviceMetrics& metrics,
+                                        Tensor& acc);
   absl::Status ReadAndResetMetrics(double* loss_sum, double* correct);
 
   const TrainerOptions options_;
