@@ -36,6 +36,9 @@ absl::StatusOr<ParameterStore::Registration> LocalParameterStore::Register(
 
 absl::Status LocalParameterStore::Push(int64_t iteration, int64_t num_samples,
                                        absl::Span<const float> gradient) {
+  // One chunk per key, all pushed at once: all or nothing, as a message is.
+  std::vector<server::ParameterServer::ChunkData> chunks;
+  chunks.reserve(signature_.size());
   int64_t offset = 0;
   for (int key = 0; key < static_cast<int>(signature_.size()); ++key) {
     const int64_t n = NumElements(signature_[key].shape);
@@ -43,11 +46,10 @@ absl::Status LocalParameterStore::Push(int64_t iteration, int64_t num_samples,
       return absl::InvalidArgumentError(absl::StrCat("gradient of ", gradient.size(),
                                                      " elements is shorter than the model"));
     }
-    PS_RETURN_IF_ERROR(
-        server_->Push(rank_, iteration, key, /*chunk=*/0, num_samples, gradient.subspan(offset, n)));
+    chunks.push_back({key, /*chunk=*/0, gradient.subspan(offset, n)});
     offset += n;
   }
-  return absl::OkStatus();
+  return server_->PushChunks(rank_, iteration, num_samples, chunks);
 }
 
 absl::Status LocalParameterStore::WaitForVersion(int64_t version) {
