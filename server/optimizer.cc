@@ -13,6 +13,13 @@ float LrSchedule::LearningRate(float base_lr, int64_t step) const {
   return base_lr * std::pow(gamma, static_cast<float>(t / step_size));
 }
 
+absl::StatusOr<LrSchedule::Unit> ParseLrScheduleUnit(absl::string_view text) {
+  if (text == "epochs") return LrSchedule::Unit::kEpochs;
+  if (text == "steps") return LrSchedule::Unit::kSteps;
+  return absl::InvalidArgumentError(
+      absl::StrCat("learning-rate decay unit must be epochs or steps, got '", text, "'"));
+}
+
 absl::Status ValidateOptimizerOptions(const OptimizerOptions& options) {
   const kernels::SgdHyper& sgd = options.sgd;
   if (!std::isfinite(sgd.lr) || sgd.lr < 0) {

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/cpu_device.h"
 #include "kernels/sgd.h"
@@ -25,6 +26,9 @@ struct LrSchedule {
   // The rate for update number `step` (0-based).
   float LearningRate(float base_lr, int64_t step) const;
 };
+
+// "epochs" or "steps"; kInvalidArgument names anything else.
+absl::StatusOr<LrSchedule::Unit> ParseLrScheduleUnit(absl::string_view text);
 
 struct OptimizerOptions {
   kernels::SgdHyper sgd;  // sgd.lr is the base learning rate

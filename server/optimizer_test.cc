@@ -26,6 +26,12 @@ TEST(LrScheduleTest, StepDecay) {
   EXPECT_FLOAT_EQ(s.LearningRate(0.3f, 1000), 0.3f);
 }
 
+TEST(LrScheduleTest, ParsesItsUnit) {
+  EXPECT_EQ(*ParseLrScheduleUnit("epochs"), LrSchedule::Unit::kEpochs);
+  EXPECT_EQ(*ParseLrScheduleUnit("steps"), LrSchedule::Unit::kSteps);
+  EXPECT_EQ(ParseLrScheduleUnit("days").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SgdOptimizerTest, MatchesPytorchFormulaOverSteps) {
   CpuDevice device(0, 1);
   OptimizerOptions options;

@@ -103,19 +103,13 @@ absl::Status Main() {
   opt.sgd.nesterov = absl::GetFlag(FLAGS_nesterov);
   opt.schedule.step_size = absl::GetFlag(FLAGS_lr_decay_every);
   opt.schedule.gamma = static_cast<float>(absl::GetFlag(FLAGS_lr_decay_gamma));
-  const std::string unit = absl::GetFlag(FLAGS_lr_decay_unit);
-  if (unit == "steps") {
-    opt.schedule.unit = LrSchedule::Unit::kSteps;
-  } else if (unit == "epochs") {
-    opt.schedule.unit = LrSchedule::Unit::kEpochs;
+  PS_ASSIGN_OR_RETURN(opt.schedule.unit, ParseLrScheduleUnit(absl::GetFlag(FLAGS_lr_decay_unit)));
+  if (opt.schedule.unit == LrSchedule::Unit::kEpochs) {
     opt.schedule.steps_per_epoch = absl::GetFlag(FLAGS_steps_per_epoch);
     if (opt.schedule.step_size > 0 && opt.schedule.steps_per_epoch < 1) {
       return absl::InvalidArgumentError(
           "--lr_decay_unit=epochs with --lr_decay_every needs --steps_per_epoch");
     }
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--lr_decay_unit must be epochs or steps, got '", unit, "'"));
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server,
                       ParameterServer::Create(options, model->parameters(), std::move(initial),

@@ -120,15 +120,8 @@ absl::Status Main() {
   optimizer.sgd.nesterov = absl::GetFlag(FLAGS_nesterov);
   optimizer.schedule.step_size = absl::GetFlag(FLAGS_lr_decay_every);
   optimizer.schedule.gamma = static_cast<float>(absl::GetFlag(FLAGS_lr_decay_gamma));
-  const std::string unit = absl::GetFlag(FLAGS_lr_decay_unit);
-  if (unit == "steps") {
-    optimizer.schedule.unit = server::LrSchedule::Unit::kSteps;
-  } else if (unit == "epochs") {
-    optimizer.schedule.unit = server::LrSchedule::Unit::kEpochs;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--lr_decay_unit must be epochs or steps, got '", unit, "'"));
-  }
+  PS_ASSIGN_OR_RETURN(optimizer.schedule.unit,
+                      server::ParseLrScheduleUnit(absl::GetFlag(FLAGS_lr_decay_unit)));
 
   TrainerOptions options;
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
