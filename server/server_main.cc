@@ -18,10 +18,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/cpu_device.h"
+#include "common/int_list.h"
 #include "common/malloc_tuning.h"
 #include "common/status_macros.h"
 #include "server/grpc_service.h"
@@ -57,18 +56,6 @@ ABSL_FLAG(int, threads, 1, "CPU threads for the optimizer");
 namespace ps::server {
 namespace {
 
-absl::StatusOr<std::vector<int64_t>> ParseInts(const std::string& flag, const std::string& text) {
-  std::vector<int64_t> out;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    int64_t v;
-    if (!absl::SimpleAtoi(part, &v) || v < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": bad value '", part, "'"));
-    }
-    out.push_back(v);
-  }
-  return out;
-}
-
 absl::Status Main() {
   // SIGINT/SIGTERM are blocked in every thread (gRPC's inherit the mask) and
   // taken synchronously by sigwait below, so shutdown runs on this thread.
@@ -83,9 +70,9 @@ absl::Status Main() {
   // The initial parameters: the model's seeded initialisation, or a file.
   worker::ModelConfig config;
   config.name = absl::GetFlag(FLAGS_model);
-  PS_ASSIGN_OR_RETURN(config.input_shape, ParseInts("input_shape", absl::GetFlag(FLAGS_input_shape)));
+  PS_ASSIGN_OR_RETURN(config.input_shape, ParsePositiveIntList("--input_shape", absl::GetFlag(FLAGS_input_shape)));
   config.num_classes = absl::GetFlag(FLAGS_num_classes);
-  PS_ASSIGN_OR_RETURN(config.mlp_hidden, ParseInts("mlp_hidden", absl::GetFlag(FLAGS_mlp_hidden)));
+  PS_ASSIGN_OR_RETURN(config.mlp_hidden, ParsePositiveIntList("--mlp_hidden", absl::GetFlag(FLAGS_mlp_hidden)));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<worker::Model> model, worker::Model::Create(config, &device));
   PS_RETURN_IF_ERROR(model->Initialize(absl::GetFlag(FLAGS_seed)));
   if (!absl::GetFlag(FLAGS_init_weights).empty()) {

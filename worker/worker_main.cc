@@ -15,14 +15,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/cpu_device.h"
 #include "common/malloc_tuning.h"
 #include "common/device.h"
+#include "common/int_list.h"
 #include "common/status_macros.h"
 #include "kernels/gemm.h"
 #include "worker/data/loader.h"
@@ -64,18 +63,6 @@ ABSL_FLAG(bool, progress, true, "show a live progress bar when stderr is a termi
 namespace ps::worker {
 namespace {
 
-absl::StatusOr<std::vector<int64_t>> ParseWidths(const std::string& text) {
-  std::vector<int64_t> widths;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    int64_t w;
-    if (!absl::SimpleAtoi(part, &w) || w < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("--mlp_hidden: bad width '", part, "'"));
-    }
-    widths.push_back(w);
-  }
-  return widths;
-}
-
 std::string FormatSplit(const TimeSplit& s) {
   const double total = s.data + s.compute + s.reduce + s.copy + s.push + s.wait + s.pull;
   if (total <= 0) return "";
@@ -110,7 +97,7 @@ absl::Status Main() {
   model.name = absl::GetFlag(FLAGS_model);
   model.input_shape = train.sample_shape;
   model.num_classes = train.num_classes;
-  PS_ASSIGN_OR_RETURN(model.mlp_hidden, ParseWidths(absl::GetFlag(FLAGS_mlp_hidden)));
+  PS_ASSIGN_OR_RETURN(model.mlp_hidden, ParsePositiveIntList("--mlp_hidden", absl::GetFlag(FLAGS_mlp_hidden)));
 
   // Optimizer.
   server::OptimizerOptions optimizer;
