@@ -13,6 +13,7 @@ namespace {
 
 using testing::AllClose;
 using testing::DeviceBuffer;
+using testing::NumericGradient;
 using testing::RandomVector;
 
 Conv2dShape MakeShape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw,
@@ -217,26 +218,12 @@ TEST(ConvCpuTest, BackwardMatchesNumericGradient) {
       for (size_t i = 0; i < y.size(); ++i) l += double(y[i]) * g[i];
       return l;
     };
-    auto numeric = [&](std::vector<float>& param) {
-      const float h = 1e-2f;
-      std::vector<float> grad(param.size());
-      for (size_t i = 0; i < param.size(); ++i) {
-        const float saved = param[i];
-        param[i] = saved + h;
-        const double up = loss();
-        param[i] = saved - h;
-        const double down = loss();
-        param[i] = saved;
-        grad[i] = static_cast<float>((up - down) / (2 * h));
-      }
-      return grad;
-    };
     std::vector<float> dx(x.size()), dw(w.size()), db(b.size());
     ASSERT_TRUE(
         Conv2dBackward(cpu, s, x.data(), w.data(), g.data(), dx.data(), dw.data(), db.data()).ok());
-    EXPECT_TRUE(AllClose(dx, numeric(x), 1e-3f, 1e-3f));
-    EXPECT_TRUE(AllClose(dw, numeric(w), 1e-3f, 1e-3f));
-    EXPECT_TRUE(AllClose(db, numeric(b), 1e-3f, 1e-3f));
+    EXPECT_TRUE(AllClose(dx, NumericGradient(&x, 1e-2f, loss), 1e-3f, 1e-3f));
+    EXPECT_TRUE(AllClose(dw, NumericGradient(&w, 1e-2f, loss), 1e-3f, 1e-3f));
+    EXPECT_TRUE(AllClose(db, NumericGradient(&b, 1e-2f, loss), 1e-3f, 1e-3f));
   }
 }
 
@@ -412,20 +399,9 @@ TEST(ConvActivationPoolCpuTest, BackwardMatchesNumericGradient) {
     return sum;
   };
   const FusedResult r = RunConvActivationPool(cpu, true, s, e, x, w, b, g);
-  const float h = 1e-2f;
-  auto numeric = [&](std::vector<float>& v, size_t i) {
-    const float saved = v[i];
-    v[i] = saved + h;
-    const double plus = loss();
-    v[i] = saved - h;
-    const double minus = loss();
-    v[i] = saved;
-    return static_cast<float>((plus - minus) / (2 * h));
-  };
-  std::vector<float> ndx(x.size()), ndw(w.size()), ndb(b.size());
-  for (size_t i = 0; i < x.size(); ++i) ndx[i] = numeric(x, i);
-  for (size_t i = 0; i < w.size(); ++i) ndw[i] = numeric(w, i);
-  for (size_t i = 0; i < b.size(); ++i) ndb[i] = numeric(b, i);
+  const std::vector<float> ndx = NumericGradient(&x, 1e-2f, loss);
+  const std::vector<float> ndw = NumericGradient(&w, 1e-2f, loss);
+  const std::vector<float> ndb = NumericGradient(&b, 1e-2f, loss);
   EXPECT_TRUE(AllClose(r.dx, ndx, 1e-3f, 1e-2f));
   EXPECT_TRUE(AllClose(r.dw, ndw, 1e-3f, 1e-2f));
   EXPECT_TRUE(AllClose(r.db, ndb, 1e-3f, 1e-2f));

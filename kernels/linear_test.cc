@@ -11,6 +11,7 @@ namespace {
 
 using testing::AllClose;
 using testing::DeviceBuffer;
+using testing::NumericGradient;
 using testing::RandomVector;
 
 struct LinearCase {
@@ -143,27 +144,13 @@ TEST(LinearCpuTest, BackwardMatchesNumericGradient) {
     for (size_t i = 0; i < y.size(); ++i) l += double(y[i]) * g[i];
     return l;
   };
-  auto numeric = [&](std::vector<float>& param) {
-    const float h = 1e-2f;
-    std::vector<float> grad(param.size());
-    for (size_t i = 0; i < param.size(); ++i) {
-      const float saved = param[i];
-      param[i] = saved + h;
-      const double up = loss();
-      param[i] = saved - h;
-      const double down = loss();
-      param[i] = saved;
-      grad[i] = static_cast<float>((up - down) / (2 * h));
-    }
-    return grad;
-  };
   std::vector<float> dx(x.size()), dw(w.size()), db(b.size());
   ASSERT_TRUE(LinearBackward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), g.data(), dx.data(),
                              dw.data(), db.data())
                   .ok());
-  EXPECT_TRUE(AllClose(dx, numeric(x), 1e-3f, 1e-3f));
-  EXPECT_TRUE(AllClose(dw, numeric(w), 1e-3f, 1e-3f));
-  EXPECT_TRUE(AllClose(db, numeric(b), 1e-3f, 1e-3f));
+  EXPECT_TRUE(AllClose(dx, NumericGradient(&x, 1e-2f, loss), 1e-3f, 1e-3f));
+  EXPECT_TRUE(AllClose(dw, NumericGradient(&w, 1e-2f, loss), 1e-3f, 1e-3f));
+  EXPECT_TRUE(AllClose(db, NumericGradient(&b, 1e-2f, loss), 1e-3f, 1e-3f));
 }
 
 TEST(LinearCpuTest, EmptyBatchGivesZeroGradients) {

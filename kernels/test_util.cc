@@ -48,6 +48,21 @@ std::vector<float> RandomVector(int64_t n, uint64_t seed, float lo, float hi) {
   return ::testing::AssertionSuccess() << "max abs err " << max_abs << ", max rel err " << max_rel;
 }
 
+std::vector<float> NumericGradient(std::vector<float>* param, float h,
+                                   const std::function<double()>& loss) {
+  std::vector<float> grad(param->size());
+  for (size_t i = 0; i < param->size(); ++i) {
+    const float saved = (*param)[i];
+    (*param)[i] = saved + h;
+    const double up = loss();
+    (*param)[i] = saved - h;
+    const double down = loss();
+    (*param)[i] = saved;
+    grad[i] = static_cast<float>((up - down) / (2 * h));
+  }
+  return grad;
+}
+
 Device* TestGpu() {
   static Device* gpu = [] () -> Device* {
     if (CudaGpuCount() == 0) return nullptr;

@@ -5,6 +5,7 @@
 // worst element, and access to a GPU when one is present.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -21,6 +22,12 @@ std::vector<float> RandomVector(int64_t n, uint64_t seed, float lo = -1.f, float
 // i; otherwise names the worst index, both values and the max errors.
 ::testing::AssertionResult AllClose(absl::Span<const float> actual,
                                     absl::Span<const float> expected, float atol, float rtol);
+
+// Central differences: element i of the result is
+// (loss() at param[i] + h - loss() at param[i] - h) / 2h. Each element of
+// *param is perturbed in place and restored before the next.
+std::vector<float> NumericGradient(std::vector<float>* param, float h,
+                                   const std::function<double()>& loss);
 
 // The first CUDA device of this process, created on first use; nullptr when
 // the build has no CUDA or no GPU is usable. Shared by the tests of one binary.
