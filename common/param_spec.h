@@ -26,6 +26,14 @@ struct ParamSpec {
   bool operator!=(const ParamSpec& other) const { return !(*this == other); }
 };
 
+// How many chunks of at most `chunk_elements` elements a tensor of `elements`
+// elements travels in (proto/parameter_server.proto): at least one, so an
+// empty tensor is still one (empty) chunk. chunk_elements >= 1.
+inline int64_t ChunkCount(int64_t elements, int64_t chunk_elements) {
+  const int64_t chunks = (elements + chunk_elements - 1) / chunk_elements;
+  return chunks > 1 ? chunks : 1;
+}
+
 }  // namespace ps
 
 #endif  // PS_COMMON_PARAM_SPEC_H_

@@ -77,7 +77,7 @@ absl::Status ParameterServer::AdoptSignatureLocked(std::vector<ParamSpec> signat
     first_chunks.push_back(chunks);
     const int64_t n = NumElements(spec.shape);
     total += n;
-    chunks += std::max<int64_t>(1, (n + options_.chunk_elements - 1) / options_.chunk_elements);
+    chunks += ChunkCount(n, options_.chunk_elements);
   }
   if (static_cast<int64_t>(initial.size()) != total) {
     return absl::InvalidArgumentError(absl::StrCat("initial parameters have ", initial.size(),
@@ -172,8 +172,7 @@ absl::Status ParameterServer::CheckKeyChunkLocked(int key, int64_t chunk, int64_
         absl::StrCat("key ", key, " out of range: the model has ", signature_.size(), " keys"));
   }
   const int64_t n = NumElements(signature_[key].shape);
-  const int64_t chunks = std::max<int64_t>(1, (n + options_.chunk_elements - 1) /
-                                                  options_.chunk_elements);
+  const int64_t chunks = ChunkCount(n, options_.chunk_elements);
   if (chunk < 0 || chunk >= chunks) {
     return absl::OutOfRangeError(absl::StrCat("chunk ", chunk, " of key '", signature_[key].name,
                                               "' out of range: it has ", chunks, " chunks"));
@@ -348,8 +347,7 @@ int64_t ParameterServer::ChunkLength(int key, int64_t chunk) const {
 int64_t ParameterServer::NumChunks(int key) const {
   absl::MutexLock lock(&mu_);
   if (key < 0 || key >= static_cast<int>(signature_.size())) return 0;
-  const int64_t n = NumElements(signature_[key].shape);
-  return std::max<int64_t>(1, (n + options_.chunk_elements - 1) / options_.chunk_elements);
+  return ChunkCount(NumElements(signature_[key].shape), options_.chunk_elements);
 }
 
 }  // namespace ps::server

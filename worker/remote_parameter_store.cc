@@ -89,8 +89,7 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Register(
   int64_t offset = 0;
   for (int key = 0; key < static_cast<int>(signature.size()); ++key) {
     const int64_t n = NumElements(signature[key].shape);
-    const int64_t count = std::max<int64_t>(1, (n + reply.chunk_elements() - 1) /
-                                                   reply.chunk_elements());
+    const int64_t count = ChunkCount(n, reply.chunk_elements());
     for (int64_t c = 0; c < count; ++c) {
       const int64_t begin = c * reply.chunk_elements();
       chunks_.push_back({key, c, offset + begin, std::min(reply.chunk_elements(), n - begin)});
