@@ -10,6 +10,7 @@
 #include "common/cpu_device.h"
 #include "kernels/activation.h"
 #include "kernels/pool.h"
+#include "kernels/pool_test_util.h"
 #include "kernels/test_util.h"
 
 namespace ps::kernels {
@@ -19,22 +20,9 @@ using testing::AllClose;
 using testing::DeviceBuffer;
 using testing::RandomVector;
 
-Pool2dShape MakeShape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t s, int64_t p) {
-  Pool2dShape shape;
-  shape.batch = n;
-  shape.channels = c;
-  shape.height = h;
-  shape.width = w;
-  shape.kernel_h = shape.kernel_w = k;
-  shape.stride_h = shape.stride_w = s;
-  shape.pad_h = shape.pad_w = p;
-  return shape;
-}
-
-int64_t InSize(const Pool2dShape& s) { return s.batch * s.channels * s.height * s.width; }
-int64_t OutSize(const Pool2dShape& s) {
-  return s.batch * s.channels * s.out_height() * s.out_width();
-}
+using testing::InSize;
+using testing::MakePoolShape;
+using testing::OutSize;
 
 const char* Name(PoolActivation act) { return act == PoolActivation::kRelu ? "relu" : "sigmoid"; }
 
@@ -42,11 +30,11 @@ const char* Name(PoolActivation act) { return act == PoolActivation::kRelu ? "re
 // ResNet's 3x3/2 pad 1, overlapping 3x3/1 pad 1 and a rectangular window.
 std::vector<Pool2dShape> TestShapes() {
   std::vector<Pool2dShape> shapes = {
-      MakeShape(3, 6, 28, 28, 2, 2, 0), MakeShape(2, 16, 10, 10, 2, 2, 0),
-      MakeShape(3, 2, 7, 5, 2, 2, 0),   MakeShape(2, 3, 9, 7, 3, 2, 1),
-      MakeShape(1, 2, 6, 5, 3, 1, 1),   MakeShape(1, 1, 1, 1, 1, 1, 0),
+      MakePoolShape(3, 6, 28, 28, 2, 2, 0), MakePoolShape(2, 16, 10, 10, 2, 2, 0),
+      MakePoolShape(3, 2, 7, 5, 2, 2, 0),   MakePoolShape(2, 3, 9, 7, 3, 2, 1),
+      MakePoolShape(1, 2, 6, 5, 3, 1, 1),   MakePoolShape(1, 1, 1, 1, 1, 1, 0),
   };
-  Pool2dShape rect = MakeShape(2, 2, 10, 9, 1, 1, 0);
+  Pool2dShape rect = MakePoolShape(2, 2, 10, 9, 1, 1, 0);
   rect.kernel_h = 4;
   rect.kernel_w = 3;
   rect.stride_h = 3;
@@ -67,7 +55,9 @@ Unfused RunUnfused(CpuDevice& cpu, PoolActivation act, bool max, const Pool2dSha
                    const std::vector<float>& x, const std::vector<float>& dy) {
   const int64_t n_in = InSize(s);
   std::vector<float> a(n_in), da(n_in);
-  Unfused out{{}, std::vector<float>(OutSize(s)), std::vector<float>(n_in),
+  Unfused out{{},
+              std::vector<float>(OutSize(s)),
+              std::vector<float>(n_in),
               std::vector<int32_t>(OutSize(s))};
   EXPECT_TRUE((act == PoolActivation::kRelu ? ReluForward(cpu, n_in, x.data(), a.data())
                                             : SigmoidForward(cpu, n_in, x.data(), a.data()))
@@ -95,7 +85,9 @@ struct Naive {
 
 Naive RunNaive(PoolActivation act, bool max, const Pool2dShape& s, const std::vector<float>& x,
                const std::vector<float>& dy) {
-  auto f = [&](double v) { return act == PoolActivation::kRelu ? std::max(v, 0.0) : 1 / (1 + std::exp(-v)); };
+  auto f = [&](double v) {
+    return act == PoolActivation::kRelu ? std::max(v, 0.0) : 1 / (1 + std::exp(-v));
+  };
   auto df = [&](double v) {
     if (act == PoolActivation::kRelu) return v > 0 ? 1.0 : 0.0;
     const double y = 1 / (1 + std::exp(-v));
@@ -156,8 +148,8 @@ TEST(ActivationPoolCpuTest, BitIdenticalToUnfusedKernels) {
       for (bool max : {false, true}) {
         SCOPED_TRACE(::testing::Message()
                      << Name(act) << (max ? " max" : " avg") << " N" << s.batch << " C"
-                     << s.channels << " " << s.height << "x" << s.width << " k" << s.kernel_h
-                     << "x" << s.kernel_w << " s" << s.stride_h << " p" << s.pad_h);
+                     << s.channels << " " << s.height << "x" << s.width << " k" << s.kernel_h << "x"
+                     << s.kernel_w << " s" << s.stride_h << " p" << s.pad_h);
         // Wide inputs reach sigmoid's saturated tails.
         const std::vector<float> x = RandomVector(InSize(s), 11, -12.f, 12.f);
         const std::vector<float> dy = RandomVector(OutSize(s), 12);
@@ -166,10 +158,11 @@ TEST(ActivationPoolCpuTest, BitIdenticalToUnfusedKernels) {
         std::vector<int32_t> argmax(OutSize(s));
         if (max) {
           ASSERT_TRUE(
-              ActivationMaxPool2dForward(cpu, act, s, x.data(), a.data(), y.data(), argmax.data()).ok());
+              ActivationMaxPool2dForward(cpu, act, s, x.data(), a.data(), y.data(), argmax.data())
+                  .ok());
           EXPECT_EQ(argmax, ref.argmax);
-          ASSERT_TRUE(ActivationMaxPool2dBackward(cpu, act, s, a.data(), dy.data(),
-                                                  argmax.data(), dx.data())
+          ASSERT_TRUE(ActivationMaxPool2dBackward(cpu, act, s, a.data(), dy.data(), argmax.data(),
+                                                  dx.data())
                           .ok());
         } else {
           ASSERT_TRUE(ActivationAvgPool2dForward(cpu, act, s, x.data(), a.data(), y.data()).ok());
@@ -187,7 +180,7 @@ TEST(ActivationPoolCpuTest, BitIdenticalToUnfusedKernels) {
 TEST(ActivationPoolCpuTest, MatchesNaiveReference) {
   CpuDevice cpu(0, 2);
   std::vector<Pool2dShape> shapes = TestShapes();
-  shapes.push_back(MakeShape(4, 16, 32, 32, 2, 2, 0));  // spans several ParallelFor chunks
+  shapes.push_back(MakePoolShape(4, 16, 32, 32, 2, 2, 0));  // spans several ParallelFor chunks
   for (const Pool2dShape& s : shapes) {
     for (PoolActivation act : {PoolActivation::kRelu, PoolActivation::kSigmoid}) {
       for (bool max : {false, true}) {
@@ -202,9 +195,10 @@ TEST(ActivationPoolCpuTest, MatchesNaiveReference) {
         std::vector<int32_t> argmax(OutSize(s));
         if (max) {
           ASSERT_TRUE(
-              ActivationMaxPool2dForward(cpu, act, s, x.data(), a.data(), y.data(), argmax.data()).ok());
-          ASSERT_TRUE(ActivationMaxPool2dBackward(cpu, act, s, a.data(), dy.data(),
-                                                  argmax.data(), dx.data())
+              ActivationMaxPool2dForward(cpu, act, s, x.data(), a.data(), y.data(), argmax.data())
+                  .ok());
+          ASSERT_TRUE(ActivationMaxPool2dBackward(cpu, act, s, a.data(), dy.data(), argmax.data(),
+                                                  dx.data())
                           .ok());
         } else {
           ASSERT_TRUE(ActivationAvgPool2dForward(cpu, act, s, x.data(), a.data(), y.data()).ok());
@@ -221,8 +215,9 @@ TEST(ActivationPoolCpuTest, MatchesNaiveReference) {
 // Central differences of L = sum w * pool(act(x)) against the backward passes.
 TEST(ActivationPoolCpuTest, BackwardMatchesFiniteDifferences) {
   CpuDevice cpu(0, 1);
-  for (const Pool2dShape& s : {MakeShape(2, 2, 5, 6, 3, 2, 1), MakeShape(1, 2, 5, 4, 2, 2, 0),
-                               MakeShape(1, 1, 5, 5, 3, 1, 1)}) {
+  for (const Pool2dShape& s :
+       {MakePoolShape(2, 2, 5, 6, 3, 2, 1), MakePoolShape(1, 2, 5, 4, 2, 2, 0),
+        MakePoolShape(1, 1, 5, 5, 3, 1, 1)}) {
     const int64_t n_in = InSize(s), n_out = OutSize(s);
     const std::vector<float> x = DistinctValues(n_in, 0.05f, 3);
     const std::vector<float> w = RandomVector(n_out, 4);
@@ -235,7 +230,8 @@ TEST(ActivationPoolCpuTest, BackwardMatchesFiniteDifferences) {
         auto loss = [&](const std::vector<float>& in) {
           std::vector<float> y(n_out);
           const absl::Status st =
-              max ? ActivationMaxPool2dForward(cpu, act, s, in.data(), a.data(), y.data(), argmax.data())
+              max ? ActivationMaxPool2dForward(cpu, act, s, in.data(), a.data(), y.data(),
+                                               argmax.data())
                   : ActivationAvgPool2dForward(cpu, act, s, in.data(), a.data(), y.data());
           EXPECT_TRUE(st.ok()) << st;
           double sum = 0;
@@ -264,15 +260,15 @@ TEST(ActivationPoolCpuTest, BackwardMatchesFiniteDifferences) {
 
 TEST(ActivationPoolCpuTest, RejectsInvalidShape) {
   CpuDevice cpu(0, 1);
-  const absl::Status st = ActivationAvgPool2dForward(cpu, PoolActivation::kSigmoid,
-                                                     MakeShape(1, 1, 4, 4, 2, 0, 0), nullptr,
-                                                     nullptr, nullptr);
+  const absl::Status st = ActivationAvgPool2dForward(
+      cpu, PoolActivation::kSigmoid, MakePoolShape(1, 1, 4, 4, 2, 0, 0), nullptr, nullptr, nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("stride_h"), absl::string_view::npos) << st;
-  EXPECT_EQ(ActivationMaxPool2dBackward(cpu, PoolActivation::kRelu, MakeShape(1, 1, 4, 4, 2, 2, 3),
-                                        nullptr, nullptr, nullptr, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ActivationMaxPool2dBackward(cpu, PoolActivation::kRelu, MakePoolShape(1, 1, 4, 4, 2, 2, 3),
+                                  nullptr, nullptr, nullptr, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ActivationPoolCudaTest, MatchesCpu) {
@@ -280,13 +276,12 @@ TEST(ActivationPoolCudaTest, MatchesCpu) {
   Device* gpu = testing::TestGpu();
   CpuDevice cpu(0, 2);
   std::vector<Pool2dShape> shapes = TestShapes();
-  shapes.push_back(MakeShape(32, 64, 56, 56, 3, 2, 1));  // grid-stride loop
+  shapes.push_back(MakePoolShape(32, 64, 56, 56, 3, 2, 1));  // grid-stride loop
   for (const Pool2dShape& s : shapes) {
     for (PoolActivation act : {PoolActivation::kRelu, PoolActivation::kSigmoid}) {
       SCOPED_TRACE(::testing::Message()
-                   << Name(act) << " N" << s.batch << " C" << s.channels << " " << s.height
-                   << "x" << s.width << " k" << s.kernel_h << " s" << s.stride_h << " p"
-                   << s.pad_h);
+                   << Name(act) << " N" << s.batch << " C" << s.channels << " " << s.height << "x"
+                   << s.width << " k" << s.kernel_h << " s" << s.stride_h << " p" << s.pad_h);
       const int64_t n_in = InSize(s), n_out = OutSize(s);
       const std::vector<float> x = RandomVector(n_in, 21, -6.f, 6.f);
       const std::vector<float> dy = RandomVector(n_out, 22);
@@ -307,18 +302,20 @@ TEST(ActivationPoolCudaTest, MatchesCpu) {
       EXPECT_TRUE(AllClose(gdx.ToHost(), dx, 1e-6f, 1e-5f));
 
       ASSERT_TRUE(
-          ActivationMaxPool2dForward(cpu, act, s, x.data(), a.data(), y.data(), argmax.data()).ok());
-      ASSERT_TRUE(ActivationMaxPool2dForward(*gpu, act, s, gx.data(), ga.data(), gy.data(), gargmax).ok());
+          ActivationMaxPool2dForward(cpu, act, s, x.data(), a.data(), y.data(), argmax.data())
+              .ok());
+      ASSERT_TRUE(
+          ActivationMaxPool2dForward(*gpu, act, s, gx.data(), ga.data(), gy.data(), gargmax).ok());
       EXPECT_TRUE(AllClose(gy.ToHost(), y, 1e-6f, 1e-5f));
       // Backward from the CPU's argmax on both, so that a last-ulp difference
       // in the activation cannot move a maximum.
       ASSERT_TRUE(gpu->CopyHostToDevice(gargmax, argmax.data(), n_out * sizeof(int32_t)).ok());
-      ASSERT_TRUE(ActivationMaxPool2dBackward(cpu, act, s, a.data(), dy.data(), argmax.data(),
-                                              dx.data())
-                      .ok());
-      ASSERT_TRUE(ActivationMaxPool2dBackward(*gpu, act, s, ga.data(), gdy.data(), gargmax,
-                                              gdx.data())
-                      .ok());
+      ASSERT_TRUE(
+          ActivationMaxPool2dBackward(cpu, act, s, a.data(), dy.data(), argmax.data(), dx.data())
+              .ok());
+      ASSERT_TRUE(
+          ActivationMaxPool2dBackward(*gpu, act, s, ga.data(), gdy.data(), gargmax, gdx.data())
+              .ok());
       EXPECT_TRUE(AllClose(gdx.ToHost(), dx, 1e-6f, 1e-5f));
       gpu->Deallocate(gargmax);
     }

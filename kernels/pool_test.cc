@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/cpu_device.h"
+#include "kernels/pool_test_util.h"
 #include "kernels/test_util.h"
 
 namespace ps::kernels {
@@ -17,22 +18,9 @@ using testing::AllClose;
 using testing::DeviceBuffer;
 using testing::RandomVector;
 
-Pool2dShape MakeShape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t s, int64_t p) {
-  Pool2dShape shape;
-  shape.batch = n;
-  shape.channels = c;
-  shape.height = h;
-  shape.width = w;
-  shape.kernel_h = shape.kernel_w = k;
-  shape.stride_h = shape.stride_w = s;
-  shape.pad_h = shape.pad_w = p;
-  return shape;
-}
-
-int64_t InSize(const Pool2dShape& s) { return s.batch * s.channels * s.height * s.width; }
-int64_t OutSize(const Pool2dShape& s) {
-  return s.batch * s.channels * s.out_height() * s.out_width();
-}
+using testing::InSize;
+using testing::MakePoolShape;
+using testing::OutSize;
 
 // Straight from the definition: visit every cell of the padded window; max
 // pooling skips padding, average pooling counts it as zero.
@@ -115,11 +103,11 @@ std::vector<float> DistinctValues(int64_t n, float gap, uint64_t seed) {
 // overlapping 3x3/1 pad 1, sizes that do not divide, rectangular windows.
 std::vector<Pool2dShape> TestShapes() {
   std::vector<Pool2dShape> shapes = {
-      MakeShape(2, 3, 8, 8, 2, 2, 0), MakeShape(2, 3, 9, 7, 3, 2, 1),
-      MakeShape(1, 2, 6, 5, 3, 1, 1), MakeShape(3, 1, 7, 5, 2, 2, 0),
-      MakeShape(1, 1, 1, 1, 1, 1, 0), MakeShape(2, 2, 5, 5, 5, 1, 2),
+      MakePoolShape(2, 3, 8, 8, 2, 2, 0), MakePoolShape(2, 3, 9, 7, 3, 2, 1),
+      MakePoolShape(1, 2, 6, 5, 3, 1, 1), MakePoolShape(3, 1, 7, 5, 2, 2, 0),
+      MakePoolShape(1, 1, 1, 1, 1, 1, 0), MakePoolShape(2, 2, 5, 5, 5, 1, 2),
   };
-  Pool2dShape rect = MakeShape(2, 2, 10, 9, 1, 1, 0);
+  Pool2dShape rect = MakePoolShape(2, 2, 10, 9, 1, 1, 0);
   rect.kernel_h = 4;
   rect.kernel_w = 3;
   rect.stride_h = 3;
@@ -132,7 +120,7 @@ std::vector<Pool2dShape> TestShapes() {
 
 TEST(PoolCpuTest, HandComputed2x2) {
   CpuDevice cpu(0, 1);
-  const Pool2dShape s = MakeShape(1, 1, 4, 4, 2, 2, 0);
+  const Pool2dShape s = MakePoolShape(1, 1, 4, 4, 2, 2, 0);
   const std::vector<float> x = {1,  2,  5, 3,  //
                                 4,  0,  1, 1,  //
                                 -1, -2, 7, 8,  //
@@ -157,7 +145,7 @@ TEST(PoolCpuTest, PaddingIsIgnoredByMaxAndCountedByAvg) {
   CpuDevice cpu(0, 1);
   // 3x3 window, stride 2, pad 1 over an all-negative 3x3 input: the padding
   // (0 for avg, -inf for max) must never win the max.
-  const Pool2dShape s = MakeShape(1, 1, 3, 3, 3, 2, 1);
+  const Pool2dShape s = MakePoolShape(1, 1, 3, 3, 3, 2, 1);
   ASSERT_EQ(s.out_height(), 2);
   const std::vector<float> x = {-1, -2, -3, -4, -5, -6, -7, -8, -9};
   std::vector<float> y(4);
@@ -172,7 +160,7 @@ TEST(PoolCpuTest, PaddingIsIgnoredByMaxAndCountedByAvg) {
 
 TEST(PoolCpuTest, TiesPickFirstMaximum) {
   CpuDevice cpu(0, 1);
-  const Pool2dShape s = MakeShape(1, 1, 2, 4, 2, 2, 0);
+  const Pool2dShape s = MakePoolShape(1, 1, 2, 4, 2, 2, 0);
   const std::vector<float> x = {3, 3, 0, 1, 3, 3, 1, 1};
   std::vector<float> y(2);
   std::vector<int32_t> argmax(2);
@@ -183,7 +171,7 @@ TEST(PoolCpuTest, TiesPickFirstMaximum) {
 TEST(PoolCpuTest, MatchesNaiveReference) {
   CpuDevice cpu(0, 2);
   std::vector<Pool2dShape> shapes = TestShapes();
-  shapes.push_back(MakeShape(4, 16, 32, 32, 2, 2, 0));  // spans several ParallelFor chunks
+  shapes.push_back(MakePoolShape(4, 16, 32, 32, 2, 2, 0));  // spans several ParallelFor chunks
   for (const Pool2dShape& s : shapes) {
     SCOPED_TRACE(::testing::Message() << "N" << s.batch << " C" << s.channels << " " << s.height
                                       << "x" << s.width << " k" << s.kernel_h << "x" << s.kernel_w
@@ -211,8 +199,9 @@ TEST(PoolCpuTest, MatchesNaiveReference) {
 // Central differences of L = sum w * pool(x) against both backward passes.
 TEST(PoolCpuTest, BackwardMatchesFiniteDifferences) {
   CpuDevice cpu(0, 1);
-  for (const Pool2dShape& s : {MakeShape(2, 2, 5, 6, 3, 2, 1), MakeShape(1, 2, 4, 4, 2, 2, 0),
-                               MakeShape(1, 1, 5, 5, 3, 1, 1)}) {
+  for (const Pool2dShape& s :
+       {MakePoolShape(2, 2, 5, 6, 3, 2, 1), MakePoolShape(1, 2, 4, 4, 2, 2, 0),
+        MakePoolShape(1, 1, 5, 5, 3, 1, 1)}) {
     const int64_t n_in = InSize(s), n_out = OutSize(s);
     const std::vector<float> x = DistinctValues(n_in, 0.05f, 3);
     const std::vector<float> w = RandomVector(n_out, 4);
@@ -252,28 +241,28 @@ TEST(PoolCpuTest, ValidationNamesTheField) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << field;
     EXPECT_NE(st.message().find(field), absl::string_view::npos) << st;
   };
-  EXPECT_TRUE(ValidatePool2dShape(MakeShape(2, 3, 8, 8, 3, 2, 1)).ok());
-  expect_invalid(MakeShape(2, 3, 8, 8, 2, 2, 2), "pad_h");
-  Pool2dShape s = MakeShape(2, 3, 8, 8, 2, 2, 0);
+  EXPECT_TRUE(ValidatePool2dShape(MakePoolShape(2, 3, 8, 8, 3, 2, 1)).ok());
+  expect_invalid(MakePoolShape(2, 3, 8, 8, 2, 2, 2), "pad_h");
+  Pool2dShape s = MakePoolShape(2, 3, 8, 8, 2, 2, 0);
   s.pad_w = -1;
   expect_invalid(s, "pad_w");
-  expect_invalid(MakeShape(2, 3, 8, 8, 2, 0, 0), "stride_h");
-  expect_invalid(MakeShape(2, 3, 8, 8, 0, 1, 0), "kernel_h");
-  expect_invalid(MakeShape(2, 3, 2, 2, 3, 1, 0), "kernel_h");
-  expect_invalid(MakeShape(-1, 3, 8, 8, 2, 2, 0), "batch");
-  expect_invalid(MakeShape(1, 0, 8, 8, 2, 2, 0), "channels");
-  expect_invalid(MakeShape(1, 1, 0, 8, 1, 1, 0), "height");
-  expect_invalid(MakeShape(1, 1, 1 << 16, 1 << 16, 2, 2, 0), "height * width");
-  s = MakeShape(1, 1, 8, 8, 2, 2, 0);
+  expect_invalid(MakePoolShape(2, 3, 8, 8, 2, 0, 0), "stride_h");
+  expect_invalid(MakePoolShape(2, 3, 8, 8, 0, 1, 0), "kernel_h");
+  expect_invalid(MakePoolShape(2, 3, 2, 2, 3, 1, 0), "kernel_h");
+  expect_invalid(MakePoolShape(-1, 3, 8, 8, 2, 2, 0), "batch");
+  expect_invalid(MakePoolShape(1, 0, 8, 8, 2, 2, 0), "channels");
+  expect_invalid(MakePoolShape(1, 1, 0, 8, 1, 1, 0), "height");
+  expect_invalid(MakePoolShape(1, 1, 1 << 16, 1 << 16, 2, 2, 0), "height * width");
+  s = MakePoolShape(1, 1, 8, 8, 2, 2, 0);
   s.kernel_w = 9;
   expect_invalid(s, "kernel_w");
 
   // The kernels refuse the shape too, without touching memory.
   CpuDevice cpu(0, 1);
-  EXPECT_EQ(AvgPool2dForward(cpu, MakeShape(1, 1, 4, 4, 2, 0, 0), nullptr, nullptr).code(),
+  EXPECT_EQ(AvgPool2dForward(cpu, MakePoolShape(1, 1, 4, 4, 2, 0, 0), nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(
-      MaxPool2dBackward(cpu, MakeShape(1, 1, 4, 4, 2, 2, 3), nullptr, nullptr, nullptr).code(),
+      MaxPool2dBackward(cpu, MakePoolShape(1, 1, 4, 4, 2, 2, 3), nullptr, nullptr, nullptr).code(),
       absl::StatusCode::kInvalidArgument);
 }
 
@@ -282,7 +271,7 @@ TEST(PoolCudaTest, MatchesCpu) {
   Device* gpu = testing::TestGpu();
   CpuDevice cpu(0, 2);
   std::vector<Pool2dShape> shapes = TestShapes();
-  shapes.push_back(MakeShape(32, 64, 56, 56, 3, 2, 1));  // ResNet stem pool, grid-stride loop
+  shapes.push_back(MakePoolShape(32, 64, 56, 56, 3, 2, 1));  // ResNet stem pool, grid-stride loop
   for (const Pool2dShape& s : shapes) {
     SCOPED_TRACE(::testing::Message()
                  << "N" << s.batch << " C" << s.channels << " " << s.height << "x" << s.width
