@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "worker/data/synthetic.h"
 #include "worker/local_parameter_store.h"
+#include "worker/trainer_test_util.h"
 #include "worker/trainer.h"
 
 namespace ps::worker {
@@ -29,21 +30,8 @@ namespace {
     }                                                                                     \
   } while (false)
 
-Dataset Synthetic(int64_t size) {
-  SyntheticOptions options;
-  options.size = size;
-  auto dataset = MakeSyntheticDataset(options);
-  EXPECT_TRUE(dataset.ok()) << dataset.status();
-  return std::move(dataset).value();
-}
-
-server::OptimizerOptions Sgd() {
-  server::OptimizerOptions o;
-  o.sgd.lr = 0.1f;
-  o.sgd.momentum = 0.9f;
-  o.sgd.weight_decay = 1e-3f;
-  return o;
-}
+using testing::MomentumSgd;
+using testing::SyntheticDataset;
 
 struct Trained {
   std::vector<float> parameters;
@@ -69,7 +57,7 @@ Trained Train(const std::string& model_name, const std::string& devices_text, in
   }
   std::vector<Device*> devices;
   for (auto& d : *owned) devices.push_back(d.get());
-  auto store = LocalParameterStore::Create(Sgd());
+  auto store = LocalParameterStore::Create(MomentumSgd());
   if (!store.ok()) {
     ADD_FAILURE() << store.status();
     return out;
@@ -137,7 +125,7 @@ std::vector<std::string> CudaConfigs() {
 
 TEST(TrainerGpuTest, OneStepOnCudaMatchesOneCpuDevice) {
   PS_SKIP_WITHOUT_CUDA_GPU();
-  const Dataset data = Synthetic(512);
+  const Dataset data = SyntheticDataset(512);
   for (const char* model : {"mlp", "lenet"}) {
     for (int64_t batch : {64, 37}) {  // 37: shards of unequal size
       const Trained cpu = Train(model, "cpu", batch, 1, data);
@@ -155,7 +143,7 @@ TEST(TrainerGpuTest, OneStepOnCudaMatchesOneCpuDevice) {
 // replica starts from the same initialisation).
 TEST(TrainerGpuTest, LogicalDevicesOnOneGpuTrainLikeOneDevice) {
   PS_SKIP_WITHOUT_CUDA_GPU();
-  const Dataset data = Synthetic(512);
+  const Dataset data = SyntheticDataset(512);
   for (const char* model : {"mlp", "lenet"}) {
     const Trained one = Train(model, "cuda:0", 60, 4, data);
     for (const char* devices : {"cuda:0,0", "cuda:0,0,0"}) {
@@ -168,7 +156,7 @@ TEST(TrainerGpuTest, LogicalDevicesOnOneGpuTrainLikeOneDevice) {
 
 TEST(TrainerGpuTest, HostLinkCarriesOneModelEachWayPerStep) {
   PS_SKIP_WITHOUT_CUDA_GPU();
-  const Dataset data = Synthetic(256);
+  const Dataset data = SyntheticDataset(256);
   for (const std::string& devices : CudaConfigs()) {
     const Trained t = Train("lenet", devices, 60, 3, data);
     const double model_bytes = 4.0 * t.report.model_parameters;

@@ -8,25 +8,13 @@
 #include "gtest/gtest.h"
 #include "worker/data/synthetic.h"
 #include "worker/local_parameter_store.h"
+#include "worker/trainer_test_util.h"
 
 namespace ps::worker {
 namespace {
 
-Dataset Synthetic(int64_t size) {
-  SyntheticOptions options;
-  options.size = size;
-  auto dataset = MakeSyntheticDataset(options);
-  EXPECT_TRUE(dataset.ok()) << dataset.status();
-  return std::move(dataset).value();
-}
-
-server::OptimizerOptions Sgd() {
-  server::OptimizerOptions o;
-  o.sgd.lr = 0.1f;
-  o.sgd.momentum = 0.9f;
-  o.sgd.weight_decay = 1e-3f;
-  return o;
-}
+using testing::MomentumSgd;
+using testing::SyntheticDataset;
 
 // Trains `steps` steps with `d` CPU devices (1 thread each) and returns the
 // final parameters.
@@ -39,7 +27,7 @@ std::vector<float> TrainWithDevices(const std::string& model_name, int d, int64_
     owned.push_back(std::make_unique<CpuDevice>(i, 1));
     devices.push_back(owned.back().get());
   }
-  auto store = LocalParameterStore::Create(Sgd());
+  auto store = LocalParameterStore::Create(MomentumSgd());
   EXPECT_TRUE(store.ok()) << store.status();
   TrainerOptions options;
   options.batch_size = batch;
@@ -83,7 +71,7 @@ void ExpectRelativelyClose(const std::vector<float>& a, const std::vector<float>
 // Issue 3's promise: D devices on one batch give the update of one device,
 // also when the batch does not divide by D.
 TEST(TrainerTest, OneStepIsTheSameOnOneTwoAndThreeDevices) {
-  const Dataset data = Synthetic(512);
+  const Dataset data = SyntheticDataset(512);
   for (const char* model : {"mlp", "lenet"}) {
     for (int64_t batch : {64, 37}) {
       const auto one = TrainWithDevices(model, 1, batch, 1, data, nullptr, nullptr);
@@ -97,7 +85,7 @@ TEST(TrainerTest, OneStepIsTheSameOnOneTwoAndThreeDevices) {
 }
 
 TEST(TrainerTest, HostLinkCarriesOneModelEachWayPerStepWhateverD) {
-  const Dataset data = Synthetic(256);
+  const Dataset data = SyntheticDataset(256);
   for (int d : {1, 2, 3}) {
     int64_t to_host = 0, to_device = 0;
     TrainWithDevices("lenet", d, 60, 3, data, &to_host, &to_device);
@@ -107,21 +95,21 @@ TEST(TrainerTest, HostLinkCarriesOneModelEachWayPerStepWhateverD) {
 }
 
 TEST(TrainerTest, CpuRunsAreBitReproducible) {
-  const Dataset data = Synthetic(256);
+  const Dataset data = SyntheticDataset(256);
   const auto a = TrainWithDevices("lenet", 1, 32, 5, data, nullptr, nullptr);
   const auto b = TrainWithDevices("lenet", 1, 32, 5, data, nullptr, nullptr);
   EXPECT_EQ(a, b);
 }
 
 TEST(TrainerTest, LearnsTheSyntheticTask) {
-  const Dataset train = Synthetic(2048);
+  const Dataset train = SyntheticDataset(2048);
   SyntheticOptions test_options;
   test_options.size = 512;
   test_options.first_index = 1 << 20;
   auto test = MakeSyntheticDataset(test_options);
   ASSERT_TRUE(test.ok());
   CpuDevice device(0, 2);
-  auto store = LocalParameterStore::Create(Sgd());
+  auto store = LocalParameterStore::Create(MomentumSgd());
   ASSERT_TRUE(store.ok());
   TrainerOptions options;
   options.batch_size = 64;
@@ -147,9 +135,9 @@ TEST(TrainerTest, LearnsTheSyntheticTask) {
 }
 
 TEST(TrainerTest, RejectsMismatchedDataAndBadOptions) {
-  const Dataset data = Synthetic(64);
+  const Dataset data = SyntheticDataset(64);
   CpuDevice device(0, 1);
-  auto store = LocalParameterStore::Create(Sgd());
+  auto store = LocalParameterStore::Create(MomentumSgd());
   ModelConfig model;
   model.input_shape = {3, 32, 32};
   auto trainer = Trainer::Create(TrainerOptions(), model, {&device}, store->get(), &data, nullptr);
