@@ -6,19 +6,10 @@
 
 #ifdef PS_WITH_CUDA
 #include "kernels/activation_pool_cuda.h"
+#include "kernels/pool_dims.h"
 #endif
 
 namespace ps::kernels {
-namespace {
-
-#ifdef PS_WITH_CUDA
-internal::PoolDims ToDims(const Pool2dShape& s) {
-  return {s.batch,    s.channels, s.height, s.width, s.kernel_h,     s.kernel_w,
-          s.stride_h, s.stride_w, s.pad_h,  s.pad_w, s.out_height(), s.out_width()};
-}
-#endif
-
-}  // namespace
 
 absl::Status ActivationAvgPool2dForward(Device& device, PoolActivation act,
                                         const Pool2dShape& shape, const float* x, float* a,
@@ -30,7 +21,7 @@ absl::Status ActivationAvgPool2dForward(Device& device, PoolActivation act,
   }
   PS_LAUNCH_CUDA(device, "ActivationAvgPool2dForward",
                  internal::ActivationAvgPool2dForwardCuda(stream, act == PoolActivation::kSigmoid,
-                                                          ToDims(shape), x, a, y));
+                                                          internal::ToPoolDims(shape), x, a, y));
 }
 
 absl::Status ActivationAvgPool2dBackward(Device& device, PoolActivation act,
@@ -43,7 +34,7 @@ absl::Status ActivationAvgPool2dBackward(Device& device, PoolActivation act,
   }
   PS_LAUNCH_CUDA(device, "ActivationAvgPool2dBackward",
                  internal::ActivationAvgPool2dBackwardCuda(stream, act == PoolActivation::kSigmoid,
-                                                           ToDims(shape), a, dy, dx));
+                                                           internal::ToPoolDims(shape), a, dy, dx));
 }
 
 absl::Status ActivationMaxPool2dForward(Device& device, PoolActivation act,
@@ -56,7 +47,7 @@ absl::Status ActivationMaxPool2dForward(Device& device, PoolActivation act,
   }
   PS_LAUNCH_CUDA(device, "ActivationMaxPool2dForward",
                  internal::ActivationMaxPool2dForwardCuda(stream, act == PoolActivation::kSigmoid,
-                                                          ToDims(shape), x, a, y, argmax));
+                                                          internal::ToPoolDims(shape), x, a, y, argmax));
 }
 
 absl::Status ActivationMaxPool2dBackward(Device& device, PoolActivation act,
@@ -69,7 +60,7 @@ absl::Status ActivationMaxPool2dBackward(Device& device, PoolActivation act,
   }
   PS_LAUNCH_CUDA(device, "ActivationMaxPool2dBackward",
                  internal::ActivationMaxPool2dBackwardCuda(stream, act == PoolActivation::kSigmoid,
-                                                           ToDims(shape), a, dy, argmax, dx));
+                                                           internal::ToPoolDims(shape), a, dy, argmax, dx));
 }
 
 }  // namespace ps::kernels

@@ -10,17 +10,11 @@
 
 #ifdef PS_WITH_CUDA
 #include "kernels/pool_cuda.h"
+#include "kernels/pool_dims.h"
 #endif
 
 namespace ps::kernels {
 namespace {
-
-#ifdef PS_WITH_CUDA
-internal::PoolDims ToDims(const Pool2dShape& s) {
-  return {s.batch,    s.channels, s.height, s.width, s.kernel_h,     s.kernel_w,
-          s.stride_h, s.stride_w, s.pad_h,  s.pad_w, s.out_height(), s.out_width()};
-}
-#endif
 
 absl::Status Invalid(absl::string_view field, int64_t value, absl::string_view requirement) {
   return absl::InvalidArgumentError(
@@ -87,7 +81,7 @@ absl::Status MaxPool2dForward(Device& device, const Pool2dShape& shape, const fl
     return absl::OkStatus();
   }
   PS_LAUNCH_CUDA(device, "MaxPool2dForward",
-                 internal::MaxPool2dForwardCuda(stream, ToDims(shape), x, y, argmax));
+                 internal::MaxPool2dForwardCuda(stream, internal::ToPoolDims(shape), x, y, argmax));
 }
 
 absl::Status MaxPool2dBackward(Device& device, const Pool2dShape& shape, const float* dy,
@@ -98,7 +92,7 @@ absl::Status MaxPool2dBackward(Device& device, const Pool2dShape& shape, const f
     return absl::OkStatus();
   }
   PS_LAUNCH_CUDA(device, "MaxPool2dBackward",
-                 internal::MaxPool2dBackwardCuda(stream, ToDims(shape), dy, argmax, dx));
+                 internal::MaxPool2dBackwardCuda(stream, internal::ToPoolDims(shape), dy, argmax, dx));
 }
 
 absl::Status AvgPool2dForward(Device& device, const Pool2dShape& shape, const float* x, float* y) {
@@ -108,7 +102,7 @@ absl::Status AvgPool2dForward(Device& device, const Pool2dShape& shape, const fl
     return absl::OkStatus();
   }
   PS_LAUNCH_CUDA(device, "AvgPool2dForward",
-                 internal::AvgPool2dForwardCuda(stream, ToDims(shape), x, y));
+                 internal::AvgPool2dForwardCuda(stream, internal::ToPoolDims(shape), x, y));
 }
 
 absl::Status AvgPool2dBackward(Device& device, const Pool2dShape& shape, const float* dy,
@@ -119,7 +113,7 @@ absl::Status AvgPool2dBackward(Device& device, const Pool2dShape& shape, const f
     return absl::OkStatus();
   }
   PS_LAUNCH_CUDA(device, "AvgPool2dBackward",
-                 internal::AvgPool2dBackwardCuda(stream, ToDims(shape), dy, dx));
+                 internal::AvgPool2dBackwardCuda(stream, internal::ToPoolDims(shape), dy, dx));
 }
 
 }  // namespace ps::kernels
