@@ -34,14 +34,7 @@ std::vector<Pool2dShape> TestShapes() {
       MakePoolShape(3, 2, 7, 5, 2, 2, 0),   MakePoolShape(2, 3, 9, 7, 3, 2, 1),
       MakePoolShape(1, 2, 6, 5, 3, 1, 1),   MakePoolShape(1, 1, 1, 1, 1, 1, 0),
   };
-  Pool2dShape rect = MakePoolShape(2, 2, 10, 9, 1, 1, 0);
-  rect.kernel_h = 4;
-  rect.kernel_w = 3;
-  rect.stride_h = 3;
-  rect.stride_w = 2;
-  rect.pad_h = 2;
-  rect.pad_w = 1;
-  shapes.push_back(rect);
+  shapes.push_back(testing::RectangularPoolShape());
   return shapes;
 }
 
