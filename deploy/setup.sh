@@ -10,6 +10,7 @@ PACKAGES=(
   g++ pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev
+  nlohmann-json3-dev     # JSON: the report and safetensors headers
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev
   zlib1g-dev

@@ -28,6 +28,8 @@ _PKG_CONFIG_LIBS = {
     "benchmark": ["benchmark"],
     "grpc": ["grpc++", "grpc"],
     "gtest": ["gtest", "gmock"],
+    # nlohmann-json3-dev: header-only; the target documents the dependency.
+    "json": ["nlohmann_json"],
     "gtest_main": ["gtest_main", "gmock"],
     "openblas": ["openblas"],
     "protobuf": ["protobuf"],

@@ -1,0 +1,35 @@
+#include "common/timed_event.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+
+absl::string_view EventKindName(EventKind kind) {
+  switch (kind) {
+    case EventKind::kData: return "data";
+    case EventKind::kCompute: return "compute";
+    case EventKind::kReduce: return "reduce";
+    case EventKind::kCopyToHost: return "copy_to_host";
+    case EventKind::kPush: return "push";
+    case EventKind::kWait: return "wait";
+    case EventKind::kPull: return "pull";
+    case EventKind::kCopyToDevice: return "copy_to_device";
+    case EventKind::kForward: return "forward";
+    case EventKind::kBackward: return "backward";
+    case EventKind::kPushMessage: return "push_message";
+    case EventKind::kPullMessage: return "pull_message";
+  }
+  return "unknown";
+}
+
+bool IsStepPhase(EventKind kind) {
+  return static_cast<int>(kind) <= static_cast<int>(EventKind::kCopyToDevice);
+}
+
+std::string LaneName(int32_t lane) {
+  if (lane == kTrainerLane) return "trainer";
+  if (lane >= RpcLane(0)) return absl::StrCat("rpc ", lane - RpcLane(0));
+  return absl::StrCat("device ", lane - DeviceLane(0));
+}
+
+}  // namespace ps

@@ -1,0 +1,74 @@
+#include "common/timed_event.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+class RecordingObserver final : public EventObserver {
+ public:
+  void OnEvent(const TimedEvent& event) override {
+    events.push_back(event);
+    names.emplace_back(event.name);
+  }
+  std::vector<TimedEvent> events;
+  std::vector<std::string> names;
+};
+
+TEST(ScopedEventTest, ReportsTheScopeOnTheInjectedClock) {
+  FakeClock clock(1000);
+  RecordingObserver observer;
+  {
+    ScopedEvent event(&observer, &clock, EventKind::kForward, DeviceLane(1), 7, "conv1", 64);
+    clock.Advance(250);
+  }
+  ASSERT_EQ(observer.events.size(), 1u);
+  const TimedEvent& e = observer.events[0];
+  EXPECT_EQ(e.kind, EventKind::kForward);
+  EXPECT_EQ(e.lane, DeviceLane(1));
+  EXPECT_EQ(e.step, 7);
+  EXPECT_EQ(observer.names[0], "conv1");
+  EXPECT_EQ(e.start_ns, 1000);
+  EXPECT_EQ(e.end_ns, 1250);
+  EXPECT_EQ(e.bytes, 64);
+}
+
+TEST(ScopedEventTest, NullObserverReportsNothing) {
+  FakeClock clock;
+  { ScopedEvent event(nullptr, &clock, EventKind::kPush, kTrainerLane, 0); }
+  SUCCEED();
+}
+
+TEST(ObserverFanOutTest, EveryObserverSeesEveryEvent) {
+  RecordingObserver a, b;
+  ObserverFanOut fan_out;
+  fan_out.Add(&a);
+  fan_out.Add(&b);
+  TimedEvent e;
+  e.kind = EventKind::kWait;
+  fan_out.OnEvent(e);
+  fan_out.OnEvent(e);
+  EXPECT_EQ(a.events.size(), 2u);
+  EXPECT_EQ(b.events.size(), 2u);
+}
+
+TEST(TimedEventTest, NamesAndLanesAreStable) {
+  EXPECT_EQ(EventKindName(EventKind::kCopyToHost), "copy_to_host");
+  EXPECT_EQ(EventKindName(EventKind::kPullMessage), "pull_message");
+  EXPECT_TRUE(IsStepPhase(EventKind::kCopyToDevice));
+  EXPECT_FALSE(IsStepPhase(EventKind::kForward));
+  EXPECT_EQ(LaneName(kTrainerLane), "trainer");
+  EXPECT_EQ(LaneName(DeviceLane(2)), "device 2");
+  EXPECT_EQ(LaneName(RpcLane(3)), "rpc 3");
+}
+
+TEST(ClockTest, RealClockNeverGoesBack) {
+  const int64_t a = Clock::Real()->NowNanos();
+  const int64_t b = Clock::Real()->NowNanos();
+  EXPECT_LE(a, b);
+}
+
+}  // namespace
+}  // namespace ps
