@@ -5,11 +5,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 
 namespace ps {
 
@@ -119,31 +117,6 @@ class Device {
   // Subclasses call this first in their destructor, while Deallocate works.
   void ReleaseScratch();
 };
-
-// What `--devices` asks for.
-struct DeviceSpec {
-  DeviceType type = DeviceType::kCpu;
-  // CPU: the number of devices. CUDA: ignored when gpu_ids is set.
-  int count = 1;
-  // CUDA: physical GPU ids, one logical device each; repeats allowed (two
-  // logical devices with their own streams on one GPU). Empty = all GPUs.
-  std::vector<int> gpu_ids;
-  bool auto_select = false;  // "auto": every GPU if any, else one CPU device
-};
-
-// Parses "auto", "cpu", "cpu:N", "cuda", "cuda:0,1,1". kInvalidArgument names
-// the bad text.
-absl::StatusOr<DeviceSpec> ParseDeviceSpec(absl::string_view text);
-
-// Number of usable CUDA GPUs: 0 when the build has no CUDA, there is no
-// driver, or no GPU. Never fails.
-int CudaGpuCount();
-
-// Creates the devices `spec` names. CPU devices split `cpu_threads` (0 = all
-// hardware threads) between them, at least one each. kUnavailable when CUDA
-// is asked for and none is usable; kUnimplemented in a build without CUDA.
-absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(const DeviceSpec& spec,
-                                                                   int cpu_threads = 0);
 
 }  // namespace ps
 

@@ -1,4 +1,4 @@
-#include "common/device.h"
+#include "common/devices.h"
 
 #include <atomic>
 #include <vector>

@@ -1,14 +1,15 @@
 #include "kernels/sgd_cpu.h"
 
-namespace ps::kernels::internal {
+namespace ps::kernels {
 namespace {
 // Below this many elements a loop stays on one thread: waking the pool costs
 // more than the work.
 constexpr int64_t kMinChunk = 1 << 15;
 }  // namespace
 
-void SgdUpdateCpu(CpuDevice& device, int64_t n, const SgdHyper& hyper, float grad_scale,
-                  const float* grad, float* param, float* momentum_buf) {
+absl::Status SgdUpdateCpu(CpuDevice& device, int64_t n, const SgdHyper& hyper, float grad_scale,
+                          const float* grad, float* param, float* momentum_buf) {
+  if (absl::Status s = ValidateSgd(n, hyper, momentum_buf); !s.ok()) return s;
   const float lr = hyper.lr;
   const float momentum = hyper.momentum;
   const float weight_decay = hyper.weight_decay;
@@ -20,7 +21,7 @@ void SgdUpdateCpu(CpuDevice& device, int64_t n, const SgdHyper& hyper, float gra
         param[i] -= lr * g;
       }
     });
-    return;
+    return absl::OkStatus();
   }
   device.ParallelFor(n, kMinChunk, [=](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
@@ -31,6 +32,7 @@ void SgdUpdateCpu(CpuDevice& device, int64_t n, const SgdHyper& hyper, float gra
       param[i] -= lr * d;
     }
   });
+  return absl::OkStatus();
 }
 
-}  // namespace ps::kernels::internal
+}  // namespace ps::kernels

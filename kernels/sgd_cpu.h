@@ -1,19 +1,23 @@
 #ifndef PS_KERNELS_SGD_CPU_H_
 #define PS_KERNELS_SGD_CPU_H_
 
-// The CPU reference implementation behind sgd.h; same contract. Arguments are
-// already validated (momentum_buf non-null when hyper.momentum != 0).
+// The SGD update on a CPU device: the reference behind sgd.h, and the update
+// the parameter server applies, which links no CUDA code. Same contract as
+// SgdUpdate (sgd.h): validates its arguments (kInvalidArgument, nothing
+// changed) and updates n parameters in host memory in place, split over the
+// device's threads.
 
 #include <cstdint>
 
 #include "common/cpu_device.h"
-#include "kernels/sgd.h"
+#include "absl/status/status.h"
+#include "kernels/sgd_hyper.h"
 
-namespace ps::kernels::internal {
+namespace ps::kernels {
 
-void SgdUpdateCpu(CpuDevice& device, int64_t n, const SgdHyper& hyper, float grad_scale,
-                  const float* grad, float* param, float* momentum_buf);
+absl::Status SgdUpdateCpu(CpuDevice& device, int64_t n, const SgdHyper& hyper, float grad_scale,
+                          const float* grad, float* param, float* momentum_buf);
 
-}  // namespace ps::kernels::internal
+}  // namespace ps::kernels
 
 #endif  // PS_KERNELS_SGD_CPU_H_

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "common/device.h"
+#include "common/devices.h"
 #include "gtest/gtest.h"
 
 namespace ps::kernels::testing {
