@@ -58,8 +58,8 @@ bool IsDirectory(const std::string& path) {
 }
 
 // Samples [begin, begin + n) of `dataset` as a dataset of their own.
-Dataset Slice(const Dataset& dataset, int64_t begin, int64_t n) {
-  Dataset out;
+data::Dataset Slice(const data::Dataset& dataset, int64_t begin, int64_t n) {
+  data::Dataset out;
   out.name = absl::StrCat(dataset.name, "[", begin, ":", begin + n, "]");
   out.sample_shape = dataset.sample_shape;
   out.num_classes = dataset.num_classes;
@@ -71,7 +71,7 @@ Dataset Slice(const Dataset& dataset, int64_t begin, int64_t n) {
 
 // The samples as pytorch_parity.py reads them: raw "pixels" U8 [N, C, H, W]
 // (it normalises them itself) and "labels" I64 [N].
-absl::Status WriteSamples(const Dataset& dataset, const std::string& path) {
+absl::Status WriteSamples(const data::Dataset& dataset, const std::string& path) {
   Shape shape = {dataset.size()};
   shape.insert(shape.end(), dataset.sample_shape.begin(), dataset.sample_shape.end());
   std::vector<NamedHostTensor> tensors;
@@ -93,8 +93,8 @@ std::map<std::string, double> ReadKeyValues(const std::string& path) {
   return out;
 }
 
-ModelConfig Config(const Dataset& data, const std::string& name) {
-  ModelConfig config;
+model::ModelConfig Config(const data::Dataset& data, const std::string& name) {
+  model::ModelConfig config;
   config.name = name;
   config.input_shape = data.sample_shape;
   config.num_classes = data.num_classes;
@@ -102,7 +102,7 @@ ModelConfig Config(const Dataset& data, const std::string& name) {
 }
 
 // The model name as pytorch_parity.py takes it ("mlp:256").
-std::string TorchSpec(const ModelConfig& config) {
+std::string TorchSpec(const model::ModelConfig& config) {
   if (config.name != "mlp") return config.name;
   return absl::StrCat("mlp:", absl::StrJoin(config.mlp_hidden, ","));
 }
@@ -114,8 +114,8 @@ struct Rig {
   std::unique_ptr<Trainer> trainer;
 };
 
-absl::StatusOr<Rig> MakeRig(const ModelConfig& config, const server::OptimizerOptions& sgd,
-                            const TrainerOptions& options, const Dataset& train) {
+absl::StatusOr<Rig> MakeRig(const model::ModelConfig& config, const server::OptimizerOptions& sgd,
+                            const TrainerOptions& options, const data::Dataset& train) {
   Rig rig;
   rig.device = std::make_unique<CpuDevice>(0, 2);
   absl::StatusOr<std::unique_ptr<LocalParameterStore>> store = LocalParameterStore::Create(sgd);
@@ -140,16 +140,16 @@ class PytorchParityTest : public ::testing::Test {
     // data, but a directory that does not load is an error, not a fallback.
     const bool real = IsDirectory(kFashionMnistDir);
     const std::string name = real ? "fashion_mnist" : "synthetic";
-    absl::StatusOr<Dataset> train = LoadDataset(name, kFashionMnistDir, "train");
-    absl::StatusOr<Dataset> test = LoadDataset(name, kFashionMnistDir, "test");
+    absl::StatusOr<data::Dataset> train = data::LoadDataset(name, kFashionMnistDir, "train");
+    absl::StatusOr<data::Dataset> test = data::LoadDataset(name, kFashionMnistDir, "test");
     if (!train.ok() || !test.ok()) {
       data_error_ = new std::string(absl::StrCat(
           name, " from ", kFashionMnistDir, ": ", (train.ok() ? test : train).status().ToString()));
       return;
     }
     synthetic_ = !real;
-    train_ = new Dataset(*std::move(train));
-    test_ = new Dataset(*std::move(test));
+    train_ = new data::Dataset(*std::move(train));
+    test_ = new data::Dataset(*std::move(test));
     std::cout << "data: " << name << " (" << train_->size() << " train, " << test_->size()
               << " test samples)\n";
   }
@@ -173,15 +173,15 @@ class PytorchParityTest : public ::testing::Test {
 
   static std::string* python_;
   static std::string* data_error_;
-  static Dataset* train_;
-  static Dataset* test_;
+  static data::Dataset* train_;
+  static data::Dataset* test_;
   static bool synthetic_;
 };
 
 std::string* PytorchParityTest::python_ = nullptr;
 std::string* PytorchParityTest::data_error_ = nullptr;
-Dataset* PytorchParityTest::train_ = nullptr;
-Dataset* PytorchParityTest::test_ = nullptr;
+data::Dataset* PytorchParityTest::train_ = nullptr;
+data::Dataset* PytorchParityTest::test_ = nullptr;
 bool PytorchParityTest::synthetic_ = false;
 
 // (a): train, save, evaluate here and in PyTorch on the same test samples.
@@ -203,7 +203,7 @@ class AccuracyParityTest : public PytorchParityTest,
 
 TEST_P(AccuracyParityTest, SavedWeightsGiveTheSameTestAccuracyInPytorch) {
   const AccuracyCase& c = GetParam();
-  const ModelConfig config = Config(*train_, c.model);
+  const model::ModelConfig config = Config(*train_, c.model);
   server::OptimizerOptions sgd;
   sgd.sgd.lr = c.lr;
   sgd.sgd.momentum = c.momentum;
@@ -222,7 +222,7 @@ TEST_P(AccuracyParityTest, SavedWeightsGiveTheSameTestAccuracyInPytorch) {
 
   const std::string weights = testing::TestTmpPath(c.model + "_trained.safetensors");
   ASSERT_TRUE(SaveWeights(rig->trainer->model(), weights).ok());
-  const Dataset eval = Slice(*test_, 0, std::min(c.eval_samples, test_->size()));
+  const data::Dataset eval = Slice(*test_, 0, std::min(c.eval_samples, test_->size()));
   double loss = 0, accuracy = 0;
   ASSERT_TRUE(rig->trainer->Evaluate(eval, &loss, &accuracy).ok());
   // Parity of an untrained model's near-uniform guesses would prove little.
@@ -379,12 +379,12 @@ double RelativeStepError(const SafetensorsFile& a, const SafetensorsFile& refere
 
 TEST_P(SgdParityTest, StepsGiveTorchOptimSgdsParameters) {
   const SgdCase& c = GetParam();
-  const ModelConfig config = Config(*train_, c.model);
+  const model::ModelConfig config = Config(*train_, c.model);
   const std::string tag = absl::StrCat(c.model, "_", c.steps);
 
   // 1. W0: a seeded initialisation, saved.
   CpuDevice device(0, 2);
-  absl::StatusOr<std::unique_ptr<Model>> initial = Model::Create(config, &device);
+  absl::StatusOr<std::unique_ptr<model::Model>> initial = model::Model::Create(config, &device);
   ASSERT_TRUE(initial.ok()) << initial.status();
   ASSERT_TRUE((*initial)->Initialize(42).ok());
   const std::string w0 = testing::TestTmpPath(tag + "_w0.safetensors");

@@ -34,8 +34,8 @@ server::OptimizerOptions Sgd() {
   return o;
 }
 
-worker::ModelConfig Config(const std::string& name) {
-  worker::ModelConfig config;
+worker::model::ModelConfig Config(const std::string& name) {
+  worker::model::ModelConfig config;
   config.name = name;
   config.mlp_hidden = {48, 24};
   return config;
@@ -51,15 +51,15 @@ worker::TrainerOptions Options() {
   return options;
 }
 
-worker::Dataset Data() {
-  worker::SyntheticOptions options;
+worker::data::Dataset Data() {
+  worker::data::SyntheticOptions options;
   options.size = 200;  // several epochs in 20 steps: exercises reshuffling
-  auto data = worker::MakeSyntheticDataset(options);
+  auto data = worker::data::MakeSyntheticDataset(options);
   EXPECT_TRUE(data.ok()) << data.status();
   return std::move(data).value();
 }
 
-std::vector<float> TrainOnOneDevice(const std::string& model, const worker::Dataset& data) {
+std::vector<float> TrainOnOneDevice(const std::string& model, const worker::data::Dataset& data) {
   CpuDevice device(0, 1);
   auto store = worker::LocalParameterStore::Create(Sgd());
   EXPECT_TRUE(store.ok());
@@ -75,7 +75,7 @@ std::vector<float> TrainOnOneDevice(const std::string& model, const worker::Data
 class TestServer {
  public:
   TestServer(const std::string& model, int workers) {
-    auto replica = worker::Model::Create(Config(model), &device_);
+    auto replica = worker::model::Model::Create(Config(model), &device_);
     EXPECT_TRUE(replica.ok()) << replica.status();
     EXPECT_TRUE((*replica)->Initialize(kSeed).ok());
     server::ParameterServerOptions options;
@@ -104,7 +104,7 @@ class TestServer {
   int port_ = 0;
 };
 
-std::vector<float> TrainDistributed(const std::string& model, const worker::Dataset& data,
+std::vector<float> TrainDistributed(const std::string& model, const worker::data::Dataset& data,
                                     int workers, int devices_per_worker) {
   TestServer server(model, workers);
   std::vector<std::vector<float>> results(workers);
@@ -153,14 +153,14 @@ void ExpectRelativelyClose(const std::vector<float>& got, const std::vector<floa
 }
 
 TEST(SyncTrainingTest, TwoWorkersTimesTwoDevicesEqualOneDeviceMlp) {
-  const worker::Dataset data = Data();
+  const worker::data::Dataset data = Data();
   const auto one = TrainOnOneDevice("mlp", data);
   const auto distributed = TrainDistributed("mlp", data, 2, 2);
   ExpectRelativelyClose(distributed, one, 1e-4);
 }
 
 TEST(SyncTrainingTest, TwoWorkersTimesTwoDevicesEqualOneDeviceLenet) {
-  const worker::Dataset data = Data();
+  const worker::data::Dataset data = Data();
   const auto one = TrainOnOneDevice("lenet", data);
   const auto distributed = TrainDistributed("lenet", data, 2, 2);
   ExpectRelativelyClose(distributed, one, 1e-4);

@@ -53,7 +53,7 @@ struct Trainer::Replica {
 };
 
 Trainer::Trainer(const TrainerOptions& options, std::vector<Device*> devices,
-                 ParameterStore* store, const Dataset* train, const Dataset* test)
+                 ParameterStore* store, const data::Dataset* train, const data::Dataset* test)
     : options_(options), devices_(std::move(devices)), store_(store), train_(train), test_(test) {}
 
 Trainer::~Trainer() {
@@ -68,11 +68,11 @@ Trainer::~Trainer() {
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
-                                                         const ModelConfig& model,
+                                                         const model::ModelConfig& model,
                                                          std::vector<Device*> devices,
                                                          ParameterStore* store,
-                                                         const Dataset* train,
-                                                         const Dataset* test) {
+                                                         const data::Dataset* train,
+                                                         const data::Dataset* test) {
   if (devices.empty()) return absl::InvalidArgumentError("trainer needs at least one device");
   if (options.batch_size < 1) {
     return absl::InvalidArgumentError(
@@ -94,17 +94,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   return trainer;
 }
 
-absl::Status Trainer::Init(const ModelConfig& model_config) {
+absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   PS_ASSIGN_OR_RETURN(collective_, DeviceCollective::Create(devices_));
   const Shape& sample = train_->sample_shape;
   const int64_t sample_elements = NumElements(sample);
   for (Device* device : devices_) {
-    PS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(model_config, device));
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
+                        model::Model::Create(model_config, device));
     replicas_.push_back(std::move(model));
   }
   // Registration decides how the global batch is split across workers, and
   // so the largest shard each device sees.
-  std::vector<float> proposed(TotalElements(replicas_[0]->parameters()));
+  std::vector<float> proposed(model::TotalElements(replicas_[0]->parameters()));
   num_parameters_ = static_cast<int64_t>(proposed.size());
   for (auto& replica : replicas_) PS_RETURN_IF_ERROR(replica->Initialize(options_.seed));
   if (!options_.init_weights.empty()) {
@@ -170,19 +171,19 @@ int64_t Trainer::steps_per_epoch() const {
   return (train_->size() + options_.batch_size - 1) / options_.batch_size;
 }
 
-absl::Status Trainer::StageBatch(Replica& r, const Dataset& data,
+absl::Status Trainer::StageBatch(Replica& r, const data::Dataset& data,
                                  absl::Span<const int64_t> indices) const {
   const int64_t n = static_cast<int64_t>(indices.size());
   const int64_t image_elements = n * NumElements(data.sample_shape);
   if (r.device->is_cpu()) {
     // Device memory is host memory: gather straight into the input tensors.
-    return GatherBatch(data, indices, options_.normalization,
-                       absl::MakeSpan(r.inputs.mutable_data<float>(), image_elements),
-                       absl::MakeSpan(r.labels.mutable_data<int32_t>(), n));
+    return data::GatherBatch(data, indices, options_.normalization,
+                             absl::MakeSpan(r.inputs.mutable_data<float>(), image_elements),
+                             absl::MakeSpan(r.labels.mutable_data<int32_t>(), n));
   }
-  PS_RETURN_IF_ERROR(GatherBatch(data, indices, options_.normalization,
-                                 absl::MakeSpan(r.host_inputs, image_elements),
-                                 absl::MakeSpan(r.host_labels, n)));
+  PS_RETURN_IF_ERROR(data::GatherBatch(data, indices, options_.normalization,
+                                       absl::MakeSpan(r.host_inputs, image_elements),
+                                       absl::MakeSpan(r.host_labels, n)));
   PS_RETURN_IF_ERROR(r.device->CopyHostToDevice(r.inputs.mutable_raw_data(), r.host_inputs,
                                                 image_elements * sizeof(float), CopyKind::kData));
   return r.device->CopyHostToDevice(r.labels.mutable_raw_data(), r.host_labels,
@@ -197,7 +198,7 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Trainer::StagedViews(const Replica& r,
   return std::make_pair(std::move(inputs), std::move(labels));
 }
 
-absl::Status Trainer::AccumulateMetrics(Device& device, const DeviceMetrics& metrics,
+absl::Status Trainer::AccumulateMetrics(Device& device, const model::DeviceMetrics& metrics,
                                         Tensor& acc) {
   float* sums = acc.mutable_data<float>();
   PS_RETURN_IF_ERROR(kernels::Axpy(device, 1, 1.f, metrics.loss_sum, sums));
@@ -206,7 +207,7 @@ absl::Status Trainer::AccumulateMetrics(Device& device, const DeviceMetrics& met
 
 absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_t>* shard_sizes) {
   if (order_epoch_ != epoch) {
-    order_ = EpochOrder(train_->size(), options_.seed, epoch, options_.shuffle);
+    order_ = data::EpochOrder(train_->size(), options_.seed, epoch, options_.shuffle);
     order_epoch_ = epoch;
   }
   const int64_t batch_begin = step * options_.batch_size;
@@ -241,7 +242,7 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   std::vector<absl::Status> statuses(d_count);
   auto run_replica = [&](int d) {
     Replica& r = *replica_state_[d];
-    Model& model = *replicas_[d];
+    model::Model& model = *replicas_[d];
     const int64_t n = shard_sizes[d];
     if (n == 0) {
       // An empty shard contributes a zero gradient.
@@ -330,9 +331,9 @@ absl::Status Trainer::ReadAndResetMetrics(double* loss_sum, double* correct) {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Evaluate(const Dataset& dataset, double* loss, double* accuracy) {
+absl::Status Trainer::Evaluate(const data::Dataset& dataset, double* loss, double* accuracy) {
   Replica& r = *replica_state_[0];
-  Model& model = *replicas_[0];
+  model::Model& model = *replicas_[0];
   // Keep the training accumulators apart from the evaluation ones.
   PS_ASSIGN_OR_RETURN(Tensor acc, Tensor::Zeros(r.device, {2}));
   const int64_t batch = std::min(options_.eval_batch_size, r.capacity);
@@ -343,7 +344,7 @@ absl::Status Trainer::Evaluate(const Dataset& dataset, double* loss, double* acc
     for (int64_t i = 0; i < n; ++i) indices[i] = begin + i;
     PS_RETURN_IF_ERROR(StageBatch(r, dataset, indices));
     PS_ASSIGN_OR_RETURN(auto views, StagedViews(r, n));
-    PS_ASSIGN_OR_RETURN(DeviceMetrics metrics, model.Evaluate(views.first, views.second));
+    PS_ASSIGN_OR_RETURN(model::DeviceMetrics metrics, model.Evaluate(views.first, views.second));
     PS_RETURN_IF_ERROR(AccumulateMetrics(*r.device, metrics, acc));
   }
   float host[2];

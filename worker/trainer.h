@@ -28,7 +28,7 @@ struct TrainerOptions {
   int64_t max_steps = 0;  // stop after this many steps in all (0: no limit)
   uint64_t seed = 0;      // data order
   bool shuffle = true;
-  Normalization normalization;
+  data::Normalization normalization;
   bool evaluate = true;  // test-set evaluation after each epoch (device 0)
   int64_t eval_batch_size = 1000;
   // A safetensors file to start from instead of the seeded initialisation
@@ -110,11 +110,11 @@ class Trainer {
   // The devices, datasets and store must outlive the trainer. `test` may be
   // null. Registers with the store and loads the parameters it returns.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options,
-                                                         const ModelConfig& model,
+                                                         const model::ModelConfig& model,
                                                          std::vector<Device*> devices,
                                                          ParameterStore* store,
-                                                         const Dataset* train,
-                                                         const Dataset* test);
+                                                         const data::Dataset* train,
+                                                         const data::Dataset* test);
   ~Trainer();
 
   // Called with each finished epoch, and after each step.
@@ -133,40 +133,40 @@ class Trainer {
   void ResetTimeSplit() { split_ = TimeSplit(); }
 
   // Loss and accuracy on `dataset` in inference mode, on device 0.
-  absl::Status Evaluate(const Dataset& dataset, double* loss, double* accuracy);
+  absl::Status Evaluate(const data::Dataset& dataset, double* loss, double* accuracy);
 
   // Replica 0 (after a step its parameters equal every replica's). Its
   // batch-norm running statistics are device 0's own, which is what
   // evaluation uses and what SaveWeights writes.
-  Model& model() { return *replicas_[0]; }
+  model::Model& model() { return *replicas_[0]; }
   int64_t steps_per_epoch() const;
   const ParameterStore::Registration& registration() const { return registration_; }
 
  private:
   struct Replica;
   Trainer(const TrainerOptions& options, std::vector<Device*> devices, ParameterStore* store,
-          const Dataset* train, const Dataset* test);
+          const data::Dataset* train, const data::Dataset* test);
 
-  absl::Status Init(const ModelConfig& model);
+  absl::Status Init(const model::ModelConfig& model);
   absl::Status LoadShards(int64_t epoch, int64_t step, std::vector<int64_t>* shard_sizes);
   // Gathers samples `indices` of `data` into replica r's input tensors (via
   // its pinned staging buffers when its memory is not host memory).
-  absl::Status StageBatch(Replica& r, const Dataset& data,
+  absl::Status StageBatch(Replica& r, const data::Dataset& data,
                           absl::Span<const int64_t> indices) const;
   // Views of the first n staged inputs and labels.
   static absl::StatusOr<std::pair<Tensor, Tensor>> StagedViews(const Replica& r, int64_t n);
   // acc[0] += loss sum, acc[1] += correct count, on the device.
-  static absl::Status AccumulateMetrics(Device& device, const DeviceMetrics& metrics,
+  static absl::Status AccumulateMetrics(Device& device, const model::DeviceMetrics& metrics,
                                         Tensor& acc);
   absl::Status ReadAndResetMetrics(double* loss_sum, double* correct);
 
   const TrainerOptions options_;
   std::vector<Device*> devices_;
   ParameterStore* store_;
-  const Dataset* train_;
-  const Dataset* test_;
+  const data::Dataset* train_;
+  const data::Dataset* test_;
 
-  std::vector<std::unique_ptr<Model>> replicas_;
+  std::vector<std::unique_ptr<model::Model>> replicas_;
   std::vector<std::unique_ptr<Replica>> replica_state_;
   std::unique_ptr<DeviceCollective> collective_;
   ParameterStore::Registration registration_;

@@ -33,7 +33,7 @@ struct Config {
   int threads_per_device;
 };
 
-absl::Status Measure(const std::string& model_name, const Config& c, const Dataset& data,
+absl::Status Measure(const std::string& model_name, const Config& c, const data::Dataset& data,
                      int64_t batch, int64_t steps) {
   std::vector<std::unique_ptr<CpuDevice>> owned;
   std::vector<Device*> devices;
@@ -51,7 +51,7 @@ absl::Status Measure(const std::string& model_name, const Config& c, const Datas
   options.batch_size = batch;
   options.epochs = 1;
   options.evaluate = false;
-  ModelConfig model;
+  model::ModelConfig model;
   model.name = model_name;
   model.mlp_hidden = {1024, 1024};
   auto trainer = Trainer::Create(options, model, devices, store->get(), &data, nullptr);
@@ -77,9 +77,9 @@ absl::Status Measure(const std::string& model_name, const Config& c, const Datas
 int Run() {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t batch = absl::GetFlag(FLAGS_batch_size);
-  SyntheticOptions data_options;
+  data::SyntheticOptions data_options;
   data_options.size = batch * (steps + 5);
-  auto data = MakeSyntheticDataset(data_options);
+  auto data = data::MakeSyntheticDataset(data_options);
   if (!data.ok()) {
     std::fprintf(stderr, "%s\n", data.status().ToString().c_str());
     return 1;

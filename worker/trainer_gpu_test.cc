@@ -43,7 +43,7 @@ struct Trained {
 // parameters of replica 0. Fails the test and returns empty parameters on
 // any error.
 Trained Train(const std::string& model_name, const std::string& devices_text, int64_t batch,
-              int64_t steps, const Dataset& data) {
+              int64_t steps, const data::Dataset& data) {
   Trained out;
   auto spec = ParseDeviceSpec(devices_text);
   if (!spec.ok()) {
@@ -68,7 +68,7 @@ Trained Train(const std::string& model_name, const std::string& devices_text, in
   options.max_steps = steps;
   options.seed = 7;
   options.evaluate = false;
-  ModelConfig model;
+  model::ModelConfig model;
   model.name = model_name;
   model.mlp_hidden = {32};
   auto trainer = Trainer::Create(options, model, devices, store->get(), &data, nullptr);
@@ -125,7 +125,7 @@ std::vector<std::string> CudaConfigs() {
 
 TEST(TrainerGpuTest, OneStepOnCudaMatchesOneCpuDevice) {
   PS_SKIP_WITHOUT_CUDA_GPU();
-  const Dataset data = SyntheticDataset(512);
+  const data::Dataset data = SyntheticDataset(512);
   for (const char* model : {"mlp", "lenet"}) {
     for (int64_t batch : {64, 37}) {  // 37: shards of unequal size
       const Trained cpu = Train(model, "cpu", batch, 1, data);
@@ -143,7 +143,7 @@ TEST(TrainerGpuTest, OneStepOnCudaMatchesOneCpuDevice) {
 // replica starts from the same initialisation).
 TEST(TrainerGpuTest, LogicalDevicesOnOneGpuTrainLikeOneDevice) {
   PS_SKIP_WITHOUT_CUDA_GPU();
-  const Dataset data = SyntheticDataset(512);
+  const data::Dataset data = SyntheticDataset(512);
   for (const char* model : {"mlp", "lenet"}) {
     const Trained one = Train(model, "cuda:0", 60, 4, data);
     for (const char* devices : {"cuda:0,0", "cuda:0,0,0"}) {
@@ -156,7 +156,7 @@ TEST(TrainerGpuTest, LogicalDevicesOnOneGpuTrainLikeOneDevice) {
 
 TEST(TrainerGpuTest, HostLinkCarriesOneModelEachWayPerStep) {
   PS_SKIP_WITHOUT_CUDA_GPU();
-  const Dataset data = SyntheticDataset(256);
+  const data::Dataset data = SyntheticDataset(256);
   for (const std::string& devices : CudaConfigs()) {
     const Trained t = Train("lenet", devices, 60, 3, data);
     const double model_bytes = 4.0 * t.report.model_parameters;

@@ -19,8 +19,8 @@ using testing::SyntheticDataset;
 // Trains `steps` steps with `d` CPU devices (1 thread each) and returns the
 // final parameters.
 std::vector<float> TrainWithDevices(const std::string& model_name, int d, int64_t batch,
-                                    int64_t steps, const Dataset& data, int64_t* bytes_to_host,
-                                    int64_t* bytes_to_device) {
+                                    int64_t steps, const data::Dataset& data,
+                                    int64_t* bytes_to_host, int64_t* bytes_to_device) {
   std::vector<std::unique_ptr<CpuDevice>> owned;
   std::vector<Device*> devices;
   for (int i = 0; i < d; ++i) {
@@ -35,7 +35,7 @@ std::vector<float> TrainWithDevices(const std::string& model_name, int d, int64_
   options.max_steps = steps;
   options.seed = 7;
   options.evaluate = false;
-  ModelConfig model;
+  model::ModelConfig model;
   model.name = model_name;
   model.mlp_hidden = {32};
   auto trainer = Trainer::Create(options, model, devices, store->get(), &data, nullptr);
@@ -71,7 +71,7 @@ void ExpectRelativelyClose(const std::vector<float>& a, const std::vector<float>
 // Issue 3's promise: D devices on one batch give the update of one device,
 // also when the batch does not divide by D.
 TEST(TrainerTest, OneStepIsTheSameOnOneTwoAndThreeDevices) {
-  const Dataset data = SyntheticDataset(512);
+  const data::Dataset data = SyntheticDataset(512);
   for (const char* model : {"mlp", "lenet"}) {
     for (int64_t batch : {64, 37}) {
       const auto one = TrainWithDevices(model, 1, batch, 1, data, nullptr, nullptr);
@@ -85,7 +85,7 @@ TEST(TrainerTest, OneStepIsTheSameOnOneTwoAndThreeDevices) {
 }
 
 TEST(TrainerTest, HostLinkCarriesOneModelEachWayPerStepWhateverD) {
-  const Dataset data = SyntheticDataset(256);
+  const data::Dataset data = SyntheticDataset(256);
   for (int d : {1, 2, 3}) {
     int64_t to_host = 0, to_device = 0;
     TrainWithDevices("lenet", d, 60, 3, data, &to_host, &to_device);
@@ -95,18 +95,18 @@ TEST(TrainerTest, HostLinkCarriesOneModelEachWayPerStepWhateverD) {
 }
 
 TEST(TrainerTest, CpuRunsAreBitReproducible) {
-  const Dataset data = SyntheticDataset(256);
+  const data::Dataset data = SyntheticDataset(256);
   const auto a = TrainWithDevices("lenet", 1, 32, 5, data, nullptr, nullptr);
   const auto b = TrainWithDevices("lenet", 1, 32, 5, data, nullptr, nullptr);
   EXPECT_EQ(a, b);
 }
 
 TEST(TrainerTest, LearnsTheSyntheticTask) {
-  const Dataset train = SyntheticDataset(2048);
-  SyntheticOptions test_options;
+  const data::Dataset train = SyntheticDataset(2048);
+  data::SyntheticOptions test_options;
   test_options.size = 512;
   test_options.first_index = 1 << 20;
-  auto test = MakeSyntheticDataset(test_options);
+  auto test = data::MakeSyntheticDataset(test_options);
   ASSERT_TRUE(test.ok());
   CpuDevice device(0, 2);
   auto store = LocalParameterStore::Create(MomentumSgd());
@@ -114,7 +114,7 @@ TEST(TrainerTest, LearnsTheSyntheticTask) {
   TrainerOptions options;
   options.batch_size = 64;
   options.epochs = 2;
-  ModelConfig model;
+  model::ModelConfig model;
   model.name = "mlp";
   model.mlp_hidden = {64};
   auto trainer = Trainer::Create(options, model, {&device}, store->get(), &train, &*test);
@@ -135,17 +135,17 @@ TEST(TrainerTest, LearnsTheSyntheticTask) {
 }
 
 TEST(TrainerTest, RejectsMismatchedDataAndBadOptions) {
-  const Dataset data = SyntheticDataset(64);
+  const data::Dataset data = SyntheticDataset(64);
   CpuDevice device(0, 1);
   auto store = LocalParameterStore::Create(MomentumSgd());
-  ModelConfig model;
+  model::ModelConfig model;
   model.input_shape = {3, 32, 32};
   auto trainer = Trainer::Create(TrainerOptions(), model, {&device}, store->get(), &data, nullptr);
   EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(trainer.status().message().find("[1, 28, 28]"), absl::string_view::npos);
   TrainerOptions bad;
   bad.batch_size = 0;
-  EXPECT_EQ(Trainer::Create(bad, ModelConfig(), {&device}, store->get(), &data, nullptr)
+  EXPECT_EQ(Trainer::Create(bad, model::ModelConfig(), {&device}, store->get(), &data, nullptr)
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

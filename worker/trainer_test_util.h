@@ -14,12 +14,12 @@ namespace ps::worker::testing {
 
 // The default synthetic task with `size` samples; fails the test (and returns
 // an empty dataset) if it cannot be made.
-inline Dataset SyntheticDataset(int64_t size) {
-  SyntheticOptions options;
+inline data::Dataset SyntheticDataset(int64_t size) {
+  data::SyntheticOptions options;
   options.size = size;
-  auto dataset = MakeSyntheticDataset(options);
+  auto dataset = data::MakeSyntheticDataset(options);
   EXPECT_TRUE(dataset.ok()) << dataset.status();
-  return dataset.ok() ? std::move(dataset).value() : Dataset();
+  return dataset.ok() ? std::move(dataset).value() : data::Dataset();
 }
 
 // SGD with momentum and weight decay on, so both are exercised.

@@ -15,7 +15,7 @@ bool IsCounter(const std::string& name) { return absl::EndsWith(name, "num_batch
 
 }  // namespace
 
-absl::Status SaveWeights(Model& model, const std::string& path) {
+absl::Status SaveWeights(model::Model& model, const std::string& path) {
   std::vector<NamedHostTensor> tensors;
   for (const std::vector<ParamSpec>* specs : {&model.parameters(), &model.buffers()}) {
     for (const ParamSpec& spec : *specs) {
@@ -37,7 +37,7 @@ absl::Status SaveWeights(Model& model, const std::string& path) {
                           {{"format", "pt"}, {"model", model.config().name}});
 }
 
-absl::Status LoadWeights(const std::string& path, Model& model) {
+absl::Status LoadWeights(const std::string& path, model::Model& model) {
   PS_ASSIGN_OR_RETURN(SafetensorsFile file, ReadSafetensors(path));
   // Check and convert everything first, so a bad file changes nothing.
   std::vector<std::pair<Tensor, std::vector<float>>> updates;

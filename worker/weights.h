@@ -12,14 +12,14 @@ namespace ps::worker {
 // names and layouts (a torch.nn model with the same state_dict keys loads it
 // with load_state_dict). Batch-norm "num_batches_tracked" buffers are written
 // as I64 scalars, as PyTorch keeps them. Atomic (see WriteSafetensors).
-absl::Status SaveWeights(Model& model, const std::string& path);
+absl::Status SaveWeights(model::Model& model, const std::string& path);
 
 // Loads every parameter and buffer of `model` from a safetensors file
 // (F32 tensors; num_batches_tracked may be I64 or F32). The file must hold
 // exactly the model's tensors: kInvalidArgument names the first missing,
 // unexpected or wrongly shaped tensor, and the model is left unchanged then.
 // File errors name the file.
-absl::Status LoadWeights(const std::string& path, Model& model);
+absl::Status LoadWeights(const std::string& path, model::Model& model);
 
 }  // namespace ps::worker
 

@@ -89,11 +89,13 @@ absl::Status Main() {
 
   // Data.
   const std::string dataset = absl::GetFlag(FLAGS_dataset);
-  PS_ASSIGN_OR_RETURN(Dataset train, LoadDataset(dataset, absl::GetFlag(FLAGS_data_dir), "train"));
-  PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(dataset, absl::GetFlag(FLAGS_data_dir), "test"));
+  PS_ASSIGN_OR_RETURN(data::Dataset train,
+                      data::LoadDataset(dataset, absl::GetFlag(FLAGS_data_dir), "train"));
+  PS_ASSIGN_OR_RETURN(data::Dataset test,
+                      data::LoadDataset(dataset, absl::GetFlag(FLAGS_data_dir), "test"));
 
   // Model.
-  ModelConfig model;
+  model::ModelConfig model;
   model.name = absl::GetFlag(FLAGS_model);
   model.input_shape = train.sample_shape;
   model.num_classes = train.num_classes;
@@ -118,7 +120,7 @@ absl::Status Main() {
   options.shuffle = absl::GetFlag(FLAGS_shuffle);
   options.init_weights = absl::GetFlag(FLAGS_init_weights);
   if (absl::GetFlag(FLAGS_normalize)) {
-    PS_ASSIGN_OR_RETURN(options.normalization, ComputeNormalization(train));
+    PS_ASSIGN_OR_RETURN(options.normalization, data::ComputeNormalization(train));
   }
   if (options.batch_size < 1) {
     return absl::InvalidArgumentError(
@@ -155,7 +157,7 @@ absl::Status Main() {
                         : absl::StrFormat("lr %g", optimizer.sgd.lr);
   std::printf("worker %d/%d: training %s (%lld parameters) on %s: %lld train / %lld test "
               "samples, global batch %lld, %s, %lld epochs\n",
-              rank, trainer->registration().num_workers, model.name.c_str(), static_cast<long long>(TotalElements(trainer->model().parameters())),
+              rank, trainer->registration().num_workers, model.name.c_str(), static_cast<long long>(model::TotalElements(trainer->model().parameters())),
               absl::StrJoin(names, ",").c_str(), static_cast<long long>(train.size()),
               static_cast<long long>(test.size()), static_cast<long long>(options.batch_size),
               optimizer_text.c_str(), static_cast<long long>(options.epochs));

@@ -12,7 +12,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 
-namespace ps::worker::internal {
+namespace ps::worker::data::internal {
 namespace {
 
 // Deflate cannot compress better than 1032:1 (zlib's technical details), so a
@@ -192,4 +192,4 @@ absl::Status ByteSource::ExpectEnd() {
                                           content, " bytes"));
 }
 
-}  // namespace ps::worker::internal
+}  // namespace ps::worker::data::internal

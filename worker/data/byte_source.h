@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace ps::worker::internal {
+namespace ps::worker::data::internal {
 
 // Sequential reader of a dataset file's content: the bytes of a raw file, or
 // the decompressed bytes of a gzip file (detected by its magic 1f 8b, not by
@@ -81,6 +81,6 @@ class ByteSource {
 bool IsRegularFile(const std::string& path);
 bool IsDirectory(const std::string& path);
 
-}  // namespace ps::worker::internal
+}  // namespace ps::worker::data::internal
 
 #endif  // PS_WORKER_DATA_BYTE_SOURCE_H_

@@ -8,7 +8,7 @@
 #include "common/status_macros.h"
 #include "worker/data/byte_source.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 namespace {
 
 constexpr int64_t kNumClasses = 10;
@@ -104,4 +104,4 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, const std::string& s
       " (looked for ", absl::StrJoin(names, ", "), " in ", absl::StrJoin(dirs, " and "), ")"));
 }
 
-}  // namespace ps::worker
+}  // namespace ps::worker::data

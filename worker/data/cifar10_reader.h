@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "worker/data/dataset.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 
 inline constexpr int64_t kCifar10RecordBytes = 1 + 3 * 32 * 32;
 
@@ -32,6 +32,6 @@ absl::StatusOr<Dataset> LoadCifar10Files(const std::vector<std::string>& paths);
 // were looked for); otherwise LoadCifar10Files()'s errors.
 absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, const std::string& split);
 
-}  // namespace ps::worker
+}  // namespace ps::worker::data
 
 #endif  // PS_WORKER_DATA_CIFAR10_READER_H_

@@ -11,14 +11,14 @@
 #include "gtest/gtest.h"
 #include "worker/data/test_util.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 namespace {
 
-using ::ps::worker::testing::Bytes;
-using ::ps::worker::testing::Gzip;
-using ::ps::worker::testing::PatternBytes;
-using ::ps::worker::testing::TestDir;
-using ::ps::worker::testing::WriteFile;
+using ::ps::worker::data::testing::Bytes;
+using ::ps::worker::data::testing::Gzip;
+using ::ps::worker::data::testing::PatternBytes;
+using ::ps::worker::data::testing::TestDir;
+using ::ps::worker::data::testing::WriteFile;
 using ::testing::HasSubstr;
 
 constexpr int64_t kPixels = 3 * 32 * 32;
@@ -162,4 +162,4 @@ TEST(Cifar10ReaderTest, LoadFilesDirectly) {
 }
 
 }  // namespace
-}  // namespace ps::worker
+}  // namespace ps::worker::data

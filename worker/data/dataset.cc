@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 
 int64_t Dataset::sample_elements() const {
   if (sample_shape.size() != 3) return 0;
@@ -53,4 +53,4 @@ absl::Status ValidateDataset(const Dataset& dataset) {
   return absl::OkStatus();
 }
 
-}  // namespace ps::worker
+}  // namespace ps::worker::data

@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "common/tensor.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 
 // A labelled image classification dataset held in host memory, as it came
 // from disk: raw uint8 pixels (1 byte a pixel, 4x smaller than floats), with
@@ -41,6 +41,6 @@ absl::Status ValidateDataset(const Dataset& dataset);
 // on every batch.
 absl::Status ValidateDatasetLayout(const Dataset& dataset);
 
-}  // namespace ps::worker
+}  // namespace ps::worker::data
 
 #endif  // PS_WORKER_DATA_DATASET_H_

@@ -10,7 +10,7 @@
 #include "common/status_macros.h"
 #include "worker/data/byte_source.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 namespace {
 
 using internal::ByteSource;
@@ -182,4 +182,4 @@ absl::StatusOr<Dataset> LoadMnistLike(const std::string& dir, const std::string&
   return LoadIdxDataset(images_path, labels_path, name);
 }
 
-}  // namespace ps::worker
+}  // namespace ps::worker::data

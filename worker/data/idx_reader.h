@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "worker/data/dataset.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 
 // Reads an IDX image file and its label file into a Dataset of shape
 // [1, rows, cols] named `name`, with labels in [0, num_classes).
@@ -46,6 +46,6 @@ absl::StatusOr<Dataset> LoadIdxDataset(const std::string& images_path,
 absl::StatusOr<Dataset> LoadMnistLike(const std::string& dir, const std::string& split,
                                       const std::string& name = "mnist");
 
-}  // namespace ps::worker
+}  // namespace ps::worker::data
 
 #endif  // PS_WORKER_DATA_IDX_READER_H_

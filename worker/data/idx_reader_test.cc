@@ -9,20 +9,20 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/data/rng.h"
+#include "common/rng.h"
 #include "worker/data/test_util.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 namespace {
 
-using ::ps::worker::testing::Bytes;
-using ::ps::worker::testing::Gzip;
-using ::ps::worker::testing::IdxHeader;
-using ::ps::worker::testing::IdxImages;
-using ::ps::worker::testing::IdxLabels;
-using ::ps::worker::testing::PatternBytes;
-using ::ps::worker::testing::TestDir;
-using ::ps::worker::testing::WriteFile;
+using ::ps::worker::data::testing::Bytes;
+using ::ps::worker::data::testing::Gzip;
+using ::ps::worker::data::testing::IdxHeader;
+using ::ps::worker::data::testing::IdxImages;
+using ::ps::worker::data::testing::IdxLabels;
+using ::ps::worker::data::testing::PatternBytes;
+using ::ps::worker::data::testing::TestDir;
+using ::ps::worker::data::testing::WriteFile;
 using ::testing::HasSubstr;
 
 constexpr uint32_t kN = 3, kRows = 4, kCols = 5;
@@ -411,4 +411,4 @@ TEST(IdxReaderTest, RealFashionMnist) {
 }
 
 }  // namespace
-}  // namespace ps::worker
+}  // namespace ps::worker::data

@@ -9,10 +9,10 @@
 #include "common/status_macros.h"
 #include "worker/data/cifar10_reader.h"
 #include "worker/data/idx_reader.h"
-#include "worker/data/rng.h"
+#include "common/rng.h"
 #include "worker/data/synthetic.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 namespace {
 
 constexpr int64_t kSyntheticTrainSize = 8192;
@@ -175,4 +175,4 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name, const std::string& 
       "unknown dataset '", name, "': known datasets are cifar10, fashion_mnist, mnist, synthetic"));
 }
 
-}  // namespace ps::worker
+}  // namespace ps::worker::data

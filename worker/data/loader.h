@@ -14,11 +14,11 @@
 #include "absl/types/span.h"
 #include "worker/data/dataset.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 
 // The order in which epoch `epoch` visits the samples 0..size-1: the identity
 // when !shuffle, else a uniformly random permutation (Fisher-Yates driven by
-// SplitMix64, see rng.h) that is a pure function of (seed, epoch) and so
+// SplitMix64, see common/rng.h) that is a pure function of (seed, epoch) and so
 // identical on every machine, compiler and standard library. Workers that
 // share a seed can each take their own slice of the same order. Empty for
 // size <= 0. O(size).
@@ -69,6 +69,6 @@ absl::StatusOr<Normalization> ComputeNormalization(const Dataset& dataset,
 absl::StatusOr<Dataset> LoadDataset(const std::string& name, const std::string& dir,
                                     const std::string& split);
 
-}  // namespace ps::worker
+}  // namespace ps::worker::data
 
 #endif  // PS_WORKER_DATA_LOADER_H_

@@ -7,7 +7,7 @@
 #include "worker/data/loader.h"
 #include "worker/data/synthetic.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 namespace {
 
 // One batch of `batch` samples gathered and normalised; range(1) picks the
@@ -52,4 +52,4 @@ void BM_MakeSynthetic(benchmark::State& state) {
 BENCHMARK(BM_MakeSynthetic)->Arg(8192);
 
 }  // namespace
-}  // namespace ps::worker
+}  // namespace ps::worker::data

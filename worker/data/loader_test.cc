@@ -12,15 +12,15 @@
 #include "worker/data/synthetic.h"
 #include "worker/data/test_util.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 namespace {
 
-using ::ps::worker::testing::Gzip;
-using ::ps::worker::testing::IdxImages;
-using ::ps::worker::testing::IdxLabels;
-using ::ps::worker::testing::PatternBytes;
-using ::ps::worker::testing::TestDir;
-using ::ps::worker::testing::WriteFile;
+using ::ps::worker::data::testing::Gzip;
+using ::ps::worker::data::testing::IdxImages;
+using ::ps::worker::data::testing::IdxLabels;
+using ::ps::worker::data::testing::PatternBytes;
+using ::ps::worker::data::testing::TestDir;
+using ::ps::worker::data::testing::WriteFile;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -299,4 +299,4 @@ TEST(LoadDatasetTest, DispatchesToTheReaders) {
 }
 
 }  // namespace
-}  // namespace ps::worker
+}  // namespace ps::worker::data

@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/data/rng.h"
+#include "common/rng.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 namespace {
 
 constexpr int64_t kBlock = 4;  // prototype pixels come in kBlock x kBlock blocks
@@ -90,4 +90,4 @@ absl::StatusOr<Dataset> MakeSyntheticDataset(const SyntheticOptions& options) {
   return dataset;
 }
 
-}  // namespace ps::worker
+}  // namespace ps::worker::data

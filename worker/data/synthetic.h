@@ -7,7 +7,7 @@
 #include "common/tensor.h"
 #include "worker/data/dataset.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 
 // A synthetic classification task for tests and benchmarks, learnable by
 // every model: each class has a prototype image of random 4x4-pixel blocks
@@ -37,6 +37,6 @@ struct SyntheticOptions {
 // first_index < 0 or noise outside [0, 255].
 absl::StatusOr<Dataset> MakeSyntheticDataset(const SyntheticOptions& options);
 
-}  // namespace ps::worker
+}  // namespace ps::worker::data
 
 #endif  // PS_WORKER_DATA_SYNTHETIC_H_

@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace ps::worker {
+namespace ps::worker::data {
 namespace {
 
 Dataset Make(const SyntheticOptions& options) {
@@ -155,4 +155,4 @@ TEST(SyntheticTest, InvalidOptions) {
 }
 
 }  // namespace
-}  // namespace ps::worker
+}  // namespace ps::worker::data

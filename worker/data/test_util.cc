@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 
-namespace ps::worker::testing {
+namespace ps::worker::data::testing {
 namespace {
 
 void AppendBigEndian32(uint32_t value, Bytes* out) {
@@ -84,4 +84,4 @@ Bytes PatternBytes(int64_t size, uint8_t start) {
   return out;
 }
 
-}  // namespace ps::worker::testing
+}  // namespace ps::worker::data::testing

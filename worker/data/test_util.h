@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace ps::worker::testing {
+namespace ps::worker::data::testing {
 
 using Bytes = std::vector<uint8_t>;
 
@@ -31,6 +31,6 @@ Bytes IdxHeader(uint32_t magic, const std::vector<uint32_t>& dims);
 // `size` bytes of a varied, deterministic pattern that starts at `start`.
 Bytes PatternBytes(int64_t size, uint8_t start);
 
-}  // namespace ps::worker::testing
+}  // namespace ps::worker::data::testing
 
 #endif  // PS_WORKER_DATA_TEST_UTIL_H_

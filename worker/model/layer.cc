@@ -5,13 +5,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/rng.h"
 #include "common/status_macros.h"
 #include "kernels/activation.h"
 #include "kernels/activation_pool.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
 
-namespace ps::worker {
+namespace ps::worker::model {
 namespace {
 
 absl::Status BadInput(const std::string& layer, const Shape& input, absl::string_view why) {
@@ -772,13 +773,6 @@ absl::StatusOr<Tensor> Residual::Backward(const Tensor& dy, bool need_dx) {
 
 // --- ParameterSet ---
 
-uint64_t SplitMix64::Next() {
-  uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 absl::StatusOr<std::unique_ptr<ParameterSet>> ParameterSet::Create(Layer& root, Device* device) {
   std::unique_ptr<ParameterSet> set(new ParameterSet());
   root.Declare("", &set->decls_);
@@ -843,7 +837,7 @@ void Fill(const TensorSlot& slot, SplitMix64& rng, std::vector<float>* out) {
     case InitKind::kXavierUniform: {
       const float bound =
           static_cast<float>(std::sqrt(6.0 / static_cast<double>(slot.fan_in + slot.fan_out)));
-      for (int64_t i = 0; i < n; ++i) out->push_back((2.0f * rng.Uniform() - 1.0f) * bound);
+      for (int64_t i = 0; i < n; ++i) out->push_back((2.0f * rng.NextFloat() - 1.0f) * bound);
       return;
     }
   }
@@ -862,4 +856,4 @@ absl::Status ParameterSet::Initialize(uint64_t seed) {
   return flat_buffers_.CopyFromHost(values);
 }
 
-}  // namespace ps::worker
+}  // namespace ps::worker::model

@@ -34,7 +34,7 @@
 #include "kernels/pool.h"
 #include "worker/model/model.h"
 
-namespace ps::worker {
+namespace ps::worker::model {
 
 enum class Mode { kTraining, kInference };
 
@@ -388,9 +388,10 @@ class ParameterSet {
   absl::StatusOr<Tensor> FindGradient(const std::string& name) const;
 
   // Fills parameters and buffers as their declarations say, from a
-  // splitmix64 stream seeded by `seed` and consumed in parameter order. The
-  // values are generated on the host, so they are bit-identical on every
-  // device type; one host-to-device copy per flat buffer.
+  // SplitMix64 stream (common/rng.h) seeded by `seed` and consumed in
+  // parameter order. The values are generated on the host, so they are
+  // bit-identical on every device type; one host-to-device copy per flat
+  // buffer.
   absl::Status Initialize(uint64_t seed);
 
  private:
@@ -402,18 +403,6 @@ class ParameterSet {
   absl::flat_hash_map<std::string, Tensor> by_name_, gradient_by_name_;
 };
 
-// The host-side generator Initialize uses: splitmix64, and a uniform float in
-// [0, 1) from its top 24 bits (exact in fp32). Exposed for tests.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t Next();
-  float Uniform() { return static_cast<float>(Next() >> 40) * (1.0f / 16777216.0f); }
-
- private:
-  uint64_t state_;
-};
-
-}  // namespace ps::worker
+}  // namespace ps::worker::model
 
 #endif  // PS_WORKER_MODEL_LAYER_H_

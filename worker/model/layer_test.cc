@@ -12,13 +12,13 @@
 #include "gtest/gtest.h"
 #include "worker/model/test_util.h"
 
-namespace ps::worker {
+namespace ps::worker::model {
 namespace {
 
-using ::ps::worker::testing::DeviceTensor;
-using ::ps::worker::testing::GradientsClose;
-using ::ps::worker::testing::HostValues;
-using ::ps::worker::testing::Uniform;
+using ::ps::worker::model::testing::DeviceTensor;
+using ::ps::worker::model::testing::GradientsClose;
+using ::ps::worker::model::testing::HostValues;
+using ::ps::worker::model::testing::Uniform;
 
 // How the input of a gradient check is drawn and how closely the gradients
 // must agree. Central differences in fp32 with the loss summed in double.
@@ -512,16 +512,6 @@ TEST_F(LayerTest, BatchSizeMayChangeBetweenCalls) {
 
 // --- ParameterSet ---
 
-TEST_F(LayerTest, SplitMix64MatchesReferenceVector) {
-  SplitMix64 rng(0);
-  EXPECT_EQ(rng.Next(), 0xe220a8397b1dcdafULL);
-  EXPECT_EQ(rng.Next(), 0x6e789e6aa1b965f4ULL);
-  EXPECT_EQ(rng.Next(), 0x06c45d188009454fULL);
-  SplitMix64 uniform(42);  // the values torch_models.py's SplitMix64 gives
-  EXPECT_EQ(uniform.Uniform(), 0.74156487f);
-  EXPECT_EQ(uniform.Uniform(), 0.15991038f);
-}
-
 TEST_F(LayerTest, InitializeIsDeterministicXavierUniform) {
   Sequential net(dev());
   net.Add("conv", std::make_unique<Conv2d>(dev(), 3, 8, 5));
@@ -587,4 +577,4 @@ TEST_F(LayerTest, DuplicateNamesAreRejected) {
 }
 
 }  // namespace
-}  // namespace ps::worker
+}  // namespace ps::worker::model

@@ -33,7 +33,7 @@
 #include "kernels/softmax_cross_entropy.h"
 #include "worker/model/layer.h"
 
-namespace ps::worker {
+namespace ps::worker::model {
 
 int64_t TotalElements(const std::vector<ParamSpec>& specs) {
   int64_t total = 0;
@@ -255,4 +255,4 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
       new LayerModel(config, device, std::move(net), std::move(params), std::move(metrics)));
 }
 
-}  // namespace ps::worker
+}  // namespace ps::worker::model

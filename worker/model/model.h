@@ -13,7 +13,7 @@
 #include "common/param_spec.h"
 #include "common/tensor.h"
 
-namespace ps::worker {
+namespace ps::worker::model {
 
 // The architecture a model is built from.
 struct ModelConfig {
@@ -95,6 +95,6 @@ inline Device* Model::device() const { return device_; }
 // Total elements of a list of specs.
 int64_t TotalElements(const std::vector<ParamSpec>& specs);
 
-}  // namespace ps::worker
+}  // namespace ps::worker::model
 
 #endif  // PS_WORKER_MODEL_MODEL_H_

@@ -42,9 +42,9 @@ int main(int argc, char** argv) {
   const int64_t batch = absl::GetFlag(FLAGS_batch);
   ps::CpuDevice device(0, threads);
   ps::kernels::SetBlasThreads(threads);
-  ps::worker::ModelConfig config;
+  ps::worker::model::ModelConfig config;
   config.name = absl::GetFlag(FLAGS_model);
-  auto model = ps::worker::Model::Create(config, &device);
+  auto model = ps::worker::model::Model::Create(config, &device);
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;

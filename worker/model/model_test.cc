@@ -19,15 +19,15 @@
 #include "gtest/gtest.h"
 #include "worker/model/test_util.h"
 
-namespace ps::worker {
+namespace ps::worker::model {
 namespace {
 
-using ::ps::worker::testing::DeviceLabels;
-using ::ps::worker::testing::DeviceTensor;
-using ::ps::worker::testing::GradientsClose;
-using ::ps::worker::testing::HostValues;
-using ::ps::worker::testing::ReadDeviceFloat;
-using ::ps::worker::testing::Uniform;
+using ::ps::worker::model::testing::DeviceLabels;
+using ::ps::worker::model::testing::DeviceTensor;
+using ::ps::worker::model::testing::GradientsClose;
+using ::ps::worker::model::testing::HostValues;
+using ::ps::worker::model::testing::ReadDeviceFloat;
+using ::ps::worker::model::testing::Uniform;
 
 ModelConfig Config(std::string name, Shape input_shape, int64_t classes,
                    std::vector<int64_t> hidden = {256}) {
@@ -677,4 +677,4 @@ TEST_F(ModelTest, GpuMatchesCpu) {
 }
 
 }  // namespace
-}  // namespace ps::worker
+}  // namespace ps::worker::model

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <random>
 
-namespace ps::worker::testing {
+namespace ps::worker::model::testing {
 namespace {
 
 // Test set-up failures are programming errors of the test: stop loudly.
@@ -86,4 +86,4 @@ float ReadDeviceFloat(Device* device, const float* ptr) {
   return ::testing::AssertionSuccess() << what << ": max abs error " << max_err;
 }
 
-}  // namespace ps::worker::testing
+}  // namespace ps::worker::model::testing

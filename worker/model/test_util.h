@@ -13,7 +13,7 @@
 #include "common/tensor.h"
 #include "gtest/gtest.h"
 
-namespace ps::worker::testing {
+namespace ps::worker::model::testing {
 
 // n uniform values in [lo, hi), deterministic in `seed`.
 std::vector<float> Uniform(int64_t n, uint64_t seed, float lo = -1.f, float hi = 1.f);
@@ -34,6 +34,6 @@ float ReadDeviceFloat(Device* device, const float* ptr);
                                           absl::Span<const double> numeric, double rtol,
                                           double atol);
 
-}  // namespace ps::worker::testing
+}  // namespace ps::worker::model::testing
 
 #endif  // PS_WORKER_MODEL_TEST_UTIL_H_

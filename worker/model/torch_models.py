@@ -169,7 +169,7 @@ def build(name, input_shape=(1, 28, 28), num_classes=10, mlp_hidden=(256,)):
 
 
 class SplitMix64:
-    """The C++ SplitMix64 (layer.h): the same stream, the same floats."""
+    """The C++ SplitMix64 (common/rng.h): the same stream, the same floats."""
 
     MASK = (1 << 64) - 1
 
