@@ -64,17 +64,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "local_cluster: interrupted" >&2; exit 130' INT TERM
 
-# Input shape and steps per epoch for the server, from the dataset.
-case "$dataset" in
-  cifar10) shape=3,32,32 train_size=50000 ;;
-  synthetic) shape=1,28,28 train_size=8192 ;;
-  *) shape=1,28,28 train_size=60000 ;;
-esac
-steps_per_epoch=$(( (train_size + batch_size - 1) / batch_size ))
-
+# The server is told only the job's size and the optimizer: the workers state
+# the model (worker 0 sends its seeded initial parameters) and the steps per
+# epoch.
 "$bin/server/server" --port="$port" --port_file="$logs/port" --num_workers="$workers" \
-  --model="$model" --input_shape="$shape" --seed="$seed" --lr="$lr" --momentum="$momentum" \
-  --weight_decay="$weight_decay" --steps_per_epoch="$steps_per_epoch" \
+  --lr="$lr" --momentum="$momentum" --weight_decay="$weight_decay" \
   >"$logs/server.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [[ -s "$logs/port" ]] && break; sleep 0.1; done

@@ -33,3 +33,10 @@ if ((${#missing[@]})); then
 else
   echo "setup: all packages present"
 fi
+
+# The build leaves CUDA out by itself where the toolkit is missing (see the
+# root BUILD); say so once, on stderr, which the launchers keep visible.
+cuda="${CUDA_PATH:-/usr/local/cuda}"
+if [[ ! -x "$cuda/bin/nvcc" ]]; then
+  echo "setup: no CUDA toolkit at $cuda: building CPU-only" >&2
+fi

@@ -23,6 +23,39 @@ absl::Time WaitDeadline(grpc::ServerContext* context, int64_t timeout_ms) {
   return std::min(deadline, client);
 }
 
+// Views the F32 chunks of a message as domain chunks, reading the floats in
+// place. `aligned_copies` holds copies of any bytes field that is not 4-byte
+// aligned (a parsed bytes field lives in a malloc-aligned heap block, so in
+// practice none); it must outlive the returned views.
+absl::StatusOr<std::vector<ParameterServer::ChunkData>> ViewChunks(
+    const google::protobuf::RepeatedPtrField<proto::TensorChunk>& message_chunks,
+    const char* what, std::vector<std::vector<float>>* aligned_copies) {
+  std::vector<ParameterServer::ChunkData> chunks;
+  chunks.reserve(message_chunks.size());
+  for (const proto::TensorChunk& chunk : message_chunks) {
+    if (chunk.dtype() != proto::DTYPE_F32) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " of key ", chunk.key(), " has dtype ",
+                                                     chunk.dtype(), "; only F32 is supported"));
+    }
+    const std::string& data = chunk.data();
+    if (data.size() % sizeof(float) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " of key ", chunk.key(), " chunk ", chunk.chunk(), " carries ",
+                       data.size(), " bytes, not a whole number of F32 elements"));
+    }
+    // The bytes are little-endian F32, as on every machine we run on.
+    const int64_t n = static_cast<int64_t>(data.size() / sizeof(float));
+    const float* floats = reinterpret_cast<const float*>(data.data());
+    if (reinterpret_cast<uintptr_t>(floats) % alignof(float) != 0) {
+      aligned_copies->emplace_back(n);
+      std::memcpy(aligned_copies->back().data(), data.data(), data.size());
+      floats = aligned_copies->back().data();
+    }
+    chunks.push_back({chunk.key(), chunk.chunk(), absl::MakeConstSpan(floats, n)});
+  }
+  return chunks;
+}
+
 }  // namespace
 
 grpc::Status ParameterServerService::Register(grpc::ServerContext*,
@@ -51,47 +84,33 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext*,
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("requested rank ", requested_rank, " is negative")));
   }
-  auto reg = server_->Register(request->worker_id(), signature, {}, requested_rank);
+  auto reg = server_->Register(request->worker_id(), signature, requested_rank,
+                               request->steps_per_epoch());
   if (!reg.ok()) return ToGrpcStatus(reg.status());
   reply->set_rank(reg->rank);
   reply->set_num_workers(reg->num_workers);
   reply->set_version(reg->version);
   reply->set_chunk_elements(reg->chunk_elements);
+  reply->set_send_initial_parameters(reg->send_initial_parameters);
   return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::Initialize(grpc::ServerContext*,
+                                                const proto::InitializeRequest* request,
+                                                proto::InitializeReply*) {
+  std::vector<std::vector<float>> aligned_copies;
+  auto chunks = ViewChunks(request->chunks(), "initial value", &aligned_copies);
+  if (!chunks.ok()) return ToGrpcStatus(chunks.status());
+  return ToGrpcStatus(server_->InitializeChunks(request->rank(), *chunks));
 }
 
 grpc::Status ParameterServerService::Push(grpc::ServerContext*, const proto::PushRequest* request,
                                           proto::PushReply*) {
-  std::vector<ParameterServer::ChunkData> chunks;
-  chunks.reserve(request->chunks_size());
-  // Copies only for the unlikely bytes field that is not 4-byte aligned.
   std::vector<std::vector<float>> aligned_copies;
-  for (const proto::TensorChunk& chunk : request->chunks()) {
-    if (chunk.dtype() != proto::DTYPE_F32) {
-      return ToGrpcStatus(absl::InvalidArgumentError(
-          absl::StrCat("push of key ", chunk.key(), " has dtype ", chunk.dtype(),
-                       "; only F32 gradients are supported")));
-    }
-    const std::string& data = chunk.data();
-    if (data.size() % sizeof(float) != 0) {
-      return ToGrpcStatus(absl::InvalidArgumentError(
-          absl::StrCat("push of key ", chunk.key(), " chunk ", chunk.chunk(), " carries ",
-                       data.size(), " bytes, not a whole number of F32 elements")));
-    }
-    // The bytes are little-endian F32, as on every machine we run on. A parsed
-    // bytes field lives in a heap block (malloc-aligned), so the floats are
-    // read in place.
-    const int64_t n = static_cast<int64_t>(data.size() / sizeof(float));
-    const float* floats = reinterpret_cast<const float*>(data.data());
-    if (reinterpret_cast<uintptr_t>(floats) % alignof(float) != 0) {
-      aligned_copies.emplace_back(n);
-      std::memcpy(aligned_copies.back().data(), data.data(), data.size());
-      floats = aligned_copies.back().data();
-    }
-    chunks.push_back({chunk.key(), chunk.chunk(), absl::MakeConstSpan(floats, n)});
-  }
+  auto chunks = ViewChunks(request->chunks(), "push", &aligned_copies);
+  if (!chunks.ok()) return ToGrpcStatus(chunks.status());
   return ToGrpcStatus(server_->PushChunks(request->rank(), request->iteration(),
-                                          request->num_samples(), chunks));
+                                          request->num_samples(), *chunks));
 }
 
 grpc::Status ParameterServerService::Wait(grpc::ServerContext* context,

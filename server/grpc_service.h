@@ -19,6 +19,8 @@ class ParameterServerService final : public proto::ParameterServer::Service {
 
   grpc::Status Register(grpc::ServerContext* context, const proto::RegisterRequest* request,
                         proto::RegisterReply* reply) override;
+  grpc::Status Initialize(grpc::ServerContext* context, const proto::InitializeRequest* request,
+                          proto::InitializeReply* reply) override;
   grpc::Status Push(grpc::ServerContext* context, const proto::PushRequest* request,
                     proto::PushReply* reply) override;
   grpc::Status Wait(grpc::ServerContext* context, const proto::WaitRequest* request,

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/sgd_cpu.h"
 
 namespace ps::server {
 
@@ -76,9 +77,9 @@ absl::Status SgdOptimizer::Apply(int64_t step, int64_t num_samples,
   }
   kernels::SgdHyper hyper = options_.sgd;
   hyper.lr = options_.schedule.LearningRate(options_.sgd.lr, step);
-  return kernels::SgdUpdate(*device_, static_cast<int64_t>(params.size()), hyper,
-                            1.f / static_cast<float>(num_samples), grad_sum.data(),
-                            params.data(), momentum_.empty() ? nullptr : momentum_.data());
+  return kernels::SgdUpdateCpu(*device_, static_cast<int64_t>(params.size()), hyper,
+                               1.f / static_cast<float>(num_samples), grad_sum.data(),
+                               params.data(), momentum_.empty() ? nullptr : momentum_.data());
 }
 
 }  // namespace ps::server

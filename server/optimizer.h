@@ -9,7 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/cpu_device.h"
-#include "kernels/sgd.h"
+#include "kernels/sgd_hyper.h"
 
 namespace ps::server {
 

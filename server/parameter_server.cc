@@ -43,8 +43,7 @@ ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevic
     : options_(options), device_(device) {}
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
-    const ParameterServerOptions& options, std::vector<ParamSpec> signature,
-    std::vector<float> initial, CpuDevice* device) {
+    const ParameterServerOptions& options, CpuDevice* device) {
   if (options.num_workers < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_workers must be >= 1, got ", options.num_workers));
@@ -56,15 +55,60 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
   PS_RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
   std::unique_ptr<ParameterServer> server(new ParameterServer(options, device));
   server->workers_.resize(options.num_workers);
+  return server;
+}
+
+absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
+    const ParameterServerOptions& options, std::vector<ParamSpec> signature,
+    std::vector<float> initial, CpuDevice* device) {
+  std::vector<NamedTensor> named;
+  int64_t offset = 0;
+  for (const ParamSpec& spec : signature) {
+    const int64_t n = NumElements(spec.shape);
+    if (offset + n > static_cast<int64_t>(initial.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("initial parameters have ", initial.size(),
+                                                     " elements but the signature needs more"));
+    }
+    named.push_back({spec.name, spec.shape,
+                     std::vector<float>(initial.begin() + offset, initial.begin() + offset + n)});
+    offset += n;
+  }
+  if (offset != static_cast<int64_t>(initial.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("initial parameters have ", initial.size(),
+                                                   " elements but the signature needs ", offset));
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server,
+                      CreateFromNamedTensors(options, std::move(named), device));
   if (!signature.empty()) {
     absl::MutexLock lock(&server->mu_);
-    PS_RETURN_IF_ERROR(server->AdoptSignatureLocked(std::move(signature), std::move(initial)));
+    PS_RETURN_IF_ERROR(server->AdoptSignatureLocked(signature));
   }
   return server;
 }
 
-absl::Status ParameterServer::AdoptSignatureLocked(std::vector<ParamSpec> signature,
-                                                   std::vector<float> initial) {
+absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromNamedTensors(
+    const ParameterServerOptions& options, std::vector<NamedTensor> initial, CpuDevice* device) {
+  for (const NamedTensor& t : initial) {
+    if (NumElements(t.shape) != static_cast<int64_t>(t.values.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("initial tensor '", t.name, "' of shape ",
+                                                     ShapeToString(t.shape), " has ",
+                                                     t.values.size(), " values"));
+    }
+    for (size_t i = 0; i < t.values.size(); ++i) {
+      if (!std::isfinite(t.values[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("initial tensor '", t.name, "' element ", i, " is not finite"));
+      }
+    }
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server, Create(options, device));
+  absl::MutexLock lock(&server->mu_);
+  server->named_initial_ = std::move(initial);
+  return server;
+}
+
+absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>& signature) {
+  if (signature.empty()) return absl::InvalidArgumentError("the signature is empty");
   std::vector<int64_t> offsets, first_chunks;
   int64_t total = 0, chunks = 0;
   for (const ParamSpec& spec : signature) {
@@ -79,23 +123,37 @@ absl::Status ParameterServer::AdoptSignatureLocked(std::vector<ParamSpec> signat
     total += n;
     chunks += ChunkCount(n, options_.chunk_elements);
   }
-  if (static_cast<int64_t>(initial.size()) != total) {
-    return absl::InvalidArgumentError(absl::StrCat("initial parameters have ", initial.size(),
-                                                   " elements but the signature needs ", total));
-  }
-  for (size_t i = 0; i < initial.size(); ++i) {
-    if (!std::isfinite(initial[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("initial parameter element ", i, " is not finite"));
+  std::vector<float> params;
+  const bool given = !named_initial_.empty();
+  if (given) {
+    // Lay the given tensors out in signature order; every parameter needs one.
+    params.resize(total);
+    for (size_t key = 0; key < signature.size(); ++key) {
+      const ParamSpec& spec = signature[key];
+      auto it = std::find_if(named_initial_.begin(), named_initial_.end(),
+                             [&](const NamedTensor& t) { return t.name == spec.name; });
+      if (it == named_initial_.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the server's initial parameters have no '", spec.name, "', which the worker's model has"));
+      }
+      if (it->shape != spec.shape) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "parameter '", spec.name, "' has shape ", ShapeToString(it->shape),
+            " on the server but ", ShapeToString(spec.shape), " on the worker"));
+      }
+      std::copy(it->values.begin(), it->values.end(), params.begin() + offsets[key]);
     }
   }
-  PS_ASSIGN_OR_RETURN(optimizer_, SgdOptimizer::Create(options_.optimizer, total, device_));
-  signature_ = std::move(signature);
+  signature_ = signature;
   key_offset_ = std::move(offsets);
   key_first_chunk_ = std::move(first_chunks);
   total_chunks_ = chunks;
-  params_ = std::move(initial);
+  params_ = given ? std::move(params) : std::vector<float>(total, 0.f);
   grad_sum_.assign(total, 0.f);
+  initialized_ = given;
+  named_initial_.clear();
+  initial_received_.assign(given ? 0 : chunks, false);
+  initial_chunks_received_ = 0;
   for (WorkerState& w : workers_) {
     w.pushed.assign(chunks, false);
     w.chunks_pushed = 0;
@@ -104,9 +162,30 @@ absl::Status ParameterServer::AdoptSignatureLocked(std::vector<ParamSpec> signat
   return absl::OkStatus();
 }
 
+absl::Status ParameterServer::CheckStepsPerEpochLocked(const std::string& worker_id,
+                                                       int64_t steps_per_epoch) {
+  if (steps_per_epoch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("worker '", worker_id, "' states ",
+                                                   steps_per_epoch, " steps per epoch"));
+  }
+  if (steps_per_epoch_ >= 0 && steps_per_epoch != steps_per_epoch_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", worker_id, "' has ", steps_per_epoch, " steps per epoch but the job has ",
+        steps_per_epoch_, " (do the workers' datasets and --batch_size agree?)"));
+  }
+  const LrSchedule& schedule = options_.optimizer.schedule;
+  if (schedule.unit == LrSchedule::Unit::kEpochs && schedule.step_size > 0 &&
+      steps_per_epoch < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the learning rate decays every ", schedule.step_size, " epochs, but worker '", worker_id,
+        "' states no steps per epoch"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
-    const std::string& worker_id, const std::vector<ParamSpec>& signature,
-    absl::Span<const float> proposed, int requested_rank) {
+    const std::string& worker_id, const std::vector<ParamSpec>& signature, int requested_rank,
+    int64_t steps_per_epoch) {
   if (worker_id.empty()) return absl::InvalidArgumentError("worker id is empty");
   if (requested_rank >= static_cast<int>(workers_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("worker '", worker_id, "' asks for rank ",
@@ -114,10 +193,10 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
                                                    workers_.size(), " workers"));
   }
   absl::MutexLock lock(&mu_);
+  PS_RETURN_IF_ERROR(CheckStepsPerEpochLocked(worker_id, steps_per_epoch));
   if (signature_.empty()) {
     if (signature.empty()) return absl::InvalidArgumentError("worker sent an empty signature");
-    PS_RETURN_IF_ERROR(
-        AdoptSignatureLocked(signature, std::vector<float>(proposed.begin(), proposed.end())));
+    PS_RETURN_IF_ERROR(AdoptSignatureLocked(signature));
   } else {
     const std::string diff = SignatureDifference(signature_, signature);
     if (!diff.empty()) {
@@ -139,13 +218,11 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
                                                    " is already held by worker '",
                                                    workers_[requested_rank].id, "'"));
     }
-    workers_[requested_rank].id = worker_id;
     rank = requested_rank;
   }
   if (rank < 0) {
     for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {
       if (workers_[r].id.empty()) {
-        workers_[r].id = worker_id;
         rank = r;
         break;
       }
@@ -156,11 +233,25 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
                                                      workers_.size(),
                                                      " worker slots are registered"));
   }
+  // Every check has passed: nothing above changed the workers' state.
+  if (optimizer_ == nullptr) {
+    OptimizerOptions optimizer = options_.optimizer;
+    optimizer.schedule.steps_per_epoch = std::max<int64_t>(1, steps_per_epoch);
+    PS_ASSIGN_OR_RETURN(optimizer_, SgdOptimizer::Create(optimizer, params_.size(), device_));
+  }
+  steps_per_epoch_ = steps_per_epoch;
+  workers_[rank].id = worker_id;
   Registration reg;
   reg.rank = rank;
   reg.num_workers = static_cast<int>(workers_.size());
   reg.version = version_;
   reg.chunk_elements = options_.chunk_elements;
+  reg.send_initial_parameters = !initialized_ && rank == 0;
+  if (reg.send_initial_parameters) {
+    // A restarted rank 0 sends everything again.
+    std::fill(initial_received_.begin(), initial_received_.end(), false);
+    initial_chunks_received_ = 0;
+  }
   return reg;
 }
 
@@ -182,6 +273,44 @@ absl::Status ParameterServer::CheckKeyChunkLocked(int key, int64_t chunk, int64_
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<ParameterServer::CheckedChunk>> ParameterServer::CheckChunksLocked(
+    absl::Span<const ChunkData> chunks, const std::vector<bool>& received,
+    absl::string_view what) const {
+  std::vector<CheckedChunk> checked(chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const ChunkData& chunk = chunks[c];
+    int64_t offset, length;
+    PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
+    const std::string& name = signature_[chunk.key].name;
+    if (static_cast<int64_t>(chunk.data.size()) != length) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk, " of '", name,
+                                                     "' needs ", length, " elements, got ",
+                                                     chunk.data.size()));
+    }
+    const int64_t global_chunk = key_first_chunk_[chunk.key] + chunk.chunk;
+    bool repeated = received[global_chunk];
+    for (size_t earlier = 0; earlier < c; ++earlier) {
+      repeated |= checked[earlier].global_chunk == global_chunk;
+    }
+    if (repeated) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("chunk ", chunk.chunk, " of '", name, "' already ", what));
+    }
+    // One vectorisable pass decides; only a bad chunk pays for finding where.
+    bool all_finite = true;
+    for (int64_t i = 0; i < length; ++i) all_finite &= std::isfinite(chunk.data[i]);
+    if (!all_finite) {
+      int64_t i = 0;
+      while (std::isfinite(chunk.data[i])) ++i;
+      return absl::InvalidArgumentError(absl::StrCat("element ", offset + i, " of '", name,
+                                                     "' is ", chunk.data[i],
+                                                     "; refusing a non-finite value"));
+    }
+    checked[c] = {key_offset_[chunk.key] + offset, global_chunk};
+  }
+  return checked;
+}
+
 absl::Status ParameterServer::Push(int rank, int64_t iteration, int key, int64_t chunk,
                                    int64_t num_samples, absl::Span<const float> gradient) {
   const ChunkData one{key, chunk, gradient};
@@ -196,59 +325,61 @@ absl::Status ParameterServer::PushChunks(int rank, int64_t iteration, int64_t nu
   }
   WorkerState& worker = workers_[rank];
   // 1. Check every chunk; nothing changes until all pass.
-  std::vector<int64_t> offsets(chunks.size()), global_chunks(chunks.size());
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    const ChunkData& chunk = chunks[c];
-    int64_t offset, length;
-    PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
-    const std::string& name = signature_[chunk.key].name;
-    if (static_cast<int64_t>(chunk.data.size()) != length) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk, " of '", name,
-                                                     "' needs ", length, " elements, got ",
-                                                     chunk.data.size()));
-    }
-    if (iteration != version_) {
-      return absl::FailedPreconditionError(absl::StrCat("push for iteration ", iteration,
-                                                        " but the server is at iteration ",
-                                                        version_));
-    }
-    if (num_samples < 0 || (worker.num_samples >= 0 && num_samples != worker.num_samples)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "push of '", name, "' claims ", num_samples, " samples but worker rank ", rank,
-          " claimed ", worker.num_samples, " earlier in iteration ", iteration));
-    }
-    const int64_t global_chunk = key_first_chunk_[chunk.key] + chunk.chunk;
-    bool repeated = worker.pushed[global_chunk];
-    for (size_t earlier = 0; earlier < c; ++earlier) repeated |= global_chunks[earlier] == global_chunk;
-    if (repeated) {
-      return absl::AlreadyExistsError(absl::StrCat("chunk ", chunk.chunk, " of '", name,
-                                                   "' already pushed by worker rank ", rank,
-                                                   " in iteration ", iteration));
-    }
-    // One vectorisable pass decides; only a bad chunk pays for finding where.
-    bool all_finite = true;
-    for (int64_t i = 0; i < length; ++i) all_finite &= std::isfinite(chunk.data[i]);
-    if (!all_finite) {
-      int64_t i = 0;
-      while (std::isfinite(chunk.data[i])) ++i;
-      return absl::InvalidArgumentError(absl::StrCat("gradient of '", name, "' element ",
-                                                     offset + i, " is ", chunk.data[i],
-                                                     "; refusing a non-finite push"));
-    }
-    offsets[c] = key_offset_[chunk.key] + offset;
-    global_chunks[c] = global_chunk;
+  if (!initialized_) {
+    return absl::FailedPreconditionError(
+        "push before the initial parameters are complete (version 0 does not exist yet)");
   }
+  if (iteration != version_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "push for iteration ", iteration, " but the server is at iteration ", version_));
+  }
+  if (num_samples < 0 || (worker.num_samples >= 0 && num_samples != worker.num_samples)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "push claims ", num_samples, " samples but worker rank ", rank, " claimed ",
+        worker.num_samples, " earlier in iteration ", iteration));
+  }
+  PS_ASSIGN_OR_RETURN(
+      std::vector<CheckedChunk> checked,
+      CheckChunksLocked(chunks, worker.pushed,
+                        absl::StrCat("pushed by worker rank ", rank, " in iteration ", iteration)));
   // 2. All valid: add them.
   for (size_t c = 0; c < chunks.size(); ++c) {
-    float* sum = grad_sum_.data() + offsets[c];
+    float* sum = grad_sum_.data() + checked[c].offset;
     const float* g = chunks[c].data.data();
     const int64_t n = static_cast<int64_t>(chunks[c].data.size());
     for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
-    worker.pushed[global_chunks[c]] = true;
+    worker.pushed[checked[c].global_chunk] = true;
     worker.chunks_pushed++;
   }
   if (!chunks.empty()) worker.num_samples = num_samples;
   return MaybeApplyLocked();
+}
+
+absl::Status ParameterServer::InitializeChunks(int rank, absl::Span<const ChunkData> chunks) {
+  absl::MutexLock lock(&mu_);
+  if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("initial parameters from unregistered worker rank ", rank));
+  }
+  if (initialized_) {
+    return absl::FailedPreconditionError("the initial parameters are already complete");
+  }
+  if (rank != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", rank, " sent initial parameters; only rank 0 is asked to"));
+  }
+  PS_ASSIGN_OR_RETURN(std::vector<CheckedChunk> checked,
+                      CheckChunksLocked(chunks, initial_received_, "sent as an initial value"));
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    std::copy(chunks[c].data.begin(), chunks[c].data.end(), params_.begin() + checked[c].offset);
+    initial_received_[checked[c].global_chunk] = true;
+    ++initial_chunks_received_;
+  }
+  if (initial_chunks_received_ == total_chunks_) {
+    initialized_ = true;
+    initial_received_.clear();
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParameterServer::MaybeApplyLocked() {
@@ -272,9 +403,15 @@ absl::Status ParameterServer::MaybeApplyLocked() {
 
 absl::Status ParameterServer::AwaitVersionLocked(int64_t version, absl::Time deadline) {
   auto ready = [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return version_ >= version && !signature_.empty();
+    return version_ >= version && initialized_;
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    if (!initialized_) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "version ", version, " not reached before the deadline: the initial parameters are ",
+          signature_.empty() ? "not known (no worker has registered)"
+                             : "incomplete (rank 0 has not sent them all)"));
+    }
     return absl::DeadlineExceededError(absl::StrCat("version ", version,
                                                     " not reached before the deadline; the "
                                                     "server is at version ",
@@ -330,6 +467,11 @@ std::vector<ParamSpec> ParameterServer::signature() const {
 int64_t ParameterServer::version() const {
   absl::MutexLock lock(&mu_);
   return version_;
+}
+
+bool ParameterServer::initialized() const {
+  absl::MutexLock lock(&mu_);
+  return initialized_;
 }
 
 int64_t ParameterServer::num_parameters() const {

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/cpu_device.h"
 #include "common/param_spec.h"
@@ -28,6 +29,14 @@ struct ParameterServerOptions {
   static constexpr int64_t kDefaultChunkElements = ((int64_t{4} << 20) - 4096) / 4;
 };
 
+// One named tensor of initial values, matched to the workers' signature by
+// name (a safetensors file's tensors have no order).
+struct NamedTensor {
+  std::string name;
+  Shape shape;
+  std::vector<float> values;  // row-major, NumElements(shape) of them
+};
+
 // The synchronous parameter server's state machine, free of any transport:
 // the gRPC service (and the in-process LocalParameterStore) translate calls
 // into these methods. It holds one flat fp32 parameter vector laid out in
@@ -38,38 +47,63 @@ struct ParameterServerOptions {
 // Versions: version v is the parameters after v updates; iteration v is the
 // step computed from version v, whose pushes produce version v + 1.
 //
+// The server knows no model: the signature (names, shapes, order of the
+// trainable parameters) comes from the first worker to register, and every
+// other worker's must equal it. The initial parameters come from, in order:
+// the values given to Create (a checkpoint, or --init_weights matched by
+// name), or the worker of rank 0, which Register asks to send them
+// (InitializeChunks). Version 0 exists, and can be pulled, once they are all
+// there.
+//
 // Every method is thread-safe. Bad input never changes state: a rejected
 // push leaves the pending sums and the parameters untouched.
 class ParameterServer {
  public:
-  // `signature` and `initial` (flat, signature order) may both be empty: the
-  // first worker to register then supplies them. `device` runs the optimizer
-  // and must outlive the server.
+  // A server without parameters: rank 0 will send them. `device` runs the
+  // optimizer and must outlive the server.
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(
+      const ParameterServerOptions& options, CpuDevice* device);
+  // A server that starts from `initial` (flat, in `signature` order): every
+  // worker's signature must equal `signature`.
   static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(
       const ParameterServerOptions& options, std::vector<ParamSpec> signature,
       std::vector<float> initial, CpuDevice* device);
+  // A server that starts from tensors matched by name to the first worker's
+  // signature (its shapes must agree; tensors the signature does not name,
+  // such as batch-norm buffers, are ignored). kInvalidArgument for a
+  // non-finite value or a size that does not match its shape.
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> CreateFromNamedTensors(
+      const ParameterServerOptions& options, std::vector<NamedTensor> initial,
+      CpuDevice* device);
 
   struct Registration {
     int rank = 0;
     int num_workers = 1;
     int64_t version = 0;
     int64_t chunk_elements = 0;
+    // This worker must send the initial parameters with InitializeChunks
+    // before anyone can pull version 0: it has rank 0 and the server has
+    // none yet.
+    bool send_initial_parameters = false;
   };
 
-  // Registers worker `worker_id` with its model's signature; `proposed` are
-  // its initial parameters, used only if the server has none yet. The worker
-  // gets `requested_rank` if it is >= 0, else the lowest free rank.
-  // Registering the same worker_id again returns its existing rank (a
-  // restarted worker).
+  // Registers worker `worker_id` with its model's signature. The worker gets
+  // `requested_rank` if it is >= 0, else the lowest free rank. Registering
+  // the same worker_id again returns its existing rank (a restarted worker).
+  // `steps_per_epoch` is the number of iterations in one epoch of the
+  // workers' data (0: not stated); all workers must state the same, and a
+  // schedule in epochs needs it.
   // Errors: kFailedPrecondition when the signature differs (the message names
-  // the first difference), kResourceExhausted when num_workers others are
-  // registered, kAlreadyExists when the requested rank is another worker's,
-  // kInvalidArgument for an empty id, a rank out of range or a proposal of
-  // wrong size.
+  // the first difference), when the named initial tensors lack one of its
+  // parameters or disagree on a shape, when steps_per_epoch differs from
+  // the other workers' or is missing for an epoch schedule;
+  // kResourceExhausted when num_workers others are registered;
+  // kAlreadyExists when the requested rank is another worker's;
+  // kInvalidArgument for an empty id, a rank out of range or an empty or
+  // non-F32 signature.
   absl::StatusOr<Registration> Register(const std::string& worker_id,
                                         const std::vector<ParamSpec>& signature,
-                                        absl::Span<const float> proposed,
-                                        int requested_rank = -1);
+                                        int requested_rank = -1, int64_t steps_per_epoch = 0);
 
   // Adds chunk `chunk` of key `key` (elements [chunk * chunk_elements, ...)
   // of that parameter) of the gradient of worker `rank`, computed at
@@ -92,6 +126,14 @@ class ParameterServer {
   };
   absl::Status PushChunks(int rank, int64_t iteration, int64_t num_samples,
                           absl::Span<const ChunkData> chunks);
+
+  // Chunks of the initial parameters from the worker Register told to send
+  // them, all or nothing per call; version 0 is published when the last
+  // chunk arrives. Errors, each leaving all state untouched: kNotFound
+  // unknown rank, kFailedPrecondition when this worker was not asked to
+  // send them (or they are complete), kOutOfRange / kInvalidArgument /
+  // kAlreadyExists for a chunk as in PushChunks.
+  absl::Status InitializeChunks(int rank, absl::Span<const ChunkData> chunks);
 
   // Waits until version `version` exists (or `deadline` passes:
   // kDeadlineExceeded) and copies each chunk (key, chunk index) into its
@@ -116,6 +158,8 @@ class ParameterServer {
   // The signature (empty until known) and current version.
   std::vector<ParamSpec> signature() const;
   int64_t version() const;
+  // Whether the initial parameters are complete (version 0 exists).
+  bool initialized() const;
   int64_t num_parameters() const;
   // Number of chunks key `key` is cut into (0 for an unknown key).
   int64_t NumChunks(int key) const;
@@ -126,8 +170,23 @@ class ParameterServer {
  private:
   ParameterServer(const ParameterServerOptions& options, CpuDevice* device);
 
-  absl::Status AdoptSignatureLocked(std::vector<ParamSpec> signature, std::vector<float> initial)
+  // Takes `signature` as the job's: lays out keys and chunks, and the
+  // initial values when the server was given some. State is unchanged on
+  // error.
+  absl::Status AdoptSignatureLocked(const std::vector<ParamSpec>& signature)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckStepsPerEpochLocked(const std::string& worker_id, int64_t steps_per_epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks every chunk of a message (range, length, finite values, not in
+  // `received` nor repeated within the message) and returns each one's
+  // offset into the flat buffer and global chunk index.
+  struct CheckedChunk {
+    int64_t offset = 0;
+    int64_t global_chunk = 0;
+  };
+  absl::StatusOr<std::vector<CheckedChunk>> CheckChunksLocked(
+      absl::Span<const ChunkData> chunks, const std::vector<bool>& received,
+      absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (releasing mu_) until `version` exists; kDeadlineExceeded after
   // `deadline`.
   absl::Status AwaitVersionLocked(int64_t version, absl::Time deadline)
@@ -147,8 +206,17 @@ class ParameterServer {
   int64_t total_chunks_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float> params_ ABSL_GUARDED_BY(mu_);
   std::vector<float> grad_sum_ ABSL_GUARDED_BY(mu_);
+  // Created at the first registration, when the steps per epoch are known.
   std::unique_ptr<SgdOptimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = -1;  // -1 until the first registration
+
+  // Initial values given to Create: ordered (signature_ set, values in
+  // params_) or by name until the first registration lays them out.
+  std::vector<NamedTensor> named_initial_ ABSL_GUARDED_BY(mu_);
+  bool initialized_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<bool> initial_received_ ABSL_GUARDED_BY(mu_);  // per global chunk
+  int64_t initial_chunks_received_ ABSL_GUARDED_BY(mu_) = 0;
 
   struct WorkerState {
     std::string id;

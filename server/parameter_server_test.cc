@@ -54,8 +54,8 @@ void PushAll(ParameterServer& server, int rank, int64_t iteration, float g, int6
 
 TEST_F(ParameterServerTest, SumsWorkersAndScalesByGlobalBatch) {
   auto server = MakeServer(2);
-  ASSERT_TRUE(server->Register("a", Signature(), {}).ok());
-  ASSERT_TRUE(server->Register("b", Signature(), {}).ok());
+  ASSERT_TRUE(server->Register("a", Signature()).ok());
+  ASSERT_TRUE(server->Register("b", Signature()).ok());
   EXPECT_EQ(server->NumChunks(0), 2);  // 6 elements in chunks of 4
   PushAll(*server, 0, 0, 3.f, 2);
   EXPECT_EQ(server->version(), 0);  // waits for worker 1
@@ -69,7 +69,7 @@ TEST_F(ParameterServerTest, SumsWorkersAndScalesByGlobalBatch) {
 
 TEST_F(ParameterServerTest, PullWaitsForTheVersion) {
   auto server = MakeServer(1);
-  ASSERT_TRUE(server->Register("a", Signature(), {}).ok());
+  ASSERT_TRUE(server->Register("a", Signature()).ok());
   std::vector<float> out(8);
   EXPECT_EQ(server->Pull(1, absl::Now() + absl::Milliseconds(20), absl::MakeSpan(out))
                 .status()
@@ -82,52 +82,165 @@ TEST_F(ParameterServerTest, PullWaitsForTheVersion) {
   EXPECT_EQ(*version, 1);
 }
 
-TEST_F(ParameterServerTest, FirstWorkerSuppliesParametersWhenServerHasNone) {
+// Chunks of Initial() in the layout MakeServer's chunk size 4 gives: key 0
+// in chunks [0, 4) and [4, 6), key 1 in one chunk.
+std::vector<ParameterServer::ChunkData> InitialChunks(const std::vector<float>& values) {
+  return {{0, 0, absl::MakeConstSpan(values).subspan(0, 4)},
+          {0, 1, absl::MakeConstSpan(values).subspan(4, 2)},
+          {1, 0, absl::MakeConstSpan(values).subspan(6, 2)}};
+}
+
+TEST_F(ParameterServerTest, RankZeroSendsTheInitialParametersWhenTheServerHasNone) {
   ParameterServerOptions options;
-  auto server = ParameterServer::Create(options, {}, {}, &device_);
-  ASSERT_TRUE(server.ok());
-  auto reg = (*server)->Register("w", Signature(), Initial());
+  options.num_workers = 2;
+  options.chunk_elements = 4;
+  auto created = ParameterServer::Create(options, &device_);
+  ASSERT_TRUE(created.ok()) << created.status();
+  ParameterServer& server = **created;
+  // The first worker to register states the signature, whatever its rank;
+  // only rank 0 is asked for the values.
+  auto b = server.Register("b", Signature(), /*requested_rank=*/1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FALSE(b->send_initial_parameters);
+  EXPECT_EQ(server.signature(), Signature());
+  auto a = server.Register("a", Signature());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->rank, 0);
+  EXPECT_TRUE(a->send_initial_parameters);
+
+  // Version 0 does not exist until every chunk is there.
+  std::vector<float> out(8);
+  auto early = server.Pull(0, absl::Now() + absl::Milliseconds(10), absl::MakeSpan(out));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(early.status().message()), HasSubstr("incomplete"));
+  std::vector<float> two(2, 1.f);
+  EXPECT_EQ(server.Push(0, 0, 1, 0, 1, two).code(), absl::StatusCode::kFailedPrecondition);
+
+  const std::vector<float> initial = Initial();
+  const std::vector<ParameterServer::ChunkData> chunks = InitialChunks(initial);
+  EXPECT_EQ(server.InitializeChunks(1, chunks).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(server.InitializeChunks(3, chunks).code(), absl::StatusCode::kNotFound);
+  // A bad message adds nothing, a good one its chunks, a repeat is refused.
+  const std::vector<float> with_nan = {1.f, NAN};
+  const std::vector<ParameterServer::ChunkData> bad = {chunks[0], {1, 0, with_nan}};
+  EXPECT_EQ(server.InitializeChunks(0, bad).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(server.InitializeChunks(0, {chunks[0], chunks[1]}).ok());
+  EXPECT_FALSE(server.initialized());
+  EXPECT_EQ(server.InitializeChunks(0, {chunks[0]}).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(server.InitializeChunks(0, {chunks[2]}).ok());
+  EXPECT_TRUE(server.initialized());
+  EXPECT_EQ(Params(server), Initial());
+  EXPECT_EQ(server.InitializeChunks(0, {chunks[2]}).code(), absl::StatusCode::kFailedPrecondition);
+  // A restarted rank 0 is not asked again once they are complete.
+  EXPECT_FALSE(server.Register("a", Signature())->send_initial_parameters);
+}
+
+TEST_F(ParameterServerTest, NamedInitialTensorsAreMatchedToTheSignatureByName) {
+  ParameterServerOptions options;
+  const std::vector<float> initial = Initial();
+  // Out of order, with a buffer the signature does not name.
+  std::vector<NamedTensor> named = {{"fc.bias", {2}, {0.5f, -0.5f}},
+                                    {"bn.running_mean", {3}, {0, 0, 0}},
+                                    {"fc.weight", {2, 3}, {1, 2, 3, 4, 5, 6}}};
+  auto server = ParameterServer::CreateFromNamedTensors(options, named, &device_);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto reg = (*server)->Register("a", Signature());
   ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_FALSE(reg->send_initial_parameters);
   EXPECT_EQ(Params(**server), Initial());
+
+  named.erase(named.begin());  // no fc.bias
+  auto missing = ParameterServer::CreateFromNamedTensors(options, named, &device_);
+  ASSERT_TRUE(missing.ok());
+  auto refused = (*missing)->Register("a", Signature());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("no 'fc.bias'"));
+  EXPECT_TRUE((*missing)->signature().empty());  // nothing adopted
+
+  named.push_back({"fc.bias", {1, 2}, {0.5f, -0.5f}});
+  auto reshaped = ParameterServer::CreateFromNamedTensors(options, named, &device_);
+  ASSERT_TRUE(reshaped.ok());
+  EXPECT_THAT(std::string((*reshaped)->Register("a", Signature()).status().message()),
+              HasSubstr("'fc.bias' has shape [1, 2] on the server but [2] on the worker"));
+
+  EXPECT_EQ(ParameterServer::CreateFromNamedTensors(options, {{"x", {2}, {1.f}}}, &device_)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParameterServer::CreateFromNamedTensors(options, {{"x", {1}, {INFINITY}}}, &device_)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ParameterServerTest, WorkersStateTheStepsPerEpochOfTheSchedule) {
+  ParameterServerOptions options;
+  options.num_workers = 2;
+  options.chunk_elements = 4;  // PushAll's layout
+  options.optimizer.sgd.lr = 1.f;
+  options.optimizer.schedule.unit = LrSchedule::Unit::kEpochs;
+  options.optimizer.schedule.step_size = 1;
+  options.optimizer.schedule.gamma = 0.5f;
+  auto created = ParameterServer::Create(options, Signature(), Initial(), &device_);
+  ASSERT_TRUE(created.ok()) << created.status();
+  ParameterServer& server = **created;
+  auto none = server.Register("a", Signature(), -1, /*steps_per_epoch=*/0);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("states no steps per epoch"));
+  ASSERT_TRUE(server.Register("a", Signature(), -1, 2).ok());
+  auto other = server.Register("b", Signature(), -1, 3);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(other.status().message()),
+              HasSubstr("has 3 steps per epoch but the job has 2"));
+  ASSERT_TRUE(server.Register("b", Signature(), -1, 2).ok());
+  // Two updates at lr 1, then one at lr 0.5: gradients of 1 per sample.
+  for (int64_t it = 0; it < 3; ++it) {
+    PushAll(server, 0, it, 1.f, 1);
+    PushAll(server, 1, it, 1.f, 1);
+  }
+  ASSERT_EQ(server.version(), 3);
+  std::vector<float> params(8);
+  ASSERT_TRUE(server.Pull(3, absl::InfiniteFuture(), absl::MakeSpan(params)).ok());
+  for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(params[i], Initial()[i] - 2.5f) << i;
 }
 
 TEST_F(ParameterServerTest, RegistrationErrors) {
   auto server = MakeServer(1);
-  EXPECT_EQ(server->Register("", Signature(), {}).status().code(),
+  EXPECT_EQ(server->Register("", Signature()).status().code(),
             absl::StatusCode::kInvalidArgument);
   auto sig = Signature();
   sig[1].shape = {3};
-  auto mismatch = server->Register("a", sig, {});
+  auto mismatch = server->Register("a", sig);
   EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(mismatch.status().message()),
               HasSubstr("'fc.bias' has shape [2] on the server but [3] on the worker"));
   sig = Signature();
   sig[0].name = "conv.weight";
-  EXPECT_THAT(std::string(server->Register("a", sig, {}).status().message()),
+  EXPECT_THAT(std::string(server->Register("a", sig).status().message()),
               HasSubstr("'fc.weight' on the server but 'conv.weight'"));
-  ASSERT_TRUE(server->Register("a", Signature(), {}).ok());
-  EXPECT_EQ(server->Register("a", Signature(), {})->rank, 0);  // re-registration
-  EXPECT_EQ(server->Register("b", Signature(), {}).status().code(),
+  ASSERT_TRUE(server->Register("a", Signature()).ok());
+  EXPECT_EQ(server->Register("a", Signature())->rank, 0);  // re-registration
+  EXPECT_EQ(server->Register("b", Signature()).status().code(),
             absl::StatusCode::kResourceExhausted);
 }
 
 TEST_F(ParameterServerTest, RequestedRanks) {
   auto server = MakeServer(2);
-  auto b = server->Register("b", Signature(), {}, /*requested_rank=*/1);
+  auto b = server->Register("b", Signature(), /*requested_rank=*/1);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->rank, 1);
-  auto taken = server->Register("c", Signature(), {}, 1);
+  auto taken = server->Register("c", Signature(), 1);
   EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(std::string(taken.status().message()), HasSubstr("already held by worker 'b'"));
-  EXPECT_EQ(server->Register("c", Signature(), {}, 2).status().code(),
+  EXPECT_EQ(server->Register("c", Signature(), 2).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(server->Register("a", Signature(), {})->rank, 0);  // the free one
-  EXPECT_EQ(server->Register("b", Signature(), {}, 1)->rank, 1);  // restart keeps it
+  EXPECT_EQ(server->Register("a", Signature())->rank, 0);  // the free one
+  EXPECT_EQ(server->Register("b", Signature(), 1)->rank, 1);  // restart keeps it
 }
 
 TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
   auto server = MakeServer(1);
-  ASSERT_TRUE(server->Register("a", Signature(), {}).ok());
+  ASSERT_TRUE(server->Register("a", Signature()).ok());
   std::vector<float> four(4, 1.f), two(2, 1.f);
   // A good first chunk, then every kind of bad push.
   ASSERT_TRUE(server->Push(0, 0, 0, 0, 3, four).ok());

@@ -96,12 +96,23 @@ int WaitForPortFile(const std::string& path) {
   return 0;
 }
 
+// Waits until `process`'s log contains `text`; false after `timeout`.
+bool WaitForLog(const Process& process, const std::string& text, std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (process.Log().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
 TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
   const std::string port_file = testing::TestTmpPath("port");
   const std::vector<std::string> model = {"--model=mlp", "--mlp_hidden=32", "--seed=3"};
-  std::vector<std::string> server_args = {"--port=0", "--port_file=" + port_file,
-                                          "--num_workers=2", "--lr=0.1", "--momentum=0.9"};
-  server_args.insert(server_args.end(), model.begin(), model.end());
+  // The server is told nothing of the model: the workers state it.
+  const std::vector<std::string> server_args = {"--port=0", "--port_file=" + port_file,
+                                                "--num_workers=2", "--lr=0.1",
+                                                "--momentum=0.9"};
   Process server(testing::RunfilePath("server/server"), server_args, testing::TestTmpPath("server.log"));
   const int port = WaitForPortFile(port_file);
   ASSERT_GT(port, 0) << server.Log();
@@ -118,17 +129,6 @@ TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
     ASSERT_TRUE(health->Check(&context, request, &response).ok());
     EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
   }
-
-  // A worker whose model differs is refused, naming the difference.
-  Process stranger(testing::RunfilePath("worker/worker"),
-                   {"--server=" + address, "--worker_id=stranger", "--model=mlp",
-                    "--mlp_hidden=33", "--dataset=synthetic", "--epochs=1", "--devices=cpu",
-                    "--threads=1", "--progress=false"},
-                   testing::TestTmpPath("stranger.log"));
-  EXPECT_EQ(stranger.Wait(std::chrono::seconds(60)), 1);
-  EXPECT_THAT(stranger.Log(), HasSubstr("FAILED_PRECONDITION"));
-  EXPECT_THAT(stranger.Log(), HasSubstr("'fc1.weight' has shape [32, 784] on the server but "
-                                        "[33, 784] on the worker"));
 
   std::vector<std::unique_ptr<Process>> workers;
   for (int r = 0; r < 2; ++r) {
@@ -147,6 +147,33 @@ TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
     workers.push_back(std::make_unique<Process>(testing::RunfilePath("worker/worker"), args,
                                                 testing::TestTmpPath(absl::StrCat("worker", r, ".log"))));
   }
+  // Once both have registered (the first stated the model, rank 0 sent the
+  // initial parameters), a worker whose model differs is refused, naming
+  // the difference.
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(WaitForLog(*workers[r], absl::StrCat("worker ", r, "/2: training"),
+                           std::chrono::seconds(120)))
+        << workers[r]->Log();
+  }
+  Process stranger(testing::RunfilePath("worker/worker"),
+                   {"--server=" + address, "--worker_id=stranger", "--model=mlp",
+                    "--mlp_hidden=33", "--dataset=synthetic", "--epochs=1", "--devices=cpu",
+                    "--threads=1", "--progress=false"},
+                   testing::TestTmpPath("stranger.log"));
+  EXPECT_EQ(stranger.Wait(std::chrono::seconds(60)), 1);
+  EXPECT_THAT(stranger.Log(), HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(stranger.Log(), HasSubstr("'fc1.weight' has shape [32, 784] on the server but "
+                                        "[33, 784] on the worker"));
+  // A worker given an optimizer flag in a server job is refused at start,
+  // pointed to the server's flag.
+  Process misconfigured(testing::RunfilePath("worker/worker"),
+                        {"--server=" + address, "--worker_id=lr", "--model=mlp", "--lr=0.5",
+                         "--dataset=synthetic", "--progress=false"},
+                        testing::TestTmpPath("misconfigured.log"));
+  EXPECT_EQ(misconfigured.Wait(std::chrono::seconds(60)), 1);
+  EXPECT_THAT(misconfigured.Log(), HasSubstr("--lr is the server's with --server"));
+  EXPECT_THAT(misconfigured.Log(), HasSubstr("bazel-bin/server/server --lr="));
+
   std::string logs;
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(workers[r]->Wait(std::chrono::seconds(240)), 0) << workers[r]->Log();

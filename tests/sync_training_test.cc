@@ -71,19 +71,16 @@ std::vector<float> TrainOnOneDevice(const std::string& model, const worker::data
   return *(*trainer)->model().flat_parameters().ToVector();
 }
 
-// A gRPC parameter server on a free loopback port, in this process.
+// A gRPC parameter server on a free loopback port, in this process. It knows
+// no model: the workers state it, and rank 0 sends the initial parameters.
 class TestServer {
  public:
-  TestServer(const std::string& model, int workers) {
-    auto replica = worker::model::Model::Create(Config(model), &device_);
-    EXPECT_TRUE(replica.ok()) << replica.status();
-    EXPECT_TRUE((*replica)->Initialize(kSeed).ok());
+  explicit TestServer(int workers) {
     server::ParameterServerOptions options;
     options.num_workers = workers;
     options.optimizer = Sgd();
     options.chunk_elements = 1000;  // several chunks per large tensor
-    auto server = server::ParameterServer::Create(
-        options, (*replica)->parameters(), *(*replica)->flat_parameters().ToVector(), &device_);
+    auto server = server::ParameterServer::Create(options, &device_);
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();
     service_ = std::make_unique<server::ParameterServerService>(server_.get());
@@ -106,7 +103,7 @@ class TestServer {
 
 std::vector<float> TrainDistributed(const std::string& model, const worker::data::Dataset& data,
                                     int workers, int devices_per_worker) {
-  TestServer server(model, workers);
+  TestServer server(workers);
   std::vector<std::vector<float>> results(workers);
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
@@ -120,6 +117,7 @@ std::vector<float> TrainDistributed(const std::string& model, const worker::data
       worker::RemoteStoreOptions options;
       options.server_address = server.address();
       options.worker_id = absl::StrCat("worker-", w);
+      options.steps_per_epoch = (data.size() + Options().batch_size - 1) / Options().batch_size;
       auto store = worker::RemoteParameterStore::Create(options);
       ASSERT_TRUE(store.ok()) << store.status();
       auto trainer = worker::Trainer::Create(Options(), Config(model), devices, store->get(),
@@ -128,7 +126,8 @@ std::vector<float> TrainDistributed(const std::string& model, const worker::data
       auto report = (*trainer)->Run();
       ASSERT_TRUE(report.ok()) << report.status();
       EXPECT_EQ(report->steps, kSteps);
-      // One model's worth each way per step over the wire (+1 initial pull).
+      // One model's worth each way per step over the wire (+1 initial pull;
+      // rank 0's Initialize is not a push).
       const int64_t model_bytes = report->model_parameters * 4;
       EXPECT_EQ((*store)->bytes_pushed(), kSteps * model_bytes);
       EXPECT_EQ((*store)->bytes_pulled(), (kSteps + 1) * model_bytes);

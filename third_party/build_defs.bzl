@@ -4,7 +4,7 @@ Both run the system tools (nvcc, protoc, grpc_cpp_plugin) in genrules, which
 is all Bazel 4.2.3 can do offline without rules_cuda or rules_proto.
 """
 
-load("@local_cuda//:defs.bzl", "CUDA_PATH")
+load("@local_cuda//:defs.bzl", "CUDA_FOUND", "CUDA_PATH")
 
 # sm_80 (A100) and sm_90 (H100/H200) machine code, plus compute_90 PTX so a
 # newer GPU can JIT it.
@@ -25,11 +25,13 @@ def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
     CUDA translation units free of abseil, gRPC and the rest. Under
     --config=cpu_only the objects are left out and only the headers remain,
     so callers must guard their calls with PS_WITH_CUDA (//:cuda_defines).
+    Without a CUDA toolkit on the machine the nvcc rules are not even
+    declared, so `bazel build //...` has nothing it cannot build.
     """
     cu_srcs = [s for s in srcs if s.endswith(".cu")]
     cuh = [s for s in srcs if not s.endswith(".cu")]
     objs = []
-    for src in cu_srcs:
+    for src in (cu_srcs if CUDA_FOUND else []):
         obj = name + "_" + src.replace("/", "_").replace(".cu", ".o")
         native.genrule(
             name = obj.replace(".o", "_nvcc"),

@@ -107,13 +107,14 @@ exports_files(["nvcc"])
 _NO_CUDA_BUILD = """
 package(default_visibility = ["//visibility:public"])
 
-# No CUDA toolkit on this machine: build with --config=cpu_only.
+# No CUDA toolkit on this machine: //:cuda_enabled never matches, so nothing
+# depends on these.
 [cc_library(name = n) for n in ["cuda_headers", "cudart", "cublas", "nccl"]]
 
 genrule(
     name = "nvcc_missing",
     outs = ["nvcc"],
-    cmd = "echo 'echo no CUDA toolkit: build with --config=cpu_only >&2; exit 1' > $@",
+    cmd = "echo 'echo no CUDA toolkit on this machine >&2; exit 1' > $@",
     executable = True,
 )
 """
@@ -127,6 +128,7 @@ def _local_cuda_impl(ctx):
         lib = str(ctx.path(cuda + "/lib64").realpath)
         ctx.file("BUILD", _CUDA_BUILD.replace("{lib}", lib))
     else:
+        print("no CUDA toolkit at %s: building CPU-only" % cuda)
         ctx.file("BUILD", _NO_CUDA_BUILD)
     ctx.file("defs.bzl", "CUDA_FOUND = %s\nCUDA_PATH = %r\n" % (found, cuda))
     ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)

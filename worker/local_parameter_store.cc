@@ -16,17 +16,24 @@ absl::StatusOr<std::unique_ptr<LocalParameterStore>> LocalParameterStore::Create
   options.optimizer = optimizer;
   // In process nothing bounds a message: one chunk per key.
   options.chunk_elements = std::numeric_limits<int64_t>::max() / 2;
-  PS_ASSIGN_OR_RETURN(store->server_, server::ParameterServer::Create(options, {}, {},
-                                                                      store->device_.get()));
+  store->steps_per_epoch_ = optimizer.schedule.steps_per_epoch;
+  PS_ASSIGN_OR_RETURN(store->server_,
+                      server::ParameterServer::Create(options, store->device_.get()));
   return store;
 }
 
 absl::StatusOr<ParameterStore::Registration> LocalParameterStore::Register(
     const std::vector<ParamSpec>& signature, absl::Span<const float> proposed) {
   PS_ASSIGN_OR_RETURN(server::ParameterServer::Registration reg,
-                      server_->Register("local", signature, proposed));
+                      server_->Register("local", signature, /*requested_rank=*/-1,
+                                        steps_per_epoch_));
   signature_ = signature;
   rank_ = reg.rank;
+  if (reg.send_initial_parameters) {
+    PS_ASSIGN_OR_RETURN(std::vector<server::ParameterServer::ChunkData> chunks,
+                        ChunkPerKey(proposed));
+    PS_RETURN_IF_ERROR(server_->InitializeChunks(rank_, chunks));
+  }
   Registration out;
   out.rank = reg.rank;
   out.num_workers = reg.num_workers;
@@ -34,21 +41,28 @@ absl::StatusOr<ParameterStore::Registration> LocalParameterStore::Register(
   return out;
 }
 
-absl::Status LocalParameterStore::Push(int64_t iteration, int64_t num_samples,
-                                       absl::Span<const float> gradient) {
-  // One chunk per key, all pushed at once: all or nothing, as a message is.
+absl::StatusOr<std::vector<server::ParameterServer::ChunkData>> LocalParameterStore::ChunkPerKey(
+    absl::Span<const float> flat) const {
   std::vector<server::ParameterServer::ChunkData> chunks;
   chunks.reserve(signature_.size());
   int64_t offset = 0;
   for (int key = 0; key < static_cast<int>(signature_.size()); ++key) {
     const int64_t n = NumElements(signature_[key].shape);
-    if (offset + n > static_cast<int64_t>(gradient.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("gradient of ", gradient.size(),
-                                                     " elements is shorter than the model"));
+    if (offset + n > static_cast<int64_t>(flat.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a buffer of ", flat.size(), " elements is shorter than the model"));
     }
-    chunks.push_back({key, /*chunk=*/0, gradient.subspan(offset, n)});
+    chunks.push_back({key, /*chunk=*/0, flat.subspan(offset, n)});
     offset += n;
   }
+  return chunks;
+}
+
+absl::Status LocalParameterStore::Push(int64_t iteration, int64_t num_samples,
+                                       absl::Span<const float> gradient) {
+  // One chunk per key, all pushed at once: all or nothing, as a message is.
+  PS_ASSIGN_OR_RETURN(std::vector<server::ParameterServer::ChunkData> chunks,
+                      ChunkPerKey(gradient));
   return server_->PushChunks(rank_, iteration, num_samples, chunks);
 }
 

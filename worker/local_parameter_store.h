@@ -17,7 +17,8 @@ namespace ps::worker {
 // training differ only in the transport.
 class LocalParameterStore final : public ParameterStore {
  public:
-  // `optimizer_threads` CPU threads run the SGD update.
+  // `optimizer_threads` CPU threads run the SGD update. The schedule's
+  // steps_per_epoch is the one this worker states at registration.
   static absl::StatusOr<std::unique_ptr<LocalParameterStore>> Create(
       const server::OptimizerOptions& optimizer, int optimizer_threads = 1);
 
@@ -33,10 +34,16 @@ class LocalParameterStore final : public ParameterStore {
  private:
   LocalParameterStore() = default;
 
+  // `flat` (signature order) as one chunk per key; kInvalidArgument when it
+  // is shorter than the model.
+  absl::StatusOr<std::vector<server::ParameterServer::ChunkData>> ChunkPerKey(
+      absl::Span<const float> flat) const;
+
   std::unique_ptr<CpuDevice> device_;
   std::unique_ptr<server::ParameterServer> server_;
   std::vector<ParamSpec> signature_;
   int rank_ = 0;
+  int64_t steps_per_epoch_ = 0;
 };
 
 }  // namespace ps::worker

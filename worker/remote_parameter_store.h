@@ -1,13 +1,17 @@
 #ifndef PS_WORKER_REMOTE_PARAMETER_STORE_H_
 #define PS_WORKER_REMOTE_PARAMETER_STORE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/timed_event.h"
 #include "proto/parameter_server.grpc.pb.h"
 #include "worker/parameter_store.h"
 
@@ -17,20 +21,29 @@ struct RemoteStoreOptions {
   std::string server_address = "127.0.0.1:50051";  // host:port
   std::string worker_id;  // stable per worker; default: hostname-pid
   int rank = -1;          // the rank to ask for; -1: any free one
+  // Iterations in one epoch of this worker's data, stated at registration
+  // (the server's epoch schedule needs it; all workers must agree). 0: none.
+  int64_t steps_per_epoch = 0;
   // How long Register waits for the server to come up.
   absl::Duration connect_timeout = absl::Seconds(60);
-  // Deadline of each Push and Pull chunk call.
+  // Deadline of each Push, Pull and Initialize message.
   absl::Duration rpc_timeout = absl::Seconds(60);
   // How long WaitForVersion waits for the slowest worker.
   absl::Duration wait_timeout = absl::Seconds(600);
+  // Receives one kPushMessage / kPullMessage event per RPC, on RpcLane(m)
+  // for message m (stable for the store's life), from gRPC's completion
+  // threads. May be null. Both must outlive the store.
+  EventObserver* observer = nullptr;
+  const Clock* clock = Clock::Real();
 };
 
-// The parameter store on the other side of a gRPC channel. Push and Pull cut
-// the flat buffer into the server's chunks, pack small chunks together into
-// messages of at most one chunk's size, and send all messages concurrently
-// (gRPC callback API), waiting for every reply; the first error is returned
-// naming the message's first key and chunk. The server owns the initial parameters
-// (from its seed or weights file), so Register ignores `proposed`.
+// The parameter store on the other side of a gRPC channel. Push, Pull and
+// the initial parameters cut the flat buffer into the server's chunks, pack
+// small chunks together into messages of at most one chunk's size, and send
+// all messages concurrently (gRPC callback API), waiting for every reply;
+// the first error is returned naming the message's first key and chunk.
+// Register sends `proposed` only when the server asks for it (this worker
+// has rank 0 and the server has no initial parameters of its own).
 class RemoteParameterStore final : public ParameterStore {
  public:
   static absl::StatusOr<std::unique_ptr<RemoteParameterStore>> Create(
@@ -43,9 +56,12 @@ class RemoteParameterStore final : public ParameterStore {
   absl::Status WaitForVersion(int64_t version) override;
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override;
 
-  // Bytes of tensor data sent and received so far (payload, not framing).
+  // Bytes of tensor data so far (payload, not framing): gradients pushed,
+  // and parameters pulled (the first pull of the initial ones included).
   int64_t bytes_pushed() const { return bytes_pushed_; }
   int64_t bytes_pulled() const { return bytes_pulled_; }
+  // Whether Register sent this worker's initial parameters.
+  bool sent_initial_parameters() const { return sent_initial_parameters_; }
 
  private:
   explicit RemoteParameterStore(const RemoteStoreOptions& options);
@@ -57,18 +73,40 @@ class RemoteParameterStore final : public ParameterStore {
     int64_t offset;  // into the flat buffer
     int64_t length;
   };
+  using Message = std::vector<Chunk>;
 
-  const RemoteStoreOptions options_;
+  // Issues one call per message of messages_, all at once, and waits for
+  // every reply (into `replies`, one per message). `fill` writes a
+  // message's request; `start` issues the async call; `check` (may be
+  // empty) vets a reply on its completion thread. Returns the first error,
+  // naming `what` and the message's first chunk; reports a `kind` event per
+  // message when an observer is set.
+  template <typename Request, typename Reply>
+  absl::Status CallEveryMessage(
+      const char* what, EventKind kind, int64_t step,
+      const std::function<void(const Message&, Request*)>& fill,
+      const std::function<void(grpc::ClientContext*, const Request*, Reply*,
+                               std::function<void(grpc::Status)>)>& start,
+      const std::function<absl::Status(const Message&, const Reply&)>& check,
+      std::vector<Reply>* replies);
+  // Writes a message's chunks of `flat` into `out` as F32 data (one copy).
+  static void FillChunks(const Message& message, absl::Span<const float> flat,
+                         google::protobuf::RepeatedPtrField<proto::TensorChunk>* out);
+  absl::Status SendInitialParameters(absl::Span<const float> proposed);
+
+  RemoteStoreOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::ParameterServer::Stub> stub_;
-  std::vector<Chunk> chunks_;
   // Chunks grouped into messages of at most chunk_elements elements: many
   // small tensors share a message, a large one has one message per chunk.
-  std::vector<std::vector<Chunk>> messages_;
+  std::vector<Message> messages_;
+  std::vector<int64_t> message_elements_;  // per message
+  std::vector<std::string> key_names_;     // the signature's, for events
   int64_t num_parameters_ = 0;
   int rank_ = -1;
   int64_t bytes_pushed_ = 0;
   int64_t bytes_pulled_ = 0;
+  bool sent_initial_parameters_ = false;
 };
 
 }  // namespace ps::worker

@@ -20,11 +20,12 @@
 #include "absl/strings/str_join.h"
 #include "common/cpu_device.h"
 #include "common/malloc_tuning.h"
-#include "common/device.h"
+#include "common/devices.h"
 #include "common/int_list.h"
 #include "common/status_macros.h"
 #include "kernels/gemm.h"
 #include "worker/data/loader.h"
+#include "server/optimizer_flags.h"
 #include "worker/local_parameter_store.h"
 #include "worker/remote_parameter_store.h"
 #include "worker/trainer.h"
@@ -35,13 +36,6 @@ ABSL_FLAG(std::string, mlp_hidden, "256", "mlp hidden widths, comma-separated");
 ABSL_FLAG(std::string, dataset, "fashion_mnist", "fashion_mnist, mnist, cifar10 or synthetic");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "dataset directory");
 ABSL_FLAG(int64_t, batch_size, 256, "global minibatch size (all workers and devices)");
-ABSL_FLAG(double, lr, 0.9, "base learning rate");
-ABSL_FLAG(double, momentum, 0.0, "SGD momentum");
-ABSL_FLAG(double, weight_decay, 0.0, "L2 weight decay");
-ABSL_FLAG(bool, nesterov, false, "Nesterov momentum");
-ABSL_FLAG(int64_t, lr_decay_every, 0, "decay the learning rate every this many epochs/steps (0: never)");
-ABSL_FLAG(double, lr_decay_gamma, 0.1, "learning-rate decay factor");
-ABSL_FLAG(std::string, lr_decay_unit, "epochs", "epochs or steps");
 ABSL_FLAG(int64_t, epochs, 10, "epochs to train");
 ABSL_FLAG(int64_t, max_steps, 0, "stop after this many steps in all (0: no limit)");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the initialisation and the data order");
@@ -73,7 +67,7 @@ std::string FormatSplit(const TimeSplit& s) {
       pct(s.pull));
 }
 
-absl::Status Main() {
+absl::Status Main(int argc, char** argv) {
   // Devices.
   PS_ASSIGN_OR_RETURN(DeviceSpec spec, ParseDeviceSpec(absl::GetFlag(FLAGS_devices)));
   const int threads = absl::GetFlag(FLAGS_threads) > 0
@@ -101,16 +95,19 @@ absl::Status Main() {
   model.num_classes = train.num_classes;
   PS_ASSIGN_OR_RETURN(model.mlp_hidden, ParsePositiveIntList("--mlp_hidden", absl::GetFlag(FLAGS_mlp_hidden)));
 
-  // Optimizer.
-  server::OptimizerOptions optimizer;
-  optimizer.sgd.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
-  optimizer.sgd.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
-  optimizer.sgd.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
-  optimizer.sgd.nesterov = absl::GetFlag(FLAGS_nesterov);
-  optimizer.schedule.step_size = absl::GetFlag(FLAGS_lr_decay_every);
-  optimizer.schedule.gamma = static_cast<float>(absl::GetFlag(FLAGS_lr_decay_gamma));
-  PS_ASSIGN_OR_RETURN(optimizer.schedule.unit,
-                      server::ParseLrScheduleUnit(absl::GetFlag(FLAGS_lr_decay_unit)));
+  // Optimizer: in this process when training alone; a parameter-server job
+  // has one optimizer, the server's, so its flags here would be ignored.
+  if (!absl::GetFlag(FLAGS_server).empty()) {
+    const std::vector<std::string> given = server::OptimizerFlagsOnCommandLine(argc, argv);
+    if (!given.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          absl::StrJoin(given, ", "), given.size() == 1 ? " is" : " are",
+          " the server's with --server: the parameter server owns the optimizer, so pass ",
+          absl::StrJoin(given, ", "), " to the server (bazel-bin/server/server ",
+          given[0], "=...) and not to the worker"));
+    }
+  }
+  PS_ASSIGN_OR_RETURN(server::OptimizerOptions optimizer, server::OptimizerOptionsFromFlags());
 
   TrainerOptions options;
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
@@ -140,6 +137,7 @@ absl::Status Main() {
     remote_options.server_address = absl::GetFlag(FLAGS_server);
     remote_options.worker_id = absl::GetFlag(FLAGS_worker_id);
     remote_options.rank = absl::GetFlag(FLAGS_rank);
+    remote_options.steps_per_epoch = optimizer.schedule.steps_per_epoch;
     PS_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterStore> r,
                         RemoteParameterStore::Create(remote_options));
     remote = r.get();
@@ -179,9 +177,12 @@ absl::Status Main() {
   }
   trainer->set_epoch_callback([bar, epochs = options.epochs](const EpochStats& e) {
     if (bar) std::fprintf(stderr, "\r\033[K");
-    std::printf("epoch %lld/%lld  loss %.4f  train acc %.4f  test acc %.4f  %.0f samples/s  [%s]\n",
+    // test_accuracy is -1 when the epoch was not evaluated: say nothing then.
+    const std::string test =
+        e.test_accuracy >= 0 ? absl::StrFormat("  test acc %.4f", e.test_accuracy) : "";
+    std::printf("epoch %lld/%lld  loss %.4f  train acc %.4f%s  %.0f samples/s  [%s]\n",
                 static_cast<long long>(e.epoch), static_cast<long long>(epochs), e.train_loss,
-                e.train_accuracy, e.test_accuracy, e.samples_per_second,
+                e.train_accuracy, test.c_str(), e.samples_per_second,
                 FormatSplit(e.split).c_str());
     std::fflush(stdout);
   });
@@ -222,7 +223,7 @@ int main(int argc, char** argv) {
   ps::TuneMallocForLargeMessages();
   absl::SetProgramUsageMessage("Data-parallel training worker. See README.md.");
   absl::ParseCommandLine(argc, argv);
-  const absl::Status status = ps::worker::Main();
+  const absl::Status status = ps::worker::Main(argc, argv);
   if (!status.ok()) {
     std::fprintf(stderr, "worker: %s\n", status.ToString().c_str());
     return 1;

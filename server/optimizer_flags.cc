@@ -1,0 +1,60 @@
+#include "server/optimizer_flags.h"
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+
+ABSL_FLAG(double, lr, 0.9, "base learning rate");
+ABSL_FLAG(double, momentum, 0.0, "SGD momentum");
+ABSL_FLAG(double, weight_decay, 0.0, "L2 weight decay");
+ABSL_FLAG(bool, nesterov, false, "Nesterov momentum");
+ABSL_FLAG(int64_t, lr_decay_every, 0,
+          "decay the learning rate every this many epochs/steps (0: never)");
+ABSL_FLAG(double, lr_decay_gamma, 0.1, "learning-rate decay factor");
+ABSL_FLAG(std::string, lr_decay_unit, "epochs", "epochs or steps");
+
+namespace ps::server {
+
+absl::StatusOr<OptimizerOptions> OptimizerOptionsFromFlags() {
+  OptimizerOptions options;
+  options.sgd.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+  options.sgd.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  options.sgd.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+  options.sgd.nesterov = absl::GetFlag(FLAGS_nesterov);
+  options.schedule.step_size = absl::GetFlag(FLAGS_lr_decay_every);
+  options.schedule.gamma = static_cast<float>(absl::GetFlag(FLAGS_lr_decay_gamma));
+  PS_ASSIGN_OR_RETURN(options.schedule.unit,
+                      ParseLrScheduleUnit(absl::GetFlag(FLAGS_lr_decay_unit)));
+  if (absl::Status s = ValidateOptimizerOptions(options); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer flags: ", s.message()));
+  }
+  return options;
+}
+
+std::vector<std::string> OptimizerFlagsOnCommandLine(int argc, char** argv) {
+  std::vector<std::string> given;
+  for (const char* name : {"lr", "momentum", "weight_decay", "nesterov", "lr_decay_every",
+                           "lr_decay_gamma", "lr_decay_unit"}) {
+    // Debian's abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine
+    // private, so look at argv (as abseil spells flags: -x, --x, --x=v,
+    // --nox) and at the value (for --flagfile and the like).
+    bool named = false;
+    for (int i = 1; i < argc && !named; ++i) {
+      absl::string_view arg = argv[i];
+      if (arg == "--") break;
+      if (!absl::ConsumePrefix(&arg, "--")) absl::ConsumePrefix(&arg, "-");
+      named = arg == name || absl::StartsWith(arg, absl::StrCat(name, "=")) ||
+              arg == absl::StrCat("no", name);
+    }
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (named || (flag != nullptr && flag->CurrentValue() != flag->DefaultValue())) {
+      given.push_back(absl::StrCat("--", name));
+    }
+  }
+  return given;
+}
+
+}  // namespace ps::server

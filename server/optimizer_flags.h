@@ -1,0 +1,33 @@
+#ifndef PS_SERVER_OPTIMIZER_FLAGS_H_
+#define PS_SERVER_OPTIMIZER_FLAGS_H_
+
+// The optimizer's command-line flags, defined once for both daemons: the
+// server (which owns the optimizer of a parameter-server job) and the worker
+// (which runs it in process when it trains alone). Only main() functions
+// link this library and call these functions; other libraries take
+// OptimizerOptions.
+//
+//   --lr --momentum --weight_decay --nesterov
+//   --lr_decay_every --lr_decay_gamma --lr_decay_unit
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/optimizer.h"
+
+namespace ps::server {
+
+// The options the flags give, validated (kInvalidArgument names the flag).
+// The schedule's steps_per_epoch is left at its default: the caller knows it
+// (the worker from its data, the server from the workers' registrations).
+absl::StatusOr<OptimizerOptions> OptimizerOptionsFromFlags();
+
+// The optimizer flags that `argv` (main's, before or after parsing) names or
+// that hold a value other than their default, as "--lr", in definition
+// order; empty when none is given.
+std::vector<std::string> OptimizerFlagsOnCommandLine(int argc, char** argv);
+
+}  // namespace ps::server
+
+#endif  // PS_SERVER_OPTIMIZER_FLAGS_H_

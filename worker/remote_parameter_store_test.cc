@@ -1,0 +1,231 @@
+#include "worker/remote_parameter_store.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/cpu_device.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/grpc_service.h"
+#include "server/parameter_server.h"
+
+namespace ps::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Four tensors of 7, 3, 2 and 12 elements in chunks of at most 5: key 0 in
+// two chunks (5 + 2), key 3 in three (5 + 5 + 2). Packing fills messages of
+// up to 5 elements in order: [a.weight 0], [a.weight 1 + a.bias], [b.bias],
+// [b.weight 0], [b.weight 1], [b.weight 2]: 6 messages.
+std::vector<ParamSpec> Signature() {
+  return {{"a.weight", {7}, DType::kF32},
+          {"a.bias", {3}, DType::kF32},
+          {"b.bias", {2}, DType::kF32},
+          {"b.weight", {3, 4}, DType::kF32}};
+}
+constexpr int64_t kElements = 24;  // 7 + 3 + 2 + 12
+constexpr int64_t kChunkElements = 5;
+
+std::vector<float> Ramp(float start, float step) {
+  std::vector<float> v(kElements);
+  for (int64_t i = 0; i < kElements; ++i) v[i] = start + step * static_cast<float>(i);
+  return v;
+}
+
+// A gRPC parameter server for `workers` workers on a free loopback port.
+class TestServer {
+ public:
+  explicit TestServer(int workers) {
+    server::ParameterServerOptions options;
+    options.num_workers = workers;
+    options.chunk_elements = kChunkElements;
+    options.optimizer.sgd.lr = 1.f;
+    auto server = server::ParameterServer::Create(options, &device_);
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server).value();
+    service_ = std::make_unique<server::ParameterServerService>(server_.get());
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(service_.get());
+    grpc_server_ = builder.BuildAndStart();
+  }
+  ~TestServer() { grpc_server_->Shutdown(); }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  server::ParameterServer& domain() { return *server_; }
+
+ private:
+  CpuDevice device_{0, 1};
+  std::unique_ptr<server::ParameterServer> server_;
+  std::unique_ptr<server::ParameterServerService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int port_ = 0;
+};
+
+std::unique_ptr<RemoteParameterStore> MakeStore(const std::string& address,
+                                                const std::string& id,
+                                                EventObserver* observer = nullptr) {
+  RemoteStoreOptions options;
+  options.server_address = address;
+  options.worker_id = id;
+  options.rpc_timeout = absl::Seconds(10);
+  options.observer = observer;
+  auto store = RemoteParameterStore::Create(options);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return std::move(store).value();
+}
+
+class RecordingObserver final : public EventObserver {
+ public:
+  void OnEvent(const TimedEvent& event) override {
+    absl::MutexLock lock(&mu_);
+    events_.push_back(event);
+    names_.emplace_back(event.name);
+  }
+  std::vector<TimedEvent> events() {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+  std::vector<std::string> names() {
+    absl::MutexLock lock(&mu_);
+    return names_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<TimedEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> names_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(RemoteParameterStoreTest, RankZeroSendsItsInitialParametersAndEveryonePullsThem) {
+  TestServer server(2);
+  auto a = MakeStore(server.address(), "a");
+  auto b = MakeStore(server.address(), "b");
+  const std::vector<float> proposal = Ramp(1.f, 0.25f);
+  auto reg_a = a->Register(Signature(), proposal);
+  ASSERT_TRUE(reg_a.ok()) << reg_a.status();
+  EXPECT_EQ(reg_a->rank, 0);
+  EXPECT_EQ(reg_a->num_workers, 2);
+  EXPECT_TRUE(a->sent_initial_parameters());
+  // Rank 1's proposal is not asked for: its values never reach the server.
+  auto reg_b = b->Register(Signature(), Ramp(-100.f, 1.f));
+  ASSERT_TRUE(reg_b.ok()) << reg_b.status();
+  EXPECT_EQ(reg_b->rank, 1);
+  EXPECT_FALSE(b->sent_initial_parameters());
+
+  for (RemoteParameterStore* store : {a.get(), b.get()}) {
+    std::vector<float> params(kElements);
+    auto version = store->Pull(0, absl::MakeSpan(params));
+    ASSERT_TRUE(version.ok()) << version.status();
+    EXPECT_EQ(*version, 0);
+    EXPECT_EQ(params, proposal);
+  }
+}
+
+TEST(RemoteParameterStoreTest, PushesOfAllWorkersMakeOneUpdateAcrossChunksAndPackedMessages) {
+  TestServer server(2);
+  RecordingObserver observer;
+  auto a = MakeStore(server.address(), "a", &observer);
+  auto b = MakeStore(server.address(), "b");
+  const std::vector<float> initial = Ramp(1.f, 0.25f);
+  ASSERT_TRUE(a->Register(Signature(), initial).ok());
+  ASSERT_TRUE(b->Register(Signature(), {}).ok());
+  const std::vector<float> grad_a = Ramp(0.5f, 0.125f), grad_b = Ramp(-0.25f, 0.5f);
+  ASSERT_TRUE(a->Push(0, 3, grad_a).ok());
+  ASSERT_TRUE(b->Push(0, 1, grad_b).ok());
+  ASSERT_TRUE(a->WaitForVersion(1).ok());
+  std::vector<float> params(kElements);
+  auto version = a->Pull(1, absl::MakeSpan(params));
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version, 1);
+  for (int64_t i = 0; i < kElements; ++i) {
+    // lr 1, the summed gradient over 3 + 1 samples.
+    EXPECT_FLOAT_EQ(params[i], initial[i] - (grad_a[i] + grad_b[i]) / 4.f) << i;
+  }
+  EXPECT_EQ(a->bytes_pushed(), kElements * 4);
+  EXPECT_EQ(a->bytes_pulled(), kElements * 4);
+
+  // One event per message (6 each for the initial values, the push and the
+  // pull), each on its own stable RPC lane, bytes adding up to the model.
+  const std::vector<TimedEvent> events = observer.events();
+  const std::vector<std::string> names = observer.names();
+  int64_t push_bytes = 0, pull_bytes = 0, pushes = 0, pulls = 0;
+  std::vector<int32_t> push_lanes;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const TimedEvent& e = events[i];
+    EXPECT_GE(e.lane, RpcLane(0));
+    EXPECT_LT(e.lane, RpcLane(6));
+    EXPECT_LE(e.start_ns, e.end_ns);
+    if (e.kind == EventKind::kPushMessage && e.step == 0) {
+      push_bytes += e.bytes;
+      ++pushes;
+      push_lanes.push_back(e.lane);
+      if (e.lane == RpcLane(0)) EXPECT_EQ(names[i], "a.weight");
+      if (e.lane == RpcLane(1)) EXPECT_EQ(names[i], "a.weight");  // its chunk 1, then a.bias
+      if (e.lane == RpcLane(2)) EXPECT_EQ(names[i], "b.bias");
+    }
+    if (e.kind == EventKind::kPullMessage) {
+      pull_bytes += e.bytes;
+      ++pulls;
+      EXPECT_EQ(e.step, 0);  // the pull of version 1 ends iteration 0
+    }
+  }
+  EXPECT_EQ(pushes, 6);
+  EXPECT_EQ(pulls, 6);
+  EXPECT_EQ(push_bytes, kElements * 4);
+  EXPECT_EQ(pull_bytes, kElements * 4);
+  std::sort(push_lanes.begin(), push_lanes.end());
+  EXPECT_EQ(std::unique(push_lanes.begin(), push_lanes.end()), push_lanes.end());
+}
+
+TEST(RemoteParameterStoreTest, ErrorsNameTheCallAndTheMessage) {
+  TestServer server(1);
+  auto store = MakeStore(server.address(), "a");
+  std::vector<float> params(kElements);
+  EXPECT_EQ(store->Push(0, 1, Ramp(0, 1)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->Pull(0, absl::MakeSpan(params)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A proposal of the wrong size when the server asks for one.
+  auto short_proposal = store->Register(Signature(), std::vector<float>(3, 1.f));
+  EXPECT_EQ(short_proposal.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(short_proposal.status().message()), HasSubstr("proposed 3 elements"));
+
+  auto reg = store->Register(Signature(), Ramp(0, 1));
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_EQ(store->Push(0, 1, std::vector<float>(5)).code(), absl::StatusCode::kInvalidArgument);
+  // The server refuses a push for the wrong iteration; the error names the
+  // call and its message's first chunk.
+  const absl::Status stale = store->Push(4, 1, Ramp(0, 1));
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(stale.message()), HasSubstr("Push of key "));
+  EXPECT_THAT(std::string(stale.message()), HasSubstr("iteration 4 but the server is at iteration 0"));
+  // A non-finite gradient is refused and changes nothing.
+  std::vector<float> bad = Ramp(0, 1);
+  bad[20] = NAN;
+  EXPECT_EQ(store->Push(0, 1, bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(server.domain().version(), 0);
+}
+
+TEST(RemoteParameterStoreTest, NoServerIsAnErrorAfterTheConnectTimeout) {
+  RemoteStoreOptions options;
+  options.server_address = "127.0.0.1:1";  // nothing listens on port 1
+  options.worker_id = "lonely";
+  options.connect_timeout = absl::Milliseconds(300);
+  auto store = RemoteParameterStore::Create(options);
+  ASSERT_TRUE(store.ok());
+  auto reg = (*store)->Register(Signature(), Ramp(0, 1));
+  EXPECT_FALSE(reg.ok());
+  EXPECT_THAT(std::string(reg.status().message()), HasSubstr("Register with 127.0.0.1:1"));
+  EXPECT_EQ(RemoteParameterStore::Create(RemoteStoreOptions{.server_address = ""}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ps::worker
