@@ -10,11 +10,14 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/half.h"
 #include "common/status_macros.h"
 
 namespace ps {
@@ -28,21 +31,74 @@ namespace {
 // can make the parser allocate.
 constexpr size_t kMaxRank = 64;
 
+// ---------------------------------------------------------------------------
+// Dtypes: one table says everything the code needs to know about each.
+
+template <typename T>
+T Load(const uint8_t* bytes) {
+  T v;
+  std::memcpy(&v, bytes, sizeof(T));
+  return v;
+}
+
+// `n` elements of `bytes` into `out`. The integer converters return how many
+// they converted: n, or the index of the first value int64 cannot hold.
+template <typename T>
+int64_t IntegersToInt64s(const uint8_t* bytes, int64_t n, int64_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = Load<T>(bytes + i * sizeof(T));
+    if constexpr (std::is_same_v<T, uint64_t>) {
+      if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return i;
+    }
+    out[i] = static_cast<int64_t>(v);
+  }
+  return n;
+}
+
+int64_t BoolsToInt64s(const uint8_t* bytes, int64_t n, int64_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = bytes[i] != 0 ? 1 : 0;
+  return n;
+}
+
+template <typename T, float (*kToFloat)(T)>
+void FloatingToFloats(const uint8_t* bytes, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = kToFloat(Load<T>(bytes + i * sizeof(T)));
+}
+
+float Identity(float v) { return v; }
+float Narrow(double v) { return static_cast<float>(v); }
+
 struct DTypeInfo {
   SafetensorsDType dtype;
-  absl::string_view name;
-  int64_t size;
+  absl::string_view name;  // the file's spelling
+  int64_t size;            // bytes per element
+  std::optional<DType> ps_dtype;
+  // Integer and BOOL elements as int64 (ToInt64s, and ToFloats through it);
+  // null for floating-point types.
+  int64_t (*to_int64s)(const uint8_t* bytes, int64_t n, int64_t* out);
+  // Floating-point elements as float; null for the others (and the F8 types,
+  // which have no conversion yet).
+  void (*to_floats)(const uint8_t* bytes, int64_t n, float* out);
 };
 
 constexpr DTypeInfo kDTypes[] = {
-    {SafetensorsDType::kBool, "BOOL", 1},      {SafetensorsDType::kU8, "U8", 1},
-    {SafetensorsDType::kI8, "I8", 1},          {SafetensorsDType::kF8E5M2, "F8_E5M2", 1},
-    {SafetensorsDType::kF8E4M3, "F8_E4M3", 1}, {SafetensorsDType::kI16, "I16", 2},
-    {SafetensorsDType::kU16, "U16", 2},        {SafetensorsDType::kF16, "F16", 2},
-    {SafetensorsDType::kBF16, "BF16", 2},      {SafetensorsDType::kI32, "I32", 4},
-    {SafetensorsDType::kU32, "U32", 4},        {SafetensorsDType::kF32, "F32", 4},
-    {SafetensorsDType::kF64, "F64", 8},        {SafetensorsDType::kI64, "I64", 8},
-    {SafetensorsDType::kU64, "U64", 8},
+    {SafetensorsDType::kBool, "BOOL", 1, std::nullopt, &BoolsToInt64s, nullptr},
+    {SafetensorsDType::kU8, "U8", 1, std::nullopt, &IntegersToInt64s<uint8_t>, nullptr},
+    {SafetensorsDType::kI8, "I8", 1, std::nullopt, &IntegersToInt64s<int8_t>, nullptr},
+    {SafetensorsDType::kF8E5M2, "F8_E5M2", 1, std::nullopt, nullptr, nullptr},
+    {SafetensorsDType::kF8E4M3, "F8_E4M3", 1, std::nullopt, nullptr, nullptr},
+    {SafetensorsDType::kI16, "I16", 2, std::nullopt, &IntegersToInt64s<int16_t>, nullptr},
+    {SafetensorsDType::kU16, "U16", 2, std::nullopt, &IntegersToInt64s<uint16_t>, nullptr},
+    {SafetensorsDType::kF16, "F16", 2, DType::kF16, nullptr,
+     &FloatingToFloats<uint16_t, HalfToFloat>},
+    {SafetensorsDType::kBF16, "BF16", 2, DType::kBF16, nullptr,
+     &FloatingToFloats<uint16_t, Bfloat16ToFloat>},
+    {SafetensorsDType::kI32, "I32", 4, DType::kI32, &IntegersToInt64s<int32_t>, nullptr},
+    {SafetensorsDType::kU32, "U32", 4, std::nullopt, &IntegersToInt64s<uint32_t>, nullptr},
+    {SafetensorsDType::kF32, "F32", 4, DType::kF32, nullptr, &FloatingToFloats<float, Identity>},
+    {SafetensorsDType::kF64, "F64", 8, std::nullopt, nullptr, &FloatingToFloats<double, Narrow>},
+    {SafetensorsDType::kI64, "I64", 8, DType::kI64, &IntegersToInt64s<int64_t>, nullptr},
+    {SafetensorsDType::kU64, "U64", 8, std::nullopt, &IntegersToInt64s<uint64_t>, nullptr},
 };
 
 const DTypeInfo* FindDType(SafetensorsDType dtype) {
@@ -531,37 +587,6 @@ absl::Status WriteAll(int fd, const void* data, size_t size, absl::string_view p
   return absl::OkStatus();
 }
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1F;
-  uint32_t mantissa = h & 0x3FF;
-  uint32_t bits;
-  if (exponent == 0x1F) {  // inf / nan
-    bits = sign | 0x7F800000 | (mantissa << 13);
-  } else if (exponent != 0) {  // normal
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {  // zero
-    bits = sign;
-  } else {  // subnormal: normalise
-    int e = 113;
-    while ((mantissa & 0x400) == 0) {
-      mantissa <<= 1;
-      --e;
-    }
-    bits = sign | (static_cast<uint32_t>(e) << 23) | ((mantissa & 0x3FF) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-template <typename T>
-T LoadAt(const std::vector<uint8_t>& data, int64_t i) {
-  T v;
-  std::memcpy(&v, data.data() + i * sizeof(T), sizeof(T));
-  return v;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -585,37 +610,19 @@ absl::StatusOr<SafetensorsDType> SafetensorsDTypeFromName(absl::string_view name
 }
 
 SafetensorsDType ToSafetensorsDType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return SafetensorsDType::kF32;
-    case DType::kF16:
-      return SafetensorsDType::kF16;
-    case DType::kBF16:
-      return SafetensorsDType::kBF16;
-    case DType::kI32:
-      return SafetensorsDType::kI32;
-    case DType::kI64:
-      return SafetensorsDType::kI64;
+  for (const DTypeInfo& info : kDTypes) {
+    if (info.ps_dtype == dtype) return info.dtype;
   }
-  return SafetensorsDType::kF32;
+  return SafetensorsDType::kF32;  // not reached: the table names every DType
 }
 
 absl::StatusOr<DType> ToDType(SafetensorsDType dtype) {
-  switch (dtype) {
-    case SafetensorsDType::kF32:
-      return DType::kF32;
-    case SafetensorsDType::kF16:
-      return DType::kF16;
-    case SafetensorsDType::kBF16:
-      return DType::kBF16;
-    case SafetensorsDType::kI32:
-      return DType::kI32;
-    case SafetensorsDType::kI64:
-      return DType::kI64;
-    default:
-      return absl::UnimplementedError(
-          absl::StrCat("no ps::DType for safetensors dtype ", SafetensorsDTypeName(dtype)));
+  const DTypeInfo* info = FindDType(dtype);
+  if (info == nullptr || !info->ps_dtype.has_value()) {
+    return absl::UnimplementedError(
+        absl::StrCat("no ps::DType for safetensors dtype ", SafetensorsDTypeName(dtype)));
   }
+  return *info->ps_dtype;
 }
 
 // ---------------------------------------------------------------------------
@@ -662,93 +669,50 @@ int64_t NamedHostTensor::num_elements() const {
 
 absl::StatusOr<std::vector<float>> NamedHostTensor::ToFloats() const {
   int64_t bytes;
-  if (!CheckedNumBytes(shape, dtype, &bytes) || static_cast<uint64_t>(bytes) != data.size()) {
+  const DTypeInfo* info = FindDType(dtype);
+  if (info == nullptr || !CheckedNumBytes(shape, dtype, &bytes) ||
+      static_cast<uint64_t>(bytes) != data.size()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", data.size(),
                                                    " bytes do not hold shape ", ShapeString(shape),
                                                    " of ", SafetensorsDTypeName(dtype)));
   }
-  const int64_t n = bytes / SafetensorsDTypeSize(dtype);
+  if (info->to_floats == nullptr && info->to_int64s == nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat("tensor '", name, "': no float conversion for ", SafetensorsDTypeName(dtype)));
+  }
+  const int64_t n = bytes / info->size;
   std::vector<float> out(n);
-  switch (dtype) {
-    case SafetensorsDType::kF32:
-      if (n > 0) std::memcpy(out.data(), data.data(), data.size());
-      break;
-    case SafetensorsDType::kF16:
-      for (int64_t i = 0; i < n; ++i) out[i] = HalfToFloat(LoadAt<uint16_t>(data, i));
-      break;
-    case SafetensorsDType::kBF16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint32_t bits = static_cast<uint32_t>(LoadAt<uint16_t>(data, i)) << 16;
-        std::memcpy(&out[i], &bits, 4);
-      }
-      break;
-    case SafetensorsDType::kF64:
-      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(LoadAt<double>(data, i));
-      break;
-    case SafetensorsDType::kBool:
-      for (int64_t i = 0; i < n; ++i) out[i] = data[i] != 0 ? 1.f : 0.f;
-      break;
-    case SafetensorsDType::kF8E5M2:
-    case SafetensorsDType::kF8E4M3:
-      return absl::UnimplementedError(absl::StrCat("tensor '", name, "': no float conversion for ",
-                                                   SafetensorsDTypeName(dtype)));
-    default: {
-      PS_ASSIGN_OR_RETURN(std::vector<int64_t> ints, ToInt64s());
-      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(ints[i]);
-      // U64 values above INT64_MAX were refused by ToInt64s.
-    }
+  if (info->to_floats != nullptr) {
+    info->to_floats(data.data(), n, out.data());
+  } else {
+    // Integers and BOOL go through int64, which refuses U64 values above
+    // INT64_MAX.
+    PS_ASSIGN_OR_RETURN(std::vector<int64_t> ints, ToInt64s());
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(ints[i]);
   }
   return out;
 }
 
 absl::StatusOr<std::vector<int64_t>> NamedHostTensor::ToInt64s() const {
   int64_t bytes;
-  if (!CheckedNumBytes(shape, dtype, &bytes) || static_cast<uint64_t>(bytes) != data.size()) {
+  const DTypeInfo* info = FindDType(dtype);
+  if (info == nullptr || !CheckedNumBytes(shape, dtype, &bytes) ||
+      static_cast<uint64_t>(bytes) != data.size()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", data.size(),
                                                    " bytes do not hold shape ", ShapeString(shape),
                                                    " of ", SafetensorsDTypeName(dtype)));
   }
-  const int64_t n = bytes / SafetensorsDTypeSize(dtype);
+  if (info->to_int64s == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "': ", SafetensorsDTypeName(dtype), " is not an integer dtype"));
+  }
+  const int64_t n = bytes / info->size;
   std::vector<int64_t> out(n);
-  for (int64_t i = 0; i < n; ++i) {
-    switch (dtype) {
-      case SafetensorsDType::kBool:
-        out[i] = data[i] != 0 ? 1 : 0;
-        break;
-      case SafetensorsDType::kU8:
-        out[i] = LoadAt<uint8_t>(data, i);
-        break;
-      case SafetensorsDType::kI8:
-        out[i] = LoadAt<int8_t>(data, i);
-        break;
-      case SafetensorsDType::kI16:
-        out[i] = LoadAt<int16_t>(data, i);
-        break;
-      case SafetensorsDType::kU16:
-        out[i] = LoadAt<uint16_t>(data, i);
-        break;
-      case SafetensorsDType::kI32:
-        out[i] = LoadAt<int32_t>(data, i);
-        break;
-      case SafetensorsDType::kU32:
-        out[i] = LoadAt<uint32_t>(data, i);
-        break;
-      case SafetensorsDType::kI64:
-        out[i] = LoadAt<int64_t>(data, i);
-        break;
-      case SafetensorsDType::kU64: {
-        const uint64_t v = LoadAt<uint64_t>(data, i);
-        if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-          return absl::OutOfRangeError(
-              absl::StrCat("tensor '", name, "': U64 value ", v, " does not fit int64"));
-        }
-        out[i] = static_cast<int64_t>(v);
-        break;
-      }
-      default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor '", name, "': ", SafetensorsDTypeName(dtype), " is not an integer dtype"));
-    }
+  const int64_t converted = info->to_int64s(data.data(), n, out.data());
+  if (converted < n) {  // only U64 has values int64 cannot hold
+    return absl::OutOfRangeError(absl::StrCat("tensor '", name, "': ", info->name, " value ",
+                                              Load<uint64_t>(data.data() + converted * 8),
+                                              " does not fit int64"));
   }
   return out;
 }
