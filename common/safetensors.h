@@ -147,11 +147,15 @@ absl::Status WriteSafetensors(const std::string& path, absl::Span<const NamedHos
 //                     than the tensors' data_offsets say (truncated).
 //   kInvalidArgument  not a regular file; header length above
 //                     kMaxSafetensorsHeaderBytes; malformed JSON (with the
-//                     byte offset in the header); unknown dtype; unknown or
-//                     missing fields; duplicate names; a shape of more than
-//                     64 dimensions; data_offsets reversed, overlapping,
-//                     leaving gaps, or not matching prod(shape) * dtype size;
-//                     bytes after the last tensor.
+//                     byte offset in the header); JSON that is not a
+//                     safetensors header (naming the tensor and field): a
+//                     value of the wrong type or nested where the format
+//                     has none, unknown dtype, unknown or missing fields,
+//                     duplicate names or keys, a shape of more than 64
+//                     dimensions, a dimension or offset that is negative,
+//                     not an integer or beyond int64; data_offsets
+//                     reversed, overlapping, leaving gaps, or not matching
+//                     prod(shape) * dtype size; bytes after the last tensor.
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
 
 }  // namespace ps

@@ -269,43 +269,74 @@ TEST(SafetensorsTest, HostileHeaderLengths) {
 struct MalformedCase {
   std::string header;
   std::string message;  // expected in the status
+  std::string also = "malformed safetensors header";  // expected too
 };
 
+// JSON syntax errors (found by nlohmann-json) give the byte offset in the
+// header and nlohmann's description; schema errors name the tensor and the
+// field.
 TEST(SafetensorsTest, MalformedJsonSaysWhere) {
   const std::string t = "\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}";
   const std::vector<MalformedCase> cases = {
       {"", "header byte 0: the header must start with '{'"},
       {" {}", "header byte 0: the header must start with '{'"},
       {"[]", "must start with '{'"},
-      {"{" + t, "header byte 53: expected ',' or '}' after a member"},
-      {"{" + t + ",}", "header byte 54: expected a string"},
-      {"{" + t + "}x", "header byte 54: unexpected characters after"},
-      {"{}{}", "unexpected characters after"},
-      {"{\"t\" {}}", "header byte 5: expected ':' after a key"},
-      {"{\"t", "unterminated string"},
-      {"{\"t\\q\":{}}", "header byte 3: invalid escape '\\q'"},
-      {"{\"t\\u12x4\":{}}", "header byte 7: bad hex digit"},
-      {"{\"t\\u12", "truncated \\u escape"},
-      {"{\"\\udc00\":{}}", "unpaired low surrogate"},
-      {"{\"\\ud800x\":{}}", "high surrogate not followed"},
-      {"{\"\\ud800\\u0041\":{}}", "high surrogate without a low one"},
-      {"{\"a\nb\":{}}", "header byte 3: control character"},
-      {"{\"a\xFF\":{}}", "header byte 3: invalid UTF-8"},
-      {"{\"a\xED\xA0\x80\":{}}", "invalid UTF-8"},  // an encoded surrogate
+      {"{" + t,
+       "header byte 53: syntax error while parsing object - unexpected end of input; "
+       "expected '}'"},
+      {"{" + t + ",}",
+       "header byte 54: syntax error while parsing object key - unexpected '}'; "
+       "expected string literal"},
+      {"{" + t + "}x", "header byte 54: syntax error while parsing value", "expected end of input"},
+      {"{}{}",
+       "header byte 2: syntax error while parsing value - unexpected '{'; "
+       "expected end of input"},
+      {"{\"t\" {}}",
+       "header byte 5: syntax error while parsing object separator - "
+       "unexpected '{'; expected ':'"},
+      {"{\"t",
+       "header byte 3: syntax error while parsing object key - invalid string: "
+       "missing closing quote"},
+      {"{\"t\\q\":{}}",
+       "header byte 4: syntax error while parsing object key - invalid string: "
+       "forbidden character after backslash"},
+      {"{\"t\\u12x4\":{}}",
+       "header byte 7: syntax error while parsing object key - "
+       "invalid string: '\\u' must be followed by 4 hex digits"},
+      {"{\"t\\u12", "header byte 7", "'\\u' must be followed by 4 hex digits"},  // truncated
+      {"{\"\\udc00\":{}}", "header byte 7", "surrogate U+DC00..U+DFFF must follow U+D800..U+DBFF"},
+      {"{\"\\ud800x\":{}}", "header byte 8",
+       "surrogate U+D800..U+DBFF must be followed by U+DC00..U+DFFF"},
+      {"{\"\\ud800\\u0041\":{}}", "header byte 13",
+       "surrogate U+D800..U+DBFF must be followed by U+DC00..U+DFFF"},
+      {"{\"a\nb\":{}}", "header byte 3", "invalid string: control character U+000A (LF)"},
+      {"{\"a\xFF\":{}}", "header byte 3", "invalid string: ill-formed UTF-8 byte"},
+      {"{\"a\xED\xA0\x80\":{}}", "header byte 4", "ill-formed UTF-8 byte"},  // a surrogate
       {"{\"t\":[]}", "expected an object for tensor 't'"},
       {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}",
-       "header byte 29: expected an integer, found a fraction"},
-      {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1e3],\"data_offsets\":[0,4]}}", "fraction or exponent"},
-      {"{\"t\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}", "leading zero"},
+       "the shape of tensor 't' holds 1.5, which is not an integer"},
+      {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1e3],\"data_offsets\":[0,4]}}",
+       "fraction or exponent"},
+      {"{\"t\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}",  // a leading zero
+       "header byte 30: syntax error while parsing array - unexpected number literal"},
       {"{\"t\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,4]}}",
-       "out of the 64-bit range"},
+       "the shape of tensor 't' holds 99999999999999999999, out of the 64-bit range"},
+      {"{\"t\":{\"dtype\":\"F32\",\"shape\":[9223372036854775808],\"data_offsets\":[0,4]}}",
+       "holds 9223372036854775808, out of the 64-bit range"},  // INT64_MAX + 1
+      {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,-99999999999999999999]}}",
+       "the data_offsets of tensor 't' holds -99999999999999999999, out of the 64-bit range"},
       {"{\"t\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}",
        "negative value in the shape of tensor 't'"},
-      {"{\"t\":{\"dtype\":\"F32\",\"shape\":[-],\"data_offsets\":[0,4]}}", "expected an integer"},
+      {"{\"t\":{\"dtype\":\"F32\",\"shape\":[-],\"data_offsets\":[0,4]}}",
+       "header byte 30: syntax error while parsing value - invalid number; "
+       "expected digit after '-'"},
+      {"{\"t\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}",
+       "expected an integer in the shape of tensor 't', found a string"},
       {"{\"t\":{\"dtype\":\"F32\",\"shape\":3,\"data_offsets\":[0,4]}}",
        "expected an array for the shape of tensor 't'"},
       {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1 2],\"data_offsets\":[0,4]}}",
-       "expected ',' or ']' in the shape"},
+       "header byte 31: syntax error while parsing array - unexpected number literal; "
+       "expected ']'"},
       {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}",
        "the data_offsets of tensor 't' has more than 2 elements"},
       {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4]}}",
@@ -318,7 +349,8 @@ TEST(SafetensorsTest, MalformedJsonSaysWhere) {
       {"{\"t\":{\"shape\":[1],\"data_offsets\":[0,4]}}", "tensor 't' lacks \"dtype\""},
       {"{\"t\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", "tensor 't' lacks \"shape\""},
       {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1]}}", "tensor 't' lacks \"data_offsets\""},
-      {"{\"t\":{\"dtype\":3,\"shape\":[1],\"data_offsets\":[0,4]}}", "expected a string"},
+      {"{\"t\":{\"dtype\":3,\"shape\":[1],\"data_offsets\":[0,4]}}",
+       "the dtype of tensor 't' must be a string, found a number"},
       {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"t\":{}}",
        "duplicate tensor name 't'"},
       {"{\"__metadata__\":{\"a\":1}}", "\"__metadata__\" values must be strings"},
@@ -331,6 +363,7 @@ TEST(SafetensorsTest, MalformedJsonSaysWhere) {
     absl::Status status = ReadRaw("malformed.safetensors", RawFile(c.header, 4));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.header << " -> " << status;
     EXPECT_THAT(std::string(status.message()), HasSubstr(c.message)) << c.header;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.also)) << c.header;
     EXPECT_THAT(std::string(status.message()), HasSubstr("malformed.safetensors")) << c.header;
   }
 }
@@ -356,6 +389,96 @@ TEST(SafetensorsTest, RankIsBounded) {
   EXPECT_EQ(file->tensors[0].shape.size(), 64u);
 }
 
+TEST(SafetensorsTest, DeepNestingFailsAtItsFirstBracket) {
+  // Nesting a recursive parser would overflow the stack on. The schema allows
+  // three levels, so each fails where the first bracket too many is, whether
+  // or not the brackets close.
+  const std::string deep_array = std::string(1000000, '[') + std::string(1000000, ']');
+  const std::string deep_object = [] {
+    std::string s;
+    for (int i = 0; i < 200000; ++i) s += "{\"a\":";
+    return s + "1" + std::string(200000, '}');
+  }();
+  const std::vector<MalformedCase> cases = {
+      {"{\"t\":" + deep_array + "}", "expected an object for tensor 't', found an array"},
+      {"{\"t\":" + deep_object + "}", "unknown field 'a' in tensor 't'"},
+      {"{\"t\":{\"shape\":" + deep_array + "}}",
+       "expected an integer in the shape of tensor 't', found an array"},
+      {"{\"t\":{\"dtype\":" + deep_object + "}}",
+       "the dtype of tensor 't' must be a string, found an object"},
+      {"{\"__metadata__\":{\"k\":" + deep_array + "}}",
+       "\"__metadata__\" values must be strings; 'k' holds an array"},
+      {"{\"__metadata__\":" + deep_array + "}", "expected an object for \"__metadata__\""},
+      // Unclosed, so the error could only be found at the end of the header.
+      {"{\"t\":{\"shape\":" + std::string(5000000, '['),
+       "expected an integer in the shape of tensor 't', found an array"},
+  };
+  for (const MalformedCase& c : cases) {
+    absl::Status status = ReadRaw("deep.safetensors", RawFile(c.header, 4));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.message));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("deep.safetensors"));
+  }
+}
+
+TEST(SafetensorsTest, DuplicateKeysAreRefusedAtEveryLevel) {
+  // JSON parsers commonly keep the last of duplicate keys; a header that
+  // means two things is refused instead.
+  const std::string t = "{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}";
+  const std::vector<MalformedCase> cases = {
+      {"{\"t\":" + t + ",\"u\":" + t + ",\"t\":" + t + "}", "duplicate tensor name 't'"},
+      {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"shape\":[1],\"data_offsets\":[0,4]}}",
+       "duplicate field 'shape' in tensor 't'"},
+      {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],"
+       "\"data_offsets\":[0,4]}}",
+       "duplicate field 'data_offsets' in tensor 't'"},
+      {"{\"__metadata__\":{\"k\":\"1\",\"j\":\"2\",\"k\":\"1\"},\"t\":" + t + "}",
+       "duplicate key in \"__metadata__\": 'k'"},
+      {"{\"__metadata__\":{},\"t\":" + t + ",\"__metadata__\":{}}", "duplicate \"__metadata__\""},
+      // Keys equal once their escapes are decoded.
+      {"{\"t\":" + t + ",\"\\u0074\":" + t + "}", "duplicate tensor name 't'"},
+  };
+  for (const MalformedCase& c : cases) {
+    absl::Status status = ReadRaw("duplicate.safetensors", RawFile(c.header, 4));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.header << " -> " << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.message)) << c.header;
+  }
+}
+
+TEST(SafetensorsTest, WrittenHeaderEscapesWhatJsonRequires) {
+  const std::string path = TmpPath("escapes.safetensors");
+  const std::string name = "q\"b\\n\n\x01\x1f/\x7f\xC3\xA9";
+  ASSERT_TRUE(WriteSafetensors(path, {*NamedHostTensor::FromFloats(name, {}, {1.f})},
+                               {{"k\t", "\xE2\x82\xAC"}})
+                  .ok());
+  std::string json =
+      "{\"__metadata__\":{\"k\\t\":\"\xE2\x82\xAC\"},"
+      "\"q\\\"b\\\\n\\n\\u0001\\u001f/\x7f\xC3\xA9\":"
+      "{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}";
+  json.append((8 - json.size() % 8) % 8, ' ');
+  const float one = 1.f;
+  EXPECT_EQ(ReadBytes(path),
+            LengthPrefix(json.size()) + json + std::string(reinterpret_cast<const char*>(&one), 4));
+}
+
+// A header with many tensors reads and writes in time linear in its size (a
+// parser that rescans the object per member would take minutes here).
+TEST(SafetensorsTest, ManyTensors) {
+  const std::string path = TmpPath("many.safetensors");
+  constexpr int kCount = 200000;
+  std::vector<NamedHostTensor> tensors;
+  tensors.reserve(kCount);
+  for (int i = 0; i < kCount; ++i) {
+    tensors.push_back(*NamedHostTensor::FromFloats("layer" + std::to_string(i) + ".bias", {1},
+                                                   {static_cast<float>(i)}));
+  }
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->tensors.size(), static_cast<size_t>(kCount));
+  EXPECT_EQ(*(*file->Find("layer12345.bias"))->ToFloats(), std::vector<float>{12345.f});
+}
+
 std::string Entry(const std::string& name, const std::string& dtype, const std::string& shape,
                   int64_t begin, int64_t end) {
   return "\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape +
@@ -371,7 +494,7 @@ TEST(SafetensorsTest, InconsistentHeaders) {
   };
   const std::vector<Case> cases = {
       {"{" + Entry("t", "Q4", "[1]", 0, 4) + "}", 4, absl::StatusCode::kInvalidArgument,
-       "tensor 't' at header byte 14: unknown dtype 'Q4'"},
+       "tensor 't': unknown dtype 'Q4'"},
       {"{" + Entry("t", "F32", "[2]", 0, 4) + "}", 4, absl::StatusCode::kInvalidArgument,
        "tensor 't': shape [2] of F32 needs 8 bytes but data_offsets [0, 4] hold 4"},
       {"{" + Entry("t", "F32", "[1]", 4, 0) + "}", 4, absl::StatusCode::kInvalidArgument,
@@ -379,8 +502,7 @@ TEST(SafetensorsTest, InconsistentHeaders) {
       {"{" + Entry("t", "F32", "[4294967296,4294967296]", 0, 4) + "}", 4,
        absl::StatusCode::kInvalidArgument, "too large for 64-bit sizes"},
       {"{" + Entry("a", "F32", "[2]", 0, 8) + "," + Entry("b", "F32", "[2]", 4, 12) + "}", 12,
-       absl::StatusCode::kInvalidArgument,
-       "tensor 'b' (data_offsets [4, 12]) overlaps tensor 'a'"},
+       absl::StatusCode::kInvalidArgument, "tensor 'b' (data_offsets [4, 12]) overlaps tensor 'a'"},
       {"{" + Entry("a", "F32", "[1]", 0, 4) + "," + Entry("b", "F32", "[1]", 0, 4) + "}", 4,
        absl::StatusCode::kInvalidArgument, "overlaps"},
       {"{" + Entry("a", "F32", "[1]", 0, 4) + "," + Entry("b", "F32", "[1]", 8, 12) + "}", 12,
@@ -409,6 +531,17 @@ TEST(SafetensorsTest, InconsistentHeaders) {
   absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(file->tensors.size(), 3u);
+  // Tensors that share an offset keep the header's order.
+  WriteBytes(
+      path,
+      RawFile("{" + Entry("z", "F32", "[0]", 0, 0) + "," + Entry("c", "F32", "[1]", 0, 4) + "," +
+                  Entry("a", "U8", "[0]", 4, 4) + "," + Entry("b", "I64", "[0]", 0, 0) + "}",
+              4));
+  file = ReadSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<std::string> names;
+  for (const NamedHostTensor& t : file->tensors) names.push_back(t.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"z", "b", "c", "a"}));
 }
 
 TEST(SafetensorsTest, TruncatedFilesAreErrorsNotCrashes) {
