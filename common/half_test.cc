@@ -30,9 +30,9 @@ TEST(HalfTest, HalfToFloatKnownValues) {
   EXPECT_EQ(HalfToFloat(0xC000), -2.f);
   EXPECT_EQ(HalfToFloat(0x3800), 0.5f);
   EXPECT_EQ(HalfToFloat(0x3555), 0.333251953125f);
-  EXPECT_EQ(HalfToFloat(0x7BFF), 65504.f);                   // largest finite
-  EXPECT_EQ(HalfToFloat(0x0400), std::ldexp(1.f, -14));      // smallest normal
-  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.f, -24));      // smallest subnormal
+  EXPECT_EQ(HalfToFloat(0x7BFF), 65504.f);                      // largest finite
+  EXPECT_EQ(HalfToFloat(0x0400), std::ldexp(1.f, -14));         // smallest normal
+  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.f, -24));         // smallest subnormal
   EXPECT_EQ(HalfToFloat(0x03FF), 1023 * std::ldexp(1.f, -24));  // largest subnormal
   EXPECT_EQ(Bits(HalfToFloat(0x0000)), 0u);
   EXPECT_EQ(Bits(HalfToFloat(0x8000)), 0x80000000u);  // -0 keeps its sign
