@@ -1,7 +1,7 @@
 #include "worker/collective.h"
 
 #include <cstring>
-#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/cpu_device.h"
@@ -31,7 +31,8 @@ absl::Status CheckBuffers(const std::vector<Tensor*>& buffers, size_t devices) {
 // and touches each byte once.
 class CpuCollective final : public DeviceCollective {
  public:
-  explicit CpuCollective(std::vector<Device*> devices) : devices_(std::move(devices)) {}
+  CpuCollective(std::vector<Device*> devices, DeviceThreads* threads)
+      : devices_(std::move(devices)), threads_(threads) {}
 
   absl::Status ReduceSumToRoot(const std::vector<Tensor*>& buffers) override {
     if (absl::Status s = CheckBuffers(buffers, devices_.size()); !s.ok()) return s;
@@ -39,41 +40,30 @@ class CpuCollective final : public DeviceCollective {
     if (d_count == 1) return absl::OkStatus();
     const int64_t n = buffers[0]->num_elements();
     float* root = buffers[0]->mutable_data<float>();
-    auto sum_slice = [&](int slice) {
+    return threads_->RunOnAll([&](int slice) {
       const int64_t begin = n * slice / d_count, end = n * (slice + 1) / d_count;
       for (int d = 1; d < d_count; ++d) {
         const float* src = buffers[d]->data<float>();
         for (int64_t i = begin; i < end; ++i) root[i] += src[i];
       }
-    };
-    RunOnDevices(sum_slice);
-    return absl::OkStatus();
+      return absl::OkStatus();
+    });
   }
 
   absl::Status BroadcastFromRoot(const std::vector<Tensor*>& buffers) override {
     if (absl::Status s = CheckBuffers(buffers, devices_.size()); !s.ok()) return s;
-    const int d_count = static_cast<int>(buffers.size());
-    RunOnDevices([&](int d) {
+    return threads_->RunOnAll([&](int d) {
       if (d > 0) {
         std::memcpy(buffers[d]->mutable_raw_data(), buffers[0]->raw_data(),
                     buffers[0]->num_bytes());
       }
+      return absl::OkStatus();
     });
-    (void)d_count;
-    return absl::OkStatus();
   }
 
  private:
-  // Runs fn(d) for every device index, device 0 on the calling thread.
-  template <typename Fn>
-  void RunOnDevices(const Fn& fn) {
-    std::vector<std::thread> threads;
-    for (int d = 1; d < static_cast<int>(devices_.size()); ++d) threads.emplace_back(fn, d);
-    fn(0);
-    for (std::thread& t : threads) t.join();
-  }
-
   std::vector<Device*> devices_;
+  DeviceThreads* threads_;
 };
 
 // One device: nothing to reduce or broadcast.
@@ -90,8 +80,13 @@ class SingleDeviceCollective final : public DeviceCollective {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceCollective>> DeviceCollective::Create(
-    const std::vector<Device*>& devices) {
+    const std::vector<Device*>& devices, DeviceThreads* threads) {
   if (devices.empty()) return absl::InvalidArgumentError("no devices");
+  if (threads == nullptr || threads->size() != static_cast<int>(devices.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the collective needs one device thread per device (", devices.size(),
+                     " devices, ", threads == nullptr ? 0 : threads->size(), " threads)"));
+  }
   for (Device* d : devices) {
     if (d->type() != devices[0]->type()) {
       return absl::InvalidArgumentError(absl::StrCat("cannot mix device types (", d->name(),
@@ -99,7 +94,9 @@ absl::StatusOr<std::unique_ptr<DeviceCollective>> DeviceCollective::Create(
     }
   }
   if (devices.size() == 1) return std::unique_ptr<DeviceCollective>(new SingleDeviceCollective());
-  if (devices[0]->is_cpu()) return std::unique_ptr<DeviceCollective>(new CpuCollective(devices));
+  if (devices[0]->is_cpu()) {
+    return std::unique_ptr<DeviceCollective>(new CpuCollective(devices, threads));
+  }
 #ifdef PS_WITH_CUDA
   absl::StatusOr<std::unique_ptr<NcclCollective>> nccl = NcclCollective::Create(devices);
   if (!nccl.ok()) return nccl.status();

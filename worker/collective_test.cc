@@ -3,14 +3,16 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/device.h"
+#include "common/devices.h"
 #include "common/tensor.h"
 #include "gtest/gtest.h"
 #include "kernels/elementwise.h"
 #include "kernels/test_util.h"
+#include "worker/device_threads.h"
 
 #ifdef PS_WITH_CUDA
 #include "worker/nccl_collective.h"
@@ -36,6 +38,7 @@ using kernels::testing::RandomVector;
 struct Replicas {
   std::vector<std::unique_ptr<Device>> devices;
   std::vector<Tensor> tensors;
+  std::unique_ptr<DeviceThreads> threads;
   std::unique_ptr<DeviceCollective> collective;
 
   std::vector<Tensor*> buffers() {
@@ -83,7 +86,8 @@ bool MakeReplicas(const std::string& spec_text, const std::vector<std::vector<fl
     }
     setup->tensors.push_back(std::move(t).value());
   }
-  auto collective = DeviceCollective::Create(setup->device_list());
+  setup->threads = std::make_unique<DeviceThreads>(static_cast<int>(data.size()));
+  auto collective = DeviceCollective::Create(setup->device_list(), setup->threads.get());
   if (!collective.ok()) {
     ADD_FAILURE() << spec_text << ": " << collective.status();
     return false;
@@ -143,7 +147,9 @@ TEST(CpuCollectiveTest, BroadcastCopiesTheRootToEveryDevice) {
 }
 
 TEST(CollectiveTest, RejectsBadArguments) {
-  EXPECT_EQ(DeviceCollective::Create({}).status().code(), absl::StatusCode::kInvalidArgument);
+  DeviceThreads one_lane(1);
+  EXPECT_EQ(DeviceCollective::Create({}, &one_lane).status().code(),
+            absl::StatusCode::kInvalidArgument);
 
   Replicas s;
   ASSERT_TRUE(MakeReplicas("cpu:2", RandomBuffers(2, 5, 1), &s));
@@ -154,6 +160,37 @@ TEST(CollectiveTest, RejectsBadArguments) {
   ASSERT_TRUE(shorter.ok());
   std::vector<Tensor*> mismatched = {&s.tensors[0], &*shorter};
   EXPECT_EQ(s.collective->ReduceSumToRoot(mismatched).code(), absl::StatusCode::kInvalidArgument);
+  // One device thread per device, no fewer, no more, and not none.
+  EXPECT_EQ(DeviceCollective::Create(s.device_list(), nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DeviceCollective::Create(s.device_list(), &one_lane).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The slices run on the device threads the collective was given, so a step
+// starts no threads: each slice lands on its device's stable lane.
+TEST(CpuCollectiveTest, RunsItsSlicesOnTheGivenDeviceThreads) {
+  Replicas s;
+  ASSERT_TRUE(MakeReplicas("cpu:3", RandomBuffers(3, 1001, 5), &s));
+  std::vector<std::thread::id> lanes(3);
+  ASSERT_TRUE(s.threads
+                  ->RunOnAll([&](int d) {
+                    lanes[d] = std::this_thread::get_id();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  for (int call = 0; call < 3; ++call) {
+    ASSERT_TRUE(s.collective->ReduceSumToRoot(s.buffers()).ok());
+    ASSERT_TRUE(s.collective->BroadcastFromRoot(s.buffers()).ok());
+  }
+  std::vector<std::thread::id> again(3);
+  ASSERT_TRUE(s.threads
+                  ->RunOnAll([&](int d) {
+                    again[d] = std::this_thread::get_id();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  EXPECT_EQ(again, lanes) << "the collective's calls left the lanes where they were";
 }
 
 // The --devices specs to run the CUDA collective on: logical devices sharing
@@ -316,10 +353,13 @@ TEST(NcclCollectiveTest, CreateChecksTheDevices) {
   auto cpu = CreateDevices(*ParseDeviceSpec("cpu"), 1);
   ASSERT_TRUE(cpu.ok());
   // A mix of device types.
-  EXPECT_EQ(DeviceCollective::Create({(*cuda)[0].get(), (*cpu)[0].get()}).status().code(),
+  DeviceThreads two_lanes(2);
+  EXPECT_EQ(DeviceCollective::Create({(*cuda)[0].get(), (*cpu)[0].get()}, &two_lanes)
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
   // Several CUDA devices get a collective (no longer kUnimplemented).
-  auto collective = DeviceCollective::Create({(*cuda)[0].get(), (*cuda)[1].get()});
+  auto collective = DeviceCollective::Create({(*cuda)[0].get(), (*cuda)[1].get()}, &two_lanes);
   ASSERT_TRUE(collective.ok()) << collective.status();
   // A buffer on the wrong device.
   auto a = Tensor::Zeros((*cuda)[0].get(), {3});
