@@ -1,0 +1,65 @@
+#include "worker/training_report.h"
+
+#include "nlohmann/json.hpp"
+
+namespace ps::worker {
+namespace {
+
+// ordered_json keeps keys in insertion order, so the file reads (and diffs)
+// the same way every run.
+using Json = nlohmann::ordered_json;
+
+Json SplitToJson(const TimeSplit& s) {
+  Json j;
+  j["data_s"] = s.data;
+  j["compute_s"] = s.compute;
+  j["reduce_s"] = s.reduce;
+  j["copy_s"] = s.copy;
+  j["push_s"] = s.push;
+  j["wait_s"] = s.wait;
+  j["pull_s"] = s.pull;
+  return j;
+}
+
+Json EpochToJson(const EpochStats& e) {
+  Json j;
+  j["epoch"] = e.epoch;
+  j["steps"] = e.steps;
+  j["samples"] = e.samples;
+  j["train_loss"] = e.train_loss;
+  j["train_accuracy"] = e.train_accuracy;
+  j["test_loss"] = e.test_loss;
+  j["test_accuracy"] = e.test_accuracy;
+  j["train_seconds"] = e.train_seconds;
+  j["samples_per_second"] = e.samples_per_second;
+  j["time_split"] = SplitToJson(e.split);
+  return j;
+}
+
+}  // namespace
+
+std::string TrainingReportToJson(const TrainingReport& r) {
+  Json j;
+  j["model"] = r.model;
+  j["devices"] = r.devices;
+  j["rank"] = r.rank;
+  j["num_workers"] = r.num_workers;
+  j["global_batch_size"] = r.global_batch_size;
+  j["model_parameters"] = r.model_parameters;
+  j["steps"] = r.steps;
+  j["final_train_loss"] = r.final_train_loss;
+  j["final_test_accuracy"] = r.final_test_accuracy;
+  j["samples_per_second"] = r.samples_per_second;
+  j["global_samples_per_second"] = r.global_samples_per_second;
+  j["model_bytes_to_host_per_step"] = r.model_bytes_to_host_per_step;
+  j["model_bytes_to_device_per_step"] = r.model_bytes_to_device_per_step;
+  j["time_split"] = SplitToJson(r.split);
+  Json epochs = Json::array();
+  for (const EpochStats& e : r.epochs) epochs.push_back(EpochToJson(e));
+  j["epochs"] = std::move(epochs);
+  // `replace`: a device or model name that is not UTF-8 must not make dump()
+  // throw at the end of a training run.
+  return j.dump(2, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace ps::worker

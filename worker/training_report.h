@@ -1,0 +1,66 @@
+#ifndef PS_WORKER_TRAINING_REPORT_H_
+#define PS_WORKER_TRAINING_REPORT_H_
+
+// What a training run reports: per-epoch statistics and the run's totals, and
+// their JSON form (the worker's --report file, read by deploy/bench scripts
+// and tests/cluster_test).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "worker/time_split.h"
+
+namespace ps::worker {
+
+struct EpochStats {
+  int64_t epoch = 0;  // 1-based
+  int64_t steps = 0;
+  int64_t samples = 0;  // trained on by this worker
+  double train_loss = 0;      // mean over this worker's samples
+  double train_accuracy = 0;
+  double test_loss = -1;      // -1 when not evaluated
+  double test_accuracy = -1;
+  double train_seconds = 0;   // training only, evaluation excluded
+  double samples_per_second = 0;  // this worker's samples / train_seconds
+  TimeSplit split;
+};
+
+struct TrainingReport {
+  std::string model;
+  std::vector<std::string> devices;
+  int rank = 0;
+  int num_workers = 1;
+  int64_t global_batch_size = 0;
+  int64_t model_parameters = 0;
+  int64_t steps = 0;
+  std::vector<EpochStats> epochs;
+  double final_train_loss = 0;
+  double final_test_accuracy = -1;
+  // Training samples/s of this worker after the first epoch (all epochs if
+  // there was only one).
+  double samples_per_second = 0;
+  // The same for the global batches (all workers together).
+  double global_samples_per_second = 0;
+  // Bytes across the host link per step, summed over this worker's devices.
+  double model_bytes_to_host_per_step = 0;
+  double model_bytes_to_device_per_step = 0;
+  TimeSplit split;  // all epochs
+};
+
+// The report as one JSON object, indented by two spaces, ending in a newline.
+// Keys, in this order: model, devices, rank, num_workers, global_batch_size,
+// model_parameters, steps, final_train_loss, final_test_accuracy,
+// samples_per_second, global_samples_per_second, model_bytes_to_host_per_step,
+// model_bytes_to_device_per_step, time_split, epochs. Each epoch: epoch,
+// steps, samples, train_loss, train_accuracy, test_loss, test_accuracy,
+// train_seconds, samples_per_second, time_split. A time_split: data_s,
+// compute_s, reduce_s, copy_s, push_s, wait_s, pull_s (seconds).
+//
+// Strings are escaped (invalid UTF-8 becomes U+FFFD); numbers are written
+// with full precision; a NaN or infinite number is written as null.
+std::string TrainingReportToJson(const TrainingReport& report);
+
+}  // namespace ps::worker
+
+#endif  // PS_WORKER_TRAINING_REPORT_H_
