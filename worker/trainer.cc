@@ -1,13 +1,9 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "kernels/elementwise.h"
 #include "worker/split_batch.h"
@@ -16,26 +12,45 @@
 namespace ps::worker {
 namespace {
 
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+double SecondsSince(const Clock& clock, int64_t start_ns) {
+  return static_cast<double>(clock.NowNanos() - start_ns) / 1e9;
 }
 
-void AddSplit(TimeSplit* to, const TimeSplit& from) {
-  to->data += from.data;
-  to->compute += from.compute;
-  to->reduce += from.reduce;
-  to->copy += from.copy;
-  to->push += from.push;
-  to->wait += from.wait;
-  to->pull += from.pull;
-}
+// Reports a step's phases back to back on the trainer lane: Begin(kind) ends
+// the phase in progress, if any, and starts `kind` at the same clock reading,
+// so the phases tile the step without gaps (one clock read per boundary). A
+// phase still open when the object dies (an error return) is not reported.
+class StepPhases {
+ public:
+  StepPhases(EventObserver* observer, const Clock* clock, int64_t step)
+      : observer_(observer), clock_(clock) {
+    event_.lane = kTrainerLane;
+    event_.step = step;
+  }
 
-std::string SplitToJson(const TimeSplit& s) {
-  return absl::StrFormat(
-      "{\"data_s\": %.6f, \"compute_s\": %.6f, \"reduce_s\": %.6f, \"copy_s\": %.6f, "
-      "\"push_s\": %.6f, \"wait_s\": %.6f, \"pull_s\": %.6f}",
-      s.data, s.compute, s.reduce, s.copy, s.push, s.wait, s.pull);
-}
+  void Begin(EventKind kind, int64_t bytes = 0) {
+    const int64_t now = clock_->NowNanos();
+    Report(now);
+    event_.kind = kind;
+    event_.bytes = bytes;
+    event_.start_ns = now;
+    open_ = true;
+  }
+  void End() { Report(clock_->NowNanos()); }
+
+ private:
+  void Report(int64_t now) {
+    if (!open_) return;
+    event_.end_ns = now;
+    observer_->OnEvent(event_);
+    open_ = false;
+  }
+
+  EventObserver* const observer_;
+  const Clock* const clock_;
+  TimedEvent event_;
+  bool open_ = false;
+};
 
 }  // namespace
 
@@ -54,7 +69,15 @@ struct Trainer::Replica {
 
 Trainer::Trainer(const TrainerOptions& options, std::vector<Device*> devices,
                  ParameterStore* store, const data::Dataset* train, const data::Dataset* test)
-    : options_(options), devices_(std::move(devices)), store_(store), train_(train), test_(test) {}
+    : options_(options),
+      devices_(std::move(devices)),
+      store_(store),
+      train_(train),
+      test_(test),
+      clock_(options.clock) {
+  phase_observers_.Add(&split_observer_);
+  if (options_.observer != nullptr) phase_observers_.Add(options_.observer);
+}
 
 Trainer::~Trainer() {
   if (!devices_.empty()) {
@@ -81,6 +104,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
   if (options.epochs < 1) {
     return absl::InvalidArgumentError(absl::StrCat("epochs must be >= 1, got ", options.epochs));
   }
+  if (options.clock == nullptr) return absl::InvalidArgumentError("trainer needs a clock");
   if (train == nullptr || train->size() == 0) {
     return absl::InvalidArgumentError("training dataset is empty");
   }
@@ -95,7 +119,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
 }
 
 absl::Status Trainer::Init(const model::ModelConfig& model_config) {
-  PS_ASSIGN_OR_RETURN(collective_, DeviceCollective::Create(devices_));
+  device_threads_ = std::make_unique<DeviceThreads>(static_cast<int>(devices_.size()));
+  PS_ASSIGN_OR_RETURN(collective_, DeviceCollective::Create(devices_, device_threads_.get()));
   const Shape& sample = train_->sample_shape;
   const int64_t sample_elements = NumElements(sample);
   for (Device* device : devices_) {
@@ -228,91 +253,72 @@ absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_
 }
 
 absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
-  using Clock = std::chrono::steady_clock;
-  auto t = Clock::now();
+  const int64_t iteration = epoch * steps_per_epoch() + step;
+  StepPhases phases(&phase_observers_, clock_, iteration);
 
   // 1. This worker's shards.
+  phases.Begin(EventKind::kData);
   std::vector<int64_t> shard_sizes;
   PS_RETURN_IF_ERROR(LoadShards(epoch, step, &shard_sizes));
-  split_.data += Seconds(t);
-  t = Clock::now();
 
   // 2. Forward/backward on every device at once, each on its own thread.
+  phases.Begin(EventKind::kCompute);
   const int d_count = static_cast<int>(devices_.size());
-  std::vector<absl::Status> statuses(d_count);
-  auto run_replica = [&](int d) {
+  auto run_replica = [&](int d) -> absl::Status {
+    ScopedEvent event(options_.observer, clock_, EventKind::kCompute, DeviceLane(d), iteration);
     Replica& r = *replica_state_[d];
     model::Model& model = *replicas_[d];
     const int64_t n = shard_sizes[d];
     if (n == 0) {
       // An empty shard contributes a zero gradient.
-      statuses[d] = model.flat_gradients().SetZero();
-      return;
+      return model.flat_gradients().SetZero();
     }
-    auto views = StagedViews(r, n);
-    if (!views.ok()) {
-      statuses[d] = views.status();
-      return;
-    }
-    auto metrics = model.ForwardBackward(views->first, views->second);
-    statuses[d] = metrics.ok() ? AccumulateMetrics(*r.device, *metrics, r.metrics)
-                               : metrics.status();
+    PS_ASSIGN_OR_RETURN(auto views, StagedViews(r, n));
+    PS_ASSIGN_OR_RETURN(model::DeviceMetrics metrics,
+                        model.ForwardBackward(views.first, views.second));
+    PS_RETURN_IF_ERROR(AccumulateMetrics(*r.device, metrics, r.metrics));
+    // Only to attribute time to compute and reduction separately (the
+    // reduction would wait for the backward passes anyway), and so that the
+    // device lane's event ends when the device's work does.
+    if (d_count > 1) PS_RETURN_IF_ERROR(r.device->Synchronize());
+    return absl::OkStatus();
   };
-  if (d_count == 1) {
-    run_replica(0);
-  } else {
-    std::vector<std::thread> threads;
-    for (int d = 1; d < d_count; ++d) threads.emplace_back(run_replica, d);
-    run_replica(0);
-    for (std::thread& th : threads) th.join();
-  }
-  for (const absl::Status& s : statuses) PS_RETURN_IF_ERROR(s);
-  if (d_count > 1) {
-    // Only to attribute time to compute and reduction separately; the
-    // reduction would wait for the backward passes anyway.
-    for (Device* device : devices_) PS_RETURN_IF_ERROR(device->Synchronize());
-  }
-  split_.compute += Seconds(t);
-  t = Clock::now();
+  PS_RETURN_IF_ERROR(device_threads_->RunOnAll(run_replica));
 
   // 3. Sum the gradients on the devices into device 0.
+  phases.Begin(EventKind::kReduce);
   std::vector<Tensor*> grads;
   for (auto& m : replicas_) grads.push_back(&m->flat_gradients());
   PS_RETURN_IF_ERROR(collective_->ReduceSumToRoot(grads));
   PS_RETURN_IF_ERROR(devices_[0]->Synchronize());
-  split_.reduce += Seconds(t);
-  t = Clock::now();
 
   // 4. One copy to host, then push.
   const int64_t bytes = num_parameters_ * static_cast<int64_t>(sizeof(float));
+  phases.Begin(EventKind::kCopyToHost, bytes);
   PS_RETURN_IF_ERROR(devices_[0]->CopyDeviceToHost(
       host_gradients_, replicas_[0]->flat_gradients().raw_data(), bytes, CopyKind::kModel));
-  split_.copy += Seconds(t);
-  t = Clock::now();
+  phases.Begin(EventKind::kPush, bytes);
   int64_t samples = 0;
   for (int64_t s : shard_sizes) samples += s;
   PS_RETURN_IF_ERROR(
       store_->Push(version_, samples, absl::MakeConstSpan(host_gradients_, num_parameters_)));
-  split_.push += Seconds(t);
-  t = Clock::now();
 
   // 5. Wait for every worker, then pull.
+  phases.Begin(EventKind::kWait);
   PS_RETURN_IF_ERROR(store_->WaitForVersion(version_ + 1));
-  split_.wait += Seconds(t);
-  t = Clock::now();
+  phases.Begin(EventKind::kPull, bytes);
   PS_ASSIGN_OR_RETURN(version_,
                       store_->Pull(version_ + 1, absl::MakeSpan(host_parameters_, num_parameters_)));
-  split_.pull += Seconds(t);
-  t = Clock::now();
 
   // 6. One copy to device 0, broadcast to the rest.
+  phases.Begin(EventKind::kCopyToDevice, bytes);
   PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
       replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_, bytes,
       CopyKind::kModel));
   std::vector<Tensor*> params;
   for (auto& m : replicas_) params.push_back(&m->flat_parameters());
   PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
-  split_.copy += Seconds(t);
+  phases.End();
   return absl::OkStatus();
 }
 
@@ -374,8 +380,8 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     EpochStats stats;
     stats.epoch = epoch + 1;
     int64_t global_samples = 0;
-    split_ = TimeSplit();
-    const auto start = std::chrono::steady_clock::now();
+    split_observer_.Reset();
+    const int64_t start_ns = clock_->NowNanos();
     for (int64_t step = 0; step < steps_per_epoch; ++step) {
       if (options_.max_steps > 0 && total_steps >= options_.max_steps) break;
       PS_RETURN_IF_ERROR(TrainStep(epoch, step));
@@ -391,13 +397,13 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
         p.step_in_epoch = step + 1;
         p.steps_in_epoch = steps_per_epoch;
         p.samples = stats.samples;
-        p.seconds = Seconds(start);
+        p.seconds = SecondsSince(*clock_, start_ns);
         on_step_(p);
       }
     }
-    stats.train_seconds = Seconds(start);
-    stats.split = split_;
-    AddSplit(&report.split, split_);
+    stats.train_seconds = SecondsSince(*clock_, start_ns);
+    stats.split = split_observer_.split();
+    AddSplit(&report.split, stats.split);
     double loss_sum, correct;
     PS_RETURN_IF_ERROR(ReadAndResetMetrics(&loss_sum, &correct));
     stats.train_loss = loss_sum / std::max<int64_t>(1, stats.samples);
@@ -436,32 +442,6 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     report.model_bytes_to_device_per_step = static_cast<double>(to_device) / total_steps;
   }
   return report;
-}
-
-std::string TrainingReportToJson(const TrainingReport& r) {
-  std::vector<std::string> epochs;
-  for (const EpochStats& e : r.epochs) {
-    epochs.push_back(absl::StrFormat(
-        "    {\"epoch\": %d, \"steps\": %d, \"samples\": %d, \"train_loss\": %.6f, "
-        "\"train_accuracy\": %.6f, \"test_loss\": %.6f, \"test_accuracy\": %.6f, "
-        "\"train_seconds\": %.4f, \"samples_per_second\": %.2f, \"time_split\": %s}",
-        e.epoch, e.steps, e.samples, e.train_loss, e.train_accuracy, e.test_loss,
-        e.test_accuracy, e.train_seconds, e.samples_per_second, SplitToJson(e.split)));
-  }
-  std::vector<std::string> devices;
-  for (const std::string& d : r.devices) devices.push_back(absl::StrCat("\"", d, "\""));
-  return absl::StrFormat(
-      "{\n  \"model\": \"%s\",\n  \"devices\": [%s],\n  \"rank\": %d,\n  \"num_workers\": %d,\n"
-      "  \"global_batch_size\": %d,\n  \"model_parameters\": %d,\n  \"steps\": %d,\n"
-      "  \"final_train_loss\": %.6f,\n  \"final_test_accuracy\": %.6f,\n"
-      "  \"samples_per_second\": %.2f,\n  \"global_samples_per_second\": %.2f,\n"
-      "  \"model_bytes_to_host_per_step\": %.1f,\n"
-      "  \"model_bytes_to_device_per_step\": %.1f,\n  \"time_split\": %s,\n"
-      "  \"epochs\": [\n%s\n  ]\n}\n",
-      r.model, absl::StrJoin(devices, ", "), r.rank, r.num_workers, r.global_batch_size,
-      r.model_parameters, r.steps, r.final_train_loss, r.final_test_accuracy,
-      r.samples_per_second, r.global_samples_per_second, r.model_bytes_to_host_per_step, r.model_bytes_to_device_per_step,
-      SplitToJson(r.split), absl::StrJoin(epochs, ",\n"));
 }
 
 }  // namespace ps::worker

@@ -9,12 +9,17 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "common/device.h"
+#include "common/timed_event.h"
 #include "worker/collective.h"
+#include "worker/device_threads.h"
 #include "worker/data/dataset.h"
 #include "worker/data/loader.h"
 #include "worker/model/model.h"
 #include "worker/parameter_store.h"
+#include "worker/time_split.h"
+#include "worker/training_report.h"
 
 namespace ps::worker {
 
@@ -35,57 +40,33 @@ struct TrainerOptions {
   // (its parameters are proposed to the store; its buffers go to every
   // replica). Empty: Model::Initialize(seed).
   std::string init_weights;
-};
 
-// Seconds of one step's phases, summed over the steps measured.
-struct TimeSplit {
-  double data = 0;     // gathering the batch and copying it to the devices
-  double compute = 0;  // forward, loss and backward on every device
-  double reduce = 0;   // summing the devices' gradients on the devices
-  double copy = 0;     // device->host gradients and host->device parameters,
-                       // and the broadcast to the other devices
-  double push = 0;
-  double wait = 0;  // waiting for the other workers' pushes
-  double pull = 0;
+  // Receives every timed event of the training steps (common/timed_event.h),
+  // each with step = the global iteration (epoch * steps_per_epoch() + the
+  // batch's index in the epoch):
+  //   - the step's phases on kTrainerLane, once each per step, in this order
+  //     and back to back (one phase ends at the clock reading the next starts
+  //     at): kData, kCompute, kReduce, kCopyToHost, kPush, kWait, kPull,
+  //     kCopyToDevice; bytes is the model's gradient or parameter bytes for
+  //     kCopyToHost, kPush, kPull and kCopyToDevice, 0 otherwise. A phase
+  //     cut short by an error is not reported.
+  //   - kCompute on DeviceLane(d) for device d's forward/backward (one per
+  //     device per step, also for an empty shard), inside the trainer lane's
+  //     kCompute;
+  //   - kForward and kBackward on DeviceLane(d) for each layer of device d's
+  //     replica, named after the layer (Model::set_observer).
+  // Called from the trainer's thread and the device threads, concurrently.
+  // On CUDA devices kernels run asynchronously and the timestamps are host
+  // times: a layer's events and device events with one device span the
+  // enqueueing of its work, not its execution. The trainer lane's phases and,
+  // with several devices, the per-device compute events end after the
+  // devices have synchronised, so they are device time. Null: no events (the
+  // time split is kept regardless). Must outlive the trainer.
+  EventObserver* observer = nullptr;
+  // What the events, the time split and the epochs' train_seconds are
+  // measured on. Never null (kInvalidArgument); must outlive the trainer.
+  const Clock* clock = Clock::Real();
 };
-
-struct EpochStats {
-  int64_t epoch = 0;  // 1-based
-  int64_t steps = 0;
-  int64_t samples = 0;  // trained on by this worker
-  double train_loss = 0;      // mean over this worker's samples
-  double train_accuracy = 0;
-  double test_loss = -1;      // -1 when not evaluated
-  double test_accuracy = -1;
-  double train_seconds = 0;   // training only, evaluation excluded
-  double samples_per_second = 0;  // this worker's samples / train_seconds
-  TimeSplit split;
-};
-
-struct TrainingReport {
-  std::string model;
-  std::vector<std::string> devices;
-  int rank = 0;
-  int num_workers = 1;
-  int64_t global_batch_size = 0;
-  int64_t model_parameters = 0;
-  int64_t steps = 0;
-  std::vector<EpochStats> epochs;
-  double final_train_loss = 0;
-  double final_test_accuracy = -1;
-  // Training samples/s of this worker after the first epoch (all epochs if
-  // there was only one).
-  double samples_per_second = 0;
-  // The same for the global batches (all workers together).
-  double global_samples_per_second = 0;
-  // Bytes across the host link per step, summed over this worker's devices.
-  double model_bytes_to_host_per_step = 0;
-  double model_bytes_to_device_per_step = 0;
-  TimeSplit split;  // all epochs
-};
-
-// The report as JSON (the --report file).
-std::string TrainingReportToJson(const TrainingReport& report);
 
 // Progress during an epoch: called after every step on the training thread.
 struct StepProgress {
@@ -99,12 +80,17 @@ struct StepProgress {
 // Data-parallel training on one worker's devices, talking to a parameter
 // store. One replica of the model per device; each step:
 //   1. gather this worker's part of the global batch, one shard per device
-//   2. forward/backward on every device concurrently (summed loss)
+//   2. forward/backward on every device concurrently, each on its device's
+//      thread (summed loss)
 //   3. sum the replicas' gradients on the devices (DeviceCollective)
 //   4. copy the sum to host memory once and Push it
 //   5. WaitForVersion, Pull the new parameters to host memory
 //   6. copy them to device 0 once and broadcast to the others
 // With one device and a LocalParameterStore this is plain minibatch SGD.
+// The trainer owns one long-lived host thread per device (none with one
+// device: its work runs on the calling thread).
+//
+// Not thread-safe: one thread calls Run, TrainStep and Evaluate.
 class Trainer {
  public:
   // The devices, datasets and store must outlive the trainer. `test` may be
@@ -128,9 +114,9 @@ class Trainer {
   absl::Status TrainStep(int64_t epoch, int64_t step);
 
   // Time spent in each phase by TrainStep since the last reset (Run resets
-  // it every epoch).
-  const TimeSplit& time_split() const { return split_; }
-  void ResetTimeSplit() { split_ = TimeSplit(); }
+  // it every epoch): the trainer lane's events, summed by a TimeSplitObserver.
+  TimeSplit time_split() const { return split_observer_.split(); }
+  void ResetTimeSplit() { split_observer_.Reset(); }
 
   // Loss and accuracy on `dataset` in inference mode, on device 0.
   absl::Status Evaluate(const data::Dataset& dataset, double* loss, double* accuracy);
@@ -166,8 +152,18 @@ class Trainer {
   const data::Dataset* train_;
   const data::Dataset* test_;
 
+  const Clock* const clock_;
+  // The trainer lane's phases go to split_observer_ and options_.observer;
+  // device-lane events to options_.observer only.
+  TimeSplitObserver split_observer_;
+  ObserverFanOut phase_observers_;
+
   std::vector<std::unique_ptr<model::Model>> replicas_;
   std::vector<std::unique_ptr<Replica>> replica_state_;
+  // One long-lived thread per device: replica d's forward/backward and the
+  // CPU collective's slice d run on thread d. Declared before collective_,
+  // which uses it, so it is destroyed after.
+  std::unique_ptr<DeviceThreads> device_threads_;
   std::unique_ptr<DeviceCollective> collective_;
   ParameterStore::Registration registration_;
   int64_t version_ = 0;  // parameters the replicas hold
@@ -180,7 +176,6 @@ class Trainer {
   int64_t order_epoch_ = -1;
   std::vector<int64_t> order_;
 
-  TimeSplit split_;
   std::function<void(const EpochStats&)> on_epoch_;
   std::function<void(const StepProgress&)> on_step_;
 };

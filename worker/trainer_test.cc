@@ -1,10 +1,19 @@
 #include "worker/trainer.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <map>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/cpu_device.h"
+#include "common/timed_event.h"
 #include "gtest/gtest.h"
 #include "worker/data/synthetic.h"
 #include "worker/local_parameter_store.h"
@@ -146,6 +155,206 @@ TEST(TrainerTest, RejectsMismatchedDataAndBadOptions) {
   TrainerOptions bad;
   bad.batch_size = 0;
   EXPECT_EQ(Trainer::Create(bad, model::ModelConfig(), {&device}, store->get(), &data, nullptr)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A fake clock that moves 1 us at every reading, so every event has a known,
+// nonzero duration and runs compare exactly.
+class TickingClock final : public Clock {
+ public:
+  int64_t NowNanos() const override { return now_ns_.fetch_add(1000) + 1000; }
+
+ private:
+  mutable std::atomic<int64_t> now_ns_{0};
+};
+
+// Every event, with its name copied and the thread it came from.
+class RecordingObserver final : public EventObserver {
+ public:
+  struct Record {
+    TimedEvent event;
+    std::string name;
+    std::thread::id thread;
+  };
+
+  void OnEvent(const TimedEvent& event) override {
+    absl::MutexLock lock(&mu_);
+    records_.push_back({event, std::string(event.name), std::this_thread::get_id()});
+    records_.back().event.name = {};  // the original is valid during OnEvent only
+  }
+
+  std::vector<Record> records() const {
+    absl::MutexLock lock(&mu_);
+    return records_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<Record> records_;
+};
+
+struct ObservedRun {
+  TrainingReport report;
+  std::vector<RecordingObserver::Record> records;
+  std::thread::id trainer_thread;
+};
+
+// Runs `steps` steps of lenet on `d` CPU devices with a RecordingObserver and
+// a TickingClock.
+ObservedRun RunObserved(int d, int64_t steps) {
+  const data::Dataset data = SyntheticDataset(256);
+  std::vector<std::unique_ptr<CpuDevice>> owned;
+  std::vector<Device*> devices;
+  for (int i = 0; i < d; ++i) {
+    owned.push_back(std::make_unique<CpuDevice>(i, 1));
+    devices.push_back(owned.back().get());
+  }
+  auto store = LocalParameterStore::Create(MomentumSgd());
+  EXPECT_TRUE(store.ok()) << store.status();
+  TickingClock clock;
+  RecordingObserver observer;
+  TrainerOptions options;
+  options.batch_size = 32;
+  options.epochs = 1;
+  options.max_steps = steps;
+  options.evaluate = false;
+  options.observer = &observer;
+  options.clock = &clock;
+  model::ModelConfig model;
+  model.name = "lenet";
+  ObservedRun out;
+  out.trainer_thread = std::this_thread::get_id();
+  auto trainer = Trainer::Create(options, model, devices, store->get(), &data, nullptr);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  if (!trainer.ok()) return out;
+  auto report = (*trainer)->Run();
+  EXPECT_TRUE(report.ok()) << report.status();
+  if (report.ok()) out.report = *report;
+  out.records = observer.records();
+  return out;
+}
+
+const EventKind kPhases[] = {EventKind::kData,       EventKind::kCompute, EventKind::kReduce,
+                             EventKind::kCopyToHost, EventKind::kPush,    EventKind::kWait,
+                             EventKind::kPull,       EventKind::kCopyToDevice};
+
+TEST(TrainerEventsTest, TheTimeSplitSumsExactlyWhatThePhaseEventsSaid) {
+  for (int d : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(d, " devices"));
+    const ObservedRun run = RunObserved(d, 3);
+    std::map<EventKind, int64_t> ns;
+    for (const auto& r : run.records) {
+      if (r.event.lane == kTrainerLane) ns[r.event.kind] += r.event.end_ns - r.event.start_ns;
+    }
+    for (EventKind kind : kPhases) EXPECT_GT(ns[kind], 0) << EventKindName(kind);
+    TimeSplit want;
+    want.data = ns[EventKind::kData] / 1e9;
+    want.compute = ns[EventKind::kCompute] / 1e9;
+    want.reduce = ns[EventKind::kReduce] / 1e9;
+    want.copy = (ns[EventKind::kCopyToHost] + ns[EventKind::kCopyToDevice]) / 1e9;
+    want.push = ns[EventKind::kPush] / 1e9;
+    want.wait = ns[EventKind::kWait] / 1e9;
+    want.pull = ns[EventKind::kPull] / 1e9;
+    ASSERT_EQ(run.report.epochs.size(), 1u);
+    for (const TimeSplit& got : {run.report.split, run.report.epochs[0].split}) {
+      EXPECT_EQ(got.data, want.data);
+      EXPECT_EQ(got.compute, want.compute);
+      EXPECT_EQ(got.reduce, want.reduce);
+      EXPECT_EQ(got.copy, want.copy);
+      EXPECT_EQ(got.push, want.push);
+      EXPECT_EQ(got.wait, want.wait);
+      EXPECT_EQ(got.pull, want.pull);
+    }
+    // The epoch is timed on the same clock and holds all of its steps.
+    int64_t phase_ns = 0;
+    for (const auto& [kind, n] : ns) phase_ns += n;
+    EXPECT_GE(run.report.epochs[0].train_seconds, phase_ns / 1e9);
+  }
+}
+
+TEST(TrainerEventsTest, EachStepReportsEveryPhaseOnceInOrderBackToBack) {
+  for (int d : {1, 3}) {
+    SCOPED_TRACE(absl::StrCat(d, " devices"));
+    constexpr int64_t kSteps = 3;
+    const ObservedRun run = RunObserved(d, kSteps);
+    std::map<int64_t, std::vector<TimedEvent>> by_step;
+    for (const auto& r : run.records) {
+      if (r.event.lane != kTrainerLane) continue;
+      EXPECT_EQ(r.thread, run.trainer_thread) << "trainer-lane events come from the trainer";
+      by_step[r.event.step].push_back(r.event);
+    }
+    ASSERT_EQ(by_step.size(), static_cast<size_t>(kSteps));
+    int64_t expected_step = 0;
+    for (const auto& [step, events] : by_step) {
+      EXPECT_EQ(step, expected_step++);
+      ASSERT_EQ(events.size(), std::size(kPhases)) << "step " << step;
+      for (size_t i = 0; i < events.size(); ++i) {
+        EXPECT_EQ(events[i].kind, kPhases[i]) << "step " << step << " event " << i;
+        EXPECT_LT(events[i].start_ns, events[i].end_ns);
+        if (i > 0) {
+          EXPECT_EQ(events[i].start_ns, events[i - 1].end_ns) << "a gap before " << i;
+        }
+        const bool transfer = events[i].kind == EventKind::kCopyToHost ||
+                              events[i].kind == EventKind::kPush ||
+                              events[i].kind == EventKind::kPull ||
+                              events[i].kind == EventKind::kCopyToDevice;
+        EXPECT_EQ(events[i].bytes, transfer ? 61706 * 4 : 0) << EventKindName(events[i].kind);
+      }
+    }
+  }
+}
+
+TEST(TrainerEventsTest, EveryDeviceReportsItsComputeOnItsOwnStableLane) {
+  for (int d : {1, 3}) {
+    SCOPED_TRACE(absl::StrCat(d, " devices"));
+    constexpr int64_t kSteps = 4;
+    const ObservedRun run = RunObserved(d, kSteps);
+    std::map<int64_t, TimedEvent> trainer_compute;  // by step
+    for (const auto& r : run.records) {
+      if (r.event.lane == kTrainerLane && r.event.kind == EventKind::kCompute) {
+        trainer_compute[r.event.step] = r.event;
+      }
+    }
+    // lane -> the thread its events came from; step -> lanes seen.
+    std::map<int32_t, std::thread::id> lane_thread;
+    std::map<int64_t, std::vector<int32_t>> lanes_by_step;
+    for (const auto& r : run.records) {
+      if (r.event.lane == kTrainerLane || r.event.kind != EventKind::kCompute) continue;
+      lanes_by_step[r.event.step].push_back(r.event.lane);
+      auto [it, inserted] = lane_thread.emplace(r.event.lane, r.thread);
+      if (!inserted) {
+        EXPECT_EQ(it->second, r.thread) << LaneName(r.event.lane) << " moved";
+      }
+      const TimedEvent& outer = trainer_compute[r.event.step];
+      EXPECT_GE(r.event.start_ns, outer.start_ns);
+      EXPECT_LE(r.event.end_ns, outer.end_ns);
+    }
+    ASSERT_EQ(lanes_by_step.size(), static_cast<size_t>(kSteps));
+    for (auto& [step, lanes] : lanes_by_step) {
+      std::sort(lanes.begin(), lanes.end());
+      std::vector<int32_t> want;
+      for (int i = 0; i < d; ++i) want.push_back(DeviceLane(i));
+      EXPECT_EQ(lanes, want) << "step " << step;
+    }
+    if (d == 1) {
+      EXPECT_EQ(lane_thread[DeviceLane(0)], run.trainer_thread) << "one device runs inline";
+    } else {
+      for (const auto& [lane, thread] : lane_thread) {
+        EXPECT_NE(thread, run.trainer_thread) << LaneName(lane);
+      }
+    }
+  }
+}
+
+TEST(TrainerEventsTest, ANullClockIsRejected) {
+  const data::Dataset data = SyntheticDataset(64);
+  CpuDevice device(0, 1);
+  auto store = LocalParameterStore::Create(MomentumSgd());
+  TrainerOptions options;
+  options.clock = nullptr;
+  EXPECT_EQ(Trainer::Create(options, model::ModelConfig(), {&device}, store->get(), &data, nullptr)
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
