@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Runs the README's two commands, exactly as written, on a fresh Debian 12:
+# a container made from a minimal Debian root filesystem (no CUDA toolkit,
+# nothing of this project installed), with only apt access, as a new user's
+# machine would be. Prints how long each command took.
+#
+#   bash deploy/fresh/run.sh [--keep]     # as root; about 20-30 minutes
+#
+# The checkout's committed HEAD is cloned into the container's work folder,
+# so uncommitted changes are not part of the run. Logs: /tmp/ps-fresh/*.log.
+# Needs podman, runc and mmdebstrap (installed from apt here); settings as
+# ../shared/ENVIRONMENT.md describes (runc, explicit ulimits, cgroupfs).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+keep=0
+[[ "${1:-}" == "--keep" ]] && keep=1
+
+work=/tmp/ps-fresh
+mkdir -p "$work"
+export DEBIAN_FRONTEND=noninteractive
+need=()
+for p in podman runc mmdebstrap; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if ((${#need[@]})); then
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
+
+cat >"$work/containers.conf" <<'CONF'
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+CONF
+export CONTAINERS_CONF="$work/containers.conf"
+
+# 1. A minimal Debian 12 root filesystem, its apt lists removed.
+if ! podman image exists ps-fresh-debian12; then
+  rm -f "$work/rootfs.tar"
+  mmdebstrap --variant=minbase --mode=root \
+    --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/etc/apt/sources.list.d/* "$1"/etc/apt/sources.list' \
+    bookworm "$work/rootfs.tar" /etc/apt/sources.list.d/debian.sources
+  podman import "$work/rootfs.tar" ps-fresh-debian12
+  rm -f "$work/rootfs.tar"
+fi
+
+# 2. The project as a user would get it: a clone of the committed HEAD.
+rm -rf "$work/src"
+git clone -q "$PWD" "$work/src"
+
+# 3. The README's two commands, each timed, in one fresh container. The
+# host's apt sources are the only way out; minbase lacks the man folder
+# openjdk's post-install wants (a normal Debian install has it).
+script='set -euo pipefail
+mkdir -p /usr/share/man/man1
+cd /src
+t0=$(date +%s)
+bash deploy/local_cluster.sh > /logs/cluster.log 2>&1
+t1=$(date +%s)
+bash deploy/test.sh > /logs/test.log 2>&1
+t2=$(date +%s)
+echo "local_cluster.sh: $((t1 - t0)) s (setup and build included)" > /logs/times
+echo "test.sh: $((t2 - t1)) s" >> /logs/times'
+name=ps-fresh-run
+podman rm -f "$name" >/dev/null 2>&1 || true
+rc=0
+podman run --name "$name" --network=host \
+  -v /etc/apt/sources.list.d:/etc/apt/sources.list.d:ro \
+  -v "$work/src:/src" -v "$work:/logs" \
+  ps-fresh-debian12 bash -c "$script" || rc=$?
+((keep)) || podman rm -f "$name" >/dev/null 2>&1 || true
+echo "fresh machine: exit $rc"
+cat "$work/times" 2>/dev/null || true
+grep -E "final test accuracy|setup: no CUDA" "$work/cluster.log" || tail -20 "$work/cluster.log"
+tail -3 "$work/test.log" 2>/dev/null || true
+exit "$rc"
