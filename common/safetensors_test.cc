@@ -232,6 +232,56 @@ TEST(SafetensorsTest, Conversions) {
   EXPECT_EQ(ToDType(SafetensorsDType::kU8).status().code(), absl::StatusCode::kUnimplemented);
 }
 
+template <typename T>
+NamedHostTensor Elements(SafetensorsDType dtype, std::vector<T> values) {
+  NamedHostTensor t{"t", dtype, {static_cast<int64_t>(values.size())},
+                    std::vector<uint8_t>(values.size() * sizeof(T))};
+  std::memcpy(t.data.data(), values.data(), t.data.size());
+  return t;
+}
+
+// Each dtype's converters read its own element type: signed types keep their
+// sign, unsigned ones their high bit.
+TEST(SafetensorsTest, EveryDTypeConverts) {
+  struct Case {
+    NamedHostTensor tensor;
+    std::vector<int64_t> ints;  // empty: not an integer type
+    std::vector<float> floats;
+  };
+  const std::vector<Case> cases = {
+      {Elements<uint8_t>(SafetensorsDType::kBool, {0, 1, 7}), {0, 1, 1}, {0.f, 1.f, 1.f}},
+      {Elements<uint8_t>(SafetensorsDType::kU8, {0, 255}), {0, 255}, {0.f, 255.f}},
+      {Elements<int8_t>(SafetensorsDType::kI8, {-128, 127}), {-128, 127}, {-128.f, 127.f}},
+      {Elements<int16_t>(SafetensorsDType::kI16, {-32768, 300}), {-32768, 300}, {-32768.f, 300.f}},
+      {Elements<uint16_t>(SafetensorsDType::kU16, {65535}), {65535}, {65535.f}},
+      {Elements<int32_t>(SafetensorsDType::kI32, {-5, 1 << 30}), {-5, 1 << 30}, {-5.f, 0x1p30f}},
+      {Elements<uint32_t>(SafetensorsDType::kU32, {4294967295u}), {4294967295}, {0x1p32f}},
+      {Elements<int64_t>(SafetensorsDType::kI64, {-(int64_t{1} << 62)}),
+       {-(int64_t{1} << 62)},
+       {-0x1p62f}},
+      {Elements<uint64_t>(SafetensorsDType::kU64, {uint64_t{1} << 62}),
+       {int64_t{1} << 62},
+       {0x1p62f}},
+      {Elements<uint16_t>(SafetensorsDType::kF16, {0xC500}), {}, {-5.f}},
+      {Elements<uint16_t>(SafetensorsDType::kBF16, {0xC0A0}), {}, {-5.f}},
+      {Elements<float>(SafetensorsDType::kF32, {-5.f, 0.1f}), {}, {-5.f, 0.1f}},
+      {Elements<double>(SafetensorsDType::kF64, {-5.0, 0.1}), {}, {-5.f, 0.1f}},
+  };
+  for (const Case& c : cases) {
+    const std::string dtype(SafetensorsDTypeName(c.tensor.dtype));
+    absl::StatusOr<std::vector<float>> floats = c.tensor.ToFloats();
+    ASSERT_TRUE(floats.ok()) << dtype << ": " << floats.status();
+    EXPECT_EQ(*floats, c.floats) << dtype;
+    absl::StatusOr<std::vector<int64_t>> ints = c.tensor.ToInt64s();
+    if (c.ints.empty()) {
+      EXPECT_EQ(ints.status().code(), absl::StatusCode::kInvalidArgument) << dtype;
+    } else {
+      ASSERT_TRUE(ints.ok()) << dtype << ": " << ints.status();
+      EXPECT_EQ(*ints, c.ints) << dtype;
+    }
+  }
+}
+
 TEST(SafetensorsTest, MissingFile) {
   const std::string path = TmpPath("does_not_exist.safetensors");
   absl::Status status = ReadSafetensors(path).status();
