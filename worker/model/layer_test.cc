@@ -10,6 +10,15 @@
 
 #include "common/cpu_device.h"
 #include "gtest/gtest.h"
+#include "worker/model/activation_layer.h"
+#include "worker/model/batch_norm_layer.h"
+#include "worker/model/conv_layer.h"
+#include "worker/model/flatten_layer.h"
+#include "worker/model/linear_layer.h"
+#include "worker/model/parameter_set.h"
+#include "worker/model/pool_layer.h"
+#include "worker/model/residual_layer.h"
+#include "worker/model/sequential.h"
 #include "worker/model/test_util.h"
 
 namespace ps::worker::model {

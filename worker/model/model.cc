@@ -1,4 +1,5 @@
-// The models of ModelConfig::name, built from layer.h's layers.
+// The models of ModelConfig::name, built from the layers of layer.h and its
+// family files (conv_layer.h, pool_layer.h, ...).
 //
 // Parameter names (torch state_dict keys; worker/model/torch_models.py holds
 // the equivalent torch.nn modules, with exactly these keys, as a test oracle):
@@ -31,7 +32,16 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "kernels/softmax_cross_entropy.h"
+#include "worker/model/activation_layer.h"
+#include "worker/model/batch_norm_layer.h"
+#include "worker/model/conv_layer.h"
+#include "worker/model/flatten_layer.h"
 #include "worker/model/layer.h"
+#include "worker/model/linear_layer.h"
+#include "worker/model/parameter_set.h"
+#include "worker/model/pool_layer.h"
+#include "worker/model/residual_layer.h"
+#include "worker/model/sequential.h"
 
 namespace ps::worker::model {
 

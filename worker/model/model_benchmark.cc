@@ -18,7 +18,6 @@
 #include "absl/flags/parse.h"
 #include "common/cpu_device.h"
 #include "kernels/gemm.h"
-#include "worker/model/layer.h"
 #include "worker/model/model.h"
 
 ABSL_FLAG(std::string, model, "lenet", "model name");

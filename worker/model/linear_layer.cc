@@ -1,0 +1,62 @@
+#include "worker/model/linear_layer.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/linear.h"
+
+namespace ps::worker::model {
+
+using internal::AddParameter;
+using internal::BadInput;
+using internal::CheckDevice;
+using internal::CheckGradShape;
+using internal::NoForward;
+
+Linear::Linear(Device* device, int64_t in_features, int64_t out_features)
+    : Layer(device), in_features_(in_features), out_features_(out_features) {}
+
+std::string Linear::Describe() const {
+  return absl::StrCat("Linear(", in_features_, ", ", out_features_, ")");
+}
+
+absl::StatusOr<Shape> Linear::OutputShape(const Shape& input) const {
+  if (input.size() != 2 || input[1] != in_features_) {
+    return BadInput(Describe(), input, absl::StrCat("expected [N, ", in_features_, "]"));
+  }
+  if (input[0] < 1) return BadInput(Describe(), input, "empty batch");
+  return Shape{input[0], out_features_};
+}
+
+void Linear::Declare(const std::string& prefix, TensorDecls* decls) {
+  AddParameter(decls, prefix + "weight", {out_features_, in_features_}, InitKind::kXavierUniform,
+               in_features_, out_features_, &weight_, &weight_grad_);
+  AddParameter(decls, prefix + "bias", {out_features_}, InitKind::kZeros, 0, 0, &bias_,
+               &bias_grad_);
+}
+
+absl::StatusOr<Tensor> Linear::Forward(const Tensor& x, Mode mode) {
+  PS_RETURN_IF_ERROR(CheckDevice(Describe(), x, device()));
+  PS_ASSIGN_OR_RETURN(Shape out_shape, OutputShape(x.shape()));
+  PS_ASSIGN_OR_RETURN(Tensor y, y_.Get(device(), out_shape));
+  PS_RETURN_IF_ERROR(kernels::LinearForward(*device(), x.dim(0), in_features_, out_features_,
+                                            x.data<float>(), weight_.data<float>(),
+                                            bias_.data<float>(), MutableF32(y)));
+  x_ = x;
+  return y;
+}
+
+absl::StatusOr<Tensor> Linear::Backward(const Tensor& dy, bool need_dx) {
+  if (x_.empty()) return NoForward(Describe());
+  PS_RETURN_IF_ERROR(CheckGradShape(Describe(), dy, {x_.dim(0), out_features_}));
+  Tensor dx;
+  if (need_dx) {
+    PS_ASSIGN_OR_RETURN(dx, dx_.Get(device(), x_.shape()));
+  }
+  PS_RETURN_IF_ERROR(kernels::LinearBackward(*device(), x_.dim(0), in_features_, out_features_,
+                                             x_.data<float>(), weight_.data<float>(),
+                                             dy.data<float>(), need_dx ? MutableF32(dx) : nullptr,
+                                             MutableF32(weight_grad_), MutableF32(bias_grad_)));
+  return dx;
+}
+
+}  // namespace ps::worker::model

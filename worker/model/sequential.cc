@@ -1,0 +1,45 @@
+#include "worker/model/sequential.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace ps::worker::model {
+
+Layer* Sequential::Add(std::string name, std::unique_ptr<Layer> layer) {
+  Layer* raw = layer.get();
+  layers_.emplace_back(std::move(name), std::move(layer));
+  return raw;
+}
+
+absl::StatusOr<Shape> Sequential::OutputShape(const Shape& input) const {
+  Shape shape = input;
+  for (const auto& [name, layer] : layers_) {
+    PS_ASSIGN_OR_RETURN(shape, layer->OutputShape(shape));
+  }
+  return shape;
+}
+
+void Sequential::Declare(const std::string& prefix, TensorDecls* decls) {
+  for (const auto& [name, layer] : layers_) {
+    layer->Declare(name.empty() ? prefix : absl::StrCat(prefix, name, "."), decls);
+  }
+}
+
+absl::StatusOr<Tensor> Sequential::Forward(const Tensor& x, Mode mode) {
+  Tensor h = x;
+  for (const auto& [name, layer] : layers_) {
+    PS_ASSIGN_OR_RETURN(h, layer->Forward(h, mode));
+  }
+  return h;
+}
+
+absl::StatusOr<Tensor> Sequential::Backward(const Tensor& dy, bool need_dx) {
+  Tensor g = dy;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    // Every layer but the first needs its input gradient for the one below.
+    PS_ASSIGN_OR_RETURN(g, layers_[i].second->Backward(g, i > 0 || need_dx));
+  }
+  return g;
+}
+
+}  // namespace ps::worker::model
