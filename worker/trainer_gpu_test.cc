@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/device.h"
+#include "common/devices.h"
 #include "gtest/gtest.h"
 #include "worker/data/synthetic.h"
 #include "worker/local_parameter_store.h"

@@ -15,7 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/cpu_device.h"
-#include "common/device.h"
+#include "common/devices.h"
 #include "gtest/gtest.h"
 #include "worker/model/test_util.h"
 
