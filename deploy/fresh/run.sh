@@ -54,16 +54,18 @@ git clone -q "$PWD" "$work/src"
 # 3. The README's two commands, each timed, in one fresh container. The
 # host's apt sources are the only way out; minbase lacks the man folder
 # openjdk's post-install wants (a normal Debian install has it).
-script='set -euo pipefail
+script='set -uo pipefail
 mkdir -p /usr/share/man/man1
 cd /src
-t0=$(date +%s)
-bash deploy/local_cluster.sh > /logs/cluster.log 2>&1
-t1=$(date +%s)
-bash deploy/test.sh > /logs/test.log 2>&1
-t2=$(date +%s)
-echo "local_cluster.sh: $((t1 - t0)) s (setup and build included)" > /logs/times
-echo "test.sh: $((t2 - t1)) s" >> /logs/times'
+rm -f /logs/times
+timed() {
+  local log=$1; shift
+  local t0=$(date +%s) rc=0
+  "$@" > "/logs/$log.log" 2>&1 || rc=$?
+  echo "$*: $(($(date +%s) - t0)) s, exit $rc" >> /logs/times
+  return $rc
+}
+timed cluster bash deploy/local_cluster.sh && timed test bash deploy/test.sh'
 name=ps-fresh-run
 podman rm -f "$name" >/dev/null 2>&1 || true
 rc=0
