@@ -123,9 +123,12 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   PS_ASSIGN_OR_RETURN(collective_, DeviceCollective::Create(devices_, device_threads_.get()));
   const Shape& sample = train_->sample_shape;
   const int64_t sample_elements = NumElements(sample);
-  for (Device* device : devices_) {
+  for (size_t d = 0; d < devices_.size(); ++d) {
     PS_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
-                        model::Model::Create(model_config, device));
+                        model::Model::Create(model_config, devices_[d]));
+    if (options_.observer != nullptr) {
+      model->set_observer(options_.observer, clock_, DeviceLane(static_cast<int>(d)));
+    }
     replicas_.push_back(std::move(model));
   }
   // Registration decides how the global batch is split across workers, and
@@ -268,6 +271,7 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
     ScopedEvent event(options_.observer, clock_, EventKind::kCompute, DeviceLane(d), iteration);
     Replica& r = *replica_state_[d];
     model::Model& model = *replicas_[d];
+    model.set_step(iteration);
     const int64_t n = shard_sizes[d];
     if (n == 0) {
       // An empty shard contributes a zero gradient.
@@ -340,6 +344,7 @@ absl::Status Trainer::ReadAndResetMetrics(double* loss_sum, double* correct) {
 absl::Status Trainer::Evaluate(const data::Dataset& dataset, double* loss, double* accuracy) {
   Replica& r = *replica_state_[0];
   model::Model& model = *replicas_[0];
+  model.set_step(-1);  // its layer events belong to no training step
   // Keep the training accumulators apart from the evaluation ones.
   PS_ASSIGN_OR_RETURN(Tensor acc, Tensor::Zeros(r.device, {2}));
   const int64_t batch = std::min(options_.eval_batch_size, r.capacity);

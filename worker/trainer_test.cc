@@ -348,6 +348,51 @@ TEST(TrainerEventsTest, EveryDeviceReportsItsComputeOnItsOwnStableLane) {
   }
 }
 
+TEST(TrainerEventsTest, EveryLayerReportsItsPassesOnItsDevicesLane) {
+  for (int d : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(d, " devices"));
+    constexpr int64_t kSteps = 2;
+    const ObservedRun run = RunObserved(d, kSteps);
+    // (step, lane) -> names in order, per pass; and the device's compute span.
+    std::map<std::pair<int64_t, int32_t>, std::vector<std::string>> forward, backward;
+    std::map<std::pair<int64_t, int32_t>, TimedEvent> compute;
+    for (const auto& r : run.records) {
+      const auto key = std::make_pair(r.event.step, r.event.lane);
+      if (r.event.kind == EventKind::kForward) forward[key].push_back(r.name);
+      if (r.event.kind == EventKind::kBackward) backward[key].push_back(r.name);
+      if (r.event.kind == EventKind::kCompute && r.event.lane != kTrainerLane) {
+        compute[key] = r.event;
+      }
+    }
+    for (const auto& r : run.records) {
+      if (r.event.kind != EventKind::kForward && r.event.kind != EventKind::kBackward) continue;
+      const TimedEvent& outer = compute[std::make_pair(r.event.step, r.event.lane)];
+      EXPECT_GE(r.event.start_ns, outer.start_ns) << r.name;
+      EXPECT_LE(r.event.end_ns, outer.end_ns) << r.name;
+    }
+    // LeNet's top-level layers: the fused conv blocks, a flatten, three linear
+    // layers with their activations between.
+    const std::vector<std::string> named = {"conv1", "conv2", "fc1", "fc2", "fc3"};
+    ASSERT_EQ(forward.size(), static_cast<size_t>(kSteps * d));
+    for (int64_t step = 0; step < kSteps; ++step) {
+      for (int i = 0; i < d; ++i) {
+        SCOPED_TRACE(absl::StrCat("step ", step, ", device ", i));
+        const auto key = std::make_pair(step, DeviceLane(i));
+        const std::vector<std::string>& f = forward[key];
+        ASSERT_EQ(f.size(), 8u);
+        std::vector<std::string> f_named;
+        for (const std::string& n : f) {
+          if (std::find(named.begin(), named.end(), n) != named.end()) f_named.push_back(n);
+        }
+        EXPECT_EQ(f_named, named);
+        EXPECT_EQ(f[2], "Flatten");
+        std::vector<std::string> reversed(f.rbegin(), f.rend());
+        EXPECT_EQ(backward[key], reversed) << "backward visits the layers in reverse";
+      }
+    }
+  }
+}
+
 TEST(TrainerEventsTest, ANullClockIsRejected) {
   const data::Dataset data = SyntheticDataset(64);
   CpuDevice device(0, 1);

@@ -56,7 +56,7 @@ namespace {
 using ActKind = Activation::Kind;
 using PoolKind = Pool2d::Kind;
 
-std::unique_ptr<Layer> BuildSoftmax(const ModelConfig& config, Device* device) {
+std::unique_ptr<Sequential> BuildSoftmax(const ModelConfig& config, Device* device) {
   auto net = std::make_unique<Sequential>(device);
   net->Add("", std::make_unique<Flatten>(device));
   net->Add("fc",
@@ -64,7 +64,7 @@ std::unique_ptr<Layer> BuildSoftmax(const ModelConfig& config, Device* device) {
   return net;
 }
 
-std::unique_ptr<Layer> BuildMlp(const ModelConfig& config, Device* device) {
+std::unique_ptr<Sequential> BuildMlp(const ModelConfig& config, Device* device) {
   auto net = std::make_unique<Sequential>(device);
   net->Add("", std::make_unique<Flatten>(device));
   int64_t width = NumElements(config.input_shape);
@@ -80,7 +80,7 @@ std::unique_ptr<Layer> BuildMlp(const ModelConfig& config, Device* device) {
 
 // D2L's LeNet (section 7.6); `relu` swaps sigmoid for ReLU and average for
 // max pooling.
-std::unique_ptr<Layer> BuildLeNet(const ModelConfig& config, Device* device, bool relu) {
+std::unique_ptr<Sequential> BuildLeNet(const ModelConfig& config, Device* device, bool relu) {
   const ActKind act = relu ? ActKind::kRelu : ActKind::kSigmoid;
   const PoolKind pool = relu ? PoolKind::kMax : PoolKind::kAverage;
   auto net = std::make_unique<Sequential>(device);
@@ -100,7 +100,7 @@ std::unique_ptr<Layer> BuildLeNet(const ModelConfig& config, Device* device, boo
 }
 
 // D2L's ResNet-18 (section 8.6).
-std::unique_ptr<Layer> BuildResNet18(const ModelConfig& config, Device* device) {
+std::unique_ptr<Sequential> BuildResNet18(const ModelConfig& config, Device* device) {
   auto net = std::make_unique<Sequential>(device);
   auto b1 = std::make_unique<Sequential>(device);
   b1->Add("conv", std::make_unique<Conv2d>(device, config.input_shape[0], 64, 7, 2, 3));
@@ -162,12 +162,14 @@ absl::Status CheckBatch(const ModelConfig& config, const Tensor& inputs, const T
 // activation buffers are kept between calls and grow with the batch.
 class LayerModel final : public Model {
  public:
-  LayerModel(ModelConfig config, Device* device, std::unique_ptr<Layer> net,
+  LayerModel(ModelConfig config, Device* device, std::unique_ptr<Sequential> net,
              std::unique_ptr<ParameterSet> params, Tensor metrics)
       : Model(std::move(config), device),
         net_(std::move(net)),
         params_(std::move(params)),
-        metrics_(std::move(metrics)) {}
+        metrics_(std::move(metrics)) {
+    net_->set_events(&events_);
+  }
 
   const std::vector<ParamSpec>& parameters() const override { return params_->parameters(); }
   const std::vector<ParamSpec>& buffers() const override { return params_->buffers(); }
@@ -176,6 +178,12 @@ class LayerModel final : public Model {
   Tensor& flat_buffers() override { return params_->flat_buffers(); }
   absl::StatusOr<Tensor> Find(const std::string& name) override { return params_->Find(name); }
   absl::Status Initialize(uint64_t seed) override { return params_->Initialize(seed); }
+  void set_observer(EventObserver* observer, const Clock* clock, int32_t lane) override {
+    events_.observer = observer;
+    events_.clock = clock;
+    events_.lane = lane;
+  }
+  void set_step(int64_t step) override { events_.step = step; }
 
   absl::StatusOr<DeviceMetrics> ForwardBackward(const Tensor& inputs,
                                                 const Tensor& labels) override {
@@ -204,10 +212,11 @@ class LayerModel final : public Model {
   }
 
  private:
-  std::unique_ptr<Layer> net_;
+  std::unique_ptr<Sequential> net_;
   std::unique_ptr<ParameterSet> params_;
   Tensor metrics_;  // [4]: training loss_sum, correct; evaluation loss_sum, correct
   ActivationBuffer dlogits_;
+  LayerEvents events_;  // net_ reports its layers' passes here
 };
 
 }  // namespace
@@ -224,7 +233,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
     return absl::InvalidArgumentError(
         absl::StrCat("model ", config.name, ": num_classes ", config.num_classes, " < 1"));
   }
-  std::unique_ptr<Layer> net;
+  std::unique_ptr<Sequential> net;
   if (config.name == "softmax") {
     net = BuildSoftmax(config, device);
   } else if (config.name == "mlp") {

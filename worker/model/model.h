@@ -8,10 +8,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "common/device.h"
 #include "common/dtype.h"
 #include "common/param_spec.h"
 #include "common/tensor.h"
+#include "common/timed_event.h"
 
 namespace ps::worker::model {
 
@@ -80,6 +82,20 @@ class Model {
   // Inference-mode forward (batch norm uses running statistics) and loss;
   // gradients untouched.
   virtual absl::StatusOr<DeviceMetrics> Evaluate(const Tensor& inputs, const Tensor& labels) = 0;
+
+  // Reports the Forward and Backward pass of each of the replica's top-level
+  // layers, in ForwardBackward and Evaluate, as kForward / kBackward events
+  // on `lane` with the step last given to set_step (-1 before any), timed on
+  // `clock`. An event is named after its layer ("conv1", "fc3", "stage2"; an
+  // unnamed layer by its Describe(), e.g. "Flatten"); a nested sequence is
+  // one event. Reported on the thread driving the replica. On CUDA devices
+  // kernels run asynchronously and no synchronisation is added: an event
+  // spans the host enqueueing the layer's work, not its execution on the
+  // device. A null observer (the default) reports nothing and reads no clock.
+  // `observer` and `clock` must outlive the model.
+  virtual void set_observer(EventObserver* observer, const Clock* clock, int32_t lane) = 0;
+  // The step the following passes' events belong to.
+  virtual void set_step(int64_t step) = 0;
 
  protected:
   Model(ModelConfig config, Device* device) : config_(std::move(config)), device_(device) {}

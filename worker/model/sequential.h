@@ -9,9 +9,19 @@
 #include "absl/status/statusor.h"
 #include "common/device.h"
 #include "common/tensor.h"
+#include "common/clock.h"
+#include "common/timed_event.h"
 #include "worker/model/layer.h"
 
 namespace ps::worker::model {
+
+// Where a sequence reports its children's passes (Sequential::set_events).
+struct LayerEvents {
+  EventObserver* observer = nullptr;  // null: nothing is reported
+  const Clock* clock = nullptr;
+  int32_t lane = kTrainerLane;
+  int64_t step = -1;
+};
 
 // Named children applied in order. A child named "conv1" declares its
 // tensors as "<prefix>conv1.weight"; a child with an empty name declares its
@@ -28,8 +38,17 @@ class Sequential final : public Layer {
   absl::StatusOr<Tensor> Forward(const Tensor& x, Mode mode) override;
   absl::StatusOr<Tensor> Backward(const Tensor& dy, bool need_dx) override;
 
+  // Reports each child's Forward and Backward to events->observer, when set,
+  // as kForward / kBackward named after the child (its Describe() when
+  // unnamed); children that are sequences report nothing of their own.
+  // `events` is read at every pass and must outlive the sequence; null (the
+  // default): nothing.
+  void set_events(const LayerEvents* events) { events_ = events; }
+
  private:
   std::vector<std::pair<std::string, std::unique_ptr<Layer>>> layers_;
+  std::vector<std::string> event_names_;  // per child
+  const LayerEvents* events_ = nullptr;
 };
 
 }  // namespace ps::worker::model
