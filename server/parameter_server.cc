@@ -193,10 +193,10 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
                                                    workers_.size(), " workers"));
   }
   absl::MutexLock lock(&mu_);
-  PS_RETURN_IF_ERROR(CheckStepsPerEpochLocked(worker_id, steps_per_epoch));
+  // The model first (the most telling difference), then the data's steps
+  // per epoch; the first worker's signature is adopted only once both pass.
   if (signature_.empty()) {
     if (signature.empty()) return absl::InvalidArgumentError("worker sent an empty signature");
-    PS_RETURN_IF_ERROR(AdoptSignatureLocked(signature));
   } else {
     const std::string diff = SignatureDifference(signature_, signature);
     if (!diff.empty()) {
@@ -204,6 +204,8 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
           absl::StrCat("worker '", worker_id, "' has a different model: ", diff));
     }
   }
+  PS_RETURN_IF_ERROR(CheckStepsPerEpochLocked(worker_id, steps_per_epoch));
+  if (signature_.empty()) PS_RETURN_IF_ERROR(AdoptSignatureLocked(signature));
   int rank = -1;
   for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {
     if (workers_[r].id == worker_id) rank = r;

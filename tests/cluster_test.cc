@@ -157,7 +157,8 @@ TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
   }
   Process stranger(testing::RunfilePath("worker/worker"),
                    {"--server=" + address, "--worker_id=stranger", "--model=mlp",
-                    "--mlp_hidden=33", "--dataset=synthetic", "--epochs=1", "--devices=cpu",
+                    "--mlp_hidden=33", "--dataset=synthetic", "--batch_size=64", "--epochs=1",
+                    "--devices=cpu",
                     "--threads=1", "--progress=false"},
                    testing::TestTmpPath("stranger.log"));
   EXPECT_EQ(stranger.Wait(std::chrono::seconds(60)), 1);
