@@ -173,33 +173,35 @@ std::string BlasCoreName() {
 }
 
 std::string SelectBlasCore() {
-  // Only undo OpenBLAS's fallback; a recognised CPU keeps OpenBLAS's choice.
-  if (BlasCoreName() != "Prescott") return BlasCoreName();
+  // The user's (or the machine's) explicit choice stands.
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return BlasCoreName();
+  const std::string core = BlasCoreName();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const char* wanted = nullptr;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vl")) {
-    wanted = "SkylakeX";
-  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    wanted = "Haswell";
+  if (core == "Prescott") {
+    // OpenBLAS's fallback: pick by features.
+    if (__builtin_cpu_is("intel") && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+      wanted = "SkylakeX";
+    } else if (avx2) {
+      wanted = "Haswell";
+    }
+  } else if (__builtin_cpu_is("amd") && avx2 &&
+             (core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids")) {
+    wanted = "Haswell";  // see gemm.h
   }
   // Only DYNAMIC_ARCH builds (Debian's) can switch kernels at run time.
   if (wanted == nullptr || gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) {
-    return BlasCoreName();
+    return core;
   }
   // OpenBLAS's one way to force a kernel set is OPENBLAS_CORETYPE, read by
-  // its initialisation: set it for the re-initialisation only, then put the
-  // environment back as it was.
-  const char* old_value = std::getenv("OPENBLAS_CORETYPE");
-  const std::string saved = old_value != nullptr ? old_value : "";
+  // its initialisation: set it (it was unset, see above) for the
+  // re-initialisation only.
   setenv("OPENBLAS_CORETYPE", wanted, 1);
   gotoblas_dynamic_quit();
   gotoblas_dynamic_init();
-  if (old_value != nullptr) {
-    setenv("OPENBLAS_CORETYPE", saved.c_str(), 1);
-  } else {
-    unsetenv("OPENBLAS_CORETYPE");
-  }
+  unsetenv("OPENBLAS_CORETYPE");
   return BlasCoreName();
 }
 

@@ -53,10 +53,15 @@ int BlasThreads();
 // 12) does not know models newer than about 2021 (Sapphire and Emerald
 // Rapids among them): it falls back to its SSE3 "Prescott" kernels, which run
 // SGEMM 5-6x slower than its AVX-512 ones on the same core. When that has
-// happened this re-selects by the CPU's features (AVX-512 -> SkylakeX, AVX2
-// and FMA -> Haswell); otherwise it changes nothing. Process-wide, and not
-// safe while any thread is inside a BLAS call: call it (or SetBlasThreads)
-// from main() first. Idempotent.
+// happened this re-selects by the CPU's features (AVX-512 on Intel ->
+// SkylakeX, AVX2 and FMA -> Haswell). On AMD processors with AVX-512 (Zen 4)
+// it picks Cooperlake's AVX-512 kernels, which such machines' administrators
+// steer away from (OPENBLAS_CORETYPE=Haswell) and under which our ResNet-18
+// three-step parity with PyTorch drifts 28 tolerances (Haswell: 0.2); so
+// there too it selects Haswell, which Zen 4 runs at the same width. A set
+// OPENBLAS_CORETYPE is always left alone. Process-wide, and not safe while
+// any thread is inside a BLAS call: call it (or SetBlasThreads) from main()
+// first. Idempotent.
 std::string SelectBlasCore();
 
 // The OpenBLAS kernel set in use, e.g. "SkylakeX" or "Prescott".

@@ -36,6 +36,7 @@
 #include "common/cpu_device.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
+#include "kernels/gemm.h"
 #include "server/optimizer.h"
 #include "worker/data/dataset.h"
 #include "worker/data/loader.h"
@@ -133,6 +134,8 @@ class PytorchParityTest : public ::testing::Test {
   // Debian's interpreter first: python3-torch lives there, while a python3
   // earlier on PATH (pyenv, a virtualenv) may lack torch.
   static void SetUpTestSuite() {
+    // The BLAS kernels the worker daemon runs with (its main() does this).
+    std::cout << "OpenBLAS kernels: " << kernels::SelectBlasCore() << "\n";
     const std::string python = testing::FindPython("torch, numpy");
     if (python.empty()) return;
     python_ = new std::string(python);
