@@ -30,6 +30,7 @@ namespace ps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 
 
@@ -144,6 +145,7 @@ TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
                                      "--progress=false",
                                      absl::StrCat("--report=", testing::TestTmpPath(absl::StrCat("r", r, ".json")))};
     args.insert(args.end(), model.begin(), model.end());
+    if (r == 1) args.push_back("--evaluate=false");
     workers.push_back(std::make_unique<Process>(testing::RunfilePath("worker/worker"), args,
                                                 testing::TestTmpPath(absl::StrCat("worker", r, ".log"))));
   }
@@ -183,6 +185,10 @@ TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
     EXPECT_THAT(workers[r]->Log(), HasSubstr("pushed 101800 and pulled 101800 bytes per step "
                                              "(model: 101800 bytes)"));
   }
+  // A worker that does not evaluate shows no test figures (not -1).
+  EXPECT_THAT(workers[1]->Log(), HasSubstr("worker 1: final train loss"));
+  EXPECT_THAT(workers[1]->Log(), Not(HasSubstr("test acc")));
+  EXPECT_THAT(workers[1]->Log(), Not(HasSubstr("-1.0")));
   // Each worker got the rank it asked for.
   EXPECT_THAT(workers[0]->Log(), HasSubstr("worker 0/2"));
   EXPECT_THAT(workers[1]->Log(), HasSubstr("worker 1/2"));

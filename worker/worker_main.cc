@@ -188,10 +188,13 @@ absl::Status Main(int argc, char** argv) {
   });
 
   PS_ASSIGN_OR_RETURN(TrainingReport report, trainer->Run());
-  std::printf("worker %d: final test accuracy %.4f, train loss %.4f, %.0f samples/s "
-              "(all workers: %.0f samples/s)\n",
-              rank, report.final_test_accuracy, report.final_train_loss,
-              report.samples_per_second, report.global_samples_per_second);
+  const std::string final_test =
+      report.final_test_accuracy >= 0
+          ? absl::StrFormat("final test accuracy %.4f, ", report.final_test_accuracy)
+          : std::string("final ");
+  std::printf("worker %d: %strain loss %.4f, %.0f samples/s (all workers: %.0f samples/s)\n",
+              rank, final_test.c_str(), report.final_train_loss, report.samples_per_second,
+              report.global_samples_per_second);
   if (remote != nullptr && report.steps > 0) {
     // The first pull (the initial parameters) is not part of any step.
     const int64_t model_bytes = report.model_parameters * 4;
