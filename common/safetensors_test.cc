@@ -16,21 +16,13 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/testing/subprocess.h"
 
 namespace ps {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string TmpPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 void WriteBytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -53,7 +45,7 @@ std::string RawFile(const std::string& header, size_t data_bytes) {
 
 // Writes a file and reads it back, returning the status.
 absl::Status ReadRaw(const std::string& name, const std::string& bytes) {
-  const std::string path = TmpPath(name);
+  const std::string path = testing::TestTmpPath(name);
   WriteBytes(path, bytes);
   return ReadSafetensors(path).status();
 }
@@ -84,7 +76,7 @@ std::vector<NamedHostTensor> SampleTensors() {
 }
 
 TEST(SafetensorsTest, RoundTrip) {
-  const std::string path = TmpPath("round_trip.safetensors");
+  const std::string path = testing::TestTmpPath("round_trip.safetensors");
   const std::vector<NamedHostTensor> tensors = SampleTensors();
   const std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                        {"note", "tab\there \"q\" \xE2\x82\xAC"}};
@@ -116,7 +108,7 @@ TEST(SafetensorsTest, RoundTrip) {
 }
 
 TEST(SafetensorsTest, LayoutMatchesTheReferenceImplementation) {
-  const std::string path = TmpPath("layout.safetensors");
+  const std::string path = testing::TestTmpPath("layout.safetensors");
   std::vector<NamedHostTensor> tensors;
   tensors.push_back(*NamedHostTensor::FromFloats("b", {2}, {1.f, 2.f}));
   tensors.push_back(*NamedHostTensor::FromInt64s("a", {}, {7}));
@@ -132,14 +124,14 @@ TEST(SafetensorsTest, LayoutMatchesTheReferenceImplementation) {
   const float values[2] = {1.f, 2.f};
   std::memcpy(&data[0], &seven, 8);
   std::memcpy(&data[8], values, 8);
-  EXPECT_EQ(ReadBytes(path), LengthPrefix(json.size()) + json + data);
+  EXPECT_EQ(testing::ReadFileBytes(path), LengthPrefix(json.size()) + json + data);
   EXPECT_EQ(json.size() % 8, 0u);
 }
 
 TEST(SafetensorsTest, EmptyFileRoundTrips) {
-  const std::string path = TmpPath("empty.safetensors");
+  const std::string path = testing::TestTmpPath("empty.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, {}).ok());
-  EXPECT_EQ(ReadBytes(path), LengthPrefix(8) + "{}      ");
+  EXPECT_EQ(testing::ReadFileBytes(path), LengthPrefix(8) + "{}      ");
   absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_TRUE(file->tensors.empty());
@@ -147,7 +139,7 @@ TEST(SafetensorsTest, EmptyFileRoundTrips) {
 }
 
 TEST(SafetensorsTest, OverwriteReplacesTheWholeFile) {
-  const std::string path = TmpPath("overwrite.safetensors");
+  const std::string path = testing::TestTmpPath("overwrite.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, SampleTensors()).ok());
   std::vector<NamedHostTensor> small = {*NamedHostTensor::FromFloats("x", {1}, {3.f})};
   ASSERT_TRUE(WriteSafetensors(path, small).ok());
@@ -159,7 +151,7 @@ TEST(SafetensorsTest, OverwriteReplacesTheWholeFile) {
 }
 
 TEST(SafetensorsTest, WriteRejectsBadInputAndLeavesNoFile) {
-  const std::string path = TmpPath("bad_write.safetensors");
+  const std::string path = testing::TestTmpPath("bad_write.safetensors");
   const auto expect_invalid = [&](std::vector<NamedHostTensor> tensors,
                                   std::map<std::string, std::string> metadata,
                                   const std::string& substring) {
@@ -186,7 +178,7 @@ TEST(SafetensorsTest, WriteRejectsBadInputAndLeavesNoFile) {
   expect_invalid({bad_utf8}, {}, "not valid UTF-8");
   expect_invalid({x}, {{"k", "\xC0\x80"}}, "not valid UTF-8");
 
-  absl::Status status = WriteSafetensors(TmpPath("no/such/dir/x.safetensors"), {x});
+  absl::Status status = WriteSafetensors(testing::TestTmpPath("no/such/dir/x.safetensors"), {x});
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("no/such/dir/x.safetensors.tmp"));
 }
@@ -283,14 +275,14 @@ TEST(SafetensorsTest, EveryDTypeConverts) {
 }
 
 TEST(SafetensorsTest, MissingFile) {
-  const std::string path = TmpPath("does_not_exist.safetensors");
+  const std::string path = testing::TestTmpPath("does_not_exist.safetensors");
   absl::Status status = ReadSafetensors(path).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(status.message()), HasSubstr(path));
 }
 
 TEST(SafetensorsTest, DirectoryIsNotAFile) {
-  absl::Status status = ReadSafetensors(TmpPath("")).status();
+  absl::Status status = ReadSafetensors(testing::TestTmpPath("")).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("not a regular file"));
 }
@@ -429,7 +421,7 @@ TEST(SafetensorsTest, RankIsBounded) {
   // 64 dimensions are fine.
   shape = shape.substr(2);
   absl::StatusOr<SafetensorsFile> file = [&] {
-    const std::string path = TmpPath("rank64.safetensors");
+    const std::string path = testing::TestTmpPath("rank64.safetensors");
     WriteBytes(path, RawFile("{\"t\":{\"dtype\":\"F32\",\"shape\":[" + shape +
                                  "],\"data_offsets\":[0,4]}}",
                              4));
@@ -496,7 +488,7 @@ TEST(SafetensorsTest, DuplicateKeysAreRefusedAtEveryLevel) {
 }
 
 TEST(SafetensorsTest, WrittenHeaderEscapesWhatJsonRequires) {
-  const std::string path = TmpPath("escapes.safetensors");
+  const std::string path = testing::TestTmpPath("escapes.safetensors");
   const std::string name = "q\"b\\n\n\x01\x1f/\x7f\xC3\xA9";
   ASSERT_TRUE(WriteSafetensors(path, {*NamedHostTensor::FromFloats(name, {}, {1.f})},
                                {{"k\t", "\xE2\x82\xAC"}})
@@ -507,14 +499,14 @@ TEST(SafetensorsTest, WrittenHeaderEscapesWhatJsonRequires) {
       "{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}";
   json.append((8 - json.size() % 8) % 8, ' ');
   const float one = 1.f;
-  EXPECT_EQ(ReadBytes(path),
+  EXPECT_EQ(testing::ReadFileBytes(path),
             LengthPrefix(json.size()) + json + std::string(reinterpret_cast<const char*>(&one), 4));
 }
 
 // A header with many tensors reads and writes in time linear in its size (a
 // parser that rescans the object per member would take minutes here).
 TEST(SafetensorsTest, ManyTensors) {
-  const std::string path = TmpPath("many.safetensors");
+  const std::string path = testing::TestTmpPath("many.safetensors");
   constexpr int kCount = 200000;
   std::vector<NamedHostTensor> tensors;
   tensors.reserve(kCount);
@@ -573,7 +565,7 @@ TEST(SafetensorsTest, InconsistentHeaders) {
     EXPECT_THAT(std::string(status.message()), HasSubstr("inconsistent.safetensors"));
   }
   // Zero-sized tensors may share an offset, and whitespace padding is fine.
-  const std::string path = TmpPath("zero_sized.safetensors");
+  const std::string path = testing::TestTmpPath("zero_sized.safetensors");
   WriteBytes(path, RawFile("{" + Entry("a", "F32", "[0]", 0, 0) + " , " +
                                Entry("b", "I64", "[2,0]", 0, 0) + "," +
                                Entry("c", "F32", "[1]", 0, 4) + "}  \n\t",
@@ -595,9 +587,9 @@ TEST(SafetensorsTest, InconsistentHeaders) {
 }
 
 TEST(SafetensorsTest, TruncatedFilesAreErrorsNotCrashes) {
-  const std::string path = TmpPath("truncate_src.safetensors");
+  const std::string path = testing::TestTmpPath("truncate_src.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, SampleTensors(), {{"format", "pt"}}).ok());
-  const std::string bytes = ReadBytes(path);
+  const std::string bytes = testing::ReadFileBytes(path);
   for (size_t n = 0; n < bytes.size(); ++n) {
     absl::Status status = ReadRaw("truncated.safetensors", bytes.substr(0, n));
     EXPECT_FALSE(status.ok()) << n;
@@ -609,9 +601,9 @@ TEST(SafetensorsTest, TruncatedFilesAreErrorsNotCrashes) {
 }
 
 TEST(SafetensorsTest, CorruptedHeadersNeverCrash) {
-  const std::string path = TmpPath("corrupt_src.safetensors");
+  const std::string path = testing::TestTmpPath("corrupt_src.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, SampleTensors(), {{"format", "pt"}}).ok());
-  const std::string bytes = ReadBytes(path);
+  const std::string bytes = testing::ReadFileBytes(path);
   uint64_t header_size;
   std::memcpy(&header_size, bytes.data(), 8);
   std::mt19937 rng(1234);
@@ -624,7 +616,7 @@ TEST(SafetensorsTest, CorruptedHeadersNeverCrash) {
       corrupt[at] = static_cast<char>(rng());
     }
     absl::StatusOr<SafetensorsFile> file = [&] {
-      const std::string p = TmpPath("corrupt.safetensors");
+      const std::string p = testing::TestTmpPath("corrupt.safetensors");
       WriteBytes(p, corrupt);
       return ReadSafetensors(p);
     }();

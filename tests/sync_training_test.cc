@@ -7,13 +7,10 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
 #include "common/cpu_device.h"
 #include "gtest/gtest.h"
-#include "server/grpc_service.h"
-#include "server/parameter_server.h"
+#include "server/in_process_server.h"
 #include "worker/data/synthetic.h"
 #include "worker/local_parameter_store.h"
 #include "worker/remote_parameter_store.h"
@@ -71,39 +68,21 @@ std::vector<float> TrainOnOneDevice(const std::string& model, const worker::data
   return *(*trainer)->model().flat_parameters().ToVector();
 }
 
-// A gRPC parameter server on a free loopback port, in this process. It knows
-// no model: the workers state it, and rank 0 sends the initial parameters.
-class TestServer {
- public:
-  explicit TestServer(int workers) {
-    server::ParameterServerOptions options;
-    options.num_workers = workers;
-    options.optimizer = Sgd();
-    options.chunk_elements = 1000;  // several chunks per large tensor
-    auto server = server::ParameterServer::Create(options, &device_);
-    EXPECT_TRUE(server.ok()) << server.status();
-    server_ = std::move(server).value();
-    service_ = std::make_unique<server::ParameterServerService>(server_.get());
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(service_.get());
-    grpc_server_ = builder.BuildAndStart();
-  }
-  ~TestServer() { grpc_server_->Shutdown(); }
-
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-
- private:
-  CpuDevice device_{0, 1};
-  std::unique_ptr<server::ParameterServer> server_;
-  std::unique_ptr<server::ParameterServerService> service_;
-  std::unique_ptr<grpc::Server> grpc_server_;
-  int port_ = 0;
-};
-
 std::vector<float> TrainDistributed(const std::string& model, const worker::data::Dataset& data,
                                     int workers, int devices_per_worker) {
-  TestServer server(workers);
+  // A gRPC parameter server on a free loopback port, in this process. It
+  // knows no model: the workers state it, and rank 0 sends the initial
+  // parameters.
+  server::ParameterServerOptions server_options;
+  server_options.num_workers = workers;
+  server_options.optimizer = Sgd();
+  server_options.chunk_elements = 1000;  // several chunks per large tensor
+  auto started = server::InProcessServer::Start(server_options);
+  if (!started.ok()) {
+    ADD_FAILURE() << started.status();
+    return {};
+  }
+  server::InProcessServer& server = **started;
   std::vector<std::vector<float>> results(workers);
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {

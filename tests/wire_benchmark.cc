@@ -10,15 +10,11 @@
 #include <memory>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "common/cpu_device.h"
 #include "common/malloc_tuning.h"
-#include "server/grpc_service.h"
-#include "server/parameter_server.h"
+#include "server/in_process_server.h"
 #include "worker/remote_parameter_store.h"
 
 ABSL_FLAG(int64_t, model_mib, 64, "model size in MiB of fp32");
@@ -42,26 +38,18 @@ int Run() {
     signature.push_back({absl::StrCat("layer", t, ".weight"), {elements / tensors}, DType::kF32});
   }
   const int64_t n = (elements / tensors) * tensors;
-  CpuDevice device(0, 1);
   server::ParameterServerOptions options;
   options.num_workers = 1;
   options.optimizer.sgd.lr = 1e-6f;
   options.chunk_elements = absl::GetFlag(FLAGS_chunk_bytes) / 4;
-  auto server = server::ParameterServer::Create(options, signature, std::vector<float>(n, 0.5f),
-                                                &device);
+  auto server = server::InProcessServer::Start(options, signature, std::vector<float>(n, 0.5f));
   if (!server.ok()) {
     std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
     return 1;
   }
-  server::ParameterServerService service(server->get());
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  auto grpc_server = builder.BuildAndStart();
 
   worker::RemoteStoreOptions store_options;
-  store_options.server_address = absl::StrCat("127.0.0.1:", port);
+  store_options.server_address = (*server)->address();
   store_options.worker_id = "bench";
   auto store = worker::RemoteParameterStore::Create(store_options);
   auto reg = (*store)->Register(signature, {});
@@ -109,7 +97,6 @@ int Run() {
               1e3 * push_s / rounds, bytes * rounds / push_s / 1e9);
   std::printf("wait: %8.2f ms\n", 1e3 * wait_s / rounds);
   std::printf("pull: %8.2f ms  %6.2f GB/s\n", 1e3 * pull_s / rounds, bytes * rounds / pull_s / 1e9);
-  grpc_server->Shutdown();
   return 0;
 }
 

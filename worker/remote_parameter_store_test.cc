@@ -5,15 +5,11 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/cpu_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/grpc_service.h"
-#include "server/parameter_server.h"
+#include "server/in_process_server.h"
 
 namespace ps::worker {
 namespace {
@@ -40,34 +36,15 @@ std::vector<float> Ramp(float start, float step) {
 }
 
 // A gRPC parameter server for `workers` workers on a free loopback port.
-class TestServer {
- public:
-  explicit TestServer(int workers) {
-    server::ParameterServerOptions options;
-    options.num_workers = workers;
-    options.chunk_elements = kChunkElements;
-    options.optimizer.sgd.lr = 1.f;
-    auto server = server::ParameterServer::Create(options, &device_);
-    EXPECT_TRUE(server.ok()) << server.status();
-    server_ = std::move(server).value();
-    service_ = std::make_unique<server::ParameterServerService>(server_.get());
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(service_.get());
-    grpc_server_ = builder.BuildAndStart();
-  }
-  ~TestServer() { grpc_server_->Shutdown(); }
-
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-  server::ParameterServer& domain() { return *server_; }
-
- private:
-  CpuDevice device_{0, 1};
-  std::unique_ptr<server::ParameterServer> server_;
-  std::unique_ptr<server::ParameterServerService> service_;
-  std::unique_ptr<grpc::Server> grpc_server_;
-  int port_ = 0;
-};
+std::unique_ptr<server::InProcessServer> StartServer(int workers) {
+  server::ParameterServerOptions options;
+  options.num_workers = workers;
+  options.chunk_elements = kChunkElements;
+  options.optimizer.sgd.lr = 1.f;
+  auto server = server::InProcessServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return std::move(server).value();
+}
 
 std::unique_ptr<RemoteParameterStore> MakeStore(const std::string& address,
                                                 const std::string& id,
@@ -105,9 +82,9 @@ class RecordingObserver final : public EventObserver {
 };
 
 TEST(RemoteParameterStoreTest, RankZeroSendsItsInitialParametersAndEveryonePullsThem) {
-  TestServer server(2);
-  auto a = MakeStore(server.address(), "a");
-  auto b = MakeStore(server.address(), "b");
+  auto server = StartServer(2);
+  auto a = MakeStore(server->address(), "a");
+  auto b = MakeStore(server->address(), "b");
   const std::vector<float> proposal = Ramp(1.f, 0.25f);
   auto reg_a = a->Register(Signature(), proposal);
   ASSERT_TRUE(reg_a.ok()) << reg_a.status();
@@ -130,10 +107,10 @@ TEST(RemoteParameterStoreTest, RankZeroSendsItsInitialParametersAndEveryonePulls
 }
 
 TEST(RemoteParameterStoreTest, PushesOfAllWorkersMakeOneUpdateAcrossChunksAndPackedMessages) {
-  TestServer server(2);
+  auto server = StartServer(2);
   RecordingObserver observer;
-  auto a = MakeStore(server.address(), "a", &observer);
-  auto b = MakeStore(server.address(), "b");
+  auto a = MakeStore(server->address(), "a", &observer);
+  auto b = MakeStore(server->address(), "b");
   const std::vector<float> initial = Ramp(1.f, 0.25f);
   ASSERT_TRUE(a->Register(Signature(), initial).ok());
   ASSERT_TRUE(b->Register(Signature(), {}).ok());
@@ -186,8 +163,8 @@ TEST(RemoteParameterStoreTest, PushesOfAllWorkersMakeOneUpdateAcrossChunksAndPac
 }
 
 TEST(RemoteParameterStoreTest, ErrorsNameTheCallAndTheMessage) {
-  TestServer server(1);
-  auto store = MakeStore(server.address(), "a");
+  auto server = StartServer(1);
+  auto store = MakeStore(server->address(), "a");
   std::vector<float> params(kElements);
   EXPECT_EQ(store->Push(0, 1, Ramp(0, 1)).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store->Pull(0, absl::MakeSpan(params)).status().code(),
@@ -210,7 +187,7 @@ TEST(RemoteParameterStoreTest, ErrorsNameTheCallAndTheMessage) {
   std::vector<float> bad = Ramp(0, 1);
   bad[20] = NAN;
   EXPECT_EQ(store->Push(0, 1, bad).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(server.domain().version(), 0);
+  EXPECT_EQ(server->domain().version(), 0);
 }
 
 TEST(RemoteParameterStoreTest, NoServerIsAnErrorAfterTheConnectTimeout) {

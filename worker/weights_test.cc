@@ -18,6 +18,7 @@
 #include "common/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/testing/subprocess.h"
 #include "worker/model/model.h"
 
 namespace ps::worker {
@@ -25,15 +26,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string TmpPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 // fc1.weight [5, 16], fc1.bias [5], fc2.weight [3, 5], fc2.bias [3].
 model::ModelConfig MlpConfig() {
@@ -84,7 +76,7 @@ class WeightsTest : public ::testing::Test {
     std::unique_ptr<model::Model> other;
     EXPECT_TRUE(Create(MlpConfig(), &other).ok());
     EXPECT_TRUE(other->Initialize(2).ok());
-    const std::string path = TmpPath("good.safetensors");
+    const std::string path = testing::TestTmpPath("good.safetensors");
     EXPECT_TRUE(SaveWeights(*other, path).ok());
     absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
     EXPECT_TRUE(file.ok()) << file.status();
@@ -96,7 +88,7 @@ class WeightsTest : public ::testing::Test {
   // change.
   void ExpectRefused(const std::vector<NamedHostTensor>& tensors, absl::StatusCode code,
                      const std::string& problem) {
-    const std::string path = TmpPath("refused.safetensors");
+    const std::string path = testing::TestTmpPath("refused.safetensors");
     ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
     ExpectRefusedFile(path, code, problem);
   }
@@ -116,7 +108,7 @@ class WeightsTest : public ::testing::Test {
 };
 
 TEST_F(WeightsTest, SaveThenLoadGivesTheSameValues) {
-  const std::string path = TmpPath("round_trip.safetensors");
+  const std::string path = testing::TestTmpPath("round_trip.safetensors");
   ASSERT_TRUE(SaveWeights(*model_, path).ok());
 
   std::unique_ptr<model::Model> other;
@@ -129,13 +121,13 @@ TEST_F(WeightsTest, SaveThenLoadGivesTheSameValues) {
 
   // Saving what was loaded writes the same bytes: the file is a function of
   // the values alone.
-  const std::string again = TmpPath("round_trip_again.safetensors");
+  const std::string again = testing::TestTmpPath("round_trip_again.safetensors");
   ASSERT_TRUE(SaveWeights(*other, again).ok());
-  EXPECT_EQ(ReadBytes(again), ReadBytes(path));
+  EXPECT_EQ(testing::ReadFileBytes(again), testing::ReadFileBytes(path));
 }
 
 TEST_F(WeightsTest, SavedFileHasPyTorchNamesShapesAndMetadata) {
-  const std::string path = TmpPath("layout.safetensors");
+  const std::string path = testing::TestTmpPath("layout.safetensors");
   ASSERT_TRUE(SaveWeights(*model_, path).ok());
   absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
   ASSERT_TRUE(file.ok()) << file.status();
@@ -160,7 +152,7 @@ TEST_F(WeightsTest, SavedFileHasPyTorchNamesShapesAndMetadata) {
 // The file the refusal tests edit loads as it is, so each refusal below is
 // the edit's doing.
 TEST_F(WeightsTest, TheUneditedFileLoads) {
-  const std::string path = TmpPath("unedited.safetensors");
+  const std::string path = testing::TestTmpPath("unedited.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, GoodTensors()).ok());
   const absl::Status status = LoadWeights(path, *model_);
   ASSERT_TRUE(status.ok()) << status;
@@ -231,9 +223,9 @@ TEST_F(WeightsTest, RefusesAFileWithNoTensors) {
 }
 
 TEST_F(WeightsTest, FileErrorsNameTheFile) {
-  ExpectRefusedFile(TmpPath("no_such.safetensors"), absl::StatusCode::kNotFound, "no such file");
+  ExpectRefusedFile(testing::TestTmpPath("no_such.safetensors"), absl::StatusCode::kNotFound, "no such file");
 
-  const std::string garbage = TmpPath("garbage.safetensors");
+  const std::string garbage = testing::TestTmpPath("garbage.safetensors");
   {
     std::ofstream out(garbage, std::ios::binary | std::ios::trunc);
     const std::string header = "{\"fc1.weight\":[[[[";
@@ -258,7 +250,7 @@ TEST_F(WeightsTest, BatchNormCountersLoadAsI64ScalarsOrF32) {
   const std::string counter = "b1.bn.num_batches_tracked";
   ASSERT_TRUE(resnet->Find(counter).ok());
 
-  const std::string path = TmpPath("resnet.safetensors");
+  const std::string path = testing::TestTmpPath("resnet.safetensors");
   ASSERT_TRUE(SaveWeights(*resnet, path).ok());
   absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
   ASSERT_TRUE(file.ok()) << file.status();

@@ -1,9 +1,9 @@
 #ifndef PS_COMMON_TESTING_SUBPROCESS_H_
 #define PS_COMMON_TESTING_SUBPROCESS_H_
 
-// Helpers for tests that run other programs: paths under Bazel's test
-// environment, shell quoting, running a command, and finding a Python with
-// PyTorch to serve as an oracle.
+// Helpers for tests that run other programs or write files: paths under
+// Bazel's test environment, reading a file back, shell quoting, running a
+// command, and finding a Python with PyTorch to serve as an oracle.
 
 #include <string>
 
@@ -11,6 +11,9 @@ namespace ps::testing {
 
 // `name` inside the test's private temporary directory ($TEST_TMPDIR).
 std::string TestTmpPath(const std::string& name);
+
+// The whole contents of the file at `path` ("" when it cannot be read).
+std::string ReadFileBytes(const std::string& path);
 
 // A data dependency's path, given relative to the workspace root (e.g.
 // "server/server"), inside the test's runfiles.

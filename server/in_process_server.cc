@@ -1,0 +1,35 @@
+#include "server/in_process_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace ps::server {
+
+absl::StatusOr<std::unique_ptr<InProcessServer>> InProcessServer::Start(
+    const ParameterServerOptions& options, std::vector<ParamSpec> signature,
+    std::vector<float> initial) {
+  std::unique_ptr<InProcessServer> s(new InProcessServer());
+  if (signature.empty()) {
+    PS_ASSIGN_OR_RETURN(s->server_, ParameterServer::Create(options, &s->device_));
+  } else {
+    PS_ASSIGN_OR_RETURN(s->server_, ParameterServer::Create(options, std::move(signature),
+                                                            std::move(initial), &s->device_));
+  }
+  s->service_ = std::make_unique<ParameterServerService>(s->server_.get());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  s->grpc_server_ = builder.BuildAndStart();
+  if (s->grpc_server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError("cannot listen on a loopback port");
+  }
+  return s;
+}
+
+InProcessServer::~InProcessServer() {
+  if (grpc_server_ != nullptr) grpc_server_->Shutdown();
+}
+
+std::string InProcessServer::address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+}  // namespace ps::server
