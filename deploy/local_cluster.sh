@@ -90,8 +90,9 @@ for ((r = 0; r < workers; r++)); do
   pids+=($!)
 done
 # Show worker 0's progress as it goes.
-tail -n +1 -f "$logs/worker-0.log" --pid="${worker_pids[0]}" &
-pids+=($!)
+tail -n +1 -s 0.2 -f "$logs/worker-0.log" --pid="${worker_pids[0]}" &
+tail_pid=$!
+pids+=($tail_pid)
 
 # Stop everything as soon as one worker fails; otherwise wait for all.
 status=0
@@ -110,7 +111,9 @@ while ((${#live[@]})); do
   live=("${next[@]}")
 done
 if ((status == 0)); then
-  sleep 0.2  # let the progress tail print worker 0's last lines
+  # The progress tail prints worker 0's last lines and exits once it sees
+  # that worker gone (within its 0.2 s poll).
+  wait "$tail_pid" 2>/dev/null || true
   echo "local_cluster: done; logs in $logs"
 fi
 exit $status
