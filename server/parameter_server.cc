@@ -150,6 +150,9 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
   total_chunks_ = chunks;
   params_ = given ? std::move(params) : std::vector<float>(total, 0.f);
   grad_sum_.assign(total, 0.f);
+  ranks_summed_.assign(chunks, 0);
+  early_.assign(chunks, std::vector<std::vector<float>>(workers_.size()));
+  early_elements_ = 0;
   initialized_ = given;
   named_initial_.clear();
   initial_received_.assign(given ? 0 : chunks, false);
@@ -344,17 +347,39 @@ absl::Status ParameterServer::PushChunks(int rank, int64_t iteration, int64_t nu
       std::vector<CheckedChunk> checked,
       CheckChunksLocked(chunks, worker.pushed,
                         absl::StrCat("pushed by worker rank ", rank, " in iteration ", iteration)));
-  // 2. All valid: add them.
+  // 2. All valid: add them, in rank order (see SumInRankOrderLocked).
   for (size_t c = 0; c < chunks.size(); ++c) {
-    float* sum = grad_sum_.data() + checked[c].offset;
-    const float* g = chunks[c].data.data();
-    const int64_t n = static_cast<int64_t>(chunks[c].data.size());
-    for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+    SumInRankOrderLocked(rank, checked[c], chunks[c].data);
     worker.pushed[checked[c].global_chunk] = true;
     worker.chunks_pushed++;
   }
   if (!chunks.empty()) worker.num_samples = num_samples;
   return MaybeApplyLocked();
+}
+
+void ParameterServer::SumInRankOrderLocked(int rank, const CheckedChunk& chunk,
+                                           absl::Span<const float> data) {
+  if (data.empty()) return;  // an empty tensor: nothing to sum, in any order
+  const int64_t gc = chunk.global_chunk;
+  if (ranks_summed_[gc] != rank) {
+    // A lower rank's chunk is still missing: hold this one until its turn.
+    early_[gc][rank].assign(data.begin(), data.end());
+    early_elements_ += static_cast<int64_t>(data.size());
+    return;
+  }
+  float* sum = grad_sum_.data() + chunk.offset;
+  const int64_t n = static_cast<int64_t>(data.size());
+  for (int64_t i = 0; i < n; ++i) sum[i] += data[i];
+  ++ranks_summed_[gc];
+  // Then every held chunk whose turn has come.
+  const int num_workers = static_cast<int>(workers_.size());
+  while (ranks_summed_[gc] < num_workers && !early_[gc][ranks_summed_[gc]].empty()) {
+    std::vector<float> held = std::move(early_[gc][ranks_summed_[gc]]);
+    early_[gc][ranks_summed_[gc]] = std::vector<float>();
+    for (int64_t i = 0; i < n; ++i) sum[i] += held[i];
+    early_elements_ -= n;
+    ++ranks_summed_[gc];
+  }
 }
 
 absl::Status ParameterServer::InitializeChunks(int rank, absl::Span<const ChunkData> chunks) {
@@ -394,6 +419,7 @@ absl::Status ParameterServer::MaybeApplyLocked() {
     PS_RETURN_IF_ERROR(optimizer_->Apply(version_, samples, grad_sum_, absl::MakeSpan(params_)));
   }
   std::fill(grad_sum_.begin(), grad_sum_.end(), 0.f);
+  std::fill(ranks_summed_.begin(), ranks_summed_.end(), 0);
   for (WorkerState& w : workers_) {
     std::fill(w.pushed.begin(), w.pushed.end(), false);
     w.chunks_pushed = 0;
@@ -469,6 +495,11 @@ std::vector<ParamSpec> ParameterServer::signature() const {
 int64_t ParameterServer::version() const {
   absl::MutexLock lock(&mu_);
   return version_;
+}
+
+int64_t ParameterServer::held_elements() const {
+  absl::MutexLock lock(&mu_);
+  return early_elements_;
 }
 
 bool ParameterServer::initialized() const {

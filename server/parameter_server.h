@@ -55,6 +55,13 @@ struct NamedTensor {
 // (InitializeChunks). Version 0 exists, and can be pulled, once they are all
 // there.
 //
+// Deterministic: each chunk's gradients are summed in rank order,
+// ((0 + g_0) + g_1) + ..., whatever order the pushes arrive in, so a rerun
+// (or a recovery) gives bit-identical parameters. A chunk that arrives
+// before a lower rank's is held until its turn: no extra memory when pushes
+// arrive in rank order, at most (num_workers - 1) models' worth when they
+// arrive in reverse (held_elements() says how much is held now).
+//
 // Every method is thread-safe. Bad input never changes state: a rejected
 // push leaves the pending sums and the parameters untouched.
 class ParameterServer {
@@ -160,6 +167,8 @@ class ParameterServer {
   int64_t version() const;
   // Whether the initial parameters are complete (version 0 exists).
   bool initialized() const;
+  // Gradient elements held for their rank's turn in the sum, this iteration.
+  int64_t held_elements() const;
   int64_t num_parameters() const;
   // Number of chunks key `key` is cut into (0 for an unknown key).
   int64_t NumChunks(int key) const;
@@ -187,6 +196,11 @@ class ParameterServer {
   absl::StatusOr<std::vector<CheckedChunk>> CheckChunksLocked(
       absl::Span<const ChunkData> chunks, const std::vector<bool>& received,
       absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `data` (worker `rank`'s part of one checked chunk) to the pending
+  // sum if every lower rank's part is in, then any held parts whose turn
+  // has come; otherwise holds it.
+  void SumInRankOrderLocked(int rank, const CheckedChunk& chunk, absl::Span<const float> data)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (releasing mu_) until `version` exists; kDeadlineExceeded after
   // `deadline`.
   absl::Status AwaitVersionLocked(int64_t version, absl::Time deadline)
@@ -206,6 +220,11 @@ class ParameterServer {
   int64_t total_chunks_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float> params_ ABSL_GUARDED_BY(mu_);
   std::vector<float> grad_sum_ ABSL_GUARDED_BY(mu_);
+  // Per global chunk: how many ranks (0, 1, ...) are in grad_sum_, and the
+  // parts of higher ranks that arrived early ([chunk][rank], empty if none).
+  std::vector<int> ranks_summed_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<std::vector<float>>> early_ ABSL_GUARDED_BY(mu_);
+  int64_t early_elements_ ABSL_GUARDED_BY(mu_) = 0;
   // Created at the first registration, when the steps per epoch are known.
   std::unique_ptr<SgdOptimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,9 +1,11 @@
 #include "server/parameter_server.h"
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -202,6 +204,48 @@ TEST_F(ParameterServerTest, WorkersStateTheStepsPerEpochOfTheSchedule) {
   std::vector<float> params(8);
   ASSERT_TRUE(server.Pull(3, absl::InfiniteFuture(), absl::MakeSpan(params)).ok());
   for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(params[i], Initial()[i] - 2.5f) << i;
+}
+
+TEST_F(ParameterServerTest, SumsInRankOrderWhateverTheArrivalOrder) {
+  // Values whose float sum depends on the order: (1e8 + 1) - 1e8 = 0 but
+  // (1e8 - 1e8) + 1 = 1. Rank order is (g0 + g1) + g2.
+  const float g[3] = {1e8f, 1.f, -1e8f};
+  std::vector<int> order = {0, 1, 2};
+  std::vector<float> first;
+  int runs = 0;
+  do {
+    ParameterServerOptions options;
+    options.num_workers = 3;
+    options.chunk_elements = 4;
+    options.optimizer.sgd.lr = 1.f;
+    auto created = ParameterServer::Create(options, Signature(), std::vector<float>(8, 0.f),
+                                           &device_);
+    ASSERT_TRUE(created.ok()) << created.status();
+    ParameterServer& server = **created;
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(server.Register(absl::StrCat("w", r), Signature(), r).ok());
+    }
+    int64_t most_held = 0;
+    for (int r : order) {
+      PushAll(server, r, 0, g[r], 1);
+      most_held = std::max(most_held, server.held_elements());
+    }
+    EXPECT_EQ(server.held_elements(), 0);
+    // Held only what arrived ahead of a lower rank.
+    if (order == std::vector<int>{0, 1, 2}) EXPECT_EQ(most_held, 0);
+    if (order == std::vector<int>{2, 1, 0}) EXPECT_EQ(most_held, 16);
+    ASSERT_EQ(server.version(), 1);
+    const std::vector<float> params = Params(server);
+    if (first.empty()) {
+      first = params;
+      // lr 1 over 3 samples: -((1e8 + 1) - 1e8) / 3 = 0 in float.
+      for (float p : params) EXPECT_EQ(p, 0.f);
+    } else {
+      EXPECT_EQ(params, first) << "arrival order " << order[0] << order[1] << order[2];
+    }
+    ++runs;
+  } while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_EQ(runs, 6);
 }
 
 TEST_F(ParameterServerTest, RegistrationErrors) {
