@@ -144,5 +144,16 @@ TEST(SyncTrainingTest, TwoWorkersTimesTwoDevicesEqualOneDeviceLenet) {
   ExpectRelativelyClose(distributed, one, 1e-4);
 }
 
+// Three workers' pushes reach the server in whatever order their threads and
+// gRPC give; the server sums in rank order, so two runs agree bit for bit.
+TEST(SyncTrainingTest, ThreeWorkerRunsAreBitIdentical) {
+  const worker::data::Dataset data = Data();
+  const auto first = TrainDistributed("mlp", data, 3, 1);
+  const auto second = TrainDistributed("mlp", data, 3, 1);
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(first, second);
+  ExpectRelativelyClose(first, TrainOnOneDevice("mlp", data), 1e-4);
+}
+
 }  // namespace
 }  // namespace ps
