@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -18,6 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/chrome_trace.h"
+#include "common/clock.h"
 #include "common/cpu_device.h"
 #include "common/malloc_tuning.h"
 #include "common/devices.h"
@@ -53,6 +56,10 @@ ABSL_FLAG(std::string, worker_id, "", "stable worker id (default hostname-pid)")
 ABSL_FLAG(int, rank, -1, "the rank (data part) to ask the server for; -1: any free one");
 ABSL_FLAG(bool, evaluate, true, "evaluate on the test set after each epoch");
 ABSL_FLAG(bool, progress, true, "show a live progress bar when stderr is a terminal");
+ABSL_FLAG(std::string, trace, "",
+          "write a Chrome trace-event timeline (Perfetto, chrome://tracing) here at the end");
+ABSL_FLAG(int64_t, trace_max_events, 1000000,
+          "events --trace keeps; later ones are dropped and counted in the file");
 
 namespace ps::worker {
 namespace {
@@ -67,7 +74,10 @@ std::string FormatSplit(const TimeSplit& s) {
       pct(s.pull));
 }
 
-absl::Status Main(int argc, char** argv) {
+// `trace` (null without --trace) receives the trainer's and the remote
+// store's events on one clock.
+absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
+  const Clock* clock = Clock::Real();
   // Devices.
   PS_ASSIGN_OR_RETURN(DeviceSpec spec, ParseDeviceSpec(absl::GetFlag(FLAGS_devices)));
   const int threads = absl::GetFlag(FLAGS_threads) > 0
@@ -110,6 +120,8 @@ absl::Status Main(int argc, char** argv) {
   PS_ASSIGN_OR_RETURN(server::OptimizerOptions optimizer, server::OptimizerOptionsFromFlags());
 
   TrainerOptions options;
+  options.observer = trace;
+  options.clock = clock;
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.max_steps = absl::GetFlag(FLAGS_max_steps);
@@ -138,6 +150,8 @@ absl::Status Main(int argc, char** argv) {
     remote_options.worker_id = absl::GetFlag(FLAGS_worker_id);
     remote_options.rank = absl::GetFlag(FLAGS_rank);
     remote_options.steps_per_epoch = optimizer.schedule.steps_per_epoch;
+    remote_options.observer = trace;
+    remote_options.clock = clock;
     PS_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterStore> r,
                         RemoteParameterStore::Create(remote_options));
     remote = r.get();
@@ -147,6 +161,7 @@ absl::Status Main(int argc, char** argv) {
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(options, model, devices, store.get(), &train, &test));
   const int rank = trainer->registration().rank;
+  if (trace != nullptr) trace->set_process(rank, absl::StrCat("worker ", rank));
 
   std::vector<std::string> names;
   for (Device* d : devices) names.push_back(d->name());
@@ -219,6 +234,36 @@ absl::Status Main(int argc, char** argv) {
   return absl::OkStatus();
 }
 
+// Main, with the timeline of --trace written when it returns, whether
+// training succeeded or failed (the trainer and store are gone by then, so
+// every event is in). The trace's pid is the worker's rank, which only
+// registration settles: until then the --rank asked for, or 0.
+absl::Status MainWithTrace(int argc, char** argv) {
+  const std::string path = absl::GetFlag(FLAGS_trace);
+  if (path.empty()) return Main(argc, argv, nullptr);
+  ChromeTraceOptions trace_options;
+  trace_options.pid = std::max(0, absl::GetFlag(FLAGS_rank));
+  trace_options.process_name = absl::GetFlag(FLAGS_rank) >= 0
+                                   ? absl::StrCat("worker ", absl::GetFlag(FLAGS_rank))
+                                   : std::string("worker (unregistered)");
+  trace_options.max_events = absl::GetFlag(FLAGS_trace_max_events);
+  ChromeTraceObserver trace(trace_options);
+  const absl::Status status = Main(argc, argv, &trace);
+  const absl::Status written = trace.WriteTo(path);
+  if (written.ok()) {
+    std::printf("wrote the timeline (%lld events, %lld dropped) to %s\n",
+                static_cast<long long>(trace.size()), static_cast<long long>(trace.dropped()),
+                path.c_str());
+    std::fflush(stdout);
+  }
+  // A training error is the one to report; the trace's comes second.
+  if (!status.ok()) {
+    if (!written.ok()) std::fprintf(stderr, "worker: %s\n", written.ToString().c_str());
+    return status;
+  }
+  return written;
+}
+
 }  // namespace
 }  // namespace ps::worker
 
@@ -226,7 +271,7 @@ int main(int argc, char** argv) {
   ps::TuneMallocForLargeMessages();
   absl::SetProgramUsageMessage("Data-parallel training worker. See README.md.");
   absl::ParseCommandLine(argc, argv);
-  const absl::Status status = ps::worker::Main(argc, argv);
+  const absl::Status status = ps::worker::MainWithTrace(argc, argv);
   if (!status.ok()) {
     std::fprintf(stderr, "worker: %s\n", status.ToString().c_str());
     return 1;
