@@ -1,6 +1,8 @@
 // The worker daemon. Without --server it trains on its own devices with SGD
 // in process; with --server it is one worker of a synchronous
-// parameter-server job (the remote store arrives with the server).
+// parameter-server job: it states the model (the server knows none), sends
+// the initial parameters when it has rank 0, and leaves the optimizer to the
+// server.
 //
 //   bazel run -c opt //worker:worker -- --model=lenet --epochs=10
 
