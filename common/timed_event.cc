@@ -18,6 +18,9 @@ absl::string_view EventKindName(EventKind kind) {
     case EventKind::kBackward: return "backward";
     case EventKind::kPushMessage: return "push_message";
     case EventKind::kPullMessage: return "pull_message";
+    case EventKind::kServerPush: return "server_push";
+    case EventKind::kServerUpdate: return "server_update";
+    case EventKind::kServerPull: return "server_pull";
   }
   return "unknown";
 }
@@ -28,6 +31,9 @@ bool IsStepPhase(EventKind kind) {
 
 std::string LaneName(int32_t lane) {
   if (lane == kTrainerLane) return "trainer";
+  if (lane == kServerUpdateLane) return "update";
+  if (lane == kServerPullLane) return "pulls";
+  if (lane >= ServerPushLane(0)) return absl::StrCat("pushes of rank ", lane - ServerPushLane(0));
   if (lane >= RpcLane(0)) return absl::StrCat("rpc ", lane - RpcLane(0));
   return absl::StrCat("device ", lane - DeviceLane(0));
 }

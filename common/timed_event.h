@@ -9,7 +9,8 @@
 //
 // Lanes are the rows of a timeline and stay stable for a process's life: the
 // trainer's own thread, one lane per device (its long-lived thread), and one
-// lane per concurrent RPC stream.
+// lane per concurrent RPC stream; on the parameter server, one lane per
+// worker rank for its pushes, one for the updates and one for the pulls.
 
 #include <cstdint>
 #include <string>
@@ -36,19 +37,33 @@ enum class EventKind : uint8_t {
   kBackward,      // one layer's backward pass (name: the layer)
   kPushMessage,   // one push RPC (name: its first tensor; bytes: payload)
   kPullMessage,   // one pull RPC (name: its first tensor; bytes: payload)
+  // The parameter server's work, on its lanes.
+  kServerPush,    // checking and summing one push message (name: its first
+                  // tensor; bytes: payload)
+  kServerUpdate,  // the optimizer's update of one iteration, and publishing
+                  // the version (bytes: the parameters)
+  kServerPull,    // copying one pull message out (name: its first tensor;
+                  // bytes: payload)
 };
-constexpr int kNumEventKinds = 12;
+constexpr int kNumEventKinds = 15;
 
-// "data", "compute", ..., "pull_message": stable, for reports and metric labels.
+// "data", "compute", ..., "pull_message", "server_push", "server_update",
+// "server_pull": stable, for reports and metric labels.
 absl::string_view EventKindName(EventKind kind);
 // True for the step phases (kData .. kCopyToDevice).
 bool IsStepPhase(EventKind kind);
 
-// Lane numbers: kTrainerLane, DeviceLane(d), RpcLane(s).
+// Lane numbers: kTrainerLane, DeviceLane(d), RpcLane(s) on a worker;
+// kServerUpdateLane, kServerPullLane, ServerPushLane(rank) on the server
+// (pulls carry no rank, and the server copies them out one at a time, so one
+// lane holds them all).
 constexpr int32_t kTrainerLane = 0;
 constexpr int32_t DeviceLane(int device) { return 1 + device; }
 constexpr int32_t RpcLane(int stream) { return (1 << 16) + stream; }
-// "trainer", "device 1", "rpc 3".
+constexpr int32_t kServerUpdateLane = 2 << 16;
+constexpr int32_t kServerPullLane = kServerUpdateLane + 1;
+constexpr int32_t ServerPushLane(int rank) { return kServerUpdateLane + 2 + rank; }
+// "trainer", "device 1", "rpc 3", "update", "pulls", "pushes of rank 2".
 std::string LaneName(int32_t lane);
 
 struct TimedEvent {

@@ -1,5 +1,6 @@
 #include "common/timed_event.h"
 
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -62,6 +63,25 @@ TEST(TimedEventTest, NamesAndLanesAreStable) {
   EXPECT_EQ(LaneName(kTrainerLane), "trainer");
   EXPECT_EQ(LaneName(DeviceLane(2)), "device 2");
   EXPECT_EQ(LaneName(RpcLane(3)), "rpc 3");
+  EXPECT_EQ(LaneName(kServerUpdateLane), "update");
+  EXPECT_EQ(LaneName(kServerPullLane), "pulls");
+  EXPECT_EQ(LaneName(ServerPushLane(0)), "pushes of rank 0");
+  EXPECT_EQ(LaneName(ServerPushLane(5)), "pushes of rank 5");
+}
+
+TEST(TimedEventTest, EveryKindHasItsOwnNameAndOnlyThePhasesAreSteps) {
+  const std::vector<std::string> expected = {
+      "data",         "compute",      "reduce",      "copy_to_host",  "push",
+      "wait",         "pull",         "copy_to_device", "forward",    "backward",
+      "push_message", "pull_message", "server_push", "server_update", "server_pull"};
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kNumEventKinds));
+  for (int k = 0; k < kNumEventKinds; ++k) {
+    const EventKind kind = static_cast<EventKind>(k);
+    EXPECT_EQ(EventKindName(kind), expected[k]);
+    EXPECT_EQ(IsStepPhase(kind), k <= static_cast<int>(EventKind::kCopyToDevice)) << expected[k];
+  }
+  EXPECT_FALSE(IsStepPhase(EventKind::kServerPush));
+  EXPECT_FALSE(IsStepPhase(EventKind::kServerUpdate));
 }
 
 TEST(ClockTest, RealClockNeverGoesBack) {

@@ -52,6 +52,9 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_elements must be >= 1, got ", options.chunk_elements));
   }
+  if (options.observer != nullptr && options.clock == nullptr) {
+    return absl::InvalidArgumentError("an event observer needs a clock");
+  }
   PS_RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
   std::unique_ptr<ParameterServer> server(new ParameterServer(options, device));
   server->workers_.resize(options.num_workers);
@@ -325,6 +328,7 @@ absl::Status ParameterServer::Push(int rank, int64_t iteration, int key, int64_t
 absl::Status ParameterServer::PushChunks(int rank, int64_t iteration, int64_t num_samples,
                                          absl::Span<const ChunkData> chunks) {
   absl::MutexLock lock(&mu_);
+  const int64_t start_ns = EventStartNanos();
   if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
     return absl::NotFoundError(absl::StrCat("push from unregistered worker rank ", rank));
   }
@@ -354,6 +358,13 @@ absl::Status ParameterServer::PushChunks(int rank, int64_t iteration, int64_t nu
     worker.chunks_pushed++;
   }
   if (!chunks.empty()) worker.num_samples = num_samples;
+  if (options_.observer != nullptr) {
+    int64_t elements = 0;
+    for (const ChunkData& chunk : chunks) elements += static_cast<int64_t>(chunk.data.size());
+    ReportEvent(EventKind::kServerPush, ServerPushLane(rank), iteration,
+                chunks.empty() ? absl::string_view() : signature_[chunks[0].key].name,
+                elements * static_cast<int64_t>(sizeof(float)), start_ns);
+  }
   return MaybeApplyLocked();
 }
 
@@ -415,6 +426,7 @@ absl::Status ParameterServer::MaybeApplyLocked() {
     if (w.chunks_pushed < total_chunks_) return absl::OkStatus();
     samples += w.num_samples;
   }
+  const int64_t start_ns = EventStartNanos();
   if (samples > 0) {
     PS_RETURN_IF_ERROR(optimizer_->Apply(version_, samples, grad_sum_, absl::MakeSpan(params_)));
   }
@@ -425,6 +437,8 @@ absl::Status ParameterServer::MaybeApplyLocked() {
     w.chunks_pushed = 0;
     w.num_samples = -1;
   }
+  ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, version_, {},
+              static_cast<int64_t>(params_.size() * sizeof(float)), start_ns);
   ++version_;
   return absl::OkStatus();
 }
@@ -452,6 +466,7 @@ absl::StatusOr<int64_t> ParameterServer::PullChunks(int64_t version, absl::Time 
                                                     absl::Span<const ChunkOut> chunks) {
   absl::MutexLock lock(&mu_);
   PS_RETURN_IF_ERROR(AwaitVersionLocked(version, deadline));
+  const int64_t start_ns = EventStartNanos();
   for (const ChunkOut& chunk : chunks) {
     int64_t offset, length;
     PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
@@ -462,10 +477,15 @@ absl::StatusOr<int64_t> ParameterServer::PullChunks(int64_t version, absl::Time 
                                                      chunk.out.size()));
     }
   }
+  int64_t elements = 0;
   for (const ChunkOut& chunk : chunks) {
     const int64_t offset = key_offset_[chunk.key] + chunk.chunk * options_.chunk_elements;
     std::memcpy(chunk.out.data(), params_.data() + offset, chunk.out.size() * sizeof(float));
+    elements += static_cast<int64_t>(chunk.out.size());
   }
+  ReportEvent(EventKind::kServerPull, kServerPullLane, version_,
+              chunks.empty() ? absl::string_view() : signature_[chunks[0].key].name,
+              elements * static_cast<int64_t>(sizeof(float)), start_ns);
   return version_;
 }
 
@@ -479,11 +499,15 @@ absl::StatusOr<int64_t> ParameterServer::Pull(int64_t version, absl::Time deadli
                                               absl::Span<float> out) {
   absl::MutexLock lock(&mu_);
   PS_RETURN_IF_ERROR(AwaitVersionLocked(version, deadline));
+  const int64_t start_ns = EventStartNanos();
   if (out.size() != params_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("pull into ", out.size(),
                                                    " elements; the model has ", params_.size()));
   }
   std::memcpy(out.data(), params_.data(), params_.size() * sizeof(float));
+  ReportEvent(EventKind::kServerPull, kServerPullLane, version_,
+              signature_.empty() ? absl::string_view() : signature_[0].name,
+              static_cast<int64_t>(params_.size() * sizeof(float)), start_ns);
   return version_;
 }
 
@@ -495,6 +519,24 @@ std::vector<ParamSpec> ParameterServer::signature() const {
 int64_t ParameterServer::version() const {
   absl::MutexLock lock(&mu_);
   return version_;
+}
+
+int64_t ParameterServer::EventStartNanos() const {
+  return options_.observer != nullptr ? options_.clock->NowNanos() : 0;
+}
+
+void ParameterServer::ReportEvent(EventKind kind, int32_t lane, int64_t step,
+                                  absl::string_view name, int64_t bytes, int64_t start_ns) const {
+  if (options_.observer == nullptr) return;
+  TimedEvent event;
+  event.kind = kind;
+  event.lane = lane;
+  event.step = step;
+  event.name = name;
+  event.start_ns = start_ns;
+  event.end_ns = options_.clock->NowNanos();
+  event.bytes = bytes;
+  options_.observer->OnEvent(event);
 }
 
 int64_t ParameterServer::held_elements() const {

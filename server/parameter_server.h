@@ -12,8 +12,10 @@
 #include "absl/time/time.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "common/cpu_device.h"
 #include "common/param_spec.h"
+#include "common/timed_event.h"
 #include "server/optimizer.h"
 
 namespace ps::server {
@@ -27,6 +29,24 @@ struct ParameterServerOptions {
   // message (data plus a few fields) inside gRPC's default 4 MiB limit.
   int64_t chunk_elements = kDefaultChunkElements;
   static constexpr int64_t kDefaultChunkElements = ((int64_t{4} << 20) - 4096) / 4;
+  // Receives the server's timed events (common/timed_event.h), each timed
+  // from when the call holds the server's lock (waiting for it is not the
+  // work) and reported, still under it, only when the call succeeds:
+  //   - kServerPush on ServerPushLane(rank) per PushChunks (or Push) call:
+  //     checking and summing one message; step: its iteration, name: its
+  //     first chunk's tensor, bytes: its payload;
+  //   - kServerUpdate on kServerUpdateLane per iteration, after the push
+  //     that completes it: the optimizer step and publishing the version;
+  //     step: the iteration, bytes: the parameters;
+  //   - kServerPull on kServerPullLane per PullChunks (or Pull) call: the
+  //     copy out, after the wait for the version; step: the version copied,
+  //     name: its first chunk's tensor, bytes: its payload.
+  // The calls hold one lock, so no two events overlap. Called from the
+  // pushing and pulling threads; it must not call back into the server.
+  // Null: no events. Both must outlive the server; clock is never null
+  // when observer is set (kInvalidArgument).
+  EventObserver* observer = nullptr;
+  const Clock* clock = Clock::Real();
 };
 
 // One named tensor of initial values, matched to the workers' signature by
@@ -209,6 +229,11 @@ class ParameterServer {
   absl::Status MaybeApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckKeyChunkLocked(int key, int64_t chunk, int64_t* offset, int64_t* length) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // options_.clock's reading when there is an observer, else 0 (no read).
+  int64_t EventStartNanos() const;
+  // Reports an event from `start_ns` to now to options_.observer, if any.
+  void ReportEvent(EventKind kind, int32_t lane, int64_t step, absl::string_view name,
+                   int64_t bytes, int64_t start_ns) const;
 
   const ParameterServerOptions options_;
   CpuDevice* const device_;

@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/timed_event.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -325,6 +329,104 @@ TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
   for (float& x : expected) x -= 1.f / 3.f;
   const std::vector<float> params = Params(*server);
   for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(params[i], expected[i]) << i;
+}
+
+// Records what the server reports (names copied: they are valid during the
+// call only).
+class RecordingObserver final : public EventObserver {
+ public:
+  void OnEvent(const TimedEvent& event) override {
+    absl::MutexLock lock(&mu_);
+    events_.push_back(event);
+    names_.emplace_back(event.name);
+  }
+  std::vector<TimedEvent> events() const {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+  std::vector<std::string> names() const {
+    absl::MutexLock lock(&mu_);
+    return names_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<TimedEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> names_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(ParameterServerTest, ReportsEachPushMessageTheUpdateAndEachPull) {
+  FakeClock clock(5000);
+  RecordingObserver observer;
+  ParameterServerOptions options;
+  options.num_workers = 2;
+  options.chunk_elements = 4;  // fc.weight: 2 chunks, fc.bias: 1
+  options.optimizer.sgd.lr = 1.f;
+  options.observer = &observer;
+  options.clock = &clock;
+  auto created = ParameterServer::Create(options, Signature(), Initial(), &device_);
+  ASSERT_TRUE(created.ok()) << created.status();
+  ParameterServer& server = **created;
+  ASSERT_TRUE(server.Register("a", Signature()).ok());
+  ASSERT_TRUE(server.Register("b", Signature()).ok());
+
+  // A refused push is not reported.
+  EXPECT_FALSE(server.Push(0, 1, 0, 0, 8, std::vector<float>(4, 1.f)).ok());
+  EXPECT_TRUE(observer.events().empty());
+
+  // Worker 1 first: one push message per chunk, then worker 0's, whose last
+  // completes the iteration.
+  PushAll(server, 1, 0, 1.f, 8);
+  clock.Advance(100);
+  PushAll(server, 0, 0, 2.f, 8);
+  std::vector<TimedEvent> events = observer.events();
+  std::vector<std::string> names = observer.names();
+  ASSERT_EQ(events.size(), 2u * 3 + 1);
+  const std::vector<std::string> first_tensors = {"fc.weight", "fc.weight", "fc.bias"};
+  const std::vector<int64_t> bytes = {16, 8, 8};
+  for (int i = 0; i < 6; ++i) {
+    const int rank = i < 3 ? 1 : 0;
+    EXPECT_EQ(events[i].kind, EventKind::kServerPush) << i;
+    EXPECT_EQ(events[i].lane, ServerPushLane(rank)) << i;
+    EXPECT_EQ(events[i].step, 0) << i;
+    EXPECT_EQ(names[i], first_tensors[i % 3]) << i;
+    EXPECT_EQ(events[i].bytes, bytes[i % 3]) << i;
+    EXPECT_EQ(events[i].start_ns, rank == 1 ? 5000 : 5100) << i;
+    EXPECT_EQ(events[i].end_ns, events[i].start_ns) << i;
+  }
+  EXPECT_EQ(events[6].kind, EventKind::kServerUpdate);
+  EXPECT_EQ(events[6].lane, kServerUpdateLane);
+  EXPECT_EQ(events[6].step, 0);
+  EXPECT_EQ(names[6], "");
+  EXPECT_EQ(events[6].bytes, 8 * 4);
+  EXPECT_EQ(server.version(), 1);
+
+  // One pull message of two chunks; then the whole model at once.
+  std::vector<float> bias(2), tail(2);
+  const ParameterServer::ChunkOut outs[] = {{1, 0, absl::MakeSpan(bias)},
+                                            {0, 1, absl::MakeSpan(tail)}};
+  ASSERT_TRUE(server.PullChunks(1, absl::InfiniteFuture(), outs).ok());
+  Params(server);
+  events = observer.events();
+  names = observer.names();
+  ASSERT_EQ(events.size(), 9u);
+  EXPECT_EQ(events[7].kind, EventKind::kServerPull);
+  EXPECT_EQ(events[7].lane, kServerPullLane);
+  EXPECT_EQ(events[7].step, 1);
+  EXPECT_EQ(names[7], "fc.bias");
+  EXPECT_EQ(events[7].bytes, 16);
+  EXPECT_EQ(events[8].kind, EventKind::kServerPull);
+  EXPECT_EQ(names[8], "fc.weight");
+  EXPECT_EQ(events[8].bytes, 32);
+}
+
+TEST_F(ParameterServerTest, AnObserverNeedsAClock) {
+  RecordingObserver observer;
+  ParameterServerOptions options;
+  options.observer = &observer;
+  options.clock = nullptr;
+  EXPECT_EQ(ParameterServer::Create(options, &device_).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/chrome_trace.h"
 #include "common/cpu_device.h"
 #include "common/malloc_tuning.h"
 #include "common/safetensors.h"
@@ -42,9 +43,17 @@ ABSL_FLAG(std::string, init_weights, "",
 ABSL_FLAG(int64_t, chunk_bytes, ps::server::ParameterServerOptions::kDefaultChunkElements * 4,
           "largest tensor chunk per message, in bytes");
 ABSL_FLAG(int, threads, 1, "CPU threads for the optimizer");
+ABSL_FLAG(std::string, trace, "",
+          "write a Chrome trace-event timeline (Perfetto, chrome://tracing) of every push, "
+          "update and pull here when stopped");
+ABSL_FLAG(int64_t, trace_max_events, 1000000,
+          "events --trace keeps; later ones are dropped and counted in the file");
 
 namespace ps::server {
 namespace {
+
+// The server's process in a timeline, apart from the workers' (pid = rank).
+constexpr int64_t kServerTracePid = 1000000;
 
 // The F32 tensors of a safetensors file. Others (PyTorch's I64
 // num_batches_tracked, say) are buffers that live on the workers.
@@ -73,10 +82,20 @@ absl::Status Main() {
 
   CpuDevice device(0, std::max(1, absl::GetFlag(FLAGS_threads)));
 
+  std::unique_ptr<ChromeTraceObserver> trace;
+  if (!absl::GetFlag(FLAGS_trace).empty()) {
+    ChromeTraceOptions trace_options;
+    trace_options.pid = kServerTracePid;
+    trace_options.process_name = "server";
+    trace_options.max_events = absl::GetFlag(FLAGS_trace_max_events);
+    trace = std::make_unique<ChromeTraceObserver>(trace_options);
+  }
+
   ParameterServerOptions options;
   options.num_workers = absl::GetFlag(FLAGS_num_workers);
   options.chunk_elements = absl::GetFlag(FLAGS_chunk_bytes) / 4;
   PS_ASSIGN_OR_RETURN(options.optimizer, OptimizerOptionsFromFlags());
+  options.observer = trace.get();
   std::unique_ptr<ParameterServer> server;
   std::string initial_from = "worker rank 0";
   if (absl::GetFlag(FLAGS_init_weights).empty()) {
@@ -123,6 +142,13 @@ absl::Status Main() {
   std::printf("parameter server stopping at version %lld\n",
               static_cast<long long>(server->version()));
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (trace != nullptr) {
+    // After Shutdown no call is in flight: every event is in.
+    PS_RETURN_IF_ERROR(trace->WriteTo(absl::GetFlag(FLAGS_trace)));
+    std::printf("wrote the timeline (%lld events, %lld dropped) to %s\n",
+                static_cast<long long>(trace->size()), static_cast<long long>(trace->dropped()),
+                absl::GetFlag(FLAGS_trace).c_str());
+  }
   return absl::OkStatus();
 }
 
