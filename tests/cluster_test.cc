@@ -2,18 +2,13 @@
 // train a small model to the end; the server answers gRPC health checks;
 // a worker with a different model is refused with the difference named.
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -23,89 +18,16 @@
 #include "gtest/gtest.h"
 #include "common/testing/subprocess.h"
 #include "proto/health.grpc.pb.h"
-
-extern char** environ;
+#include "tests/process.h"
 
 namespace ps {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-
-
-// A child process with stdout and stderr sent to a log file.
-class Process {
- public:
-  Process(const std::string& binary, std::vector<std::string> args, const std::string& log)
-      : log_(log) {
-    args.insert(args.begin(), binary);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    EXPECT_EQ(posix_spawn(&pid_, binary.c_str(), &actions, nullptr, argv.data(), environ), 0)
-        << binary;
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~Process() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  // Waits for exit (up to `timeout`); returns the exit code, or -1 on
-  // timeout or a signal.
-  int Wait(std::chrono::seconds timeout) {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return -1;
-  }
-  void Signal(int sig) { kill(pid_, sig); }
-
-  std::string Log() const {
-    std::ifstream in(log_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
- private:
-  std::string log_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
-};
-
-int WaitForPortFile(const std::string& path) {
-  for (int i = 0; i < 600; ++i) {
-    std::ifstream in(path);
-    int port = 0;
-    if (in >> port && port > 0) return port;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return 0;
-}
-
-// Waits until `process`'s log contains `text`; false after `timeout`.
-bool WaitForLog(const Process& process, const std::string& text, std::chrono::seconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (process.Log().find(text) != std::string::npos) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
+using tests::Process;
+using tests::WaitForLog;
+using tests::WaitForPortFile;
 
 TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
   const std::string port_file = testing::TestTmpPath("port");
