@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/fake_observer.h"
 #include "common/timed_event.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -330,30 +330,6 @@ TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
   const std::vector<float> params = Params(*server);
   for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(params[i], expected[i]) << i;
 }
-
-// Records what the server reports (names copied: they are valid during the
-// call only).
-class RecordingObserver final : public EventObserver {
- public:
-  void OnEvent(const TimedEvent& event) override {
-    absl::MutexLock lock(&mu_);
-    events_.push_back(event);
-    names_.emplace_back(event.name);
-  }
-  std::vector<TimedEvent> events() const {
-    absl::MutexLock lock(&mu_);
-    return events_;
-  }
-  std::vector<std::string> names() const {
-    absl::MutexLock lock(&mu_);
-    return names_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<TimedEvent> events_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> names_ ABSL_GUARDED_BY(mu_);
-};
 
 TEST_F(ParameterServerTest, ReportsEachPushMessageTheUpdateAndEachPull) {
   FakeClock clock(5000);
