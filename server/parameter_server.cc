@@ -1,11 +1,13 @@
 #include "server/parameter_server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/f32_pieces.h"
 
 namespace ps::server {
 namespace {
@@ -35,6 +37,22 @@ std::string SignatureDifference(const std::vector<ParamSpec>& server,
                         worker.size());
   }
   return "";
+}
+
+// One piece per chunk, over the chunk's floats: the Span forms of the calls
+// become the byte forms. `pieces` must outlive the returned chunks.
+std::vector<ParameterServer::ChunkBytes> AsChunkBytes(
+    absl::Span<const ParameterServer::ChunkData> chunks, std::vector<absl::string_view>* pieces) {
+  pieces->clear();
+  for (const ParameterServer::ChunkData& chunk : chunks) {
+    pieces->emplace_back(reinterpret_cast<const char*>(chunk.data.data()),
+                         chunk.data.size() * sizeof(float));
+  }
+  std::vector<ParameterServer::ChunkBytes> out;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    out.push_back({chunks[c].key, chunks[c].chunk, absl::MakeConstSpan(&(*pieces)[c], 1)});
+  }
+  return out;
 }
 
 }  // namespace
@@ -151,7 +169,8 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
   key_offset_ = std::move(offsets);
   key_first_chunk_ = std::move(first_chunks);
   total_chunks_ = chunks;
-  params_ = given ? std::move(params) : std::vector<float>(total, 0.f);
+  params_ = std::make_shared<std::vector<float>>(given ? std::move(params)
+                                                      : std::vector<float>(total, 0.f));
   grad_sum_.assign(total, 0.f);
   ranks_summed_.assign(chunks, 0);
   early_.assign(chunks, std::vector<std::vector<float>>(workers_.size()));
@@ -245,7 +264,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   if (optimizer_ == nullptr) {
     OptimizerOptions optimizer = options_.optimizer;
     optimizer.schedule.steps_per_epoch = std::max<int64_t>(1, steps_per_epoch);
-    PS_ASSIGN_OR_RETURN(optimizer_, SgdOptimizer::Create(optimizer, params_.size(), device_));
+    PS_ASSIGN_OR_RETURN(optimizer_, SgdOptimizer::Create(optimizer, params_->size(), device_));
   }
   steps_per_epoch_ = steps_per_epoch;
   workers_[rank].id = worker_id;
@@ -282,18 +301,20 @@ absl::Status ParameterServer::CheckKeyChunkLocked(int key, int64_t chunk, int64_
 }
 
 absl::StatusOr<std::vector<ParameterServer::CheckedChunk>> ParameterServer::CheckChunksLocked(
-    absl::Span<const ChunkData> chunks, const std::vector<bool>& received,
+    absl::Span<const ChunkBytes> chunks, const std::vector<bool>& received,
     absl::string_view what) const {
   std::vector<CheckedChunk> checked(chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
-    const ChunkData& chunk = chunks[c];
+    const ChunkBytes& chunk = chunks[c];
     int64_t offset, length;
     PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
     const std::string& name = signature_[chunk.key].name;
-    if (static_cast<int64_t>(chunk.data.size()) != length) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk, " of '", name,
-                                                     "' needs ", length, " elements, got ",
-                                                     chunk.data.size()));
+    const int64_t bytes = PiecesBytes(chunk.pieces);
+    if (bytes != length * static_cast<int64_t>(sizeof(float))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", chunk.chunk, " of '", name, "' needs ", length, " elements, got ",
+          bytes % sizeof(float) == 0 ? absl::StrCat(bytes / sizeof(float))
+                                     : absl::StrCat(bytes, " bytes")));
     }
     const int64_t global_chunk = key_first_chunk_[chunk.key] + chunk.chunk;
     bool repeated = received[global_chunk];
@@ -304,14 +325,10 @@ absl::StatusOr<std::vector<ParameterServer::CheckedChunk>> ParameterServer::Chec
       return absl::AlreadyExistsError(
           absl::StrCat("chunk ", chunk.chunk, " of '", name, "' already ", what));
     }
-    // One vectorisable pass decides; only a bad chunk pays for finding where.
-    bool all_finite = true;
-    for (int64_t i = 0; i < length; ++i) all_finite &= std::isfinite(chunk.data[i]);
-    if (!all_finite) {
-      int64_t i = 0;
-      while (std::isfinite(chunk.data[i])) ++i;
+    float bad = 0.f;
+    if (const int64_t i = FirstNonFinite(chunk.pieces, &bad); i >= 0) {
       return absl::InvalidArgumentError(absl::StrCat("element ", offset + i, " of '", name,
-                                                     "' is ", chunk.data[i],
+                                                     "' is ", bad,
                                                      "; refusing a non-finite value"));
     }
     checked[c] = {key_offset_[chunk.key] + offset, global_chunk};
@@ -327,6 +344,12 @@ absl::Status ParameterServer::Push(int rank, int64_t iteration, int key, int64_t
 
 absl::Status ParameterServer::PushChunks(int rank, int64_t iteration, int64_t num_samples,
                                          absl::Span<const ChunkData> chunks) {
+  std::vector<absl::string_view> pieces;
+  return PushChunkBytes(rank, iteration, num_samples, AsChunkBytes(chunks, &pieces));
+}
+
+absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
+                                             absl::Span<const ChunkBytes> chunks) {
   absl::MutexLock lock(&mu_);
   const int64_t start_ns = EventStartNanos();
   if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
@@ -353,34 +376,35 @@ absl::Status ParameterServer::PushChunks(int rank, int64_t iteration, int64_t nu
                         absl::StrCat("pushed by worker rank ", rank, " in iteration ", iteration)));
   // 2. All valid: add them, in rank order (see SumInRankOrderLocked).
   for (size_t c = 0; c < chunks.size(); ++c) {
-    SumInRankOrderLocked(rank, checked[c], chunks[c].data);
+    SumInRankOrderLocked(rank, checked[c], chunks[c].pieces);
     worker.pushed[checked[c].global_chunk] = true;
     worker.chunks_pushed++;
   }
   if (!chunks.empty()) worker.num_samples = num_samples;
   if (options_.observer != nullptr) {
-    int64_t elements = 0;
-    for (const ChunkData& chunk : chunks) elements += static_cast<int64_t>(chunk.data.size());
+    int64_t bytes = 0;
+    for (const ChunkBytes& chunk : chunks) bytes += PiecesBytes(chunk.pieces);
     ReportEvent(EventKind::kServerPush, ServerPushLane(rank), iteration,
-                chunks.empty() ? absl::string_view() : signature_[chunks[0].key].name,
-                elements * static_cast<int64_t>(sizeof(float)), start_ns);
+                chunks.empty() ? absl::string_view() : signature_[chunks[0].key].name, bytes,
+                start_ns);
   }
   return MaybeApplyLocked();
 }
 
 void ParameterServer::SumInRankOrderLocked(int rank, const CheckedChunk& chunk,
-                                           absl::Span<const float> data) {
-  if (data.empty()) return;  // an empty tensor: nothing to sum, in any order
+                                           absl::Span<const absl::string_view> data) {
+  const int64_t n = PiecesBytes(data) / static_cast<int64_t>(sizeof(float));
+  if (n == 0) return;  // an empty tensor: nothing to sum, in any order
   const int64_t gc = chunk.global_chunk;
   if (ranks_summed_[gc] != rank) {
     // A lower rank's chunk is still missing: hold this one until its turn.
-    early_[gc][rank].assign(data.begin(), data.end());
-    early_elements_ += static_cast<int64_t>(data.size());
+    early_[gc][rank].resize(n);
+    CopyPiecesTo(data, early_[gc][rank].data());
+    early_elements_ += n;
     return;
   }
   float* sum = grad_sum_.data() + chunk.offset;
-  const int64_t n = static_cast<int64_t>(data.size());
-  for (int64_t i = 0; i < n; ++i) sum[i] += data[i];
+  AddPiecesTo(data, sum);
   ++ranks_summed_[gc];
   // Then every held chunk whose turn has come.
   const int num_workers = static_cast<int>(workers_.size());
@@ -394,6 +418,11 @@ void ParameterServer::SumInRankOrderLocked(int rank, const CheckedChunk& chunk,
 }
 
 absl::Status ParameterServer::InitializeChunks(int rank, absl::Span<const ChunkData> chunks) {
+  std::vector<absl::string_view> pieces;
+  return InitializeChunkBytes(rank, AsChunkBytes(chunks, &pieces));
+}
+
+absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const ChunkBytes> chunks) {
   absl::MutexLock lock(&mu_);
   if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
     return absl::NotFoundError(
@@ -409,7 +438,7 @@ absl::Status ParameterServer::InitializeChunks(int rank, absl::Span<const ChunkD
   PS_ASSIGN_OR_RETURN(std::vector<CheckedChunk> checked,
                       CheckChunksLocked(chunks, initial_received_, "sent as an initial value"));
   for (size_t c = 0; c < chunks.size(); ++c) {
-    std::copy(chunks[c].data.begin(), chunks[c].data.end(), params_.begin() + checked[c].offset);
+    CopyPiecesTo(chunks[c].pieces, MutableParamsLocked().data() + checked[c].offset);
     initial_received_[checked[c].global_chunk] = true;
     ++initial_chunks_received_;
   }
@@ -428,7 +457,8 @@ absl::Status ParameterServer::MaybeApplyLocked() {
   }
   const int64_t start_ns = EventStartNanos();
   if (samples > 0) {
-    PS_RETURN_IF_ERROR(optimizer_->Apply(version_, samples, grad_sum_, absl::MakeSpan(params_)));
+    PS_RETURN_IF_ERROR(optimizer_->Apply(version_, samples, grad_sum_,
+                                         absl::MakeSpan(MutableParamsLocked())));
   }
   std::fill(grad_sum_.begin(), grad_sum_.end(), 0.f);
   std::fill(ranks_summed_.begin(), ranks_summed_.end(), 0);
@@ -438,7 +468,7 @@ absl::Status ParameterServer::MaybeApplyLocked() {
     w.num_samples = -1;
   }
   ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, version_, {},
-              static_cast<int64_t>(params_.size() * sizeof(float)), start_ns);
+              static_cast<int64_t>(params_->size() * sizeof(float)), start_ns);
   ++version_;
   return absl::OkStatus();
 }
@@ -480,7 +510,7 @@ absl::StatusOr<int64_t> ParameterServer::PullChunks(int64_t version, absl::Time 
   int64_t elements = 0;
   for (const ChunkOut& chunk : chunks) {
     const int64_t offset = key_offset_[chunk.key] + chunk.chunk * options_.chunk_elements;
-    std::memcpy(chunk.out.data(), params_.data() + offset, chunk.out.size() * sizeof(float));
+    std::memcpy(chunk.out.data(), params_->data() + offset, chunk.out.size() * sizeof(float));
     elements += static_cast<int64_t>(chunk.out.size());
   }
   ReportEvent(EventKind::kServerPull, kServerPullLane, version_,
@@ -500,15 +530,54 @@ absl::StatusOr<int64_t> ParameterServer::Pull(int64_t version, absl::Time deadli
   absl::MutexLock lock(&mu_);
   PS_RETURN_IF_ERROR(AwaitVersionLocked(version, deadline));
   const int64_t start_ns = EventStartNanos();
-  if (out.size() != params_.size()) {
+  if (out.size() != params_->size()) {
     return absl::InvalidArgumentError(absl::StrCat("pull into ", out.size(),
-                                                   " elements; the model has ", params_.size()));
+                                                   " elements; the model has ", params_->size()));
   }
-  std::memcpy(out.data(), params_.data(), params_.size() * sizeof(float));
+  std::memcpy(out.data(), params_->data(), params_->size() * sizeof(float));
   ReportEvent(EventKind::kServerPull, kServerPullLane, version_,
               signature_.empty() ? absl::string_view() : signature_[0].name,
-              static_cast<int64_t>(params_.size() * sizeof(float)), start_ns);
+              static_cast<int64_t>(params_->size() * sizeof(float)), start_ns);
   return version_;
+}
+
+absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
+    int64_t version, absl::Time deadline, absl::Span<const ChunkId> chunks) {
+  absl::MutexLock lock(&mu_);
+  PS_RETURN_IF_ERROR(AwaitVersionLocked(version, deadline));
+  const int64_t start_ns = EventStartNanos();
+  ChunkViews views;
+  views.version = version_;
+  views.chunks.reserve(chunks.size());
+  int64_t elements = 0;
+  for (const ChunkId& chunk : chunks) {
+    int64_t offset, length;
+    PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
+    views.chunks.push_back(
+        absl::MakeConstSpan(params_->data() + key_offset_[chunk.key] + offset, length));
+    elements += length;
+  }
+  views.keep_alive = params_;
+  ReportEvent(EventKind::kServerPull, kServerPullLane, version_,
+              chunks.empty() ? absl::string_view() : signature_[chunks[0].key].name,
+              elements * static_cast<int64_t>(sizeof(float)), start_ns);
+  return views;
+}
+
+bool ParameterServer::HasVersion(int64_t version) const {
+  absl::MutexLock lock(&mu_);
+  return initialized_ && version_ >= version;
+}
+
+std::vector<float>& ParameterServer::MutableParamsLocked() {
+  // Views are taken only under mu_, so a count of one (ours) cannot grow
+  // while we write. The acquire fence pairs with the release in the last
+  // holder's decrement: its reads of the old values happen before our writes.
+  if (params_.use_count() > 1) {
+    params_ = std::make_shared<std::vector<float>>(*params_);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return *params_;
 }
 
 std::vector<ParamSpec> ParameterServer::signature() const {
@@ -551,7 +620,7 @@ bool ParameterServer::initialized() const {
 
 int64_t ParameterServer::num_parameters() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(params_.size());
+  return static_cast<int64_t>(params_->size());
 }
 
 int64_t ParameterServer::ChunkLength(int key, int64_t chunk) const {

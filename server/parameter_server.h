@@ -154,6 +154,22 @@ class ParameterServer {
   absl::Status PushChunks(int rank, int64_t iteration, int64_t num_samples,
                           absl::Span<const ChunkData> chunks);
 
+  // A chunk whose F32 elements lie, little-endian, in consecutive byte
+  // ranges (a received message's slices read in place; server/f32_pieces.h):
+  // any alignment, an element may straddle two pieces. The pieces are read
+  // during the call only.
+  struct ChunkBytes {
+    int key = 0;
+    int64_t chunk = 0;
+    absl::Span<const absl::string_view> pieces;
+  };
+  // PushChunks and InitializeChunks over such chunks, with the same checks,
+  // errors and all-or-nothing rule (a byte count that is not 4 x the chunk's
+  // length is kInvalidArgument); the Span forms above call these.
+  absl::Status PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
+                              absl::Span<const ChunkBytes> chunks);
+  absl::Status InitializeChunkBytes(int rank, absl::Span<const ChunkBytes> chunks);
+
   // Chunks of the initial parameters from the worker Register told to send
   // them, all or nothing per call; version 0 is published when the last
   // chunk arrives. Errors, each leaving all state untouched: kNotFound
@@ -175,6 +191,28 @@ class ParameterServer {
   };
   absl::StatusOr<int64_t> PullChunks(int64_t version, absl::Time deadline,
                                      absl::Span<const ChunkOut> chunks);
+
+  // Waits like PullChunks and returns views of the chunks (key, chunk index)
+  // in the parameters of one version, copying nothing. The views stay valid
+  // and unchanged while `keep_alive` (or a copy of it) lives, from any
+  // thread: the update that follows writes a fresh buffer instead when a
+  // view of the current one is still held (copy on write), so holding one
+  // costs up to one model's memory per version held, and nothing once the
+  // last holder lets go before the next update. kOutOfRange for a bad chunk,
+  // as PullChunks; reports kServerPull like it.
+  struct ChunkId {
+    int key = 0;
+    int64_t chunk = 0;
+  };
+  struct ChunkViews {
+    int64_t version = 0;
+    std::shared_ptr<const void> keep_alive;
+    std::vector<absl::Span<const float>> chunks;  // in request order
+  };
+  absl::StatusOr<ChunkViews> PullChunkViews(int64_t version, absl::Time deadline,
+                                            absl::Span<const ChunkId> chunks);
+  // Whether PullChunks(version, ...) would return without waiting.
+  bool HasVersion(int64_t version) const;
 
   // Waits like PullChunks and returns the current version, copying nothing.
   absl::StatusOr<int64_t> WaitForVersion(int64_t version, absl::Time deadline);
@@ -214,13 +252,17 @@ class ParameterServer {
     int64_t global_chunk = 0;
   };
   absl::StatusOr<std::vector<CheckedChunk>> CheckChunksLocked(
-      absl::Span<const ChunkData> chunks, const std::vector<bool>& received,
+      absl::Span<const ChunkBytes> chunks, const std::vector<bool>& received,
       absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds `data` (worker `rank`'s part of one checked chunk) to the pending
   // sum if every lower rank's part is in, then any held parts whose turn
   // has come; otherwise holds it.
-  void SumInRankOrderLocked(int rank, const CheckedChunk& chunk, absl::Span<const float> data)
+  void SumInRankOrderLocked(int rank, const CheckedChunk& chunk,
+                            absl::Span<const absl::string_view> data)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The parameters to write: a fresh copy first when a ChunkViews still
+  // holds the current buffer (copy on write).
+  std::vector<float>& MutableParamsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (releasing mu_) until `version` exists; kDeadlineExceeded after
   // `deadline`.
   absl::Status AwaitVersionLocked(int64_t version, absl::Time deadline)
@@ -243,7 +285,10 @@ class ParameterServer {
   std::vector<int64_t> key_offset_ ABSL_GUARDED_BY(mu_);      // element offset of each key
   std::vector<int64_t> key_first_chunk_ ABSL_GUARDED_BY(mu_);  // global index of each key's chunk 0
   int64_t total_chunks_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<float> params_ ABSL_GUARDED_BY(mu_);
+  // Shared with the ChunkViews handed out; written only through
+  // MutableParamsLocked.
+  std::shared_ptr<std::vector<float>> params_ ABSL_GUARDED_BY(mu_) =
+      std::make_shared<std::vector<float>>();
   std::vector<float> grad_sum_ ABSL_GUARDED_BY(mu_);
   // Per global chunk: how many ranks (0, 1, ...) are in grad_sum_, and the
   // parts of higher ranks that arrived early ([chunk][rank], empty if none).

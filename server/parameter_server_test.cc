@@ -405,5 +405,82 @@ TEST_F(ParameterServerTest, AnObserverNeedsAClock) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The byte form reads a chunk from pieces cut anywhere (an element split
+// across two), with the Span form's checks and all-or-nothing rule.
+TEST_F(ParameterServerTest, PushChunkBytesReadsPiecesCutAnywhere) {
+  auto server = MakeServer(1);
+  ASSERT_TRUE(server->Register("a", Signature()).ok());
+  const std::vector<float> w0 = {1, 1, 1, 1}, w1 = {2, 2}, b = {4, 4};
+  const std::string bytes = std::string(reinterpret_cast<const char*>(w0.data()), 16) +
+                            std::string(reinterpret_cast<const char*>(w1.data()), 8) +
+                            std::string(reinterpret_cast<const char*>(b.data()), 8);
+  const absl::string_view all(bytes);
+  // Chunk (0, 0) in three pieces, the first split inside element 1.
+  const absl::string_view c00[] = {all.substr(0, 5), all.substr(5, 10), all.substr(15, 1)};
+  const absl::string_view c01[] = {all.substr(16, 8)};
+  const absl::string_view c10[] = {all.substr(24, 3), all.substr(27, 5)};
+  const absl::string_view short_piece[] = {all.substr(24, 7)};
+  const float nan = NAN;
+  const absl::string_view with_nan[] = {all.substr(24, 4),
+                                        absl::string_view(reinterpret_cast<const char*>(&nan), 4)};
+
+  absl::Status s = server->PushChunkBytes(0, 0, 1, {{0, 0, c00}, {1, 0, short_piece}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("needs 2 elements, got 7 bytes"));
+  s = server->PushChunkBytes(0, 0, 1, {{0, 0, c00}, {1, 0, with_nan}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("element 1 of 'fc.bias' is nan"));
+  EXPECT_EQ(server->PushChunkBytes(0, 0, 1, {{0, 0, c00}, {0, 0, c00}}).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(server->version(), 0);  // nothing was added
+
+  ASSERT_TRUE(server->PushChunkBytes(0, 0, 1, {{0, 0, c00}, {0, 1, c01}, {1, 0, c10}}).ok());
+  EXPECT_EQ(server->version(), 1);
+  EXPECT_EQ(Params(*server), (std::vector<float>{0, 1, 2, 3, 3, 4, -3.5f, -4.5f}));
+}
+
+// A view of a version stays unchanged while held, whatever updates follow;
+// once let go, the next update writes in place again.
+TEST_F(ParameterServerTest, PullChunkViewsStayUnchangedWhileHeld) {
+  auto server = MakeServer(1);
+  ASSERT_TRUE(server->Register("a", Signature()).ok());
+  EXPECT_TRUE(server->HasVersion(0));
+  EXPECT_FALSE(server->HasVersion(1));
+  const ParameterServer::ChunkId ids[] = {{1, 0}, {0, 1}};
+  auto views = server->PullChunkViews(0, absl::InfiniteFuture(), ids);
+  ASSERT_TRUE(views.ok()) << views.status();
+  EXPECT_EQ(views->version, 0);
+  ASSERT_EQ(views->chunks.size(), 2u);
+  EXPECT_EQ(std::vector<float>(views->chunks[0].begin(), views->chunks[0].end()),
+            (std::vector<float>{0.5f, -0.5f}));
+  EXPECT_EQ(std::vector<float>(views->chunks[1].begin(), views->chunks[1].end()),
+            (std::vector<float>{5, 6}));
+  const float* held = views->chunks[0].data();
+
+  PushAll(*server, 0, 0, 1.f, 1);  // version 1: every parameter drops by 1
+  EXPECT_EQ(server->version(), 1);
+  EXPECT_EQ(views->chunks[0][0], 0.5f);  // the held version is untouched
+  EXPECT_EQ(views->chunks[1][1], 6.f);
+  EXPECT_EQ(Params(*server)[6], -0.5f);
+
+  views = server->PullChunkViews(1, absl::InfiniteFuture(), ids);
+  ASSERT_TRUE(views.ok());
+  EXPECT_NE(views->chunks[0].data(), held);  // the update wrote a fresh buffer
+  EXPECT_EQ(views->chunks[0][0], -0.5f);
+  const float* current = views->chunks[0].data();
+  *views = ParameterServer::ChunkViews();  // let go
+  PushAll(*server, 0, 1, 1.f, 1);
+  views = server->PullChunkViews(2, absl::InfiniteFuture(), ids);
+  ASSERT_TRUE(views.ok());
+  EXPECT_EQ(views->chunks[0].data(), current);  // in place: nobody held it
+  EXPECT_EQ(views->chunks[0][0], -1.5f);
+
+  const ParameterServer::ChunkId bad[] = {{1, 1}};
+  EXPECT_EQ(server->PullChunkViews(0, absl::InfiniteFuture(), bad).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(server->PullChunkViews(9, absl::Now() + absl::Milliseconds(10), ids).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
 }  // namespace
 }  // namespace ps::server

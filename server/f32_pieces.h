@@ -1,0 +1,78 @@
+#ifndef PS_SERVER_F32_PIECES_H_
+#define PS_SERVER_F32_PIECES_H_
+
+// F32 elements stored little-endian across consecutive byte ranges, read in
+// place: a received gRPC message is a list of slices (HTTP/2 frames cut out
+// of socket reads), so a chunk's bytes arrive in pieces of any length at any
+// alignment, and one element may straddle two pieces. These helpers check,
+// sum and copy such elements without gathering the pieces first; only a
+// straddling element is assembled (in 4 bytes on the stack). Transport-free:
+// the pieces are plain byte ranges the caller keeps alive.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace ps::server {
+
+using F32Pieces = absl::Span<const absl::string_view>;
+
+// Total bytes of `pieces`.
+int64_t PiecesBytes(F32Pieces pieces);
+
+// Index of the first non-finite element (its value in `*value`), or -1 when
+// all are finite. The pieces must hold a whole number of elements.
+int64_t FirstNonFinite(F32Pieces pieces, float* value);
+
+// sum[i] += element i, for every element of `pieces` (a whole number of
+// them; `sum` holds at least that many).
+void AddPiecesTo(F32Pieces pieces, float* sum);
+
+// Copies the elements of `pieces` (a whole number of them) to `out`.
+void CopyPiecesTo(F32Pieces pieces, float* out);
+
+namespace internal {
+
+inline float LoadF32(const char* bytes) {
+  float value;
+  std::memcpy(&value, bytes, sizeof(value));
+  return value;
+}
+
+// Calls run(first_element, bytes, count) for consecutive runs of whole
+// elements: `count` unaligned little-endian floats at `bytes`, element
+// `first_element` onwards. A straddling element comes as a run of one.
+template <typename Run>
+void ForEachRun(F32Pieces pieces, Run run) {
+  char carry[sizeof(float)];
+  size_t carry_len = 0;
+  int64_t element = 0;
+  for (absl::string_view piece : pieces) {
+    const char* bytes = piece.data();
+    size_t size = piece.size();
+    if (carry_len > 0) {
+      const size_t take = std::min(sizeof(float) - carry_len, size);
+      std::memcpy(carry + carry_len, bytes, take);
+      carry_len += take;
+      bytes += take;
+      size -= take;
+      if (carry_len < sizeof(float)) continue;
+      run(element, static_cast<const char*>(carry), int64_t{1});
+      ++element;
+      carry_len = 0;
+    }
+    const int64_t whole = static_cast<int64_t>(size / sizeof(float));
+    if (whole > 0) run(element, bytes, whole);
+    element += whole;
+    carry_len = size % sizeof(float);
+    std::memcpy(carry, bytes + whole * sizeof(float), carry_len);
+  }
+}
+
+}  // namespace internal
+}  // namespace ps::server
+
+#endif  // PS_SERVER_F32_PIECES_H_

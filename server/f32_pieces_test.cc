@@ -1,0 +1,77 @@
+#include "server/f32_pieces.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ps::server {
+namespace {
+
+// `values` as little-endian bytes, one byte of padding first so no piece is
+// aligned, cut at every `cuts` byte offset (sorted).
+struct Cut {
+  std::string storage;
+  std::vector<absl::string_view> pieces;
+};
+
+Cut CutAt(const std::vector<float>& values, const std::vector<size_t>& cuts) {
+  Cut cut;
+  cut.storage.assign(1, '\x7f');
+  cut.storage.append(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+  const char* base = cut.storage.data() + 1;
+  size_t begin = 0;
+  for (size_t at : cuts) {
+    cut.pieces.emplace_back(base + begin, at - begin);
+    begin = at;
+  }
+  cut.pieces.emplace_back(base + begin, values.size() * 4 - begin);
+  return cut;
+}
+
+TEST(F32PiecesTest, SumsChecksAndCopiesWhateverTheCuts) {
+  const std::vector<float> values = {1.5f, -2.f, 3.25f, 4.f, 5.f, -6.5f, 7.f};
+  // Every single cut and every pair of cuts, empty pieces included.
+  for (size_t a = 0; a <= values.size() * 4; ++a) {
+    for (size_t b = a; b <= values.size() * 4; ++b) {
+      Cut cut = CutAt(values, {a, b});
+      EXPECT_EQ(PiecesBytes(cut.pieces), 28);
+      std::vector<float> sum(values.size(), 10.f), copy(values.size());
+      AddPiecesTo(cut.pieces, sum.data());
+      CopyPiecesTo(cut.pieces, copy.data());
+      for (size_t i = 0; i < values.size(); ++i) {
+        EXPECT_EQ(sum[i], 10.f + values[i]) << "cuts " << a << ", " << b << " element " << i;
+        EXPECT_EQ(copy[i], values[i]) << "cuts " << a << ", " << b << " element " << i;
+      }
+      float bad = 0;
+      EXPECT_EQ(FirstNonFinite(cut.pieces, &bad), -1);
+    }
+  }
+}
+
+TEST(F32PiecesTest, FindsTheFirstNonFiniteElementAcrossACut) {
+  std::vector<float> values(9, 1.f);
+  values[4] = INFINITY;
+  values[7] = NAN;
+  for (size_t a = 0; a <= values.size() * 4; ++a) {
+    Cut cut = CutAt(values, {a});
+    float bad = 0;
+    EXPECT_EQ(FirstNonFinite(cut.pieces, &bad), 4) << "cut at " << a;
+    EXPECT_EQ(bad, INFINITY);
+  }
+  values[4] = 1.f;
+  Cut cut = CutAt(values, {29, 30});  // element 7 straddles three pieces
+  float bad = 0;
+  EXPECT_EQ(FirstNonFinite(cut.pieces, &bad), 7);
+  EXPECT_TRUE(std::isnan(bad));
+}
+
+TEST(F32PiecesTest, NoPiecesAreNoElements) {
+  float bad = 0;
+  EXPECT_EQ(PiecesBytes({}), 0);
+  EXPECT_EQ(FirstNonFinite({}, &bad), -1);
+}
+
+}  // namespace
+}  // namespace ps::server
