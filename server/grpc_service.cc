@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "proto/wire_format.h"
 
 namespace ps::server {
 namespace {
@@ -15,7 +18,7 @@ namespace {
 // Waits are capped so a hostile timeout cannot pin a thread for ever.
 constexpr int64_t kMaxWaitMs = 3600 * 1000;
 
-absl::Time WaitDeadline(grpc::ServerContext* context, int64_t timeout_ms) {
+absl::Time WaitDeadline(const grpc::ServerContextBase* context, int64_t timeout_ms) {
   const int64_t ms = std::clamp<int64_t>(timeout_ms, 0, kMaxWaitMs);
   absl::Time deadline = absl::Now() + absl::Milliseconds(ms);
   // Never wait past the client's own deadline: nobody would hear the answer.
@@ -23,40 +26,47 @@ absl::Time WaitDeadline(grpc::ServerContext* context, int64_t timeout_ms) {
   return std::min(deadline, client);
 }
 
-// Views the F32 chunks of a message as domain chunks, reading the floats in
-// place. `aligned_copies` holds copies of any bytes field that is not 4-byte
-// aligned (a parsed bytes field lives in a malloc-aligned heap block, so in
-// practice none); it must outlive the returned views.
-absl::StatusOr<std::vector<ParameterServer::ChunkData>> ViewChunks(
-    const google::protobuf::RepeatedPtrField<proto::TensorChunk>& message_chunks,
-    const char* what, std::vector<std::vector<float>>* aligned_copies) {
-  std::vector<ParameterServer::ChunkData> chunks;
-  chunks.reserve(message_chunks.size());
-  for (const proto::TensorChunk& chunk : message_chunks) {
+// A reply without data (Push and Initialize): one empty message.
+grpc::ByteBuffer EmptyMessage() {
+  grpc::Slice empty;
+  return grpc::ByteBuffer(&empty, 1);
+}
+
+// The F32 chunks of a frame's header, over the frame's data pieces (read in
+// place; `frame` must outlive them).
+absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
+    const google::protobuf::RepeatedPtrField<proto::TensorChunk>& header_chunks,
+    const proto::FrameReader& frame, const char* what) {
+  std::vector<ParameterServer::ChunkBytes> chunks;
+  chunks.reserve(header_chunks.size());
+  for (int c = 0; c < header_chunks.size(); ++c) {
+    const proto::TensorChunk& chunk = header_chunks[c];
     if (chunk.dtype() != proto::DTYPE_F32) {
       return absl::InvalidArgumentError(absl::StrCat(what, " of key ", chunk.key(), " has dtype ",
                                                      chunk.dtype(), "; only F32 is supported"));
     }
-    const std::string& data = chunk.data();
-    if (data.size() % sizeof(float) != 0) {
+    if (chunk.data_bytes() % sizeof(float) != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " of key ", chunk.key(), " chunk ", chunk.chunk(), " carries ",
-                       data.size(), " bytes, not a whole number of F32 elements"));
+                       chunk.data_bytes(), " bytes, not a whole number of F32 elements"));
     }
-    // The bytes are little-endian F32, as on every machine we run on.
-    const int64_t n = static_cast<int64_t>(data.size() / sizeof(float));
-    const float* floats = reinterpret_cast<const float*>(data.data());
-    if (reinterpret_cast<uintptr_t>(floats) % alignof(float) != 0) {
-      aligned_copies->emplace_back(n);
-      std::memcpy(aligned_copies->back().data(), data.data(), data.size());
-      floats = aligned_copies->back().data();
-    }
-    chunks.push_back({chunk.key(), chunk.chunk(), absl::MakeConstSpan(floats, n)});
+    chunks.push_back({chunk.key(), chunk.chunk(), frame.pieces(c)});
   }
   return chunks;
 }
 
+void ReleaseVersion(void* keep_alive) { delete static_cast<std::shared_ptr<const void>*>(keep_alive); }
+
 }  // namespace
+
+ParameterServerService::~ParameterServerService() {
+  std::list<Waiter> waiters;
+  {
+    absl::MutexLock lock(&waiters_mu_);
+    waiters.swap(waiters_);
+  }
+  for (Waiter& w : waiters) w.thread.join();
+}
 
 grpc::Status ParameterServerService::Register(grpc::ServerContext*,
                                               const proto::RegisterRequest* request,
@@ -95,22 +105,43 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::Initialize(grpc::ServerContext*,
-                                                const proto::InitializeRequest* request,
-                                                proto::InitializeReply*) {
-  std::vector<std::vector<float>> aligned_copies;
-  auto chunks = ViewChunks(request->chunks(), "initial value", &aligned_copies);
-  if (!chunks.ok()) return ToGrpcStatus(chunks.status());
-  return ToGrpcStatus(server_->InitializeChunks(request->rank(), *chunks));
+absl::Status ParameterServerService::DoInitialize(const grpc::ByteBuffer& request) {
+  proto::InitializeRequest header;
+  PS_ASSIGN_OR_RETURN(proto::FrameReader frame,
+                      proto::FrameReader::Open(request, "initial parameters", &header));
+  PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
+  PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
+                      ChunksOf(header.chunks(), frame, "initial value"));
+  return server_->InitializeChunkBytes(header.rank(), chunks);
 }
 
-grpc::Status ParameterServerService::Push(grpc::ServerContext*, const proto::PushRequest* request,
-                                          proto::PushReply*) {
-  std::vector<std::vector<float>> aligned_copies;
-  auto chunks = ViewChunks(request->chunks(), "push", &aligned_copies);
-  if (!chunks.ok()) return ToGrpcStatus(chunks.status());
-  return ToGrpcStatus(server_->PushChunks(request->rank(), request->iteration(),
-                                          request->num_samples(), *chunks));
+grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServerContext* context,
+                                                             const grpc::ByteBuffer* request,
+                                                             grpc::ByteBuffer* reply) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Status status = DoInitialize(*request);
+  if (status.ok()) *reply = EmptyMessage();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+absl::Status ParameterServerService::DoPush(const grpc::ByteBuffer& request) {
+  proto::PushRequest header;
+  PS_ASSIGN_OR_RETURN(proto::FrameReader frame, proto::FrameReader::Open(request, "push", &header));
+  PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
+  PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
+                      ChunksOf(header.chunks(), frame, "push"));
+  return server_->PushChunkBytes(header.rank(), header.iteration(), header.num_samples(), chunks);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* reply) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Status status = DoPush(*request);
+  if (status.ok()) *reply = EmptyMessage();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
 }
 
 grpc::Status ParameterServerService::Wait(grpc::ServerContext* context,
@@ -123,44 +154,91 @@ grpc::Status ParameterServerService::Wait(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::Pull(grpc::ServerContext* context,
-                                          const proto::PullRequest* request,
-                                          proto::PullReply* reply) {
+absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& request,
+                                                const std::vector<ParameterServer::ChunkId>& ids,
+                                                absl::Time deadline, grpc::ByteBuffer* reply) {
+  PS_ASSIGN_OR_RETURN(ParameterServer::ChunkViews views,
+                      server_->PullChunkViews(request.version(), deadline, ids));
+  proto::PullReply header;
+  header.set_version(views.version);
+  std::vector<grpc::Slice> data;
+  data.reserve(ids.size());
+  for (size_t c = 0; c < ids.size(); ++c) {
+    const absl::Span<const float> view = views.chunks[c];
+    proto::TensorChunk* chunk = header.add_chunks();
+    chunk->set_key(ids[c].key);
+    chunk->set_chunk(ids[c].chunk);
+    chunk->set_dtype(proto::DTYPE_F32);
+    chunk->set_data_bytes(static_cast<int64_t>(view.size() * sizeof(float)));
+    // Each slice keeps the version alive until gRPC has sent it.
+    data.push_back(proto::BorrowedSlice(view.data(), view.size() * sizeof(float), &ReleaseVersion,
+                                        new std::shared_ptr<const void>(views.keep_alive)));
+  }
+  *reply = proto::MakeFrame(header, data);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* reply) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  proto::PullRequest pull;
+  if (absl::Status s = proto::ParseMessage(*request, "pull request", &pull); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   // Size the reply first: every chunk must exist, and the reply must stay
   // within one message's bound.
   const int64_t max_elements = server_->options().chunk_elements;
   int64_t total = 0;
-  std::vector<ParameterServer::ChunkOut> outs;
-  outs.reserve(request->chunks_size());
-  for (const proto::ChunkId& id : request->chunks()) {
+  std::vector<ParameterServer::ChunkId> ids;
+  ids.reserve(pull.chunks_size());
+  for (const proto::ChunkId& id : pull.chunks()) {
     const int64_t length = server_->ChunkLength(id.key(), id.chunk());
     if (length < 0) {
-      return ToGrpcStatus(absl::OutOfRangeError(
-          absl::StrCat("chunk ", id.chunk(), " of key ", id.key(), " out of range")));
+      reactor->Finish(ToGrpcStatus(absl::OutOfRangeError(
+          absl::StrCat("chunk ", id.chunk(), " of key ", id.key(), " out of range"))));
+      return reactor;
     }
     total += length;
     if (total > max_elements) {
-      return ToGrpcStatus(absl::InvalidArgumentError(
-          absl::StrCat("pull asks for more than ", max_elements,
-                       " elements in one message; split it")));
+      reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "pull asks for more than ", max_elements, " elements in one message; split it"))));
+      return reactor;
     }
-    proto::TensorChunk* chunk = reply->add_chunks();
-    chunk->set_key(id.key());
-    chunk->set_chunk(id.chunk());
-    chunk->set_dtype(proto::DTYPE_F32);
-    std::string* data = chunk->mutable_data();
-    data->resize(length * sizeof(float));
-    outs.push_back({id.key(), id.chunk(),
-                    absl::MakeSpan(reinterpret_cast<float*>(data->data()), length)});
+    ids.push_back({id.key(), id.chunk()});
   }
-  auto version = server_->PullChunks(request->version(),
-                                     WaitDeadline(context, request->timeout_ms()), outs);
-  if (!version.ok()) {
-    reply->Clear();
-    return ToGrpcStatus(version.status());
+  const absl::Time deadline = WaitDeadline(context, pull.timeout_ms());
+  if (server_->HasVersion(pull.version())) {
+    // The common case (after Wait): no waiting, answered on gRPC's thread.
+    reactor->Finish(ToGrpcStatus(AnswerPull(pull, ids, deadline, reply)));
+    return reactor;
   }
-  reply->set_version(*version);
-  return grpc::Status::OK;
+  // It would wait: not on gRPC's thread.
+  absl::MutexLock lock(&waiters_mu_);
+  int waiting = 0;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->done) {
+      it->thread.join();
+      it = waiters_.erase(it);
+    } else {
+      ++waiting;
+      ++it;
+    }
+  }
+  if (waiting >= kMaxWaitingPulls) {
+    reactor->Finish(ToGrpcStatus(absl::ResourceExhaustedError(
+        absl::StrCat(waiting, " pulls already wait for a version; try again later"))));
+    return reactor;
+  }
+  auto waiter = waiters_.emplace(waiters_.end());
+  waiter->thread = std::thread([this, reactor, reply, waiter, deadline, pull = std::move(pull),
+                                ids = std::move(ids)] {
+    reactor->Finish(ToGrpcStatus(AnswerPull(pull, ids, deadline, reply)));
+    absl::MutexLock lock(&waiters_mu_);
+    waiter->done = true;
+  });
+  return reactor;
 }
 
 }  // namespace ps::server

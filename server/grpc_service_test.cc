@@ -6,13 +6,18 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/wire_format.h"
 
 namespace ps::server {
 namespace {
@@ -38,8 +43,10 @@ class GrpcServiceTest : public ::testing::Test {
     builder.RegisterService(service_.get());
     grpc_server_ = builder.BuildAndStart();
     ASSERT_NE(port, 0);
-    stub_ = proto::ParameterServer::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                       grpc::InsecureChannelCredentials());
+    stub_ = proto::ParameterServer::NewStub(channel);
+    raw_stub_ = std::make_unique<grpc::GenericStub>(channel);
   }
   void TearDown() override { grpc_server_->Shutdown(); }
 
@@ -65,23 +72,61 @@ class GrpcServiceTest : public ::testing::Test {
     int extra_bytes = 0;
   };
 
-  grpc::Status PushMany(const std::vector<ChunkSpec>& chunks, int64_t iteration = 0) {
+  // One raw (framed) call, as the worker's store makes them.
+  grpc::Status RawCall(const char* method, const grpc::ByteBuffer& request,
+                       grpc::ByteBuffer* reply) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::Status status;
+    absl::Notification done;
+    raw_stub_->UnaryCall(&context, method, grpc::StubOptions(), &request, reply,
+                         [&](grpc::Status s) {
+                           status = std::move(s);
+                           done.Notify();
+                         });
+    done.WaitForNotification();
+    return status;
+  }
+  grpc::Status RawCall(const char* method, const std::string& bytes) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer reply;
+    return RawCall(method, grpc::ByteBuffer(&slice, 1), &reply);
+  }
+
+  // The frame of a push: header, then each chunk's bytes (extra_bytes more
+  // than its values).
+  static grpc::ByteBuffer PushFrame(const std::vector<ChunkSpec>& chunks, int64_t iteration) {
     proto::PushRequest request;
     request.set_rank(0);
     request.set_iteration(iteration);
     request.set_num_samples(1);
+    std::vector<grpc::Slice> data;
     for (const ChunkSpec& c : chunks) {
       proto::TensorChunk* chunk = request.add_chunks();
       chunk->set_key(c.key);
       chunk->set_chunk(c.chunk);
       chunk->set_dtype(c.dtype);
-      std::string data(reinterpret_cast<const char*>(c.values.data()), c.values.size() * 4);
-      data.append(c.extra_bytes, '\0');
-      chunk->set_data(data);
+      std::string bytes(reinterpret_cast<const char*>(c.values.data()), c.values.size() * 4);
+      bytes.append(c.extra_bytes, '\0');
+      chunk->set_data_bytes(static_cast<int64_t>(bytes.size()));
+      data.emplace_back(bytes);
     }
-    grpc::ClientContext context;
-    proto::PushReply reply;
-    return stub_->Push(&context, request, &reply);
+    return proto::MakeFrame(request, data);
+  }
+
+  static std::string Bytes(const grpc::ByteBuffer& buffer) {
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(buffer.Dump(&slices).ok());
+    std::string out;
+    for (const grpc::Slice& s : slices) {
+      out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    return out;
+  }
+
+  grpc::Status PushMany(const std::vector<ChunkSpec>& chunks, int64_t iteration = 0) {
+    grpc::ByteBuffer reply;
+    return RawCall(proto::kPushMethod, PushFrame(chunks, iteration), &reply);
   }
 
   grpc::Status Push(int key, int64_t chunk, std::vector<float> values, int64_t iteration = 0,
@@ -99,8 +144,19 @@ class GrpcServiceTest : public ::testing::Test {
       id->set_key(key);
       id->set_chunk(chunk);
     }
-    grpc::ClientContext context;
-    return stub_->Pull(&context, request, reply);
+    grpc::ByteBuffer frame;
+    grpc::Status status = RawCall(proto::kPullMethod, proto::SerializeMessage(request), &frame);
+    if (!status.ok()) return status;
+    // Back to a PullReply with its data inside, for the checks.
+    auto reader = proto::FrameReader::Open(frame, "pull reply", reply);
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    if (!reader.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "bad frame");
+    EXPECT_TRUE(reader->Split(reply->chunks()).ok());
+    for (int c = 0; c < reply->chunks_size(); ++c) {
+      std::string* data = reply->mutable_chunks(c)->mutable_data();
+      for (absl::string_view piece : reader->pieces(c)) data->append(piece.data(), piece.size());
+    }
+    return status;
   }
 
   std::vector<float> PullAll() {
@@ -114,6 +170,7 @@ class GrpcServiceTest : public ::testing::Test {
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<proto::ParameterServer::Stub> stub_;
+  std::unique_ptr<grpc::GenericStub> raw_stub_;
 };
 
 TEST_F(GrpcServiceTest, MalformedAndHostileCallsGetSpecificStatuses) {
@@ -183,6 +240,72 @@ TEST_F(GrpcServiceTest, PullReturnsChunksAsLittleEndianBytesInRequestOrder) {
   EXPECT_EQ(values[0], 5.f);
   EXPECT_EQ(values[1], 6.f);
   EXPECT_EQ(reply.version(), 0);
+}
+
+TEST_F(GrpcServiceTest, MalformedFramesAreRefusedAndChangeNothing) {
+  ASSERT_TRUE(Register("a").ok());
+  const std::string good = Bytes(PushFrame({{0, 0, {1, 1, 1, 1}}}, 0));
+  struct Case {
+    const char* what;
+    std::string bytes;
+    const char* message;
+  };
+  proto::PushRequest plain;  // an old client's message: data inside the protobuf
+  plain.set_iteration(0);
+  proto::TensorChunk* chunk = plain.add_chunks();
+  chunk->set_data(std::string(16, '\0'));
+  proto::PushRequest inside;  // a frame whose chunk carries data in its header
+  inside.add_chunks()->set_data(std::string(16, '\0'));
+  const std::vector<Case> cases = {
+      {"empty", "", "shorter than the 4-byte header length"},
+      {"header length past the end", std::string("\x40\x00\x00\x00", 4) + "abc",
+       "a header of 64 bytes runs past the end of a 7-byte message"},
+      {"garbage header", std::string("\x04\x00\x00\x00", 4) + "\xff\xff\xff\xff",
+       "header is not a parsable message"},
+      {"truncated data", good.substr(0, good.size() - 3), "announces 16 bytes but only 13 follow"},
+      {"trailing bytes", good + "x", "1 bytes follow the data its header announces"},
+      {"plain protobuf", plain.SerializeAsString(), "malformed push"},
+      {"data in the header", Bytes(proto::MakeFrame(inside, {})), "carries data inside the header"},
+  };
+  for (const Case& c : cases) {
+    grpc::Status s = RawCall(proto::kPushMethod, c.bytes);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.what;
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.what;
+  }
+  // Initialize reads frames the same way (the last two cases parse as
+  // headers of another message, so they fail later, for other reasons).
+  for (size_t c = 0; c + 2 < cases.size(); ++c) {
+    grpc::Status s = RawCall(proto::kInitializeMethod, cases[c].bytes);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << cases[c].what;
+    EXPECT_THAT(s.error_message(), HasSubstr("malformed initial parameters")) << cases[c].what;
+  }
+  grpc::Status s = RawCall(proto::kPullMethod, "\xff\xff\xff");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("malformed pull request"));
+
+  // Nothing was added: a whole good push still makes version 1 as usual.
+  EXPECT_EQ(PullAll(), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+  ASSERT_TRUE(PushMany({{0, 0, {1, 1, 1, 1}}, {0, 1, {1, 1}}, {1, 0, {1, 1}}}).ok());
+  EXPECT_EQ(server_->version(), 1);
+  EXPECT_EQ(PullAll(), (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}));
+}
+
+TEST_F(GrpcServiceTest, APullForAFutureVersionWaitsOffGrpcsThreadsAndGetsIt) {
+  ASSERT_TRUE(Register("a").ok());
+  proto::PullReply reply;
+  grpc::Status pulled;
+  std::thread puller([&] { pulled = Pull({{1, 0}}, &reply, /*version=*/1, /*timeout_ms=*/10000); });
+  // While it waits, pushes are served: they make the version it waits for.
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(PushMany({{0, 0, {1, 1, 1, 1}}, {0, 1, {1, 1}}, {1, 0, {1, 1}}}).ok());
+  puller.join();
+  ASSERT_TRUE(pulled.ok()) << pulled.error_message();
+  EXPECT_EQ(reply.version(), 1);
+  ASSERT_EQ(reply.chunks(0).data().size(), 8u);
+  float values[2];
+  std::memcpy(values, reply.chunks(0).data().data(), 8);
+  EXPECT_EQ(values[0], 6.f);
+  EXPECT_EQ(values[1], 7.f);
 }
 
 }  // namespace

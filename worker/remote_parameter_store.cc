@@ -8,6 +8,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "proto/wire_format.h"
+#include "server/f32_pieces.h"
 
 namespace ps::worker {
 namespace {
@@ -40,6 +42,40 @@ class CallGroup {
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
 };
 
+// Counts the slices gRPC holds into a buffer the store lent it. Shared by
+// the lender and every slice, so the last to let go frees it, whichever
+// thread that is.
+class Loans {
+ public:
+  static grpc::Slice Lend(const std::shared_ptr<Loans>& loans, const void* bytes, size_t size) {
+    {
+      absl::MutexLock lock(&loans->mu_);
+      ++loans->outstanding_;
+    }
+    return proto::BorrowedSlice(bytes, size, &Return, new std::shared_ptr<Loans>(loans));
+  }
+
+  // Blocks until every lent slice is back.
+  void AwaitReturns() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int64_t* outstanding) { return *outstanding == 0; }, &outstanding_));
+  }
+
+ private:
+  static void Return(void* arg) {
+    auto* loans = static_cast<std::shared_ptr<Loans>*>(arg);
+    {
+      absl::MutexLock lock(&(*loans)->mu_);
+      --(*loans)->outstanding_;
+    }
+    delete loans;
+  }
+
+  absl::Mutex mu_;
+  int64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 }  // namespace
 
 RemoteParameterStore::RemoteParameterStore(const RemoteStoreOptions& options)
@@ -62,67 +98,83 @@ absl::StatusOr<std::unique_ptr<RemoteParameterStore>> RemoteParameterStore::Crea
   store->channel_ =
       grpc::CreateChannel(options.server_address, grpc::InsecureChannelCredentials());
   store->stub_ = proto::ParameterServer::NewStub(store->channel_);
+  store->raw_stub_ = std::make_unique<grpc::GenericStub>(store->channel_);
   return store;
 }
 
-template <typename Request, typename Reply>
 absl::Status RemoteParameterStore::CallEveryMessage(
-    const char* what, EventKind kind, int64_t step,
-    const std::function<void(const Message&, Request*)>& fill,
-    const std::function<void(grpc::ClientContext*, const Request*, Reply*,
-                             std::function<void(grpc::Status)>)>& start,
-    const std::function<absl::Status(const Message&, const Reply&)>& check,
-    std::vector<Reply>* replies) {
+    const char* what, const char* method, EventKind kind, int64_t step,
+    const std::function<grpc::ByteBuffer(size_t)>& fill,
+    const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& check) {
   struct Call {
     grpc::ClientContext context;
-    Request request;
+    grpc::ByteBuffer request;
+    grpc::ByteBuffer reply;
     int64_t start_ns = 0;
   };
   const size_t count = messages_.size();
   std::vector<std::unique_ptr<Call>> calls(count);
-  replies->assign(count, Reply());
   CallGroup group(static_cast<int64_t>(count));
   for (size_t m = 0; m < count; ++m) {
     calls[m] = std::make_unique<Call>();
     Call& call = *calls[m];
     call.context.set_deadline(DeadlineAfter(options_.rpc_timeout));
-    fill(messages_[m], &call.request);
+    call.request = fill(m);
     if (options_.observer != nullptr) call.start_ns = options_.clock->NowNanos();
-    Reply* reply = &(*replies)[m];
-    start(&call.context, &call.request, reply, [&, m, reply](grpc::Status status) {
-      const Message& message = messages_[m];
-      if (options_.observer != nullptr) {
-        TimedEvent event;
-        event.kind = kind;
-        event.lane = RpcLane(static_cast<int>(m));
-        event.step = step;
-        event.name = key_names_[message.front().key];
-        event.start_ns = calls[m]->start_ns;
-        event.end_ns = options_.clock->NowNanos();
-        event.bytes = message_elements_[m] * static_cast<int64_t>(sizeof(float));
-        options_.observer->OnEvent(event);
-      }
-      absl::Status s = FromGrpcStatus(
-          status, absl::StrCat(what, " of key ", message.front().key, " chunk ",
-                               message.front().index, " (and the rest of its message) at ",
-                               options_.server_address));
-      if (s.ok() && check) s = check(message, *reply);
-      group.Done(s);
-    });
+    raw_stub_->UnaryCall(
+        &call.context, method, grpc::StubOptions(), &call.request, &call.reply,
+        [&, m](grpc::Status status) {
+          const Message& message = messages_[m];
+          if (options_.observer != nullptr) {
+            TimedEvent event;
+            event.kind = kind;
+            event.lane = RpcLane(static_cast<int>(m));
+            event.step = step;
+            event.name = key_names_[message.front().key];
+            event.start_ns = calls[m]->start_ns;
+            event.end_ns = options_.clock->NowNanos();
+            event.bytes = message_elements_[m] * static_cast<int64_t>(sizeof(float));
+            options_.observer->OnEvent(event);
+          }
+          absl::Status s = FromGrpcStatus(
+              status, absl::StrCat(what, " of key ", message.front().key, " chunk ",
+                                   message.front().index, " (and the rest of its message) at ",
+                                   options_.server_address));
+          if (s.ok() && check) s = check(m, calls[m]->reply);
+          group.Done(s);
+        });
   }
   return group.Wait();
 }
 
-void RemoteParameterStore::FillChunks(const Message& message, absl::Span<const float> flat,
-                                      google::protobuf::RepeatedPtrField<proto::TensorChunk>* out) {
-  for (const Chunk& chunk : message) {
-    proto::TensorChunk* t = out->Add();
-    t->set_key(chunk.key);
-    t->set_chunk(chunk.index);
-    t->set_dtype(proto::DTYPE_F32);
-    t->set_data(reinterpret_cast<const char*>(flat.data() + chunk.offset),
-                chunk.length * sizeof(float));
-  }
+template <typename Header>
+absl::Status RemoteParameterStore::SendFrames(const char* what, const char* method, int64_t step,
+                                              absl::Span<const float> flat,
+                                              const std::function<void(Header*)>& header) {
+  auto loans = std::make_shared<Loans>();
+  const absl::Status status = CallEveryMessage(
+      what, method, EventKind::kPushMessage, step,
+      [&](size_t m) {
+        Header h;
+        header(&h);
+        std::vector<grpc::Slice> data;
+        data.reserve(messages_[m].size());
+        for (const Chunk& chunk : messages_[m]) {
+          proto::TensorChunk* t = h.add_chunks();
+          t->set_key(chunk.key);
+          t->set_chunk(chunk.index);
+          t->set_dtype(proto::DTYPE_F32);
+          const size_t bytes = static_cast<size_t>(chunk.length) * sizeof(float);
+          t->set_data_bytes(static_cast<int64_t>(bytes));
+          data.push_back(Loans::Lend(loans, flat.data() + chunk.offset, bytes));
+        }
+        return proto::MakeFrame(h, data);
+      },
+      {});
+  // The calls (and their requests) are gone; gRPC drops its own references
+  // once it has written the bytes, which every reply implies, or cancelled.
+  loans->AwaitReturns();
+  return status;
 }
 
 absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Register(
@@ -188,18 +240,9 @@ absl::Status RemoteParameterStore::SendInitialParameters(absl::Span<const float>
         absl::StrCat("the server asks for this worker's initial parameters, but it proposed ",
                      proposed.size(), " elements for a model of ", num_parameters_));
   }
-  std::vector<proto::InitializeReply> replies;
-  return CallEveryMessage<proto::InitializeRequest, proto::InitializeReply>(
-      "Initialize", EventKind::kPushMessage, /*step=*/-1,
-      [&](const Message& message, proto::InitializeRequest* request) {
-        request->set_rank(rank_);
-        FillChunks(message, proposed, request->mutable_chunks());
-      },
-      [this](grpc::ClientContext* context, const proto::InitializeRequest* request,
-             proto::InitializeReply* reply, std::function<void(grpc::Status)> done) {
-        stub_->async()->Initialize(context, request, reply, std::move(done));
-      },
-      {}, &replies);
+  return SendFrames<proto::InitializeRequest>(
+      "Initialize", proto::kInitializeMethod, /*step=*/-1, proposed,
+      [this](proto::InitializeRequest* header) { header->set_rank(rank_); });
 }
 
 absl::Status RemoteParameterStore::Push(int64_t iteration, int64_t num_samples,
@@ -209,20 +252,12 @@ absl::Status RemoteParameterStore::Push(int64_t iteration, int64_t num_samples,
     return absl::InvalidArgumentError(absl::StrCat("gradient has ", gradient.size(),
                                                    " elements, the model ", num_parameters_));
   }
-  std::vector<proto::PushReply> replies;
-  PS_RETURN_IF_ERROR((CallEveryMessage<proto::PushRequest, proto::PushReply>(
-      "Push", EventKind::kPushMessage, iteration,
-      [&](const Message& message, proto::PushRequest* request) {
-        request->set_rank(rank_);
-        request->set_iteration(iteration);
-        request->set_num_samples(num_samples);
-        FillChunks(message, gradient, request->mutable_chunks());
-      },
-      [this](grpc::ClientContext* context, const proto::PushRequest* request,
-             proto::PushReply* reply, std::function<void(grpc::Status)> done) {
-        stub_->async()->Push(context, request, reply, std::move(done));
-      },
-      {}, &replies)));
+  PS_RETURN_IF_ERROR(SendFrames<proto::PushRequest>(
+      "Push", proto::kPushMethod, iteration, gradient, [&](proto::PushRequest* header) {
+        header->set_rank(rank_);
+        header->set_iteration(iteration);
+        header->set_num_samples(num_samples);
+      }));
   bytes_pushed_ += num_parameters_ * static_cast<int64_t>(sizeof(float));
   return absl::OkStatus();
 }
@@ -245,25 +280,29 @@ absl::StatusOr<int64_t> RemoteParameterStore::Pull(int64_t version, absl::Span<f
     return absl::InvalidArgumentError(absl::StrCat("parameter buffer has ", params.size(),
                                                    " elements, the model ", num_parameters_));
   }
-  std::vector<proto::PullReply> replies;
-  PS_RETURN_IF_ERROR((CallEveryMessage<proto::PullRequest, proto::PullReply>(
-      "Pull", EventKind::kPullMessage, version - 1,
-      [&](const Message& message, proto::PullRequest* request) {
-        request->set_version(version);
-        request->set_timeout_ms(absl::ToInt64Milliseconds(options_.rpc_timeout));
-        for (const Chunk& chunk : message) {
-          proto::ChunkId* id = request->add_chunks();
+  std::vector<int64_t> versions(messages_.size(), version);
+  PS_RETURN_IF_ERROR(CallEveryMessage(
+      "Pull", proto::kPullMethod, EventKind::kPullMessage, version - 1,
+      [&](size_t m) {
+        proto::PullRequest request;
+        request.set_version(version);
+        request.set_timeout_ms(absl::ToInt64Milliseconds(options_.rpc_timeout));
+        for (const Chunk& chunk : messages_[m]) {
+          proto::ChunkId* id = request.add_chunks();
           id->set_key(chunk.key);
           id->set_chunk(chunk.index);
         }
+        return proto::SerializeMessage(request);
       },
-      [this](grpc::ClientContext* context, const proto::PullRequest* request,
-             proto::PullReply* reply, std::function<void(grpc::Status)> done) {
-        stub_->async()->Pull(context, request, reply, std::move(done));
-      },
-      // Each reply is checked and copied out on its completion thread, while
-      // the other messages are still in flight.
-      [params](const Message& wanted, const proto::PullReply& reply) -> absl::Status {
+      // Each reply is checked and copied out of gRPC's receive buffers
+      // straight into `params` on its completion thread, while the other
+      // messages are still in flight.
+      [&](size_t m, const grpc::ByteBuffer& frame) -> absl::Status {
+        const Message& wanted = messages_[m];
+        proto::PullReply reply;
+        auto reader = proto::FrameReader::Open(frame, "pull reply", &reply);
+        absl::Status s = reader.ok() ? reader->Split(reply.chunks()) : reader.status();
+        if (!s.ok()) return absl::InternalError(absl::StrCat("server sent a ", s.message()));
         if (reply.chunks_size() != static_cast<int>(wanted.size())) {
           return absl::InternalError(absl::StrCat("server sent ", reply.chunks_size(),
                                                   " chunks, expected ", wanted.size()));
@@ -272,24 +311,21 @@ absl::StatusOr<int64_t> RemoteParameterStore::Pull(int64_t version, absl::Span<f
           const proto::TensorChunk& got = reply.chunks(static_cast<int>(c));
           const Chunk& chunk = wanted[c];
           if (got.key() != chunk.key || got.chunk() != chunk.index ||
-              got.data().size() != static_cast<size_t>(chunk.length) * sizeof(float)) {
+              got.data_bytes() != chunk.length * static_cast<int64_t>(sizeof(float))) {
             return absl::InternalError(absl::StrCat(
                 "server sent key ", got.key(), " chunk ", got.chunk(), " with ",
-                got.data().size(), " bytes where key ", chunk.key, " chunk ", chunk.index,
+                got.data_bytes(), " bytes where key ", chunk.key, " chunk ", chunk.index,
                 " with ", chunk.length * sizeof(float), " bytes was expected"));
           }
-          std::memcpy(params.data() + chunk.offset, got.data().data(), got.data().size());
+          server::CopyPiecesTo(reader->pieces(c), params.data() + chunk.offset);
         }
+        versions[m] = reply.version();
         return absl::OkStatus();
-      },
-      &replies)));
+      }));
   // Every message must come from one version, or the parameters would mix two.
-  const int64_t got = replies.empty() ? version : replies[0].version();
-  for (const proto::PullReply& reply : replies) {
-    if (reply.version() != got) {
-      return absl::InternalError(
-          absl::StrCat("pull mixed versions ", got, " and ", reply.version()));
-    }
+  const int64_t got = versions.empty() ? version : versions[0];
+  for (int64_t v : versions) {
+    if (v != got) return absl::InternalError(absl::StrCat("pull mixed versions ", got, " and ", v));
   }
   bytes_pulled_ += num_parameters_ * static_cast<int64_t>(sizeof(float));
   return got;

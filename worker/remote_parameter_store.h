@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
@@ -44,6 +45,15 @@ struct RemoteStoreOptions {
 // the first error is returned naming the message's first key and chunk.
 // Register sends `proposed` only when the server asks for it (this worker
 // has rank 0 and the server has no initial parameters of its own).
+//
+// No copies of tensor bytes but the one out of gRPC's receive buffers:
+// Push and the initial parameters frame (proto/wire_format.h) slices that
+// point straight into the caller's buffer, and Pull copies each reply's
+// slices straight into `params`. So the buffer given to Push (or Register's
+// `proposed`) is read by gRPC's threads while the call runs and must not
+// change until it returns; it returns only after every reply has arrived
+// and gRPC has dropped every slice into the buffer. Not thread-safe: one
+// call at a time.
 class RemoteParameterStore final : public ParameterStore {
  public:
   static absl::StatusOr<std::unique_ptr<RemoteParameterStore>> Create(
@@ -75,28 +85,29 @@ class RemoteParameterStore final : public ParameterStore {
   };
   using Message = std::vector<Chunk>;
 
-  // Issues one call per message of messages_, all at once, and waits for
-  // every reply (into `replies`, one per message). `fill` writes a
-  // message's request; `start` issues the async call; `check` (may be
-  // empty) vets a reply on its completion thread. Returns the first error,
-  // naming `what` and the message's first chunk; reports a `kind` event per
-  // message when an observer is set.
-  template <typename Request, typename Reply>
+  // Issues one call of `method` per message of messages_, all at once, and
+  // waits for every reply. `fill(m)` makes message m's request; `check(m,
+  // reply)` (may be empty) vets and reads message m's reply on its
+  // completion thread. Returns the first error, naming `what` and the
+  // message's first chunk; reports a `kind` event per message when an
+  // observer is set.
   absl::Status CallEveryMessage(
-      const char* what, EventKind kind, int64_t step,
-      const std::function<void(const Message&, Request*)>& fill,
-      const std::function<void(grpc::ClientContext*, const Request*, Reply*,
-                               std::function<void(grpc::Status)>)>& start,
-      const std::function<absl::Status(const Message&, const Reply&)>& check,
-      std::vector<Reply>* replies);
-  // Writes a message's chunks of `flat` into `out` as F32 data (one copy).
-  static void FillChunks(const Message& message, absl::Span<const float> flat,
-                         google::protobuf::RepeatedPtrField<proto::TensorChunk>* out);
+      const char* what, const char* method, EventKind kind, int64_t step,
+      const std::function<grpc::ByteBuffer(size_t)>& fill,
+      const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& check);
+  // Sends `flat` (a model's worth) as framed chunks, one call per message:
+  // `header(m)` gives message m's header with its chunks to fill in, the
+  // data slices point into `flat`. Returns once gRPC has let go of `flat`.
+  template <typename Header>
+  absl::Status SendFrames(const char* what, const char* method, int64_t step,
+                          absl::Span<const float> flat,
+                          const std::function<void(Header*)>& header);
   absl::Status SendInitialParameters(absl::Span<const float> proposed);
 
   RemoteStoreOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<proto::ParameterServer::Stub> stub_;
+  std::unique_ptr<proto::ParameterServer::Stub> stub_;  // Register, Wait
+  std::unique_ptr<grpc::GenericStub> raw_stub_;         // the framed methods
   // Chunks grouped into messages of at most chunk_elements elements: many
   // small tensors share a message, a large one has one message per chunk.
   std::vector<Message> messages_;
