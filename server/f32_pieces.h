@@ -31,6 +31,10 @@ int64_t FirstNonFinite(F32Pieces pieces, float* value);
 // them; `sum` holds at least that many).
 void AddPiecesTo(F32Pieces pieces, float* sum);
 
+// out[i] = 0 + element i: the first term of a sum, bit for bit what adding
+// to a zeroed `out` gives (-0 becomes +0), without reading `out`.
+void AssignPiecesTo(F32Pieces pieces, float* out);
+
 // Copies the elements of `pieces` (a whole number of them) to `out`.
 void CopyPiecesTo(F32Pieces pieces, float* out);
 

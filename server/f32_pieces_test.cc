@@ -39,6 +39,9 @@ TEST(F32PiecesTest, SumsChecksAndCopiesWhateverTheCuts) {
       EXPECT_EQ(PiecesBytes(cut.pieces), 28);
       std::vector<float> sum(values.size(), 10.f), copy(values.size());
       AddPiecesTo(cut.pieces, sum.data());
+      std::vector<float> first(values.size(), 99.f);
+      AssignPiecesTo(cut.pieces, first.data());
+      EXPECT_EQ(first, values) << "cuts " << a << ", " << b;
       CopyPiecesTo(cut.pieces, copy.data());
       for (size_t i = 0; i < values.size(); ++i) {
         EXPECT_EQ(sum[i], 10.f + values[i]) << "cuts " << a << ", " << b << " element " << i;
@@ -65,6 +68,16 @@ TEST(F32PiecesTest, FindsTheFirstNonFiniteElementAcrossACut) {
   float bad = 0;
   EXPECT_EQ(FirstNonFinite(cut.pieces, &bad), 7);
   EXPECT_TRUE(std::isnan(bad));
+}
+
+TEST(F32PiecesTest, AssignIsAddingToZeroBitForBit) {
+  const std::vector<float> values = {-0.f, 0.f, -1.f};
+  Cut cut = CutAt(values, {5});
+  std::vector<float> out(3, 7.f);
+  AssignPiecesTo(cut.pieces, out.data());
+  EXPECT_FALSE(std::signbit(out[0]));  // 0 + -0 is +0
+  EXPECT_FALSE(std::signbit(out[1]));
+  EXPECT_EQ(out[2], -1.f);
 }
 
 TEST(F32PiecesTest, NoPiecesAreNoElements) {

@@ -404,7 +404,13 @@ void ParameterServer::SumInRankOrderLocked(int rank, const CheckedChunk& chunk,
     return;
   }
   float* sum = grad_sum_.data() + chunk.offset;
-  AddPiecesTo(data, sum);
+  // Rank 0 starts the sum: 0 + g_0 written without reading the old sum, so
+  // the sum needs no zeroing between iterations.
+  if (rank == 0) {
+    AssignPiecesTo(data, sum);
+  } else {
+    AddPiecesTo(data, sum);
+  }
   ++ranks_summed_[gc];
   // Then every held chunk whose turn has come.
   const int num_workers = static_cast<int>(workers_.size());
@@ -460,7 +466,6 @@ absl::Status ParameterServer::MaybeApplyLocked() {
     PS_RETURN_IF_ERROR(optimizer_->Apply(version_, samples, grad_sum_,
                                          absl::MakeSpan(MutableParamsLocked())));
   }
-  std::fill(grad_sum_.begin(), grad_sum_.end(), 0.f);
   std::fill(ranks_summed_.begin(), ranks_summed_.end(), 0);
   for (WorkerState& w : workers_) {
     std::fill(w.pushed.begin(), w.pushed.end(), false);
