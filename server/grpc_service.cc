@@ -26,10 +26,17 @@ absl::Time WaitDeadline(const grpc::ServerContextBase* context, int64_t timeout_
   return std::min(deadline, client);
 }
 
-// A reply without data (Push and Initialize): one empty message.
-grpc::ByteBuffer EmptyMessage() {
-  grpc::Slice empty;
-  return grpc::ByteBuffer(&empty, 1);
+// Finishes a call whose reply carries no data (Push and Initialize): one
+// empty message when it succeeded.
+grpc::ServerUnaryReactor* FinishWithoutData(grpc::CallbackServerContext* context,
+                                            const absl::Status& status, grpc::ByteBuffer* reply) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (status.ok()) {
+    grpc::Slice empty;
+    *reply = grpc::ByteBuffer(&empty, 1);
+  }
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
 }
 
 // The F32 chunks of a frame's header, over the frame's data pieces (read in
@@ -118,11 +125,7 @@ absl::Status ParameterServerService::DoInitialize(const grpc::ByteBuffer& reques
 grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServerContext* context,
                                                              const grpc::ByteBuffer* request,
                                                              grpc::ByteBuffer* reply) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Status status = DoInitialize(*request);
-  if (status.ok()) *reply = EmptyMessage();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+  return FinishWithoutData(context, DoInitialize(*request), reply);
 }
 
 absl::Status ParameterServerService::DoPush(const grpc::ByteBuffer& request) {
@@ -137,11 +140,7 @@ absl::Status ParameterServerService::DoPush(const grpc::ByteBuffer& request) {
 grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* reply) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Status status = DoPush(*request);
-  if (status.ok()) *reply = EmptyMessage();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+  return FinishWithoutData(context, DoPush(*request), reply);
 }
 
 grpc::Status ParameterServerService::Wait(grpc::ServerContext* context,
