@@ -1,0 +1,111 @@
+#ifndef PS_WORKER_SHARDED_PARAMETER_STORE_H_
+#define PS_WORKER_SHARDED_PARAMETER_STORE_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/timed_event.h"
+#include "worker/device_threads.h"
+#include "worker/parameter_store.h"
+#include "worker/remote_parameter_store.h"
+#include "worker/shard_plan.h"
+
+namespace ps::worker {
+
+struct ShardedStoreOptions {
+  // One host:port per shard, in shard order. Every worker of the job must
+  // list the same shards in the same order (the plan numbers them).
+  std::vector<std::string> shard_addresses;
+  // The rest of every shard's RemoteParameterStore: worker id, the rank to
+  // ask for, steps per epoch, timeouts, observer and clock. Its
+  // server_address is ignored.
+  RemoteStoreOptions remote;
+  ShardPlanOptions plan;
+};
+
+// The parameter store over S parameter-server shards, each an ordinary,
+// unchanged server that knows no model: the sharding lives here. Register
+// works out the plan (worker/shard_plan.h: shard s holds one contiguous
+// element range of the flat buffer, as whole tensors and 1-D range pieces)
+// and registers each shard's sub-signature with it; Push and Pull hand each
+// shard's RemoteParameterStore its span of the caller's buffer and run the
+// shards concurrently, one long-lived thread per shard, each store sending
+// its own messages concurrently too. No tensor bytes are copied beyond what
+// RemoteParameterStore copies (a pull reply out of gRPC's slices), since a
+// shard's flat buffer is a slice of the worker's.
+//
+// Register asks the first shard for the configured rank, then every other
+// shard for the rank the first gave (so concurrent workers cannot end up
+// with different ranks on different shards); rank, number of workers and
+// version must then agree across shards, else kFailedPrecondition naming
+// both shards. Rank 0 sends each shard that asks its part of `proposed`.
+// Shards the plan leaves empty (more shards than elements) take no part.
+//
+// Every error names the shard's index and address, and keeps the shard's
+// status code; when several shards fail, the lowest shard's error is
+// returned. Push and Register's `proposed` are read by gRPC's threads until
+// the call returns, as with RemoteParameterStore. Pull returns
+// kInternal when the shards replied with different versions. Not
+// thread-safe: one call at a time.
+//
+// Observer events: shard s's message m is reported on
+// RpcLane(s * kRpcLanesPerShard + m % kRpcLanesPerShard), so "rpc 1003" on
+// a timeline is shard 1's message 3; lanes repeat only beyond
+// kRpcLanesPerShard messages per shard (4 GB of fp32 per shard in 4 MiB
+// messages).
+class ShardedParameterStore final : public ParameterStore {
+ public:
+  static constexpr int kRpcLanesPerShard = 1000;
+
+  // kInvalidArgument for no addresses, an empty or repeated address, or
+  // RemoteStoreOptions that RemoteParameterStore::Create refuses.
+  static absl::StatusOr<std::unique_ptr<ShardedParameterStore>> Create(
+      const ShardedStoreOptions& options);
+  ~ShardedParameterStore() override;
+
+  absl::StatusOr<Registration> Register(const std::vector<ParamSpec>& signature,
+                                        absl::Span<const float> proposed) override;
+  absl::Status Push(int64_t iteration, int64_t num_samples,
+                    absl::Span<const float> gradient) override;
+  absl::Status WaitForVersion(int64_t version) override;
+  absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override;
+
+  // Tensor payload so far, summed over the shards (RemoteParameterStore's).
+  int64_t bytes_pushed() const;
+  int64_t bytes_pulled() const;
+  // Whether Register sent this worker's initial parameters to any shard.
+  bool sent_initial_parameters() const;
+  // The plan Register worked out (empty before).
+  const ShardPlan& plan() const { return plan_; }
+  int num_shards() const { return static_cast<int>(options_.shard_addresses.size()); }
+
+ private:
+  class LaneShift;
+  struct Shard {
+    int index = 0;  // in shard_addresses and the plan
+    std::string address;
+    std::unique_ptr<LaneShift> observer;
+    std::unique_ptr<RemoteParameterStore> store;
+  };
+
+  explicit ShardedParameterStore(const ShardedStoreOptions& options);
+  // Runs fn on every shard taking part, concurrently; the lowest shard's
+  // error, prefixed with its index and address.
+  absl::Status OnEveryShard(const std::function<absl::Status(Shard&)>& fn);
+  absl::Status NameShard(const Shard& shard, const absl::Status& status) const;
+  absl::StatusOr<std::unique_ptr<RemoteParameterStore>> MakeStore(Shard& shard, int rank) const;
+
+  ShardedStoreOptions options_;
+  ShardPlan plan_;
+  std::vector<Shard> shards_;  // the shards taking part, in shard order
+  std::unique_ptr<DeviceThreads> threads_;  // one per shard taking part
+  int64_t num_parameters_ = 0;
+  bool registered_ = false;
+};
+
+}  // namespace ps::worker
+
+#endif  // PS_WORKER_SHARDED_PARAMETER_STORE_H_
