@@ -1,32 +1,37 @@
 #!/usr/bin/env bash
-# Starts a parameter server and W workers on loopback, trains to the end,
+# Starts S parameter-server shards and W workers on loopback, trains to the end,
 # prints the final accuracy and stops everything it started: also on Ctrl-C,
 # and as soon as any process fails.
 #
 #   deploy/local_cluster.sh                      # LeNet, Fashion-MNIST, 2 workers
 #   deploy/local_cluster.sh --workers=1 --epochs=1 --model=mlp
+#   deploy/local_cluster.sh --servers=2         # the model cut over 2 shards
 #
 # Flags (defaults in brackets):
 #   --workers=W [2]           worker processes
+#   --servers=S [1]           server shards, each on its own free port; every
+#                             worker gets the list and cuts the model over them
 #   --devices=SPEC [cpu:1]    devices of each worker (cpu:N, cuda, cuda:0,1)
 #   --threads=N [cores/W]     CPU threads of each worker
 #   --model=NAME [lenet]      softmax, mlp, lenet, lenet_relu, resnet18
 #   --epochs=N [10] --batch_size=B [256, global] --lr=X [0.9]
 #   --momentum=X [0] --weight_decay=X [0] --seed=N [0]
 #   --dataset=NAME [fashion_mnist] --data_dir=DIR [/usr/share/datasets/fashion-mnist]
-#   --port=P [0: any free port] --logs=DIR [a temporary directory]
+#   --port=P [0: any free port; shard s of several: P + s]
+#   --logs=DIR [a temporary directory]
 #   --report=PATH             worker 0's JSON report
 # Anything after `--` goes to every worker unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-workers=2 devices=cpu:1 threads="" model=lenet epochs=10 batch_size=256 lr=0.9
+workers=2 servers=1 devices=cpu:1 threads="" model=lenet epochs=10 batch_size=256 lr=0.9
 momentum=0 weight_decay=0 seed=0 dataset=fashion_mnist
 data_dir=/usr/share/datasets/fashion-mnist port=0 logs="" report=""
 extra=()
 while (($#)); do
   case "$1" in
     --workers=*) workers="${1#*=}" ;;
+    --servers=*) servers="${1#*=}" ;;
     --devices=*) devices="${1#*=}" ;;
     --threads=*) threads="${1#*=}" ;;
     --model=*) model="${1#*=}" ;;
@@ -42,11 +47,14 @@ while (($#)); do
     --logs=*) logs="${1#*=}" ;;
     --report=*) report="${1#*=}" ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,18p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
     *) echo "local_cluster: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+if ! [[ "$servers" =~ ^[1-9][0-9]*$ ]]; then
+  echo "local_cluster: --servers must be a positive integer, got '$servers'" >&2; exit 2
+fi
 [[ -z "$threads" ]] && threads=$(( $(nproc) / workers > 0 ? $(nproc) / workers : 1 ))
 [[ -z "$logs" ]] && logs=$(mktemp -d /tmp/ps-cluster.XXXXXX)
 mkdir -p "$logs"
@@ -64,19 +72,31 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "local_cluster: interrupted" >&2; exit 130' INT TERM
 
-# The server is told only the job's size and the optimizer: the workers state
-# the model (worker 0 sends its seeded initial parameters) and the steps per
-# epoch.
-"$bin/server/server" --port="$port" --port_file="$logs/port" --num_workers="$workers" \
-  --lr="$lr" --momentum="$momentum" --weight_decay="$weight_decay" \
-  >"$logs/server.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do [[ -s "$logs/port" ]] && break; sleep 0.1; done
-if [[ ! -s "$logs/port" ]]; then
-  echo "local_cluster: server did not start; its log:" >&2; cat "$logs/server.log" >&2; exit 1
+# Each server is told only the job's size and the optimizer: the workers
+# state the model (worker 0 sends its seeded initial parameters) and the steps
+# per epoch. With several shards each is an ordinary server; the workers cut
+# the model over them, so every shard gets its part of the model.
+addresses=()
+for ((s = 0; s < servers; s++)); do
+  name=server port_file="$logs/port"
+  ((servers > 1)) && name="server-$s" port_file="$logs/server-$s.port"
+  shard_port=$port; ((port != 0 && servers > 1)) && shard_port=$((port + s))
+  "$bin/server/server" --port="$shard_port" --port_file="$port_file" \
+    --num_workers="$workers" --lr="$lr" --momentum="$momentum" --weight_decay="$weight_decay" \
+    >"$logs/$name.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do [[ -s "$port_file" ]] && break; sleep 0.1; done
+  if [[ ! -s "$port_file" ]]; then
+    echo "local_cluster: $name did not start; its log:" >&2; cat "$logs/$name.log" >&2; exit 1
+  fi
+  addresses+=("127.0.0.1:$(cat "$port_file")")
+done
+address=$(IFS=,; echo "${addresses[*]}")
+if ((servers > 1)); then
+  echo "local_cluster: $servers server shards at $address, $workers workers, logs in $logs"
+else
+  echo "local_cluster: server at $address, $workers workers, logs in $logs"
 fi
-address="127.0.0.1:$(cat "$logs/port")"
-echo "local_cluster: server at $address, $workers workers, logs in $logs"
 
 worker_pids=()
 for ((r = 0; r < workers; r++)); do
@@ -103,7 +123,7 @@ while ((${#live[@]})); do
   if ((rc != 0)); then
     status=1
     echo "local_cluster: worker process $finished failed (exit $rc); stopping the cluster." >&2
-    tail -n 5 "$logs"/worker-*.log "$logs/server.log" >&2
+    tail -n 5 "$logs"/worker-*.log "$logs"/server*.log >&2
     break
   fi
   next=()

@@ -2,7 +2,9 @@
 // in process; with --server it is one worker of a synchronous
 // parameter-server job: it states the model (the server knows none), sends
 // the initial parameters when it has rank 0, and leaves the optimizer to the
-// server.
+// server. --server may list several shards (host:port,host:port,...): the
+// worker then cuts the model over them (worker/shard_plan.h) and talks to
+// every shard concurrently.
 //
 //   bazel run -c opt //worker:worker -- --model=lenet --epochs=10
 
@@ -11,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/chrome_trace.h"
 #include "common/clock.h"
 #include "common/cpu_device.h"
@@ -33,6 +37,7 @@
 #include "server/optimizer_flags.h"
 #include "worker/local_parameter_store.h"
 #include "worker/remote_parameter_store.h"
+#include "worker/sharded_parameter_store.h"
 #include "worker/trainer.h"
 #include "worker/weights.h"
 
@@ -53,7 +58,8 @@ ABSL_FLAG(std::string, report, "", "write a JSON report here at the end");
 ABSL_FLAG(std::string, devices, "auto", "auto, cpu, cpu:N, cuda, or cuda:ID[,ID...]");
 ABSL_FLAG(int, threads, 0, "CPU threads for compute, split between CPU devices (0: all cores)");
 ABSL_FLAG(std::string, server, "",
-          "parameter server host:port; empty trains alone with SGD in process");
+          "parameter server host:port, or its shards' host:port,host:port,... (the same list, "
+          "in the same order, on every worker); empty trains alone with SGD in process");
 ABSL_FLAG(std::string, worker_id, "", "stable worker id (default hostname-pid)");
 ABSL_FLAG(int, rank, -1, "the rank (data part) to ask the server for; -1: any free one");
 ABSL_FLAG(bool, evaluate, true, "evaluate on the test set after each epoch");
@@ -143,7 +149,10 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   // The store: the optimizer in this process, or the parameter server (which
   // then owns the initial parameters and the optimizer settings).
   std::unique_ptr<ParameterStore> store;
-  RemoteParameterStore* remote = nullptr;
+  // Tensor bytes over the wire so far, in a server job.
+  std::function<int64_t()> bytes_pushed, bytes_pulled;
+  const std::vector<std::string> shards =
+      absl::StrSplit(absl::GetFlag(FLAGS_server), ',', absl::SkipWhitespace());
   if (absl::GetFlag(FLAGS_server).empty()) {
     PS_ASSIGN_OR_RETURN(store, LocalParameterStore::Create(optimizer));
   } else {
@@ -154,11 +163,24 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     remote_options.steps_per_epoch = optimizer.schedule.steps_per_epoch;
     remote_options.observer = trace;
     remote_options.clock = clock;
-    PS_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterStore> r,
-                        RemoteParameterStore::Create(remote_options));
-    remote = r.get();
-    store = std::move(r);
+    if (shards.size() <= 1) {
+      PS_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterStore> r,
+                          RemoteParameterStore::Create(remote_options));
+      bytes_pushed = [r = r.get()] { return r->bytes_pushed(); };
+      bytes_pulled = [r = r.get()] { return r->bytes_pulled(); };
+      store = std::move(r);
+    } else {
+      ShardedStoreOptions sharded_options;
+      sharded_options.shard_addresses = shards;
+      sharded_options.remote = remote_options;
+      PS_ASSIGN_OR_RETURN(std::unique_ptr<ShardedParameterStore> r,
+                          ShardedParameterStore::Create(sharded_options));
+      bytes_pushed = [r = r.get()] { return r->bytes_pushed(); };
+      bytes_pulled = [r = r.get()] { return r->bytes_pulled(); };
+      store = std::move(r);
+    }
   }
+  const bool remote = static_cast<bool>(bytes_pushed);
   options.evaluate = absl::GetFlag(FLAGS_evaluate);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(options, model, devices, store.get(), &train, &test));
@@ -168,8 +190,9 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   std::vector<std::string> names;
   for (Device* d : devices) names.push_back(d->name());
   const std::string optimizer_text =
-      remote != nullptr ? std::string("optimizer on the server")
-                        : absl::StrFormat("lr %g", optimizer.sgd.lr);
+      !remote            ? absl::StrFormat("lr %g", optimizer.sgd.lr)
+      : shards.size() > 1 ? absl::StrCat("optimizer on ", shards.size(), " server shards")
+                          : std::string("optimizer on the server");
   std::printf("worker %d/%d: training %s (%lld parameters) on %s: %lld train / %lld test "
               "samples, global batch %lld, %s, %lld epochs\n",
               rank, trainer->registration().num_workers, model.name.c_str(), static_cast<long long>(model::TotalElements(trainer->model().parameters())),
@@ -212,12 +235,12 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   std::printf("worker %d: %strain loss %.4f, %.0f samples/s (all workers: %.0f samples/s)\n",
               rank, final_test.c_str(), report.final_train_loss, report.samples_per_second,
               report.global_samples_per_second);
-  if (remote != nullptr && report.steps > 0) {
+  if (remote && report.steps > 0) {
     // The first pull (the initial parameters) is not part of any step.
     const int64_t model_bytes = report.model_parameters * 4;
     std::printf("worker %d: pushed %.0f and pulled %.0f bytes per step (model: %lld bytes)\n",
-                rank, static_cast<double>(remote->bytes_pushed()) / report.steps,
-                static_cast<double>(remote->bytes_pulled() - model_bytes) / report.steps,
+                rank, static_cast<double>(bytes_pushed()) / report.steps,
+                static_cast<double>(bytes_pulled() - model_bytes) / report.steps,
                 static_cast<long long>(model_bytes));
   }
 
