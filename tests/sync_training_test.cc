@@ -3,6 +3,7 @@
 // same global batches.
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "worker/data/synthetic.h"
 #include "worker/local_parameter_store.h"
 #include "worker/remote_parameter_store.h"
+#include "worker/sharded_parameter_store.h"
 #include "worker/trainer.h"
 
 namespace ps {
@@ -68,21 +70,28 @@ std::vector<float> TrainOnOneDevice(const std::string& model, const worker::data
   return *(*trainer)->model().flat_parameters().ToVector();
 }
 
+// `shards` == 1: one server and RemoteParameterStore; more: that many
+// servers and the ShardedParameterStore over them.
 std::vector<float> TrainDistributed(const std::string& model, const worker::data::Dataset& data,
-                                    int workers, int devices_per_worker) {
-  // A gRPC parameter server on a free loopback port, in this process. It
-  // knows no model: the workers state it, and rank 0 sends the initial
-  // parameters.
+                                    int workers, int devices_per_worker, int shards = 1) {
+  // gRPC parameter servers on free loopback ports, in this process. They
+  // know no model: the workers state it (each shard its part), and rank 0
+  // sends the initial parameters.
   server::ParameterServerOptions server_options;
   server_options.num_workers = workers;
   server_options.optimizer = Sgd();
   server_options.chunk_elements = 1000;  // several chunks per large tensor
-  auto started = server::InProcessServer::Start(server_options);
-  if (!started.ok()) {
-    ADD_FAILURE() << started.status();
-    return {};
+  std::vector<std::unique_ptr<server::InProcessServer>> servers;
+  std::vector<std::string> addresses;
+  for (int s = 0; s < shards; ++s) {
+    auto started = server::InProcessServer::Start(server_options);
+    if (!started.ok()) {
+      ADD_FAILURE() << started.status();
+      return {};
+    }
+    addresses.push_back((*started)->address());
+    servers.push_back(std::move(started).value());
   }
-  server::InProcessServer& server = **started;
   std::vector<std::vector<float>> results(workers);
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
@@ -94,12 +103,28 @@ std::vector<float> TrainDistributed(const std::string& model, const worker::data
         devices.push_back(owned.back().get());
       }
       worker::RemoteStoreOptions options;
-      options.server_address = server.address();
+      options.server_address = addresses[0];
       options.worker_id = absl::StrCat("worker-", w);
       options.steps_per_epoch = (data.size() + Options().batch_size - 1) / Options().batch_size;
-      auto store = worker::RemoteParameterStore::Create(options);
-      ASSERT_TRUE(store.ok()) << store.status();
-      auto trainer = worker::Trainer::Create(Options(), Config(model), devices, store->get(),
+      std::unique_ptr<worker::ParameterStore> store;
+      std::function<int64_t()> bytes_pushed, bytes_pulled;
+      if (shards == 1) {
+        auto remote = worker::RemoteParameterStore::Create(options);
+        ASSERT_TRUE(remote.ok()) << remote.status();
+        bytes_pushed = [r = remote->get()] { return r->bytes_pushed(); };
+        bytes_pulled = [r = remote->get()] { return r->bytes_pulled(); };
+        store = std::move(remote).value();
+      } else {
+        worker::ShardedStoreOptions sharded;
+        sharded.shard_addresses = addresses;
+        sharded.remote = options;
+        auto remote = worker::ShardedParameterStore::Create(sharded);
+        ASSERT_TRUE(remote.ok()) << remote.status();
+        bytes_pushed = [r = remote->get()] { return r->bytes_pushed(); };
+        bytes_pulled = [r = remote->get()] { return r->bytes_pulled(); };
+        store = std::move(remote).value();
+      }
+      auto trainer = worker::Trainer::Create(Options(), Config(model), devices, store.get(),
                                              &data, nullptr);
       ASSERT_TRUE(trainer.ok()) << trainer.status();
       auto report = (*trainer)->Run();
@@ -108,12 +133,15 @@ std::vector<float> TrainDistributed(const std::string& model, const worker::data
       // One model's worth each way per step over the wire (+1 initial pull;
       // rank 0's Initialize is not a push).
       const int64_t model_bytes = report->model_parameters * 4;
-      EXPECT_EQ((*store)->bytes_pushed(), kSteps * model_bytes);
-      EXPECT_EQ((*store)->bytes_pulled(), (kSteps + 1) * model_bytes);
+      EXPECT_EQ(bytes_pushed(), kSteps * model_bytes);
+      EXPECT_EQ(bytes_pulled(), (kSteps + 1) * model_bytes);
       results[w] = *(*trainer)->model().flat_parameters().ToVector();
     });
   }
   for (std::thread& t : threads) t.join();
+  for (int s = 0; s < shards; ++s) {
+    EXPECT_EQ(servers[s]->domain().version(), kSteps) << "shard " << s;
+  }
   for (int w = 1; w < workers; ++w) EXPECT_EQ(results[w], results[0]) << "worker " << w;
   return results[0];
 }
@@ -153,6 +181,31 @@ TEST(SyncTrainingTest, ThreeWorkerRunsAreBitIdentical) {
   ASSERT_FALSE(first.empty());
   EXPECT_EQ(first, second);
   ExpectRelativelyClose(first, TrainOnOneDevice("mlp", data), 1e-4);
+}
+
+// Sharded: the model cut over 2 or 3 servers (LeNet's fc and conv weights
+// split by element range) trains exactly as on one.
+TEST(SyncTrainingTest, TwoWorkersTimesTwoDevicesOnTwoShardsEqualOneDevice) {
+  const worker::data::Dataset data = Data();
+  ExpectRelativelyClose(TrainDistributed("lenet", data, 2, 2, /*shards=*/2),
+                        TrainOnOneDevice("lenet", data), 1e-4);
+}
+
+TEST(SyncTrainingTest, TwoWorkersTimesTwoDevicesOnThreeShardsEqualOneDevice) {
+  const worker::data::Dataset data = Data();
+  ExpectRelativelyClose(TrainDistributed("mlp", data, 2, 2, /*shards=*/3),
+                        TrainOnOneDevice("mlp", data), 1e-4);
+}
+
+// Sharding changes no sum and no update: each element is summed over the
+// ranks in rank order and updated by the same SGD on whichever shard holds
+// it, so one server and two shards give bit-identical parameters.
+TEST(SyncTrainingTest, OneAndTwoShardsAreBitIdentical) {
+  const worker::data::Dataset data = Data();
+  const auto one = TrainDistributed("mlp", data, 2, 1, /*shards=*/1);
+  const auto two = TrainDistributed("mlp", data, 2, 1, /*shards=*/2);
+  ASSERT_FALSE(one.empty());
+  EXPECT_EQ(one, two);
 }
 
 }  // namespace
