@@ -1,9 +1,12 @@
 // gRPC goodput of the parameter-server wire on loopback: one worker pushes a
 // model's gradient and pulls its parameters through RemoteParameterStore
 // against a real gRPC server (in this process, over TCP on 127.0.0.1).
-// Prints GB/s of tensor payload for push and pull; not a test.
+// Prints GB/s of tensor payload for push and pull; not a test. With
+// --servers=S the model is cut over S servers (worker/shard_plan.h) and the
+// worker talks to all of them at once through ShardedParameterStore; a list
+// (--servers=1,2,4) measures each in turn.
 //
-//   bazel run //tests:wire_benchmark -- --model_mib=64 --rounds=10
+//   bazel run //tests:wire_benchmark -- --model_mib=64 --rounds=10 --servers=1,2,4
 
 #include <chrono>
 #include <cstdio>
@@ -13,17 +16,24 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/malloc_tuning.h"
 #include "common/timed_event.h"
 #include "server/in_process_server.h"
 #include "worker/remote_parameter_store.h"
+#include "worker/sharded_parameter_store.h"
+#include "worker/shard_plan.h"
 
 ABSL_FLAG(int64_t, model_mib, 64, "model size in MiB of fp32");
 ABSL_FLAG(int64_t, tensors, 8, "tensors the model is cut into");
 ABSL_FLAG(int64_t, rounds, 10, "push/wait/pull rounds measured (after one warm-up)");
 ABSL_FLAG(int64_t, chunk_bytes, ps::server::ParameterServerOptions::kDefaultChunkElements * 4,
           "chunk size in bytes");
+ABSL_FLAG(std::string, servers, "1",
+          "server shards (in-process servers) the model is cut over; a comma-separated list "
+          "measures each");
 
 namespace ps {
 namespace {
@@ -60,7 +70,7 @@ double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-int Run() {
+int Run(int shards) {
   const int64_t elements = absl::GetFlag(FLAGS_model_mib) * (int64_t{1} << 20) / 4;
   const int64_t tensors = absl::GetFlag(FLAGS_tensors);
   std::vector<ParamSpec> signature;
@@ -74,17 +84,45 @@ int Run() {
   options.chunk_elements = absl::GetFlag(FLAGS_chunk_bytes) / 4;
   ServerTime server_time;
   options.observer = &server_time;
-  auto server = server::InProcessServer::Start(options, signature, std::vector<float>(n, 0.5f));
-  if (!server.ok()) {
-    std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
+  // Each shard starts from its part of the plan, so no initial parameters
+  // travel.
+  auto plan = worker::PlanShards(signature, shards);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
     return 1;
+  }
+  std::vector<std::unique_ptr<server::InProcessServer>> servers;
+  std::vector<std::string> addresses;
+  for (const worker::ShardPart& part : plan->shards) {
+    auto server = server::InProcessServer::Start(options, part.signature(),
+                                                 std::vector<float>(part.elements(), 0.5f));
+    if (!server.ok()) {
+      std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
+      return 1;
+    }
+    addresses.push_back((*server)->address());
+    servers.push_back(std::move(server).value());
   }
 
   worker::RemoteStoreOptions store_options;
-  store_options.server_address = (*server)->address();
+  store_options.server_address = addresses[0];
   store_options.worker_id = "bench";
-  auto store = worker::RemoteParameterStore::Create(store_options);
-  auto reg = (*store)->Register(signature, {});
+  std::unique_ptr<worker::ParameterStore> store;
+  if (shards == 1) {
+    auto remote = worker::RemoteParameterStore::Create(store_options);
+    if (remote.ok()) store = std::move(remote).value();
+  } else {
+    worker::ShardedStoreOptions sharded;
+    sharded.shard_addresses = addresses;
+    sharded.remote = store_options;
+    auto remote = worker::ShardedParameterStore::Create(sharded);
+    if (remote.ok()) store = std::move(remote).value();
+  }
+  if (store == nullptr) {
+    std::fprintf(stderr, "cannot make the store\n");
+    return 1;
+  }
+  auto reg = store->Register(signature, {});
   if (!reg.ok()) {
     std::fprintf(stderr, "%s\n", reg.status().ToString().c_str());
     return 1;
@@ -95,19 +133,19 @@ int Run() {
   int64_t version = reg->version;
   for (int64_t r = 0; r <= rounds; ++r) {
     auto t = std::chrono::steady_clock::now();
-    if (auto s = (*store)->Push(version, 1, grad); !s.ok()) {
+    if (auto s = store->Push(version, 1, grad); !s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
       return 1;
     }
     const double push = Since(t);
     t = std::chrono::steady_clock::now();
-    if (auto s = (*store)->WaitForVersion(version + 1); !s.ok()) {
+    if (auto s = store->WaitForVersion(version + 1); !s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
       return 1;
     }
     const double wait = Since(t);
     t = std::chrono::steady_clock::now();
-    auto v = (*store)->Pull(version + 1, absl::MakeSpan(params));
+    auto v = store->Pull(version + 1, absl::MakeSpan(params));
     if (!v.ok()) {
       std::fprintf(stderr, "%s\n", v.status().ToString().c_str());
       return 1;
@@ -122,14 +160,17 @@ int Run() {
     }
   }
   const double bytes = static_cast<double>(n) * 4;
-  std::printf("model %.1f MiB in %lld tensors, chunks of %lld bytes, %lld rounds on loopback\n",
-              bytes / (1 << 20), static_cast<long long>(tensors),
+  std::printf("model %.1f MiB in %lld tensors on %d server%s, chunks of %lld bytes, %lld rounds "
+              "on loopback\n",
+              bytes / (1 << 20), static_cast<long long>(tensors), shards, shards > 1 ? "s" : "",
               static_cast<long long>(options.chunk_elements * 4), static_cast<long long>(rounds));
   std::printf("push: %8.2f ms  %6.2f GB/s (includes the server summing the gradient and, in\n"
               "                           the last chunk's call, the SGD update)\n",
               1e3 * push_s / rounds, bytes * rounds / push_s / 1e9);
-  std::printf("      of which the server checks and sums for %.2f ms and updates for %.2f ms\n",
-              1e3 * server_time.push_s() / rounds, 1e3 * server_time.update_s() / rounds);
+  std::printf("      of which the server%s for %.2f ms and update%s for %.2f ms%s\n",
+              shards > 1 ? "s check and sum" : " checks and sums", 1e3 * server_time.push_s() / rounds,
+              shards > 1 ? "" : "s", 1e3 * server_time.update_s() / rounds,
+              shards > 1 ? " (summed over the shards, which run at once)" : "");
   std::printf("wait: %8.2f ms\n", 1e3 * wait_s / rounds);
   std::printf("pull: %8.2f ms  %6.2f GB/s\n", 1e3 * pull_s / rounds, bytes * rounds / pull_s / 1e9);
   return 0;
@@ -141,5 +182,13 @@ int Run() {
 int main(int argc, char** argv) {
   ps::TuneMallocForLargeMessages();
   absl::ParseCommandLine(argc, argv);
-  return ps::Run();
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_servers), ',')) {
+    int shards = 0;
+    if (!absl::SimpleAtoi(text, &shards) || shards < 1) {
+      std::fprintf(stderr, "--servers: '%s' is not a positive number\n", std::string(text).c_str());
+      return 2;
+    }
+    if (const int rc = ps::Run(shards); rc != 0) return rc;
+  }
+  return 0;
 }
