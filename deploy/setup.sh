@@ -17,6 +17,10 @@ PACKAGES=(
   dataset-fashion-mnist  # real data: /usr/share/datasets/fashion-mnist
   python3 python3-numpy python3-torch  # PyTorch serves as a test oracle
 )
+# The network experiments' tools (namespaces, tc, the NFQUEUE delayer,
+# iperf3): tests/experiments_test runs that harness under `bazel test //...`.
+source "$(dirname "$0")/experiments/packages.sh"
+PACKAGES+=("${EXPERIMENT_PACKAGES[@]}")
 
 missing=()
 for p in "${PACKAGES[@]}"; do

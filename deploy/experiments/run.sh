@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# One network-bottleneck experiment: 1 parameter server and W workers, each
+# in its own network namespace behind an emulated link (netns.sh), trained
+# for a bounded number of steps; writes what was measured to OUT/results.json
+# and OUT/results.csv (one row) with the merged timeline OUT/trace.json.
+# Removes every namespace, link, qdisc, rule and process of the run when it
+# ends, fails, or gets Ctrl-C or SIGTERM. As root.
+#
+#   bash deploy/experiments/run.sh --workers=2 --rate=100mbit --model=lenet --max_steps=100
+#   bash deploy/experiments/run.sh --rate=1gbit --delay=5 --check   # the link itself
+#
+# Flags (defaults in brackets):
+#   --workers=W [2]             worker hosts (one server host besides)
+#   --rate=R [1gbit]            each host's link, both directions: 100mbit, 1gbit, ... or unshaped
+#   --delay=D [0]               one-way latency between two hosts in ms (ping RTT 2D)
+#   --model=NAME [lenet] --dataset=NAME [fashion_mnist] --data_dir=DIR
+#   --batch_size=B [256, global] --epochs=N [1] --max_steps=N [0: whole epochs]
+#   --lr=X [0.9] --devices=SPEC [cpu:1] --threads=N [cores/W]
+#   --out=DIR [a temporary directory]   logs, reports, traces, results
+#   --csv=PATH                  also append the row to PATH (header when new)
+#   --prefix=NAME [psx<pid>]    names of the run's namespaces (NAME-br, NAME-s0, NAME-w0, ...)
+#   --time_limit=S [1800]       every process of the run stops by itself after S seconds
+#   --bin=DIR                   prebuilt daemons DIR/server/server, DIR/worker/worker (no setup, no bazel)
+#   --check                     measure the link instead of training: iperf3 w0 -> s0 for
+#                               --check_seconds [5], ping RTT (--ping_count [20]); OUT/check.json
+# Anything after `--` goes to every worker unchanged.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+export PATH="$PATH:/usr/sbin:/sbin"
+# shellcheck source=netns.sh
+source "$here/netns.sh"
+
+workers=2 rate=1gbit delay=0 model=lenet dataset=fashion_mnist
+data_dir=/usr/share/datasets/fashion-mnist batch_size=256 epochs=1 max_steps=0 lr=0.9
+devices=cpu:1 threads="" out="" csv="" prefix="psx$$" time_limit=1800 bin="" check=0
+check_seconds=5 ping_count=20
+extra=()
+while (($#)); do
+  case "$1" in
+    --workers=*) workers="${1#*=}" ;;
+    --rate=*) rate="${1#*=}" ;;
+    --delay=*) delay="${1#*=}" ;;
+    --model=*) model="${1#*=}" ;;
+    --dataset=*) dataset="${1#*=}" ;;
+    --data_dir=*) data_dir="${1#*=}" ;;
+    --batch_size=*) batch_size="${1#*=}" ;;
+    --epochs=*) epochs="${1#*=}" ;;
+    --max_steps=*) max_steps="${1#*=}" ;;
+    --lr=*) lr="${1#*=}" ;;
+    --devices=*) devices="${1#*=}" ;;
+    --threads=*) threads="${1#*=}" ;;
+    --out=*) out="${1#*=}" ;;
+    --csv=*) csv="${1#*=}" ;;
+    --prefix=*) prefix="${1#*=}" ;;
+    --time_limit=*) time_limit="${1#*=}" ;;
+    --bin=*) bin="${1#*=}" ;;
+    --check) check=1 ;;
+    --check_seconds=*) check_seconds="${1#*=}" ;;
+    --ping_count=*) ping_count="${1#*=}" ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,30p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
+    *) echo "run: unknown flag $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+fail() { echo "run: $*" >&2; exit 1; }
+[[ "$workers" =~ ^[1-9][0-9]*$ ]] && ((workers <= 200)) || fail "--workers must be 1..200"
+[[ "$delay" =~ ^[0-9]+$ ]] || fail "--delay is whole milliseconds"
+[[ "$time_limit" =~ ^[1-9][0-9]*$ ]] || fail "--time_limit is whole seconds"
+[[ "$check_seconds" =~ ^[1-9][0-9]?$ ]] || fail "--check_seconds is 1..99"
+[[ "$ping_count" =~ ^[1-9][0-9]{0,2}$ ]] || fail "--ping_count is 1..999"
+netns_valid_prefix "$prefix" || fail "--prefix must match [a-z][a-z0-9]{2,15}"
+((EUID == 0)) || fail "needs root (network namespaces)"
+[[ -z "$threads" ]] && threads=$(( $(nproc) / workers > 0 ? $(nproc) / workers : 1 ))
+[[ -z "$out" ]] && out=$(mktemp -d /tmp/ps-experiment.XXXXXX)
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+
+# With --bin (prebuilt daemons, as in tests) nothing is installed or built:
+# the tools must be there already.
+[[ -z "$bin" ]] && bash "$here/setup.sh" >/dev/null
+for tool in ip tc timeout python3; do
+  command -v "$tool" >/dev/null || fail "no $tool: run deploy/experiments/setup.sh"
+done
+if [[ -n "$(netns_namespaces "$prefix")" ]]; then
+  fail "namespaces of $prefix exist already (bash deploy/experiments/netns.sh cleanup $prefix)"
+fi
+
+# Every process the run starts is in one of its namespaces; cleanup stops
+# the daemons (SIGTERM: the server writes its timeline), then netns_down
+# removes whatever is left with the namespaces.
+daemon_pids=()
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  for pid in "${daemon_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${daemon_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  netns_down "$prefix" || rc=1
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'echo "run: interrupted; removing $prefix" >&2; exit 130' INT
+trap 'echo "run: terminated; removing $prefix" >&2; exit 143' TERM
+
+hosts=(s0)
+for ((r = 0; r < workers; r++)); do hosts+=("w$r"); done
+netns_up "$prefix" "$rate" "$delay" "$out" "$((time_limit + 30))" "${hosts[@]}" ||
+  fail "could not set up the hosts"
+server_address=$(netns_address 0)
+echo "run: $prefix: server at $server_address, $workers workers, rate $rate, delay ${delay} ms" \
+     "(${NETNS_DELAY_METHOD}), out $out"
+
+if ((check)); then
+  # 1. Throughput: one iperf3 stream from worker 0 to the server, bounded
+  #    in time; the server end serves one test and exits.
+  ip netns exec "$prefix-s0" timeout "$((check_seconds + 30))" \
+    iperf3 -s -1 -B "$server_address" >"$out/iperf3-server.log" 2>&1 &
+  daemon_pids+=($!)
+  sleep 0.5
+  ip netns exec "$prefix-w0" timeout "$((check_seconds + 20))" \
+    iperf3 -c "$server_address" -t "$check_seconds" -J >"$out/iperf3.json" ||
+    fail "iperf3 failed: $(tail -n 3 "$out/iperf3.json")"
+  # 2. Round trip: a bounded count of pings.
+  ip netns exec "$prefix-w0" ping -q -U -c "$ping_count" -i 0.05 -W 2 "$server_address" \
+    >"$out/ping.log" || fail "ping failed: $(cat "$out/ping.log")"
+  python3 - "$out" "$rate" "$delay" "$NETNS_DELAY_METHOD" <<'PY'
+import json, os, re, sys
+out, rate, delay, method = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+units = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+m = re.fullmatch(r"(\d+)(bit|kbit|mbit|gbit)", rate)
+rate_bps = int(m.group(1)) * units[m.group(2)] if m else None
+iperf = json.load(open(os.path.join(out, "iperf3.json")))
+measured_bps = iperf["end"]["sum_received"]["bits_per_second"]
+ping = open(os.path.join(out, "ping.log")).read()
+rtt = re.search(r"= ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms", ping)
+rtt_min, rtt_avg = float(rtt.group(1)), float(rtt.group(2))
+check = {
+    "rate": rate, "rate_bits_per_second": rate_bps,
+    "iperf3_bits_per_second": measured_bps,
+    "throughput_ratio": measured_bps / rate_bps if rate_bps else None,
+    "delay_ms": delay, "delay_method": method, "expected_rtt_ms": 2 * delay,
+    "ping_rtt_min_ms": rtt_min, "ping_rtt_avg_ms": rtt_avg,
+    "rtt_ratio": rtt_avg / (2 * delay) if delay else None,
+}
+with open(os.path.join(out, "check.json"), "w") as f:
+    json.dump(check, f, indent=2)
+ratio = f" = {check['throughput_ratio']:.3f} x {rate}" if rate_bps else " (unshaped)"
+rtt_text = f" = {check['rtt_ratio']:.3f} x {2 * delay} ms" if delay else ""
+print(f"check: iperf3 {measured_bps / 1e6:.1f} Mbit/s{ratio}; "
+      f"ping RTT avg {rtt_avg:.3f} ms (min {rtt_min:.3f}){rtt_text}")
+PY
+  exit 0
+fi
+
+if [[ -z "$bin" ]]; then
+  (cd "$here/../.." && bazel build //server:server //worker:worker >"$out/build.log" 2>&1) ||
+    fail "bazel build //server:server //worker:worker failed: $(tail -n 20 "$out/build.log")"
+  bin=$(cd "$here/../.." && bazel info bazel-bin 2>/dev/null)
+fi
+[[ -x "$bin/server/server" && -x "$bin/worker/worker" ]] || fail "no daemons under $bin"
+
+read_bytes() {  # host -> "tx rx" of its eth0
+  ip netns exec "$prefix-$1" cat /sys/class/net/eth0/statistics/tx_bytes \
+    /sys/class/net/eth0/statistics/rx_bytes | tr '\n' ' '
+}
+
+# The server binds its namespace's address; the port is free there by construction.
+port=50051
+ip netns exec "$prefix-s0" timeout -k 10 "$time_limit" "$bin/server/server" \
+  --bind_address="$server_address" --port="$port" --port_file="$out/port" \
+  --num_workers="$workers" --lr="$lr" --trace="$out/trace-server.json" \
+  >"$out/server.log" 2>&1 &
+server_pid=$!
+daemon_pids+=("$server_pid")
+for _ in $(seq 100); do [[ -s "$out/port" ]] && break; sleep 0.1; done
+[[ -s "$out/port" ]] || fail "the server did not start; its log: $(cat "$out/server.log")"
+
+# Counters before: each host's bytes, the machine's CPU, the clock.
+: >"$out/bytes_before"
+for h in "${hosts[@]}"; do echo "$h $(read_bytes "$h")" >>"$out/bytes_before"; done
+head -n 1 /proc/stat >"$out/cpu_before"
+start_ns=$(date +%s%N)
+
+worker_pids=()
+for ((r = 0; r < workers; r++)); do
+  flags=(--server="$server_address:$port" --worker_id="w$r" --rank="$r" --model="$model"
+         --dataset="$dataset" --data_dir="$data_dir" --batch_size="$batch_size"
+         --epochs="$epochs" --max_steps="$max_steps" --devices="$devices" --threads="$threads"
+         --evaluate=false --progress=false --report="$out/report-w$r.json"
+         --trace="$out/trace-w$r.json")
+  ip netns exec "$prefix-w$r" timeout -k 10 "$time_limit" "$bin/worker/worker" \
+    "${flags[@]}" "${extra[@]}" >"$out/worker-$r.log" 2>&1 &
+  worker_pids+=($!)
+  daemon_pids+=($!)
+done
+echo "run: $workers workers training"
+
+status=0
+live=("${worker_pids[@]}")
+while ((${#live[@]})); do
+  finished=""
+  if wait -n -p finished "${live[@]}"; then rc=0; else rc=$?; fi
+  if ((rc != 0)); then
+    status=1
+    echo "run: worker process $finished failed (exit $rc); stopping the run." >&2
+    tail -n 5 "$out"/worker-*.log "$out/server.log" >&2
+    break
+  fi
+  next=()
+  for pid in "${live[@]}"; do [[ "$pid" != "$finished" ]] && next+=("$pid"); done
+  live=("${next[@]}")
+done
+((status == 0)) || exit 1
+
+end_ns=$(date +%s%N)
+head -n 1 /proc/stat >"$out/cpu_after"
+: >"$out/bytes_after"
+for h in "${hosts[@]}"; do echo "$h $(read_bytes "$h")" >>"$out/bytes_after"; done
+
+# The server writes its timeline when stopped.
+kill -TERM "$server_pid" 2>/dev/null || true
+wait "$server_pid" || echo "run: the server exited with $? when stopped" >&2
+traces=("$out/trace-server.json")
+for ((r = 0; r < workers; r++)); do traces+=("$out/trace-w$r.json"); done
+python3 "$here/../trace/merge_traces.py" -o "$out/trace.json" "${traces[@]}" >"$out/merge.log" 2>&1 ||
+  fail "merging the timelines failed: $(cat "$out/merge.log")"
+
+python3 "$here/results.py" --out="$out" --prefix="$prefix" --workers="$workers" --rate="$rate" \
+  --delay="$delay" --delay_method="$NETNS_DELAY_METHOD" --model="$model" --dataset="$dataset" \
+  --batch_size="$batch_size" --epochs="$epochs" --max_steps="$max_steps" \
+  --window_ns="$((end_ns - start_ns))" --subnet="$NETNS_SUBNET" ${csv:+--csv="$csv"}
