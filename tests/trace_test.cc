@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/json_file.h"
 #include "tests/process.h"
 
 namespace ps {
@@ -27,17 +28,10 @@ namespace {
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
 using tests::Process;
+using tests::ReadJsonFile;
 
 constexpr int kSteps = 5;
 constexpr int64_t kServerPid = 1000000;  // server/server_main.cc
-
-Json ReadJson(const std::string& path) {
-  const std::string text = testing::ReadFileBytes(path);
-  EXPECT_FALSE(text.empty()) << path;
-  Json doc = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  EXPECT_FALSE(doc.is_discarded()) << path << " is not JSON";
-  return doc;
-}
 
 // The complete events of one lane and category.
 std::vector<Json> Events(const Json& doc, int64_t tid, const std::string& cat) {
@@ -123,7 +117,7 @@ TEST(TraceTest, ServerAndTwoWorkersWriteTimelinesThatMerge) {
                                            "push", "wait",    "pull",   "copy_to_device"};
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE(worker_traces[r]);
-    const Json doc = ReadJson(worker_traces[r]);
+    const Json doc = ReadJsonFile(worker_traces[r]);
     ASSERT_TRUE(doc.contains("traceEvents"));
     EXPECT_EQ(doc["displayTimeUnit"], "ms");
     EXPECT_EQ(doc["otherData"]["dropped_events"], 0);
@@ -171,7 +165,7 @@ TEST(TraceTest, ServerAndTwoWorkersWriteTimelinesThatMerge) {
 
   // 2. The server: one push event per message per worker, one update and
   //    two pulls (one per worker) per iteration.
-  const Json server_doc = ReadJson(server_trace);
+  const Json server_doc = ReadJsonFile(server_trace);
   for (const Json& e : server_doc["traceEvents"]) ASSERT_EQ(e["pid"], kServerPid) << e;
   auto metadata = Metadata(server_doc, kServerPid);
   EXPECT_EQ(metadata["process_name"][0], "server");
@@ -199,9 +193,9 @@ TEST(TraceTest, ServerAndTwoWorkersWriteTimelinesThatMerge) {
             0)
       << output;
   EXPECT_THAT(output, HasSubstr("3 processes"));
-  const Json merged = ReadJson(merged_path);
+  const Json merged = ReadJsonFile(merged_path);
   size_t inputs_size = server_doc["traceEvents"].size();
-  for (const std::string& path : worker_traces) inputs_size += ReadJson(path)["traceEvents"].size();
+  for (const std::string& path : worker_traces) inputs_size += ReadJsonFile(path)["traceEvents"].size();
   EXPECT_EQ(merged["traceEvents"].size(), inputs_size);
   EXPECT_EQ(Metadata(merged, kServerPid)["process_name"][0], "server");
   EXPECT_EQ(Metadata(merged, 0)["process_name"][0], "worker 0");
@@ -248,7 +242,7 @@ TEST(MergeTracesTest, RenumbersACollidingPidAndKeepsItsMetadata) {
   std::string output;
   ASSERT_EQ(testing::RunCommand(MergeCommand(python, merged_path, inputs), &output), 0) << output;
   EXPECT_THAT(output, HasSubstr("pid 0 is taken, renumbered 1"));
-  const Json merged = ReadJson(merged_path);
+  const Json merged = ReadJsonFile(merged_path);
   EXPECT_EQ(Metadata(merged, 0)["process_name"][0], "file 0");
   EXPECT_EQ(Metadata(merged, 1)["process_name"][0], "file 1");
   EXPECT_EQ(merged["otherData"]["clock_origin_ns"], 0);

@@ -1,0 +1,280 @@
+// The network-experiment harness end to end (deploy/experiments/run.sh): a
+// server and two workers, each in its own network namespace behind a
+// shaped link, train a small model and the run's results.json says what
+// was measured; a run stopped with SIGTERM mid-training leaves nothing of
+// itself on the machine (namespaces, links, qdiscs, iptables rules,
+// processes). Skips when this machine cannot create network namespaces
+// (not root, no `ip`, or `ip netns add` refused), or when a tool of
+// deploy/experiments/setup.sh is missing.
+//
+// The *Benchmark* cases measure the emulated link against its settings
+// (iperf3, ping); they run only in //tests:experiments_benchmark.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/testing/subprocess.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/json_file.h"
+#include "tests/process.h"
+
+namespace ps {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+using tests::Process;
+using tests::ReadJsonFile;
+
+constexpr int kSteps = 40;
+constexpr int64_t kMlpBytes = 25450 * 4;  // --model=mlp --mlp_hidden=32
+
+// Runs `command` with the system tool folders on PATH (Bazel's strict test
+// environment has only /bin:/usr/bin). Returns the exit code.
+int Sh(const std::string& command, std::string* output) {
+  return testing::RunCommand("PATH=\"$PATH:/usr/sbin:/sbin\"; " + command, output);
+}
+
+std::string Sh(const std::string& command) {
+  std::string output;
+  Sh(command, &output);
+  return output;
+}
+
+// Why this machine cannot run the harness, or "" when it can.
+std::string WhyNot() {
+  if (geteuid() != 0) return "not root: network namespaces need root";
+  std::string output;
+  if (Sh("command -v ip", &output) != 0) return "no `ip` (iproute2)";
+  const std::string probe = absl::StrCat("psxprobe", getpid());
+  if (Sh("ip netns add " + probe, &output) != 0) {
+    return absl::StrCat("`ip netns add` failed: ", output);
+  }
+  Sh("ip netns del " + probe, &output);
+  for (const char* tool : {"tc", "iptables-legacy", "gcc", "python3", "iperf3", "ping"}) {
+    if (Sh(absl::StrCat("command -v ", tool), &output) != 0) {
+      return absl::StrCat("no ", tool, ": run deploy/experiments/setup.sh");
+    }
+  }
+  if (Sh("test -e /usr/include/libnetfilter_queue/libnetfilter_queue.h", &output) != 0) {
+    return "no libnetfilter-queue-dev: run deploy/experiments/setup.sh";
+  }
+  return "";
+}
+
+// The pids of processes whose command line mentions `text`.
+std::vector<std::string> ProcessesMentioning(const std::string& text) {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (pid == std::to_string(getpid())) continue;
+    std::string cmdline = testing::ReadFileBytes(entry.path() / "cmdline");
+    for (char& c : cmdline) {
+      if (c == '\0') c = ' ';
+    }
+    if (cmdline.find(text) != std::string::npos) found.push_back(pid + ": " + cmdline);
+  }
+  return found;
+}
+
+// Each test runs the harness under its own prefix and out dir, and removes
+// whatever the run may have left should the test fail half-way.
+class ExperimentsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string why = WhyNot();
+    if (!why.empty()) GTEST_SKIP() << "cannot run the network experiments here: " << why;
+    const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    prefix_ = absl::StrCat("psxt", getpid() % 100000, name.size() % 10,
+                           static_cast<int>(name[0]) % 10);
+    out_ = testing::TestTmpPath(absl::StrCat("out-", name));
+    std::filesystem::remove_all(out_);
+    ran_ = true;
+  }
+
+  void TearDown() override {
+    if (!ran_) return;
+    std::string output;
+    Sh(absl::StrCat("bash ", testing::ShellQuote(Harness("netns.sh")), " cleanup ", prefix_),
+       &output);
+  }
+
+  static std::string Harness(const std::string& file) {
+    return testing::RunfilePath("deploy/experiments/" + file);
+  }
+
+  // run.sh with the prebuilt daemons of this test's runfiles.
+  std::vector<std::string> RunArgs(std::vector<std::string> flags) const {
+    std::string bin = testing::RunfilePath("server/server");
+    bin = bin.substr(0, bin.size() - std::string("/server/server").size());
+    std::vector<std::string> args = {Harness("run.sh"), "--prefix=" + prefix_, "--out=" + out_,
+                                     "--bin=" + bin, "--time_limit=240"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    return args;
+  }
+
+  // What the machine's own namespace holds that a run could have added to.
+  static std::string RootState() {
+    return Sh("ip -o link show; tc qdisc show; iptables-legacy-save 2>/dev/null | grep -v '^#'");
+  }
+
+  std::string prefix_;
+  std::string out_;
+  bool ran_ = false;
+};
+
+TEST_F(ExperimentsTest, TwoWorkersBehindShapedLinksWriteResults) {
+  const std::string root_before = RootState();
+  Process run("/bin/bash",
+              RunArgs({"--workers=2", "--rate=1gbit", "--model=mlp", "--dataset=synthetic",
+                       "--batch_size=64", absl::StrCat("--max_steps=", kSteps), "--lr=0.1", "--",
+                       "--mlp_hidden=32"}),
+              testing::TestTmpPath("run.log"));
+  ASSERT_EQ(run.Wait(std::chrono::seconds(120)), 0) << run.Log();
+  EXPECT_THAT(run.Log(), HasSubstr("results in " + out_ + "/results.json"));
+
+  const Json r = ReadJsonFile(out_ + "/results.json");
+  EXPECT_EQ(r["run"], prefix_);
+  EXPECT_EQ(r["workers"], 2);
+  EXPECT_EQ(r["rate"], "1gbit");
+  EXPECT_EQ(r["rate_bits_per_second"], 1000000000);
+  EXPECT_EQ(r["delay_ms"], 0);
+  EXPECT_EQ(r["delay_method"], "none");
+  EXPECT_EQ(r["model"], "mlp");
+  EXPECT_EQ(r["steps"], kSteps);
+  EXPECT_EQ(r["model_parameters"], kMlpBytes / 4);
+  EXPECT_GT(r["samples_per_second"].get<double>(), 0);
+  ASSERT_EQ(r["worker_samples_per_second"].size(), 2u);
+  double fractions = 0;
+  for (const char* phase : {"data", "compute", "reduce", "copy", "push", "wait", "pull"}) {
+    const std::string key = absl::StrCat(phase, "_s");
+    ASSERT_TRUE(r["time_split_s"].contains(key)) << key;
+    EXPECT_GE(r["time_split_s"][key].get<double>(), 0) << key;
+    fractions += r["time_split_fraction"][key].get<double>();
+  }
+  EXPECT_NEAR(fractions, 1.0, 1e-9);
+  const double window = r["window_s"];
+  EXPECT_GT(window, 0);
+
+  // Hosts: the server first, then the workers, each link measured. Every
+  // step each worker pushes the model to the server and pulls it back, so
+  // the server receives at least 2 x steps x model bytes and sends as much
+  // (plus the initial pulls).
+  ASSERT_EQ(r["hosts"].size(), 3u);
+  const std::vector<std::string> names = {"s0", "w0", "w1"};
+  for (int i = 0; i < 3; ++i) {
+    const Json& h = r["hosts"][i];
+    SCOPED_TRACE(h.dump());
+    EXPECT_EQ(h["host"], names[i]);
+    EXPECT_EQ(h["address"], absl::StrCat("10.213.0.", i + 2));
+    for (const char* dir : {"tx", "rx"}) {
+      const int64_t bytes = h[absl::StrCat(dir, "_bytes")];
+      EXPECT_GE(bytes, (i == 0 ? 2 : 1) * kSteps * kMlpBytes) << dir;
+      const double utilisation = h[absl::StrCat(dir, "_utilisation")];
+      EXPECT_NEAR(utilisation, bytes * 8 / (window * 1e9), 1e-9) << dir;
+      // tbf lets a bucket's worth (at most 4 ms at the rate) above it.
+      EXPECT_LE(utilisation, 1.0 + 0.004 / window) << dir;
+    }
+  }
+  EXPECT_GE(r["cpu_busy"].get<double>(), 0);
+  EXPECT_LE(r["cpu_busy"].get<double>(), 1);
+  EXPECT_EQ(r["cpu_bound"].get<bool>(), r["cpu_busy"].get<double>() > 0.9);
+
+  // The merged timeline holds the server and both workers.
+  const Json trace = ReadJsonFile(r["trace"]);
+  std::set<int64_t> pids;
+  for (const Json& e : trace["traceEvents"]) pids.insert(e["pid"].get<int64_t>());
+  EXPECT_EQ(pids, (std::set<int64_t>{0, 1, 1000000}));
+
+  // results.csv: a header and one row with the same figures.
+  const std::vector<std::string> lines =
+      absl::StrSplit(testing::ReadFileBytes(out_ + "/results.csv"), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u);
+  const std::vector<std::string> header = absl::StrSplit(lines[0], ',');
+  const std::vector<std::string> row = absl::StrSplit(lines[1], ',');
+  ASSERT_EQ(header.size(), row.size());
+  std::map<std::string, std::string> columns;
+  for (size_t i = 0; i < header.size(); ++i) columns[header[i]] = row[i];
+  EXPECT_EQ(columns["run"], prefix_);
+  EXPECT_EQ(columns["steps"], std::to_string(kSteps));
+  EXPECT_EQ(columns["s0_rx_bytes"], r["hosts"][0]["rx_bytes"].dump());
+  EXPECT_TRUE(columns.count("samples_per_second"));
+  EXPECT_TRUE(columns.count("split_push"));
+
+  EXPECT_EQ(Sh("ip netns list | grep " + prefix_), "");
+  EXPECT_EQ(RootState(), root_before);
+}
+
+// SIGTERM to run.sh while the workers train, with a delayed link so the
+// NFQUEUE rules and delay processes exist too: everything goes.
+TEST_F(ExperimentsTest, SigtermMidRunLeavesNothingBehind) {
+  const std::string root_before = RootState();
+  Process run("/bin/bash",
+              RunArgs({"--workers=2", "--rate=100mbit", "--delay=2", "--model=lenet",
+                       "--dataset=synthetic", "--batch_size=64", "--max_steps=100000"}),
+              testing::TestTmpPath("run_killed.log"));
+  ASSERT_TRUE(tests::WaitForLog(run, "workers training", std::chrono::seconds(60))) << run.Log();
+  EXPECT_THAT(run.Log(), HasSubstr("(nfqueue)"));
+  // Both workers registered and stepping: the server has seen pushes.
+  const std::string worker_log = out_ + "/worker-1.log";
+  bool training = false;
+  for (int i = 0; i < 600 && !training; ++i) {
+    training = testing::ReadFileBytes(worker_log).find("training lenet") != std::string::npos;
+    if (!training) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(training) << testing::ReadFileBytes(worker_log);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  // What the run has now: its namespaces, each host's delayer and its rule.
+  EXPECT_EQ(Sh("ip netns list | grep -c '^" + prefix_ + "-'"), "4\n");
+  EXPECT_THAT(Sh("ip netns exec " + prefix_ + "-w0 iptables-legacy -t mangle -S PREROUTING"),
+              HasSubstr("NFQUEUE"));
+  EXPECT_THAT(Sh("tc -n " + prefix_ + "-w0 qdisc show dev eth0"), HasSubstr("tbf"));
+  EXPECT_GE(ProcessesMentioning(out_).size(), 4u);  // server, workers, delayers
+
+  run.Signal(SIGTERM);
+  EXPECT_EQ(run.Wait(std::chrono::seconds(60)), 143) << run.Log();
+  EXPECT_THAT(run.Log(), HasSubstr("terminated; removing " + prefix_));
+  EXPECT_EQ(Sh("ip netns list | grep " + prefix_), "");
+  EXPECT_THAT(ProcessesMentioning(out_), ::testing::IsEmpty());
+  EXPECT_EQ(RootState(), root_before);
+  EXPECT_FALSE(std::filesystem::exists(out_ + "/results.json"));
+}
+
+// The emulated link against its settings: one iperf3 stream within 85-101 %
+// of the tbf rate, ping RTT within 5 % (+0.3 ms) of twice the delay.
+TEST_F(ExperimentsTest, BenchmarkLinkCheckMatchesRateAndDelay) {
+  for (const auto& [rate, bps, delay] :
+       std::vector<std::tuple<std::string, double, int>>{{"100mbit", 1e8, 5}, {"1gbit", 1e9, 1}}) {
+    SCOPED_TRACE(rate);
+    std::filesystem::remove_all(out_);
+    Process run("/bin/bash",
+                RunArgs({"--check", "--workers=1", "--rate=" + rate,
+                         absl::StrCat("--delay=", delay)}),
+                testing::TestTmpPath("check.log"));
+    ASSERT_EQ(run.Wait(std::chrono::seconds(60)), 0) << run.Log();
+    const Json c = ReadJsonFile(out_ + "/check.json");
+    EXPECT_EQ(c["rate_bits_per_second"].get<double>(), bps);
+    EXPECT_GT(c["throughput_ratio"].get<double>(), 0.85) << c.dump();
+    EXPECT_LT(c["throughput_ratio"].get<double>(), 1.01) << c.dump();
+    EXPECT_NEAR(c["ping_rtt_avg_ms"].get<double>(), 2 * delay, 0.05 * 2 * delay + 0.3)
+        << c.dump();
+    EXPECT_EQ(Sh("ip netns list | grep " + prefix_), "");
+  }
+}
+
+}  // namespace
+}  // namespace ps
