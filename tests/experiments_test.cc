@@ -7,6 +7,11 @@
 // (not root, no `ip`, or `ip netns add` refused), or when a tool of
 // deploy/experiments/setup.sh is missing.
 //
+// A short sweep (deploy/experiments/sweep.py: two configurations, one and
+// two server shards) writes its CSV and JSON rows, the analytic model's
+// predictions and valid PNG plots; it skips when Debian's matplotlib is
+// missing.
+//
 // The *Benchmark* cases measure the emulated link against its settings
 // (iperf3, ping); they run only in //tests:experiments_benchmark.
 
@@ -14,6 +19,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -127,9 +133,11 @@ class ExperimentsTest : public ::testing::Test {
     return args;
   }
 
-  // What the machine's own namespace holds that a run could have added to.
+  // What the machine's own namespace holds that a run could have added to
+  // (the chains' packet counters stripped: other traffic moves them).
   static std::string RootState() {
-    return Sh("ip -o link show; tc qdisc show; iptables-legacy-save 2>/dev/null | grep -v '^#'");
+    return Sh("ip -o link show; tc qdisc show; "
+              "iptables-legacy-save 2>/dev/null | grep -v '^#' | sed 's/ \\[[0-9]*:[0-9]*\\]$//'");
   }
 
   std::string prefix_;
@@ -167,13 +175,22 @@ TEST_F(ExperimentsTest, TwoWorkersBehindShapedLinksWriteResults) {
     fractions += r["time_split_fraction"][key].get<double>();
   }
   EXPECT_NEAR(fractions, 1.0, 1e-9);
+  // The window: worker 0's steps after the first (warm-up), between the
+  // counter samples around them; the run's whole span is longer.
+  EXPECT_EQ(r["servers"], 1);
+  EXPECT_EQ(r["warmup_steps"], 1);
+  EXPECT_EQ(r["window_steps"], kSteps - 1);
+  EXPECT_EQ(r["model_bytes"], kMlpBytes);
   const double window = r["window_s"];
   EXPECT_GT(window, 0);
+  EXPECT_GT(r["step_time_s"].get<double>(), 0);
+  EXPECT_LE(r["step_time_s"].get<double>() * (kSteps - 1), window);
+  EXPECT_LT(window, r["run_window_s"].get<double>());
 
   // Hosts: the server first, then the workers, each link measured. Every
   // step each worker pushes the model to the server and pulls it back, so
-  // the server receives at least 2 x steps x model bytes and sends as much
-  // (plus the initial pulls).
+  // in the window's steps the server receives at least 2 x steps x model
+  // bytes and sends as much.
   ASSERT_EQ(r["hosts"].size(), 3u);
   const std::vector<std::string> names = {"s0", "w0", "w1"};
   for (int i = 0; i < 3; ++i) {
@@ -183,7 +200,7 @@ TEST_F(ExperimentsTest, TwoWorkersBehindShapedLinksWriteResults) {
     EXPECT_EQ(h["address"], absl::StrCat("10.213.0.", i + 2));
     for (const char* dir : {"tx", "rx"}) {
       const int64_t bytes = h[absl::StrCat(dir, "_bytes")];
-      EXPECT_GE(bytes, (i == 0 ? 2 : 1) * kSteps * kMlpBytes) << dir;
+      EXPECT_GE(bytes, (i == 0 ? 2 : 1) * (kSteps - 1) * kMlpBytes) << dir;
       const double utilisation = h[absl::StrCat(dir, "_utilisation")];
       EXPECT_NEAR(utilisation, bytes * 8 / (window * 1e9), 1e-9) << dir;
       // tbf lets a bucket's worth (at most 4 ms at the rate) above it.
@@ -252,6 +269,71 @@ TEST_F(ExperimentsTest, SigtermMidRunLeavesNothingBehind) {
   EXPECT_THAT(ProcessesMentioning(out_), ::testing::IsEmpty());
   EXPECT_EQ(RootState(), root_before);
   EXPECT_FALSE(std::filesystem::exists(out_ + "/results.json"));
+}
+
+// Two configurations (one worker behind 1 Gbit/s links, with one server and
+// with two shards) through sweep.py: one CSV row and one JSON run each, the
+// model's predictions finite, and three PNG plots.
+TEST_F(ExperimentsTest, ShortSweepWritesRowsPredictionsAndPlots) {
+  std::string output;
+  if (Sh("/usr/bin/python3 -c 'import matplotlib'", &output) != 0) {
+    GTEST_SKIP() << "no matplotlib for /usr/bin/python3 (python3-matplotlib, "
+                    "deploy/experiments/setup.sh): "
+                 << output;
+  }
+  std::vector<std::string> args = RunArgs({});
+  const std::string bin = args[3].substr(std::string("--bin=").size());
+  Process sweep("/usr/bin/python3",
+                {Harness("sweep.py"), "--out=" + out_, "--runs_dir=" + out_ + "/runs",
+                 "--prefix=" + prefix_, "--bin=" + bin, "--workers=1", "--servers=1,2",
+                 "--rates=1gbit", "--models=mlp:32", "--min_steps=20", "--max_steps=20",
+                 "--batch_size=64"},
+                testing::TestTmpPath("sweep.log"));
+  ASSERT_EQ(sweep.Wait(std::chrono::seconds(110)), 0) << sweep.Log();
+
+  const std::vector<std::string> lines =
+      absl::StrSplit(testing::ReadFileBytes(out_ + "/sweep.csv"), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << sweep.Log();
+  const std::vector<std::string> header = absl::StrSplit(lines[0], ',');
+  for (int i = 1; i <= 2; ++i) {
+    const std::vector<std::string> row = absl::StrSplit(lines[i], ',');
+    ASSERT_EQ(row.size(), header.size());
+    std::map<std::string, std::string> columns;
+    for (size_t j = 0; j < header.size(); ++j) columns[header[j]] = row[j];
+    EXPECT_EQ(columns["config"], absl::StrCat("mlp-32_w1_s", i, "_1gbit_d0"));
+    EXPECT_EQ(columns["servers"], std::to_string(i));
+    EXPECT_EQ(columns["steps"], "20");
+    EXPECT_EQ(columns["model_bytes"], std::to_string(kMlpBytes));
+    EXPECT_GT(std::stod(columns["step_time_s"]), 0);
+    EXPECT_GT(std::stod(columns["server_rx_utilisation"]), 0);
+  }
+
+  const Json doc = ReadJsonFile(out_ + "/sweep.json");
+  ASSERT_EQ(doc["runs"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const Json& run = doc["runs"][i];
+    EXPECT_EQ(run["servers"], i + 1);
+    EXPECT_EQ(run["results"]["hosts"].size(), static_cast<size_t>(i + 2));  // S servers + w0
+    EXPECT_EQ(run["results"]["window_steps"], 19);
+  }
+  const Json model = ReadJsonFile(out_ + "/model.json");
+  ASSERT_EQ(model["rows"].size(), 2u);
+  for (const Json& p : model["rows"]) {
+    SCOPED_TRACE(p.dump());
+    for (const char* key : {"predicted_step_s", "predicted_shared_cpu_step_s",
+                            "overlap_bound_step_s", "measured_step_s", "error", "comm_s"}) {
+      ASSERT_TRUE(p[key].is_number()) << key;
+      EXPECT_TRUE(std::isfinite(p[key].get<double>())) << key;
+    }
+    EXPECT_GT(p["predicted_step_s"].get<double>(), 0);
+    EXPECT_LE(p["overlap_bound_step_s"].get<double>(), p["predicted_step_s"].get<double>());
+  }
+  for (const char* png : {"speedup.png", "breakdown.png", "utilisation.png"}) {
+    const std::string bytes = testing::ReadFileBytes(out_ + "/" + png);
+    EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << png;
+    EXPECT_GT(bytes.size(), 1000u) << png;
+  }
+  EXPECT_EQ(Sh("ip netns list | grep " + prefix_), "");
 }
 
 // The emulated link against its settings: one iperf3 stream within 85-101 %

@@ -7,5 +7,6 @@ EXPERIMENT_PACKAGES=(
   libnetfilter-queue-dev  # nfq_delay.c, the delayer (no netem in this kernel)
   gcc libc6-dev           # builds nfq_delay.c
   iperf3 iputils-ping     # run.sh --check
-  python3                 # results.py
+  python3                 # results.py, counters.py, sweep.py, model.py
+  python3-matplotlib      # plot.py (Agg backend, no display)
 )

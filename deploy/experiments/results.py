@@ -4,14 +4,22 @@ OUT/results.csv (a header and one row; --csv also appends the row to a
 file shared by several runs). Called by run.sh once the workers are done;
 standard library only.
 
-Inputs in OUT: report-wN.json (the workers' --report), bytes_before and
-bytes_after ("host tx_bytes rx_bytes" of each host's eth0), cpu_before and
-cpu_after (the first line of /proc/stat).
+Inputs in OUT: report-wN.json (the workers' --report), trace-w0.json
+(worker 0's timeline: when each step ran) and counters.txt (counters.py:
+every host link's bytes and the machine's CPU, sampled every few ms on
+the same clock as the trace).
 
 Definitions:
-  window_s              from just before the workers start to just after the
-                        last one exits (includes their start-up and
-                        registration, so utilisation is a lower bound)
+  window_s              worker 0's training steps after the first
+                        --warmup_steps: from the sample at or before the
+                        start of step W to the sample at or after the end of
+                        its last step (at most one sampling period wider on
+                        each side); the start-up, data loading and
+                        registration are outside it
+  step_time_s           worker 0's seconds per step over the same steps
+                        (trace: start of step W to end of the last step,
+                        divided by the steps)
+  tx/rx_bytes           each host's bytes sent and received in the window
   tx/rx_utilisation     bytes x 8 / (window_s x rate), per host and
                         direction; null when unshaped
   cpu_busy              1 - (idle + iowait) / total over the window, all cores
@@ -35,31 +43,54 @@ def rate_bps(rate):
     return int(m.group(1)) * UNITS[m.group(2)] if m else None
 
 
-def read_bytes(path):
-    out = {}
+def read_counters(path):
+    """counters.py's samples: [(monotonic_ns, cpu_total, cpu_idle, [rx0, tx0, ...])]."""
+    samples = []
     with open(path) as f:
         for line in f:
-            host, tx, rx = line.split()
-            out[host] = (int(tx), int(rx))
-    return out
+            values = [int(v) for v in line.split()]
+            if len(values) >= 3:
+                samples.append((values[0], values[1], values[2], values[3:]))
+    return samples
 
 
-def read_cpu(path):
-    with open(path) as f:
-        fields = f.readline().split()
-    assert fields[0] == "cpu", path
-    values = [int(v) for v in fields[1:]]
-    # user nice system idle iowait irq softirq steal (guest time is inside user)
-    total = sum(values[:8])
-    idle = values[3] + values[4]
-    return total, idle
+def training_span(trace_path, warmup_steps):
+    """(start_ns, end_ns, steps) of the trainer's steps >= warmup_steps in a
+    worker's trace, on CLOCK_MONOTONIC; warm-up falls to 0 when the run has
+    no more steps than that."""
+    with open(trace_path) as f:
+        doc = json.load(f)
+    origin = doc["otherData"]["clock_origin_ns"]
+    steps = {}
+    for e in doc["traceEvents"]:
+        step = (e.get("args") or {}).get("step", -1)
+        if e.get("ph") != "X" or e.get("tid") != 0 or step < 0:
+            continue
+        begin, end = e["ts"], e["ts"] + e.get("dur", 0)
+        lo, hi = steps.get(step, (begin, end))
+        steps[step] = (min(lo, begin), max(hi, end))
+    if not steps:
+        raise ValueError(f"{trace_path}: no step events")
+    first = warmup_steps if max(steps) >= warmup_steps else 0
+    kept = [span for step, span in steps.items() if step >= first]
+    start_us, end_us = min(b for b, _ in kept), max(e for _, e in kept)
+    return origin + int(start_us * 1000), origin + int(end_us * 1000), len(kept)
+
+
+def bracket(samples, start_ns, end_ns):
+    """The last sample at or before start_ns and the first at or after end_ns
+    (the nearest ones where the samples do not reach that far)."""
+    before = [s for s in samples if s[0] <= start_ns]
+    after = [s for s in samples if s[0] >= end_ns]
+    return (before[-1] if before else samples[0]), (after[0] if after else samples[-1])
 
 
 def main():
     p = argparse.ArgumentParser()
     for name in ("out", "prefix", "rate", "delay_method", "model", "dataset", "subnet"):
         p.add_argument("--" + name, required=True)
-    for name in ("workers", "delay", "batch_size", "epochs", "max_steps", "window_ns"):
+    for name in ("workers", "servers", "warmup_steps", "delay", "batch_size", "epochs",
+                 "max_steps", "run_window_ns"):
         p.add_argument("--" + name, required=True, type=int)
     p.add_argument("--csv", default="")
     a = p.parse_args()
@@ -72,14 +103,23 @@ def main():
                 reports.append(json.load(f))
         except (OSError, ValueError) as e:
             sys.exit(f"results: cannot read {path}: {e}")
-    window_s = a.window_ns / 1e9
     bps = rate_bps(a.rate)
-
-    before, after = (read_bytes(os.path.join(a.out, n)) for n in ("bytes_before", "bytes_after"))
+    try:
+        start_ns, end_ns, window_steps = training_span(os.path.join(a.out, "trace-w0.json"),
+                                                       a.warmup_steps)
+        samples = read_counters(os.path.join(a.out, "counters.txt"))
+        if len(samples) < 2:
+            raise ValueError("fewer than two counter samples")
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"results: cannot place the training window: {e}")
+    s0, s1 = bracket(samples, start_ns, end_ns)
+    window_s = (s1[0] - s0[0]) / 1e9
+    names = [f"s{i}" for i in range(a.servers)] + [f"w{i}" for i in range(a.workers)]
     hosts = []
-    for i, host in enumerate(before):
-        tx = after[host][0] - before[host][0]
-        rx = after[host][1] - before[host][1]
+    for i, host in enumerate(names):
+        # Host i's link ends on the bridge as vi: its sends are vi's receives.
+        tx = s1[3][2 * i] - s0[3][2 * i]
+        rx = s1[3][2 * i + 1] - s0[3][2 * i + 1]
         hosts.append({
             "host": host,
             "address": f"{a.subnet}.{i + 2}",
@@ -88,8 +128,7 @@ def main():
             "tx_utilisation": tx * 8 / (window_s * bps) if bps else None,
             "rx_utilisation": rx * 8 / (window_s * bps) if bps else None,
         })
-    (t0, i0), (t1, i1) = (read_cpu(os.path.join(a.out, n)) for n in ("cpu_before", "cpu_after"))
-    cpu_busy = 1 - (i1 - i0) / max(1, t1 - t0)
+    cpu_busy = 1 - (s1[2] - s0[2]) / max(1, s1[1] - s0[1])
     utilisations = [h[k] for h in hosts for k in ("tx_utilisation", "rx_utilisation")
                     if h[k] is not None]
 
@@ -98,6 +137,7 @@ def main():
     results = {
         "run": a.prefix,
         "workers": a.workers,
+        "servers": a.servers,
         "rate": a.rate,
         "rate_bits_per_second": bps,
         "delay_ms": a.delay,
@@ -113,7 +153,12 @@ def main():
         "worker_samples_per_second": [r["samples_per_second"] for r in reports],
         "time_split_s": split,
         "time_split_fraction": {k: v / split_total if split_total else 0 for k, v in split.items()},
+        "warmup_steps": a.warmup_steps,
+        "window_steps": window_steps,
+        "step_time_s": (end_ns - start_ns) / 1e9 / window_steps,
+        "model_bytes": reports[0]["model_bytes_to_host_per_step"],
         "window_s": window_s,
+        "run_window_s": a.run_window_ns / 1e9,
         "hosts": hosts,
         "max_link_utilisation": max(utilisations) if utilisations else None,
         "cpu_busy": cpu_busy,

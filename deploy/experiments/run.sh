@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One network-bottleneck experiment: 1 parameter server and W workers, each
-# in its own network namespace behind an emulated link (netns.sh), trained
+# One network-bottleneck experiment: S parameter-server shards and W workers,
+# each in its own network namespace behind an emulated link (netns.sh), trained
 # for a bounded number of steps; writes what was measured to OUT/results.json
 # and OUT/results.csv (one row) with the merged timeline OUT/trace.json.
 # Removes every namespace, link, qdisc, rule and process of the run when it
@@ -10,11 +10,14 @@
 #   bash deploy/experiments/run.sh --rate=1gbit --delay=5 --check   # the link itself
 #
 # Flags (defaults in brackets):
-#   --workers=W [2]             worker hosts (one server host besides)
+#   --workers=W [2]             worker hosts
+#   --servers=S [1]             server hosts (shards; every worker gets the list of all S)
 #   --rate=R [1gbit]            each host's link, both directions: 100mbit, 1gbit, ... or unshaped
 #   --delay=D [0]               one-way latency between two hosts in ms (ping RTT 2D)
 #   --model=NAME [lenet] --dataset=NAME [fashion_mnist] --data_dir=DIR
 #   --batch_size=B [256, global] --epochs=N [1] --max_steps=N [0: whole epochs]
+#   --warmup_steps=N [1]        worker 0's first N steps are left out of the measured window
+#   --sample_ms=MS [10]         period of the link and CPU counter samples
 #   --lr=X [0.9] --devices=SPEC [cpu:1] --threads=N [cores/W]
 #   --out=DIR [a temporary directory]   logs, reports, traces, results
 #   --csv=PATH                  also append the row to PATH (header when new)
@@ -30,7 +33,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 # shellcheck source=netns.sh
 source "$here/netns.sh"
 
-workers=2 rate=1gbit delay=0 model=lenet dataset=fashion_mnist
+workers=2 servers=1 warmup_steps=1 sample_ms=10 rate=1gbit delay=0 model=lenet dataset=fashion_mnist
 data_dir=/usr/share/datasets/fashion-mnist batch_size=256 epochs=1 max_steps=0 lr=0.9
 devices=cpu:1 threads="" out="" csv="" prefix="psx$$" time_limit=1800 bin="" check=0
 check_seconds=5 ping_count=20
@@ -38,6 +41,9 @@ extra=()
 while (($#)); do
   case "$1" in
     --workers=*) workers="${1#*=}" ;;
+    --servers=*) servers="${1#*=}" ;;
+    --warmup_steps=*) warmup_steps="${1#*=}" ;;
+    --sample_ms=*) sample_ms="${1#*=}" ;;
     --rate=*) rate="${1#*=}" ;;
     --delay=*) delay="${1#*=}" ;;
     --model=*) model="${1#*=}" ;;
@@ -58,13 +64,16 @@ while (($#)); do
     --check_seconds=*) check_seconds="${1#*=}" ;;
     --ping_count=*) ping_count="${1#*=}" ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,30p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
     *) echo "run: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 fail() { echo "run: $*" >&2; exit 1; }
 [[ "$workers" =~ ^[1-9][0-9]*$ ]] && ((workers <= 200)) || fail "--workers must be 1..200"
+[[ "$servers" =~ ^[1-9][0-9]?$ ]] || fail "--servers must be 1..99"
+[[ "$warmup_steps" =~ ^[0-9]+$ ]] || fail "--warmup_steps is a whole number"
+[[ "$sample_ms" =~ ^[1-9][0-9]{0,3}$ ]] || fail "--sample_ms is 1..9999"
 [[ "$delay" =~ ^[0-9]+$ ]] || fail "--delay is whole milliseconds"
 [[ "$time_limit" =~ ^[1-9][0-9]*$ ]] || fail "--time_limit is whole seconds"
 [[ "$check_seconds" =~ ^[1-9][0-9]?$ ]] || fail "--check_seconds is 1..99"
@@ -102,12 +111,13 @@ trap cleanup EXIT
 trap 'echo "run: interrupted; removing $prefix" >&2; exit 130' INT
 trap 'echo "run: terminated; removing $prefix" >&2; exit 143' TERM
 
-hosts=(s0)
+hosts=()
+for ((s = 0; s < servers; s++)); do hosts+=("s$s"); done
 for ((r = 0; r < workers; r++)); do hosts+=("w$r"); done
 netns_up "$prefix" "$rate" "$delay" "$out" "$((time_limit + 30))" "${hosts[@]}" ||
   fail "could not set up the hosts"
 server_address=$(netns_address 0)
-echo "run: $prefix: server at $server_address, $workers workers, rate $rate, delay ${delay} ms" \
+echo "run: $prefix: server at $server_address$( ((servers > 1)) && echo " (+$((servers - 1)) shards)"), $workers workers, rate $rate, delay ${delay} ms" \
      "(${NETNS_DELAY_METHOD}), out $out"
 
 if ((check)); then
@@ -164,26 +174,40 @@ read_bytes() {  # host -> "tx rx" of its eth0
     /sys/class/net/eth0/statistics/rx_bytes | tr '\n' ' '
 }
 
-# The server binds its namespace's address; the port is free there by construction.
+# Each server binds its namespace's address; the port is free there by
+# construction. Every worker gets the same list of all of them.
 port=50051
-ip netns exec "$prefix-s0" timeout -k 10 "$time_limit" "$bin/server/server" \
-  --bind_address="$server_address" --port="$port" --port_file="$out/port" \
-  --num_workers="$workers" --lr="$lr" --trace="$out/trace-server.json" \
-  >"$out/server.log" 2>&1 &
-server_pid=$!
-daemon_pids+=("$server_pid")
-for _ in $(seq 100); do [[ -s "$out/port" ]] && break; sleep 0.1; done
-[[ -s "$out/port" ]] || fail "the server did not start; its log: $(cat "$out/server.log")"
+server_pids=()
+server_list=""
+for ((s = 0; s < servers; s++)); do
+  address=$(netns_address "$s")
+  ip netns exec "$prefix-s$s" timeout -k 10 "$time_limit" "$bin/server/server" \
+    --bind_address="$address" --port="$port" --port_file="$out/port-s$s" \
+    --num_workers="$workers" --lr="$lr" --trace="$out/trace-s$s.json" \
+    >"$out/server-s$s.log" 2>&1 &
+  server_pids+=($!)
+  daemon_pids+=($!)
+  server_list+="${server_list:+,}$address:$port"
+done
+for ((s = 0; s < servers; s++)); do
+  for _ in $(seq 100); do [[ -s "$out/port-s$s" ]] && break; sleep 0.1; done
+  [[ -s "$out/port-s$s" ]] || fail "server s$s did not start; its log: $(cat "$out/server-s$s.log")"
+done
 
-# Counters before: each host's bytes, the machine's CPU, the clock.
-: >"$out/bytes_before"
-for h in "${hosts[@]}"; do echo "$h $(read_bytes "$h")" >>"$out/bytes_before"; done
-head -n 1 /proc/stat >"$out/cpu_before"
+# Counters: every host link's bytes and the machine's CPU, sampled every
+# --sample_ms from the bridge namespace with the daemons' clock
+# (counters.py), so results.py can take them over worker 0's training
+# steps only (its trace says when they ran).
+ip netns exec "$prefix-br" timeout -k 5 "$((time_limit + 30))" python3 "$here/counters.py" \
+  "$out/counters.txt" "${#hosts[@]}" --period_ms="$sample_ms" --time_limit="$((time_limit + 20))" \
+  >"$out/counters.log" 2>&1 &
+counters_pid=$!
+daemon_pids+=("$counters_pid")
 start_ns=$(date +%s%N)
 
 worker_pids=()
 for ((r = 0; r < workers; r++)); do
-  flags=(--server="$server_address:$port" --worker_id="w$r" --rank="$r" --model="$model"
+  flags=(--server="$server_list" --worker_id="w$r" --rank="$r" --model="$model"
          --dataset="$dataset" --data_dir="$data_dir" --batch_size="$batch_size"
          --epochs="$epochs" --max_steps="$max_steps" --devices="$devices" --threads="$threads"
          --evaluate=false --progress=false --report="$out/report-w$r.json"
@@ -203,7 +227,7 @@ while ((${#live[@]})); do
   if ((rc != 0)); then
     status=1
     echo "run: worker process $finished failed (exit $rc); stopping the run." >&2
-    tail -n 5 "$out"/worker-*.log "$out/server.log" >&2
+    tail -n 5 "$out"/worker-*.log "$out"/server-s*.log >&2
     break
   fi
   next=()
@@ -213,19 +237,22 @@ done
 ((status == 0)) || exit 1
 
 end_ns=$(date +%s%N)
-head -n 1 /proc/stat >"$out/cpu_after"
-: >"$out/bytes_after"
-for h in "${hosts[@]}"; do echo "$h $(read_bytes "$h")" >>"$out/bytes_after"; done
+kill -TERM "$counters_pid" 2>/dev/null || true
+wait "$counters_pid" || echo "run: the counter sampler exited with $?" >&2
 
-# The server writes its timeline when stopped.
-kill -TERM "$server_pid" 2>/dev/null || true
-wait "$server_pid" || echo "run: the server exited with $? when stopped" >&2
-traces=("$out/trace-server.json")
+# The servers write their timelines when stopped.
+traces=()
+for ((s = 0; s < servers; s++)); do
+  kill -TERM "${server_pids[$s]}" 2>/dev/null || true
+  wait "${server_pids[$s]}" || echo "run: server s$s exited with $? when stopped" >&2
+  traces+=("$out/trace-s$s.json")
+done
 for ((r = 0; r < workers; r++)); do traces+=("$out/trace-w$r.json"); done
 python3 "$here/../trace/merge_traces.py" -o "$out/trace.json" "${traces[@]}" >"$out/merge.log" 2>&1 ||
   fail "merging the timelines failed: $(cat "$out/merge.log")"
 
-python3 "$here/results.py" --out="$out" --prefix="$prefix" --workers="$workers" --rate="$rate" \
+python3 "$here/results.py" --out="$out" --prefix="$prefix" --workers="$workers" \
+  --servers="$servers" --warmup_steps="$warmup_steps" --rate="$rate" \
   --delay="$delay" --delay_method="$NETNS_DELAY_METHOD" --model="$model" --dataset="$dataset" \
   --batch_size="$batch_size" --epochs="$epochs" --max_steps="$max_steps" \
-  --window_ns="$((end_ns - start_ns))" --subnet="$NETNS_SUBNET" ${csv:+--csv="$csv"}
+  --run_window_ns="$((end_ns - start_ns))" --subnet="$NETNS_SUBNET" ${csv:+--csv="$csv"}

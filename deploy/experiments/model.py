@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""The analytic alpha-beta model of a synchronous step, compared with a
+sweep's measurements (sweep.py writes OUT/sweep.json):
+
+    python3 deploy/experiments/model.py OUT      # OUT/model.json, OUT/model.csv, a table
+
+Per step, W workers, S server shards, model bytes M, link rate R (each
+host, each direction), one-way delay d:
+
+  compute   c1 / W: the measured single-worker compute (data + compute +
+            reduce + copy per step of the W = 1 run of the same model,
+            unshaped if there is one) split over W workers of their own
+            CPUs. `shared` uses c1 instead: W workers on this machine's
+            cores do the same total work on the same cores.
+  push      2d + max(0, wire(max(M, W M / S)) - b) x 8 / R: every worker
+            sends M, each server receives W M / S of it, so the busier end
+            (a worker's uplink or a server's downlink) sets the time; one
+            round trip for the acknowledgement. b is the tbf bucket of that
+            link end (netns.sh: 4 ms at R, at least 128 KiB), full at the
+            start of each transfer (it refills while the link is idle in
+            the other phases), which passes at the veth's own speed.
+  pull      the same the other way (a server's uplink carries W M / S).
+  wire(B)   B x 1514 / 1448: Ethernet, IP and TCP headers per full segment
+            (tbf and the counters count frames).
+  step      compute + push + pull (no overlap: today's stop-and-wait), and
+            max(compute, push + pull) as the bound with compute and
+            communication overlapped, for reference.
+
+Unshaped links get R = UNSHAPED_BPS (iperf3's one stream on this kind of
+machine); the model ignores serialisation and copies, which dominate there.
+error = (predicted - measured) / measured; beyond 15 % the row says why,
+from what the run measured. Standard library only.
+"""
+
+import csv
+import json
+import math
+import os
+import re
+import sys
+
+UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+UNSHAPED_BPS = 12.6e9
+WIRE = 1514 / 1448
+TOLERANCE = 0.15
+CORES = os.cpu_count() or 1
+
+
+def rate_bps(rate):
+    m = re.fullmatch(r"(\d+)(bit|kbit|mbit|gbit)", rate)
+    return int(m.group(1)) * UNITS[m.group(2)] if m else None
+
+
+def bucket_bytes(bps):
+    """netns.sh's tbf bucket at that rate (none when unshaped)."""
+    return max(bps // 8 // 250, 131072) if bps else 0
+
+
+def transfer_s(model_bytes, workers, servers, bps, delay_ms):
+    """One push (or one pull) of every worker, with the busiest link end."""
+    busiest = max(model_bytes, workers * model_bytes / servers)
+    shaped = max(0.0, busiest * WIRE - bucket_bytes(bps))
+    return 2 * delay_ms / 1000 + shaped * 8 / (bps or UNSHAPED_BPS)
+
+
+def stop_and_wait_comm_s(model_bytes, workers, servers, bps, delay_ms):
+    return 2 * transfer_s(model_bytes, workers, servers, bps, delay_ms)
+
+
+def single_worker_compute(runs):
+    """{(model, servers): c1 seconds per step} from the W = 1 runs."""
+    c1 = {}
+    for r in sorted(runs, key=lambda r: r["rate"] != "unshaped"):
+        key = r["model"]
+        if r["workers"] == 1 and key not in c1:
+            c1[key] = r["row"]["compute_s"]
+    return c1
+
+
+def why(r, pred, pred_shared, c1):
+    row, reasons = r["row"], []
+    measured = row["step_time_s"]
+    if row["cpu_bound"] in (True, "True"):
+        reasons.append(f"CPU-bound ({100 * row['cpu_busy']:.0f} % busy)")
+    if r["workers"] > 1 and row["compute_s"] > 1.3 * c1 / r["workers"]:
+        reasons.append(f"compute shared: {r['workers']} workers on {CORES} cores took "
+                       f"{1000 * row['compute_s']:.1f} ms/step, not c1/W = "
+                       f"{1000 * c1 / r['workers']:.1f} ms")
+    if r["workers"] > 1 and row["wait_s"] > 0.1 * measured:
+        reasons.append(f"waiting {1000 * row['wait_s']:.1f} ms/step for the slowest worker "
+                       "(the workers share the cores, so their steps drift)")
+    if r["rate"] == "unshaped":
+        reasons.append("unshaped: serialisation and copies, not the link, take the time")
+    elif measured < pred:
+        reasons.append("faster than stop-and-wait: one tensor's pull overlaps the next "
+                       "one's push (the server link carries both directions at once)")
+    if not reasons:
+        reasons.append(f"{1000 * row['other_s']:.1f} ms/step outside the split"
+                       if row["other_s"] > 0.1 * measured else "not explained")
+    return "; ".join(reasons)
+
+
+def predict(doc):
+    runs = [r for r in doc["runs"] if "row" in r]
+    c1s = single_worker_compute(runs)
+    out = []
+    for r in runs:
+        row = r["row"]
+        c1 = c1s.get(r["model"])
+        if c1 is None:
+            continue
+        comm = stop_and_wait_comm_s(row["model_bytes"], r["workers"], r["servers"],
+                                    rate_bps(r["rate"]), r["delay_ms"])
+        compute = c1 / r["workers"]
+        pred, pred_shared = compute + comm, c1 + comm
+        measured = row["step_time_s"]
+        p = {
+            "config": r["config"], "model": r["model"], "workers": r["workers"],
+            "servers": r["servers"], "rate": r["rate"], "delay_ms": r["delay_ms"],
+            "model_bytes": row["model_bytes"], "c1_s": c1,
+            "compute_s": compute, "comm_s": comm,
+            "predicted_step_s": pred, "predicted_shared_cpu_step_s": pred_shared,
+            "overlap_bound_step_s": max(compute, comm),
+            "measured_step_s": measured,
+            "error": (pred - measured) / measured,
+            "error_shared_cpu": (pred_shared - measured) / measured,
+            "cpu_bound": row["cpu_bound"] in (True, "True"),
+        }
+        p["explanation"] = (why(r, pred, pred_shared, c1) if abs(p["error"]) > TOLERANCE else "")
+        out.append(p)
+    return out
+
+
+def main(argv):
+    if len(argv) != 1:
+        sys.exit("usage: model.py OUT  (OUT/sweep.json from sweep.py)")
+    out = argv[0]
+    with open(os.path.join(out, "sweep.json")) as f:
+        doc = json.load(f)
+    rows = predict(doc)
+    for p in rows:
+        for k, v in p.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                sys.exit(f"model: {p['config']}: {k} is {v}")
+    with open(os.path.join(out, "model.json"), "w") as f:
+        json.dump({"unshaped_bps": UNSHAPED_BPS, "wire_factor": WIRE, "tolerance": TOLERANCE,
+                   "cores": CORES, "rows": rows}, f, indent=1)
+        f.write("\n")
+    if rows:
+        with open(os.path.join(out, "model.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            for p in rows:
+                w.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in p.items()})
+    print(f"{'config':34} {'measured':>9} {'model':>9} {'error':>7} {'shared':>9} {'error':>7}"
+          f" {'overlap':>9}  why")
+    for p in rows:
+        print(f"{p['config']:34} {1000 * p['measured_step_s']:8.1f}m {1000 * p['predicted_step_s']:8.1f}m"
+              f" {100 * p['error']:+6.0f}% {1000 * p['predicted_shared_cpu_step_s']:8.1f}m"
+              f" {100 * p['error_shared_cpu']:+6.0f}% {1000 * p['overlap_bound_step_s']:8.1f}m"
+              f"  {p['explanation']}")
+    print(f"model: {os.path.join(out, 'model.json')}, model.csv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
