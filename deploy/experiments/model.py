@@ -8,8 +8,8 @@ Per step, W workers, S server shards, model bytes M, link rate R (each
 host, each direction), one-way delay d:
 
   compute   c1 / W: the measured single-worker compute (data + compute +
-            reduce + copy per step of the W = 1 run of the same model,
-            unshaped if there is one) split over W workers of their own
+            reduce + copy per step; the least over the W = 1 runs of the
+            same model, the least disturbed) split over W workers of their own
             CPUs. `shared` uses c1 instead: W workers on this machine's
             cores do the same total work on the same cores.
   push      2d + max(0, wire(max(M, W M / S)) - b) x 8 / R: every worker
@@ -68,12 +68,12 @@ def stop_and_wait_comm_s(model_bytes, workers, servers, bps, delay_ms):
 
 
 def single_worker_compute(runs):
-    """{(model, servers): c1 seconds per step} from the W = 1 runs."""
+    """{model: c1 seconds per step}: the least of its W = 1 runs' compute
+    (the least disturbed by whatever else the machine ran)."""
     c1 = {}
-    for r in sorted(runs, key=lambda r: r["rate"] != "unshaped"):
-        key = r["model"]
-        if r["workers"] == 1 and key not in c1:
-            c1[key] = r["row"]["compute_s"]
+    for r in runs:
+        if r["workers"] == 1:
+            c1[r["model"]] = min(c1.get(r["model"], math.inf), r["row"]["compute_s"])
     return c1
 
 

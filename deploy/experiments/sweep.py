@@ -135,7 +135,8 @@ def main():
         p.add_argument("--" + key, default=None, help="comma-separated")
     for key in ("max_steps", "min_steps", "warmup_steps", "run_seconds", "batch_size"):
         p.add_argument("--" + key, type=int, default=None)
-    p.add_argument("--bin", default="", help="prebuilt daemons (run.sh --bin)")
+    p.add_argument("--bin", default="",
+                   help="prebuilt daemons (run.sh --bin) [setup.sh and bazel build once]")
     p.add_argument("--prefix", default=f"psw{os.getpid() % 100000}")
     p.add_argument("--runs_dir", default="", help="per-run folders [a new /tmp/ps-sweep.*]")
     p.add_argument("--replot", action="store_true", help="no runs: model and plots of OUT")
@@ -163,6 +164,15 @@ def main():
         runs_dir = a.runs_dir or tempfile.mkdtemp(prefix="ps-sweep.")
         print(f"sweep: each run's logs, reports and traces under {runs_dir}")
         configs = list(grid(c))
+        if not a.bin:
+            # Install and build once, not once per run (run.sh --bin).
+            root = os.path.dirname(os.path.dirname(HERE))
+            subprocess.check_call(["bash", os.path.join(HERE, "setup.sh")],
+                                  stdout=subprocess.DEVNULL)
+            subprocess.check_call(["bazel", "build", "//server:server", "//worker:worker"],
+                                  cwd=root)
+            a.bin = subprocess.check_output(["bazel", "info", "bazel-bin"], cwd=root,
+                                            text=True, stderr=subprocess.DEVNULL).strip()
         doc = {"spec": c, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                "load_before": load(), "runs": []}
         with open(csv_path, "w", newline="") as f:
@@ -176,6 +186,7 @@ def main():
             cmd = ["bash", os.path.join(HERE, "run.sh"), f"--workers={g['workers']}",
                    f"--servers={g['servers']}", f"--rate={g['rate']}", f"--delay={g['delay_ms']}",
                    f"--model={m}", "--dataset=synthetic", f"--batch_size={c['batch_size']}",
+                   "--epochs=1000",
                    f"--max_steps={steps}", f"--warmup_steps={c['warmup_steps']}",
                    f"--out={run_out}", f"--prefix={a.prefix}", "--lr=0.01"]
             if a.bin:
