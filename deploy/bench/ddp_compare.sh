@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Our parameter server (2 workers x 1 CPU device x 1 thread, 1 or 2 server
+# shards, bash deploy/local_cluster.sh) side by side with PyTorch DDP (2 gloo
+# ranks x 1 thread on 127.0.0.1, deploy/bench/pytorch_ddp.py) on the same
+# models, global batches and learning rates, alternating ours and theirs.
+# Prints every run and a table; not a test. About 4-5 minutes with --rounds=2.
+#
+#   bash deploy/bench/ddp_compare.sh [--rounds=2] [--configs=mlp-b32,mlp-b256,lenet-b256]
+#
+# What each figure times (samples/s of both processes together):
+#  - ours, mlp at batch 256 and lenet: --epochs=2 / --epochs=6 over the
+#    synthetic set (8,192 samples, 32 steps an epoch at batch 256); the worker
+#    leaves the first epoch out of its "all workers" figure, so 32 warm-up
+#    steps, then 32 (mlp) or 160 (lenet) timed steps. DDP: 5 warm-up steps,
+#    then the best of 2 (mlp) or 5 (lenet) runs of as many timed steps (best:
+#    other load only slows a run down, and DDP's LeNet rate is bimodal on this
+#    VM, so this favours DDP).
+#  - ours, mlp at batch 32: an epoch is 256 steps, so --epochs=1
+#    --max_steps=60, which the worker times from its first step; DDP's
+#    matching figure is its "from step 1" (its first 60 steps, cold ones
+#    included); its warm best is shown beside it.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+rounds=2 only=""
+for arg in "$@"; do
+  case "$arg" in
+    --rounds=*) rounds="${arg#*=}" ;;
+    --configs=*) only=",${arg#*=}," ;;
+    *) echo "ddp_compare: unknown flag $arg" >&2; exit 2 ;;
+  esac
+done
+out=$(mktemp -d /tmp/ps-ddp.XXXXXX)
+bazel build //server:server //worker:worker >/dev/null 2>&1
+py=/usr/bin/python3
+
+# name | model | global batch | lr | our flags | DDP flags | DDP column to compare (best|cold)
+configs=(
+  "mlp-b32|mlp|32|0.1|--epochs=1 --max_steps=60|--warmup=5 --steps=60 --repeats=1|cold"
+  "mlp-b256|mlp|256|0.1|--epochs=2|--warmup=5 --steps=32 --repeats=2|best"
+  "lenet-b256|lenet|256|0.9|--epochs=6|--warmup=5 --steps=160 --repeats=5|best"
+)
+
+ours() {  # ours NAME MODEL BATCH LR SERVERS ROUND FLAGS...
+  local name=$1 model=$2 batch=$3 lr=$4 servers=$5 round=$6; shift 6
+  local logs="$out/ours-$name-s$servers-r$round"
+  local hidden=()
+  [[ "$model" == mlp ]] && hidden=(--mlp_hidden=4096,4096)
+  timeout 300 bash deploy/local_cluster.sh --workers=2 --servers="$servers" --threads=1 \
+    --model="$model" --batch_size="$batch" --lr="$lr" --logs="$logs" -- "${hidden[@]}" \
+    --dataset=synthetic --evaluate=false "$@" >"$logs.log" 2>&1 || {
+      echo "ddp_compare: ours $name S=$servers failed; see $logs.log" >&2; return 1; }
+  local rate split
+  rate=$(sed -n 's/.*(all workers: \([0-9]*\) samples\/s).*/\1/p' "$logs/worker-0.log")
+  split=$(grep '^epoch' "$logs/worker-0.log" | tail -n 1 | sed 's/.*\[\(.*\)\]/\1/')
+  echo "$name|ours S=$servers|$round|$rate|$split" >>"$out/results"
+  printf '%-11s ours S=%s    round %s: %6s samples/s  [%s]  load %s\n' \
+    "$name" "$servers" "$round" "$rate" "$split" "$(cut -d' ' -f1 /proc/loadavg)"
+}
+
+ddp() {  # ddp NAME MODEL BATCH LR COLUMN ROUND FLAGS...
+  local name=$1 model=$2 batch=$3 lr=$4 column=$5 round=$6; shift 6
+  local log="$out/ddp-$name-r$round.log"
+  timeout 300 "$py" deploy/bench/pytorch_ddp.py --model="$model" --batch_size="$batch" \
+    --lr="$lr" --timeout=240 "$@" >"$log" 2>&1 || {
+      echo "ddp_compare: DDP $name failed; see $log" >&2; return 1; }
+  local ms best median cold
+  read -r ms best median cold _ < <(tail -n 1 "$log")
+  local rate=$best
+  [[ "$column" == cold ]] && rate=$cold
+  echo "$name|DDP|$round|$rate|warm best $best, median $median, from step 1 $cold, $ms ms/step" \
+    >>"$out/results"
+  printf '%-11s DDP         round %s: %6s samples/s  [warm best %s, median %s, from step 1 %s, %s ms/step]  load %s\n' \
+    "$name" "$round" "$rate" "$best" "$median" "$cold" "$ms" "$(cut -d' ' -f1 /proc/loadavg)"
+}
+
+echo "ddp_compare: $(nproc) CPUs ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)); load average at start: $(cut -d' ' -f1-3 /proc/loadavg); logs in $out"
+for ((round = 1; round <= rounds; round++)); do
+  for c in "${configs[@]}"; do
+    IFS='|' read -r name model batch lr our_flags ddp_flags column <<<"$c"
+    [[ -n "$only" && "$only" != *",$name,"* ]] && continue
+    # Alternate who goes first from round to round.
+    if ((round % 2)); then
+      ours "$name" "$model" "$batch" "$lr" 1 "$round" $our_flags
+      ddp "$name" "$model" "$batch" "$lr" "$column" "$round" $ddp_flags
+      ours "$name" "$model" "$batch" "$lr" 2 "$round" $our_flags
+    else
+      ours "$name" "$model" "$batch" "$lr" 2 "$round" $our_flags
+      ddp "$name" "$model" "$batch" "$lr" "$column" "$round" $ddp_flags
+      ours "$name" "$model" "$batch" "$lr" 1 "$round" $our_flags
+    fi
+  done
+done
+echo "ddp_compare: load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+"$py" - "$out/results" <<'PY'
+import sys
+rows = [line.rstrip("\n").split("|") for line in open(sys.argv[1])]
+names = list(dict.fromkeys(r[0] for r in rows))
+who = ["ours S=1", "ours S=2", "DDP"]
+print()
+print(f"{'config':<11} | {'ours S=1':>15} | {'ours S=2':>15} | {'DDP':>15} | "
+      f"{'S=1/DDP':>8} | {'S=2/DDP':>8}")
+for n in names:
+    rates = {w: [float(r[3]) for r in rows if r[0] == n and r[1] == w] for w in who}
+    cells = [("/".join(f"{v:.0f}" for v in rates[w])) for w in who]
+    ddp = max(rates["DDP"]) if rates["DDP"] else float("nan")
+    ratio = [max(rates[w]) / ddp if rates[w] else float("nan") for w in who[:2]]
+    print(f"{n:<11} | {cells[0]:>15} | {cells[1]:>15} | {cells[2]:>15} | "
+          f"{ratio[0]:>8.2f} | {ratio[1]:>8.2f}")
+print("(samples/s of both processes, one figure per round; ratios of the best runs)")
+PY
