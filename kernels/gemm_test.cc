@@ -159,7 +159,9 @@ TEST(GemmCpuTest, SelectBlasCoreAvoidsTheSse3FallbackAndStaysCorrect) {
       __builtin_cpu_supports("fma")) {
     EXPECT_NE(core, "Prescott");
     // Not the AVX-512 sets on AMD (see gemm.h).
-    if (__builtin_cpu_is("amd")) EXPECT_EQ(core, "Haswell");
+    if (__builtin_cpu_is("amd")) {
+      EXPECT_EQ(core, "Haswell");
+    }
   }
   CpuDevice cpu(0, 1);
   for (const GemmCase& cs : kCases) {
