@@ -137,7 +137,9 @@ TEST(HalfTest, Bfloat16IsTheTopOfAFloat) {
   for (uint32_t b = 0; b <= 0xFFFF; ++b) {
     const float f = Bfloat16ToFloat(static_cast<uint16_t>(b));
     ASSERT_EQ(Bits(f), b << 16);
-    if (!std::isnan(f)) ASSERT_EQ(FloatToBfloat16(f), b);  // representable: no rounding
+    if (!std::isnan(f)) {
+      ASSERT_EQ(FloatToBfloat16(f), b);  // representable: no rounding
+    }
   }
 }
 

@@ -236,8 +236,12 @@ TEST_F(ParameterServerTest, SumsInRankOrderWhateverTheArrivalOrder) {
     }
     EXPECT_EQ(server.held_elements(), 0);
     // Held only what arrived ahead of a lower rank.
-    if (order == std::vector<int>{0, 1, 2}) EXPECT_EQ(most_held, 0);
-    if (order == std::vector<int>{2, 1, 0}) EXPECT_EQ(most_held, 16);
+    if (order == std::vector<int>{0, 1, 2}) {
+      EXPECT_EQ(most_held, 0);
+    }
+    if (order == std::vector<int>{2, 1, 0}) {
+      EXPECT_EQ(most_held, 16);
+    }
     ASSERT_EQ(server.version(), 1);
     const std::vector<float> params = Params(server);
     if (first.empty()) {
