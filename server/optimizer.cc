@@ -47,6 +47,7 @@ absl::Status ValidateOptimizerOptions(const OptimizerOptions& options) {
 SgdOptimizer::SgdOptimizer(const OptimizerOptions& options, int64_t num_parameters,
                            CpuDevice* device)
     : options_(options),
+      num_parameters_(num_parameters),
       device_(device),
       momentum_(options.sgd.momentum != 0 ? num_parameters : 0, 0.f) {}
 
@@ -62,14 +63,27 @@ absl::StatusOr<std::unique_ptr<SgdOptimizer>> SgdOptimizer::Create(const Optimiz
 
 absl::Status SgdOptimizer::Apply(int64_t step, int64_t num_samples,
                                  absl::Span<const float> grad_sum, absl::Span<float> params) {
-  if (grad_sum.size() != params.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient has ", grad_sum.size(),
-                                                   " elements, parameters ", params.size()));
+  if (static_cast<int64_t>(params.size()) != num_parameters_) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer is for ", num_parameters_,
+                                                   " parameters, got ", params.size()));
   }
-  if (!momentum_.empty() && momentum_.size() != params.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer holds ", momentum_.size(),
-                                                   " momentum elements, parameters ",
-                                                   params.size()));
+  return ApplyRange(step, num_samples, 0, grad_sum, params);
+}
+
+absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
+                                      absl::Span<const float> grad_sum,
+                                      absl::Span<float> params) {
+  const int64_t n = static_cast<int64_t>(params.size());
+  if (static_cast<int64_t>(grad_sum.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient has ", grad_sum.size(),
+                                                   " elements, parameters ", n));
+  }
+  // Written so that no overflow can pass: offset + n is formed only once
+  // offset is known to be at most num_parameters_.
+  if (offset < 0 || offset > num_parameters_ || n > num_parameters_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(n, " elements at offset ", offset,
+                                                   " lie outside the optimizer's ",
+                                                   num_parameters_, " parameters"));
   }
   if (num_samples < 1) {
     return absl::InvalidArgumentError(
@@ -77,9 +91,9 @@ absl::Status SgdOptimizer::Apply(int64_t step, int64_t num_samples,
   }
   kernels::SgdHyper hyper = options_.sgd;
   hyper.lr = options_.schedule.LearningRate(options_.sgd.lr, step);
-  return kernels::SgdUpdateCpu(*device_, static_cast<int64_t>(params.size()), hyper,
-                               1.f / static_cast<float>(num_samples), grad_sum.data(),
-                               params.data(), momentum_.empty() ? nullptr : momentum_.data());
+  return kernels::SgdUpdateCpu(*device_, n, hyper, 1.f / static_cast<float>(num_samples),
+                               grad_sum.data(), params.data(),
+                               momentum_.empty() ? nullptr : momentum_.data() + offset);
 }
 
 }  // namespace ps::server

@@ -41,8 +41,10 @@ struct OptimizerOptions {
 absl::Status ValidateOptimizerOptions(const OptimizerOptions& options);
 
 // SGD over one flat parameter vector in host memory: the update the server
-// applies once per iteration to the sum of all workers' gradients. Holds the
-// momentum buffer. Not thread-safe; the caller serialises Apply calls.
+// applies to the sum of all workers' gradients, to the whole vector at once
+// (Apply) or to one range of it at a time (ApplyRange, as each chunk's sum
+// completes). Holds the momentum buffer. Not thread-safe; the caller
+// serialises Apply and ApplyRange calls.
 class SgdOptimizer {
  public:
   // `device` runs the update kernel (a CPU device; its threads split the
@@ -58,7 +60,18 @@ class SgdOptimizer {
   absl::Status Apply(int64_t step, int64_t num_samples, absl::Span<const float> grad_sum,
                      absl::Span<float> params);
 
+  // Applies update number `step` to elements [offset, offset + n) of the
+  // flat vector only, n = params.size(): `params` and `grad_sum` hold just
+  // those elements, and the momentum buffer is read and written at `offset`.
+  // The update is element-wise, so ranges that tile the vector, in any order
+  // and each applied once per step, give bit for bit what Apply gives.
+  // kInvalidArgument, changing nothing, for grad_sum and params of different
+  // sizes, a range outside [0, num_parameters) or num_samples < 1.
+  absl::Status ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
+                          absl::Span<const float> grad_sum, absl::Span<float> params);
+
   const OptimizerOptions& options() const { return options_; }
+  int64_t num_parameters() const { return num_parameters_; }
   // The momentum buffer (empty without momentum), for checkpoints.
   absl::Span<const float> momentum() const { return momentum_; }
 
@@ -66,6 +79,7 @@ class SgdOptimizer {
   SgdOptimizer(const OptimizerOptions& options, int64_t num_parameters, CpuDevice* device);
 
   const OptimizerOptions options_;
+  const int64_t num_parameters_;
   CpuDevice* const device_;
   std::vector<float> momentum_;
 };

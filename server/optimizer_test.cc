@@ -1,6 +1,8 @@
 #include "server/optimizer.h"
 
 #include <cmath>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -73,6 +75,69 @@ TEST(SgdOptimizerTest, RejectsBadOptionsAndSizes) {
   EXPECT_EQ((*opt)->Apply(0, 0, g2, absl::MakeSpan(p)).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(p, (std::vector<float>{1, 2}));
+}
+
+// The server applies each chunk as its sum completes: ranges that tile the
+// vector, applied in any order, must give Apply's bits, momentum included.
+TEST(SgdOptimizerTest, ApplyRangeOverPiecesEqualsApplyOverTheWhole) {
+  CpuDevice device(0, 1);
+  for (bool nesterov : {false, true}) {
+    OptimizerOptions options;
+    options.sgd.lr = 0.05f;
+    options.sgd.momentum = 0.9f;
+    options.sgd.weight_decay = 0.003f;
+    options.sgd.nesterov = nesterov;
+    options.schedule.unit = LrSchedule::Unit::kSteps;
+    options.schedule.step_size = 2;
+    options.schedule.gamma = 0.5f;
+    constexpr int64_t kN = 37;
+    auto whole = SgdOptimizer::Create(options, kN, &device);
+    auto pieces = SgdOptimizer::Create(options, kN, &device);
+    ASSERT_TRUE(whole.ok() && pieces.ok());
+    std::vector<float> p_whole(kN), p_pieces(kN), grad(kN);
+    for (int64_t i = 0; i < kN; ++i) p_whole[i] = p_pieces[i] = std::sin(0.7f * i) * 3.f;
+    // Pieces of uneven sizes (an empty one too), applied out of order.
+    const std::vector<std::pair<int64_t, int64_t>> ranges = {
+        {30, 7}, {0, 5}, {12, 0}, {12, 18}, {5, 7}};
+    for (int64_t step = 0; step < 5; ++step) {
+      for (int64_t i = 0; i < kN; ++i) grad[i] = std::cos(1.3f * i + step) * 7.f;
+      ASSERT_TRUE((*whole)->Apply(step, 3, grad, absl::MakeSpan(p_whole)).ok());
+      for (const auto& [offset, n] : ranges) {
+        ASSERT_TRUE((*pieces)
+                        ->ApplyRange(step, 3, offset, absl::MakeConstSpan(grad).subspan(offset, n),
+                                     absl::MakeSpan(p_pieces).subspan(offset, n))
+                        .ok());
+      }
+      for (int64_t i = 0; i < kN; ++i) {
+        ASSERT_EQ(p_pieces[i], p_whole[i]) << "step " << step << " element " << i;
+        ASSERT_EQ((*pieces)->momentum()[i], (*whole)->momentum()[i]) << i;
+      }
+    }
+    EXPECT_NE(p_whole[1], std::sin(0.7f) * 3.f);  // it did move
+  }
+}
+
+TEST(SgdOptimizerTest, ApplyRangeRejectsRangesOutsideTheVector) {
+  CpuDevice device(0, 1);
+  OptimizerOptions options;
+  options.sgd.momentum = 0.5f;
+  auto opt = SgdOptimizer::Create(options, 4, &device);
+  ASSERT_TRUE(opt.ok());
+  std::vector<float> p = {1, 2}, g = {1, 1}, g3 = {1, 1, 1};
+  for (int64_t offset : {int64_t{-1}, int64_t{3}, int64_t{5}, INT64_MAX}) {
+    absl::Status s = (*opt)->ApplyRange(0, 1, offset, g, absl::MakeSpan(p));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << offset;
+  }
+  EXPECT_EQ((*opt)->ApplyRange(0, 1, 0, g3, absl::MakeSpan(p)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*opt)->ApplyRange(0, 0, 0, g, absl::MakeSpan(p)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p, (std::vector<float>{1, 2}));
+  for (float m : (*opt)->momentum()) EXPECT_EQ(m, 0.f);
+  // The last two elements are a valid range.
+  ASSERT_TRUE((*opt)->ApplyRange(0, 1, 2, g, absl::MakeSpan(p)).ok());
+  EXPECT_EQ((*opt)->momentum()[1], 0.f);
+  EXPECT_NE((*opt)->momentum()[2], 0.f);
 }
 
 }  // namespace
