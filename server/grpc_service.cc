@@ -169,7 +169,8 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
     chunk->set_chunk(ids[c].chunk);
     chunk->set_dtype(proto::DTYPE_F32);
     chunk->set_data_bytes(static_cast<int64_t>(view.size() * sizeof(float)));
-    // Each slice keeps the version alive until gRPC has sent it.
+    // Each slice keeps the viewed chunks alive, and unchanged, until gRPC
+    // has sent it.
     data.push_back(proto::BorrowedSlice(view.data(), view.size() * sizeof(float), &ReleaseVersion,
                                         new std::shared_ptr<const void>(views.keep_alive)));
   }
@@ -208,8 +209,9 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
     ids.push_back({id.key(), id.chunk()});
   }
   const absl::Time deadline = WaitDeadline(context, pull.timeout_ms());
-  if (server_->HasVersion(pull.version())) {
-    // The common case (after Wait): no waiting, answered on gRPC's thread.
+  if (server_->HasChunks(pull.version(), ids)) {
+    // The common case (after Wait, or once these chunks are applied): no
+    // waiting, answered on gRPC's thread.
     reactor->Finish(ToGrpcStatus(AnswerPull(pull, ids, deadline, reply)));
     return reactor;
   }

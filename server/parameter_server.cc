@@ -165,14 +165,40 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
       std::copy(it->values.begin(), it->values.end(), params.begin() + offsets[key]);
     }
   }
+  // One buffer per chunk (see chunk_params_), cut from the flat values.
+  std::vector<int> chunk_key;
+  std::vector<int64_t> chunk_offset;
+  std::vector<std::shared_ptr<std::vector<float>>> chunk_params;
+  chunk_key.reserve(chunks);
+  chunk_offset.reserve(chunks);
+  chunk_params.reserve(chunks);
+  for (size_t key = 0; key < signature.size(); ++key) {
+    const int64_t n = NumElements(signature[key].shape);
+    for (int64_t begin = 0, c = 0; c < ChunkCount(n, options_.chunk_elements);
+         ++c, begin += options_.chunk_elements) {
+      const int64_t length = std::min(options_.chunk_elements, n - begin);
+      const int64_t offset = offsets[key] + begin;
+      chunk_key.push_back(static_cast<int>(key));
+      chunk_offset.push_back(offset);
+      chunk_params.push_back(
+          given ? std::make_shared<std::vector<float>>(params.begin() + offset,
+                                                       params.begin() + offset + length)
+                : std::make_shared<std::vector<float>>(length, 0.f));
+    }
+  }
   signature_ = signature;
   key_offset_ = std::move(offsets);
   key_first_chunk_ = std::move(first_chunks);
   total_chunks_ = chunks;
-  params_ = std::make_shared<std::vector<float>>(given ? std::move(params)
-                                                      : std::vector<float>(total, 0.f));
+  num_parameters_ = total;
+  chunk_key_ = std::move(chunk_key);
+  chunk_offset_ = std::move(chunk_offset);
+  chunk_params_ = std::move(chunk_params);
+  chunk_version_.assign(chunks, 0);
   grad_sum_.assign(total, 0.f);
+  chunk_pushes_.assign(chunks, 0);
   ranks_summed_.assign(chunks, 0);
+  chunks_applied_ = 0;
   early_.assign(chunks, std::vector<std::vector<float>>(workers_.size()));
   early_elements_ = 0;
   initialized_ = given;
@@ -181,7 +207,6 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
   initial_chunks_received_ = 0;
   for (WorkerState& w : workers_) {
     w.pushed.assign(chunks, false);
-    w.chunks_pushed = 0;
     w.num_samples = -1;
   }
   return absl::OkStatus();
@@ -264,7 +289,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   if (optimizer_ == nullptr) {
     OptimizerOptions optimizer = options_.optimizer;
     optimizer.schedule.steps_per_epoch = std::max<int64_t>(1, steps_per_epoch);
-    PS_ASSIGN_OR_RETURN(optimizer_, SgdOptimizer::Create(optimizer, params_->size(), device_));
+    PS_ASSIGN_OR_RETURN(optimizer_, SgdOptimizer::Create(optimizer, num_parameters_, device_));
   }
   steps_per_epoch_ = steps_per_epoch;
   workers_[rank].id = worker_id;
@@ -298,6 +323,15 @@ absl::Status ParameterServer::CheckKeyChunkLocked(int key, int64_t chunk, int64_
   *offset = chunk * options_.chunk_elements;
   *length = std::min(options_.chunk_elements, n - *offset);
   return absl::OkStatus();
+}
+
+int64_t ParameterServer::GlobalChunkLocked(int key, int64_t chunk) const {
+  if (key < 0 || key >= static_cast<int>(signature_.size())) return -1;
+  const int64_t first = key_first_chunk_[key];
+  const int64_t end =
+      key + 1 < static_cast<int>(signature_.size()) ? key_first_chunk_[key + 1] : total_chunks_;
+  if (chunk < 0 || chunk >= end - first) return -1;
+  return first + chunk;
 }
 
 absl::StatusOr<std::vector<ParameterServer::CheckedChunk>> ParameterServer::CheckChunksLocked(
@@ -375,12 +409,15 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
       CheckChunksLocked(chunks, worker.pushed,
                         absl::StrCat("pushed by worker rank ", rank, " in iteration ", iteration)));
   // 2. All valid: add them, in rank order (see SumInRankOrderLocked).
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    SumInRankOrderLocked(rank, checked[c], chunks[c].pieces);
-    worker.pushed[checked[c].global_chunk] = true;
-    worker.chunks_pushed++;
-  }
   if (!chunks.empty()) worker.num_samples = num_samples;
+  const int num_workers = static_cast<int>(workers_.size());
+  std::vector<int64_t> complete;  // the chunks every worker has now pushed
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const int64_t gc = checked[c].global_chunk;
+    SumInRankOrderLocked(rank, checked[c], chunks[c].pieces);
+    worker.pushed[gc] = true;
+    if (++chunk_pushes_[gc] == num_workers) complete.push_back(gc);
+  }
   if (options_.observer != nullptr) {
     int64_t bytes = 0;
     for (const ChunkBytes& chunk : chunks) bytes += PiecesBytes(chunk.pieces);
@@ -388,7 +425,10 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
                 chunks.empty() ? absl::string_view() : signature_[chunks[0].key].name, bytes,
                 start_ns);
   }
-  return MaybeApplyLocked();
+  // 3. Apply and publish each chunk this message completed, in message
+  //    order; the last chunk of the iteration also publishes the version.
+  for (const int64_t gc : complete) PS_RETURN_IF_ERROR(ApplyChunkLocked(gc));
+  return absl::OkStatus();
 }
 
 void ParameterServer::SumInRankOrderLocked(int rank, const CheckedChunk& chunk,
@@ -444,7 +484,7 @@ absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const Ch
   PS_ASSIGN_OR_RETURN(std::vector<CheckedChunk> checked,
                       CheckChunksLocked(chunks, initial_received_, "sent as an initial value"));
   for (size_t c = 0; c < chunks.size(); ++c) {
-    CopyPiecesTo(chunks[c].pieces, MutableParamsLocked().data() + checked[c].offset);
+    CopyPiecesTo(chunks[c].pieces, MutableChunkLocked(checked[c].global_chunk).data());
     initial_received_[checked[c].global_chunk] = true;
     ++initial_chunks_received_;
   }
@@ -455,25 +495,32 @@ absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const Ch
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::MaybeApplyLocked() {
-  int64_t samples = 0;
-  for (const WorkerState& w : workers_) {
-    if (w.chunks_pushed < total_chunks_) return absl::OkStatus();
-    samples += w.num_samples;
-  }
+absl::Status ParameterServer::ApplyChunkLocked(int64_t global_chunk) {
   const int64_t start_ns = EventStartNanos();
+  // Every worker has pushed this chunk, so every worker's sample count for
+  // the iteration is known.
+  int64_t samples = 0;
+  for (const WorkerState& w : workers_) samples += w.num_samples;
+  const int64_t offset = chunk_offset_[global_chunk];
+  const int64_t length = static_cast<int64_t>(chunk_params_[global_chunk]->size());
   if (samples > 0) {
-    PS_RETURN_IF_ERROR(optimizer_->Apply(version_, samples, grad_sum_,
-                                         absl::MakeSpan(MutableParamsLocked())));
+    PS_RETURN_IF_ERROR(optimizer_->ApplyRange(
+        version_, samples, offset, absl::MakeConstSpan(grad_sum_).subspan(offset, length),
+        absl::MakeSpan(MutableChunkLocked(global_chunk))));
   }
-  std::fill(ranks_summed_.begin(), ranks_summed_.end(), 0);
+  chunk_version_[global_chunk] = version_ + 1;
+  chunk_pushes_[global_chunk] = 0;
+  ranks_summed_[global_chunk] = 0;
+  ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, version_,
+              signature_[chunk_key_[global_chunk]].name,
+              length * static_cast<int64_t>(sizeof(float)), start_ns);
+  if (++chunks_applied_ < total_chunks_) return absl::OkStatus();
+  // The iteration's last chunk: every worker's pushes are all in.
+  chunks_applied_ = 0;
   for (WorkerState& w : workers_) {
     std::fill(w.pushed.begin(), w.pushed.end(), false);
-    w.chunks_pushed = 0;
     w.num_samples = -1;
   }
-  ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, version_, {},
-              static_cast<int64_t>(params_->size() * sizeof(float)), start_ns);
   ++version_;
   return absl::OkStatus();
 }
@@ -483,45 +530,108 @@ absl::Status ParameterServer::AwaitVersionLocked(int64_t version, absl::Time dea
     return version_ >= version && initialized_;
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-    if (!initialized_) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "version ", version, " not reached before the deadline: the initial parameters are ",
-          signature_.empty() ? "not known (no worker has registered)"
-                             : "incomplete (rank 0 has not sent them all)"));
-    }
-    return absl::DeadlineExceededError(absl::StrCat("version ", version,
-                                                    " not reached before the deadline; the "
-                                                    "server is at version ",
-                                                    version_));
+    return VersionMissingErrorLocked(version);
   }
   return absl::OkStatus();
 }
 
+absl::Status ParameterServer::VersionMissingErrorLocked(int64_t version) const {
+  if (!initialized_) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "version ", version, " not reached before the deadline: the initial parameters are ",
+        signature_.empty() ? "not known (no worker has registered)"
+                           : "incomplete (rank 0 has not sent them all)"));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("version ", version,
+                                                  " not reached before the deadline; the "
+                                                  "server is at version ",
+                                                  version_));
+}
+
+bool ParameterServer::ChunksReadyLocked(int64_t version,
+                                        absl::Span<const ChunkId> chunks) const {
+  if (chunks.empty()) return version_ >= version;
+  for (const ChunkId& chunk : chunks) {
+    const int64_t gc = GlobalChunkLocked(chunk.key, chunk.chunk);
+    if (gc >= 0 && chunk_version_[gc] < version) return false;
+  }
+  return true;
+}
+
+int64_t ParameterServer::OldestChunkVersionLocked(absl::Span<const int64_t> global_chunks) const {
+  if (global_chunks.empty()) return version_;
+  int64_t oldest = chunk_version_[global_chunks[0]];
+  for (const int64_t gc : global_chunks) oldest = std::min(oldest, chunk_version_[gc]);
+  return oldest;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParameterServer::AwaitChunksLocked(
+    int64_t version, absl::Time deadline, absl::Span<const ChunkId> chunks) {
+  // A chunk that does not exist is refused before any wait; without a
+  // signature no chunk is known yet, so it is checked after the wait for
+  // version 0 (which needs the signature).
+  auto check = [this, chunks]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    for (const ChunkId& chunk : chunks) {
+      int64_t offset, length;
+      PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
+    }
+    return absl::OkStatus();
+  };
+  if (!signature_.empty()) PS_RETURN_IF_ERROR(check());
+  auto ready = [this, version, chunks]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return initialized_ && ChunksReadyLocked(version, chunks);
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    // Name what is missing: version 0, the server's version, or a chunk.
+    if (!initialized_ || chunks.empty()) return VersionMissingErrorLocked(version);
+    for (const ChunkId& chunk : chunks) {
+      const int64_t gc = GlobalChunkLocked(chunk.key, chunk.chunk);
+      if (gc >= 0 && chunk_version_[gc] < version) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "version ", version, " of chunk ", chunk.chunk, " of '", signature_[chunk.key].name,
+            "' not reached before the deadline; the chunk is at version ", chunk_version_[gc],
+            ", the server at version ", version_));
+      }
+    }
+  }
+  // The signature may have come during the wait.
+  PS_RETURN_IF_ERROR(check());
+  std::vector<int64_t> global_chunks;
+  global_chunks.reserve(chunks.size());
+  for (const ChunkId& chunk : chunks) {
+    global_chunks.push_back(GlobalChunkLocked(chunk.key, chunk.chunk));
+  }
+  return global_chunks;
+}
+
 absl::StatusOr<int64_t> ParameterServer::PullChunks(int64_t version, absl::Time deadline,
                                                     absl::Span<const ChunkOut> chunks) {
+  std::vector<ChunkId> ids;
+  ids.reserve(chunks.size());
+  for (const ChunkOut& chunk : chunks) ids.push_back({chunk.key, chunk.chunk});
   absl::MutexLock lock(&mu_);
-  PS_RETURN_IF_ERROR(AwaitVersionLocked(version, deadline));
+  PS_ASSIGN_OR_RETURN(std::vector<int64_t> global_chunks,
+                      AwaitChunksLocked(version, deadline, ids));
   const int64_t start_ns = EventStartNanos();
-  for (const ChunkOut& chunk : chunks) {
-    int64_t offset, length;
-    PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
-    if (static_cast<int64_t>(chunk.out.size()) != length) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.chunk, " of '",
-                                                     signature_[chunk.key].name, "' has ",
-                                                     length, " elements, buffer ",
-                                                     chunk.out.size()));
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const std::vector<float>& params = *chunk_params_[global_chunks[c]];
+    if (chunks[c].out.size() != params.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", chunks[c].chunk, " of '", signature_[chunks[c].key].name, "' has ",
+          params.size(), " elements, buffer ", chunks[c].out.size()));
     }
   }
   int64_t elements = 0;
-  for (const ChunkOut& chunk : chunks) {
-    const int64_t offset = key_offset_[chunk.key] + chunk.chunk * options_.chunk_elements;
-    std::memcpy(chunk.out.data(), params_->data() + offset, chunk.out.size() * sizeof(float));
-    elements += static_cast<int64_t>(chunk.out.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const std::vector<float>& params = *chunk_params_[global_chunks[c]];
+    std::memcpy(chunks[c].out.data(), params.data(), params.size() * sizeof(float));
+    elements += static_cast<int64_t>(params.size());
   }
-  ReportEvent(EventKind::kServerPull, kServerPullLane, version_,
+  const int64_t pulled = OldestChunkVersionLocked(global_chunks);
+  ReportEvent(EventKind::kServerPull, kServerPullLane, pulled,
               chunks.empty() ? absl::string_view() : signature_[chunks[0].key].name,
               elements * static_cast<int64_t>(sizeof(float)), start_ns);
-  return version_;
+  return pulled;
 }
 
 absl::StatusOr<int64_t> ParameterServer::WaitForVersion(int64_t version, absl::Time deadline) {
@@ -535,38 +645,55 @@ absl::StatusOr<int64_t> ParameterServer::Pull(int64_t version, absl::Time deadli
   absl::MutexLock lock(&mu_);
   PS_RETURN_IF_ERROR(AwaitVersionLocked(version, deadline));
   const int64_t start_ns = EventStartNanos();
-  if (out.size() != params_->size()) {
+  if (static_cast<int64_t>(out.size()) != num_parameters_) {
     return absl::InvalidArgumentError(absl::StrCat("pull into ", out.size(),
-                                                   " elements; the model has ", params_->size()));
+                                                   " elements; the model has ", num_parameters_));
   }
-  std::memcpy(out.data(), params_->data(), params_->size() * sizeof(float));
+  for (int64_t gc = 0; gc < total_chunks_; ++gc) {
+    const std::vector<float>& params = *chunk_params_[gc];
+    std::memcpy(out.data() + chunk_offset_[gc], params.data(), params.size() * sizeof(float));
+  }
   ReportEvent(EventKind::kServerPull, kServerPullLane, version_,
               signature_.empty() ? absl::string_view() : signature_[0].name,
-              static_cast<int64_t>(params_->size() * sizeof(float)), start_ns);
+              num_parameters_ * static_cast<int64_t>(sizeof(float)), start_ns);
   return version_;
 }
 
 absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
     int64_t version, absl::Time deadline, absl::Span<const ChunkId> chunks) {
   absl::MutexLock lock(&mu_);
-  PS_RETURN_IF_ERROR(AwaitVersionLocked(version, deadline));
+  PS_ASSIGN_OR_RETURN(std::vector<int64_t> global_chunks,
+                      AwaitChunksLocked(version, deadline, chunks));
   const int64_t start_ns = EventStartNanos();
+  // The views keep exactly the chunks they view alive: an update of any
+  // other chunk writes in place.
+  auto held = std::make_shared<std::vector<std::shared_ptr<const std::vector<float>>>>();
+  held->reserve(chunks.size());
   ChunkViews views;
-  views.version = version_;
+  views.version = OldestChunkVersionLocked(global_chunks);
   views.chunks.reserve(chunks.size());
   int64_t elements = 0;
-  for (const ChunkId& chunk : chunks) {
-    int64_t offset, length;
-    PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
-    views.chunks.push_back(
-        absl::MakeConstSpan(params_->data() + key_offset_[chunk.key] + offset, length));
-    elements += length;
+  for (const int64_t gc : global_chunks) {
+    const std::shared_ptr<std::vector<float>>& params = chunk_params_[gc];
+    views.chunks.push_back(absl::MakeConstSpan(*params));
+    held->push_back(params);
+    elements += static_cast<int64_t>(params->size());
   }
-  views.keep_alive = params_;
-  ReportEvent(EventKind::kServerPull, kServerPullLane, version_,
+  views.keep_alive = std::move(held);
+  ReportEvent(EventKind::kServerPull, kServerPullLane, views.version,
               chunks.empty() ? absl::string_view() : signature_[chunks[0].key].name,
               elements * static_cast<int64_t>(sizeof(float)), start_ns);
   return views;
+}
+
+bool ParameterServer::HasChunks(int64_t version, absl::Span<const ChunkId> chunks) const {
+  absl::MutexLock lock(&mu_);
+  if (!signature_.empty()) {
+    for (const ChunkId& chunk : chunks) {
+      if (GlobalChunkLocked(chunk.key, chunk.chunk) < 0) return true;  // refused at once
+    }
+  }
+  return initialized_ && ChunksReadyLocked(version, chunks);
 }
 
 bool ParameterServer::HasVersion(int64_t version) const {
@@ -574,15 +701,16 @@ bool ParameterServer::HasVersion(int64_t version) const {
   return initialized_ && version_ >= version;
 }
 
-std::vector<float>& ParameterServer::MutableParamsLocked() {
+std::vector<float>& ParameterServer::MutableChunkLocked(int64_t global_chunk) {
   // Views are taken only under mu_, so a count of one (ours) cannot grow
   // while we write. The acquire fence pairs with the release in the last
   // holder's decrement: its reads of the old values happen before our writes.
-  if (params_.use_count() > 1) {
-    params_ = std::make_shared<std::vector<float>>(*params_);
+  std::shared_ptr<std::vector<float>>& params = chunk_params_[global_chunk];
+  if (params.use_count() > 1) {
+    params = std::make_shared<std::vector<float>>(*params);
   }
   std::atomic_thread_fence(std::memory_order_acquire);
-  return *params_;
+  return *params;
 }
 
 std::vector<ParamSpec> ParameterServer::signature() const {
@@ -625,7 +753,7 @@ bool ParameterServer::initialized() const {
 
 int64_t ParameterServer::num_parameters() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(params_->size());
+  return num_parameters_;
 }
 
 int64_t ParameterServer::ChunkLength(int key, int64_t chunk) const {

@@ -35,12 +35,16 @@ struct ParameterServerOptions {
   //   - kServerPush on ServerPushLane(rank) per PushChunks (or Push) call:
   //     checking and summing one message; step: its iteration, name: its
   //     first chunk's tensor, bytes: its payload;
-  //   - kServerUpdate on kServerUpdateLane per iteration, after the push
-  //     that completes it: the optimizer step and publishing the version;
-  //     step: the iteration, bytes: the parameters;
-  //   - kServerPull on kServerPullLane per PullChunks (or Pull) call: the
-  //     copy out, after the wait for the version; step: the version copied,
-  //     name: its first chunk's tensor, bytes: its payload.
+  //   - kServerUpdate on kServerUpdateLane per chunk applied, after the
+  //     kServerPush of the message that completed it (every worker has
+  //     pushed it): the optimizer step on that chunk and publishing it;
+  //     step: the iteration, name: the chunk's tensor, bytes: the chunk's
+  //     parameters (0 for an empty tensor's). Total chunks per iteration
+  //     of them, the last one also publishing the version;
+  //   - kServerPull on kServerPullLane per PullChunks, PullChunkViews (or
+  //     Pull) call: the copy out (or taking the views), after the wait;
+  //     step: the version returned, name: its first chunk's tensor, bytes:
+  //     its payload.
   // The calls hold one lock, so no two events overlap. Called from the
   // pushing and pulling threads; it must not call back into the server.
   // Null: no events. Both must outlive the server; clock is never null
@@ -59,13 +63,30 @@ struct NamedTensor {
 
 // The synchronous parameter server's state machine, free of any transport:
 // the gRPC service (and the in-process LocalParameterStore) translate calls
-// into these methods. It holds one flat fp32 parameter vector laid out in
-// signature order, sums the gradient pushes of all workers for the current
-// iteration, and when every worker has pushed every chunk, applies one SGD
-// update scaled by the samples the pushes cover and publishes version + 1.
+// into these methods. It holds the fp32 parameters laid out flat in
+// signature order and cut into chunks (per key, chunk_elements each), sums
+// the gradient pushes of all workers for the current iteration, and applies
+// SGD chunk by chunk: as soon as every worker has pushed chunk c of the
+// iteration, that chunk is updated (scaled by the samples all the workers'
+// pushes cover) and published, so workers that push layer by layer can pull
+// the first layers back while the last are still being pushed. Once the
+// last chunk is applied, the iteration is complete and version + 1 exists.
+// The result is bit for bit that of one update of the whole vector
+// (SgdOptimizer::ApplyRange).
 //
 // Versions: version v is the parameters after v updates; iteration v is the
-// step computed from version v, whose pushes produce version v + 1.
+// step computed from version v, whose pushes produce version v + 1. Each
+// chunk has a version of its own too: v + 1 as soon as iteration v has
+// applied it, while the server's version() is still v. PullChunks and
+// PullChunkViews wait for chunk versions; Pull, WaitForVersion and
+// HasVersion for the server's version (every chunk).
+//
+// Memory: the parameters, the momentum buffer (with momentum), one gradient
+// sum (a model's worth each), plus the chunks held early for their rank's
+// turn (see below: at most num_workers - 1 models when pushes arrive in
+// reverse rank order), plus one chunk's copy for each chunk that a
+// ChunkViews holder still views when the chunk is updated (copy on write,
+// per chunk).
 //
 // The server knows no model: the signature (names, shapes, order of the
 // trainable parameters) comes from the first worker to register, and every
@@ -140,7 +161,8 @@ class ParameterServer {
   // kOutOfRange key or chunk out of range, kInvalidArgument wrong chunk length
   // or a non-finite value (named), kFailedPrecondition iteration is not the
   // current one or num_samples differs from this worker's earlier chunks,
-  // kAlreadyExists the chunk was already pushed this iteration.
+  // kAlreadyExists the chunk was already pushed this iteration (even when
+  // every worker has pushed it and it has been applied).
   absl::Status Push(int rank, int64_t iteration, int key, int64_t chunk, int64_t num_samples,
                     absl::Span<const float> gradient);
 
@@ -178,12 +200,10 @@ class ParameterServer {
   // kAlreadyExists for a chunk as in PushChunks.
   absl::Status InitializeChunks(int rank, absl::Span<const ChunkData> chunks);
 
-  // Waits until version `version` exists (or `deadline` passes:
-  // kDeadlineExceeded) and copies each chunk (key, chunk index) into its
-  // `out`, which must be exactly the chunk's length, all from one version
-  // under one lock. Returns the version copied: the newest, at least
-  // `version`. kOutOfRange / kInvalidArgument for a bad chunk or buffer; then
-  // nothing is copied.
+  // The twin of PullChunkViews that copies, for tests: same wait, checks,
+  // errors, version returned and event, then each chunk (key, chunk index)
+  // is copied into its `out`, which must be exactly the chunk's length
+  // (kInvalidArgument otherwise, after the wait; then nothing is copied).
   struct ChunkOut {
     int key = 0;
     int64_t chunk = 0;
@@ -192,14 +212,26 @@ class ParameterServer {
   absl::StatusOr<int64_t> PullChunks(int64_t version, absl::Time deadline,
                                      absl::Span<const ChunkOut> chunks);
 
-  // Waits like PullChunks and returns views of the chunks (key, chunk index)
-  // in the parameters of one version, copying nothing. The views stay valid
-  // and unchanged while `keep_alive` (or a copy of it) lives, from any
-  // thread: the update that follows writes a fresh buffer instead when a
-  // view of the current one is still held (copy on write), so holding one
-  // costs up to one model's memory per version held, and nothing once the
-  // last holder lets go before the next update. kOutOfRange for a bad chunk,
-  // as PullChunks; reports kServerPull like it.
+  // Waits until every requested chunk (key, chunk index) has chunk version
+  // >= `version` (or `deadline` passes: kDeadlineExceeded, naming a chunk
+  // still missing and its version) and returns views of their current
+  // parameters, copying nothing, with the smallest of their chunk versions
+  // (>= `version`; a chunk may be one newer when its update of the next
+  // iteration has already been applied, which a synchronous worker that
+  // pulls before it pushes never sees). An empty request waits for the
+  // server's version and returns it, like WaitForVersion. Before version 0
+  // exists every request waits for it. kOutOfRange for a chunk that does
+  // not exist, at once, without waiting (before the first registration
+  // states the signature, no chunk is known and the request waits for
+  // version 0 first).
+  //
+  // The views stay valid and unchanged while `keep_alive` (or a copy of it)
+  // lives, from any thread: it keeps the viewed chunks' buffers alive, and
+  // an update of a chunk still viewed writes a fresh copy of that chunk
+  // instead (copy on write, per chunk), so holding views costs up to one
+  // copy of each viewed chunk per update it is held across, and nothing
+  // once the last holder lets go before the chunk's next update.
+  // Reports kServerPull.
   struct ChunkId {
     int key = 0;
     int64_t chunk = 0;
@@ -211,13 +243,25 @@ class ParameterServer {
   };
   absl::StatusOr<ChunkViews> PullChunkViews(int64_t version, absl::Time deadline,
                                             absl::Span<const ChunkId> chunks);
-  // Whether PullChunks(version, ...) would return without waiting.
+  // Whether PullChunkViews(version, ..., chunks) would return without
+  // waiting: every chunk has its version (or the request is empty and the
+  // server has it), or some chunk does not exist (the pull answers with
+  // its error at once).
+  bool HasChunks(int64_t version, absl::Span<const ChunkId> chunks) const;
+  // Whether version `version` exists (WaitForVersion and Pull would return
+  // without waiting).
   bool HasVersion(int64_t version) const;
 
-  // Waits like PullChunks and returns the current version, copying nothing.
+  // Waits until the server's version is at least `version` (every chunk
+  // has been applied `version` times; kDeadlineExceeded after `deadline`)
+  // and returns the current version, copying nothing.
   absl::StatusOr<int64_t> WaitForVersion(int64_t version, absl::Time deadline);
 
-  // The same for all parameters at once, flat in signature order.
+  // Waits like WaitForVersion and copies all parameters at once into `out`
+  // (flat in signature order, exactly num_parameters() elements:
+  // kInvalidArgument otherwise). Returns the server's version; every chunk
+  // copied is at least that version (some may be one newer, as in
+  // PullChunkViews).
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Time deadline, absl::Span<float> out);
 
   // The signature (empty until known) and current version.
@@ -246,7 +290,7 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks every chunk of a message (range, length, finite values, not in
   // `received` nor repeated within the message) and returns each one's
-  // offset into the flat buffer and global chunk index.
+  // offset into the flat layout (grad_sum_) and global chunk index.
   struct CheckedChunk {
     int64_t offset = 0;
     int64_t global_chunk = 0;
@@ -260,15 +304,38 @@ class ParameterServer {
   void SumInRankOrderLocked(int rank, const CheckedChunk& chunk,
                             absl::Span<const absl::string_view> data)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The parameters to write: a fresh copy first when a ChunkViews still
-  // holds the current buffer (copy on write).
-  std::vector<float>& MutableParamsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Global chunk `global_chunk`'s parameters to write: a fresh copy first
+  // when a ChunkViews still holds its current buffer (copy on write).
+  std::vector<float>& MutableChunkLocked(int64_t global_chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (releasing mu_) until `version` exists; kDeadlineExceeded after
   // `deadline`.
   absl::Status AwaitVersionLocked(int64_t version, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies the update once every worker has pushed everything.
-  absl::Status MaybeApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The kDeadlineExceeded of a wait for `version` that is missing: it says
+  // whether version 0 is still incomplete or where the server is.
+  absl::Status VersionMissingErrorLocked(int64_t version) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PullChunkViews' checks and wait (see there); returns each requested
+  // chunk's global index, in request order.
+  absl::StatusOr<std::vector<int64_t>> AwaitChunksLocked(int64_t version, absl::Time deadline,
+                                                         absl::Span<const ChunkId> chunks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every chunk in `chunks` that exists has chunk version >=
+  // `version` (an empty request: the server's version), given version 0
+  // exists.
+  bool ChunksReadyLocked(int64_t version, absl::Span<const ChunkId> chunks) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The smallest chunk version among `global_chunks` (the server's version
+  // for none).
+  int64_t OldestChunkVersionLocked(absl::Span<const int64_t> global_chunks) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the current iteration's update to global chunk `global_chunk`,
+  // which every worker has pushed, and publishes it; after the iteration's
+  // last chunk, publishes version + 1 and resets the per-iteration state.
+  absl::Status ApplyChunkLocked(int64_t global_chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Global index of chunk `chunk` of key `key`, or -1 when either is out of
+  // range (cheap: no message is built, so wait conditions may call it).
+  int64_t GlobalChunkLocked(int key, int64_t chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckKeyChunkLocked(int key, int64_t chunk, int64_t* offset, int64_t* length) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // options_.clock's reading when there is an observer, else 0 (no read).
@@ -285,23 +352,34 @@ class ParameterServer {
   std::vector<int64_t> key_offset_ ABSL_GUARDED_BY(mu_);      // element offset of each key
   std::vector<int64_t> key_first_chunk_ ABSL_GUARDED_BY(mu_);  // global index of each key's chunk 0
   int64_t total_chunks_ ABSL_GUARDED_BY(mu_) = 0;
-  // Shared with the ChunkViews handed out; written only through
-  // MutableParamsLocked.
-  std::shared_ptr<std::vector<float>> params_ ABSL_GUARDED_BY(mu_) =
-      std::make_shared<std::vector<float>>();
-  std::vector<float> grad_sum_ ABSL_GUARDED_BY(mu_);
-  // Per global chunk: how many ranks (0, 1, ...) are in grad_sum_, and the
-  // parts of higher ranks that arrived early ([chunk][rank], empty if none).
+  int64_t num_parameters_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per global chunk: its key, its element offset in the flat layout, and
+  // its parameters, one buffer per chunk so that an update copies only the
+  // chunk a ChunkViews still holds. Shared with the ChunkViews handed out;
+  // written only through MutableChunkLocked.
+  std::vector<int> chunk_key_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> chunk_offset_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<std::vector<float>>> chunk_params_ ABSL_GUARDED_BY(mu_);
+  // Per global chunk: the updates applied to it (the server's version, or
+  // one more once the current iteration has applied it).
+  std::vector<int64_t> chunk_version_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> grad_sum_ ABSL_GUARDED_BY(mu_);  // flat, like the parameters
+  // Per global chunk, this iteration: how many workers pushed it (counted
+  // apart from ranks_summed_, which an empty tensor's chunk never advances),
+  // how many ranks (0, 1, ...) are in grad_sum_, and the parts of higher
+  // ranks that arrived early ([chunk][rank], empty if none).
+  std::vector<int> chunk_pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<int> ranks_summed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<std::vector<float>>> early_ ABSL_GUARDED_BY(mu_);
   int64_t early_elements_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t chunks_applied_ ABSL_GUARDED_BY(mu_) = 0;  // this iteration
   // Created at the first registration, when the steps per epoch are known.
   std::unique_ptr<SgdOptimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = -1;  // -1 until the first registration
 
   // Initial values given to Create: ordered (signature_ set, values in
-  // params_) or by name until the first registration lays them out.
+  // chunk_params_) or by name until the first registration lays them out.
   std::vector<NamedTensor> named_initial_ ABSL_GUARDED_BY(mu_);
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<bool> initial_received_ ABSL_GUARDED_BY(mu_);  // per global chunk
@@ -310,7 +388,6 @@ class ParameterServer {
   struct WorkerState {
     std::string id;
     std::vector<bool> pushed;  // per global chunk, this iteration
-    int64_t chunks_pushed = 0;
     int64_t num_samples = -1;  // this iteration; -1 before the first chunk
   };
   std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);

@@ -12,6 +12,7 @@
 #include "common/timed_event.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/optimizer.h"
 
 namespace ps::server {
 namespace {
@@ -335,7 +336,7 @@ TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
   for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(params[i], expected[i]) << i;
 }
 
-TEST_F(ParameterServerTest, ReportsEachPushMessageTheUpdateAndEachPull) {
+TEST_F(ParameterServerTest, ReportsEachPushMessageEachChunksUpdateAndEachPull) {
   FakeClock clock(5000);
   RecordingObserver observer;
   ParameterServerOptions options;
@@ -354,31 +355,40 @@ TEST_F(ParameterServerTest, ReportsEachPushMessageTheUpdateAndEachPull) {
   EXPECT_FALSE(server.Push(0, 1, 0, 0, 8, std::vector<float>(4, 1.f)).ok());
   EXPECT_TRUE(observer.events().empty());
 
-  // Worker 1 first: one push message per chunk, then worker 0's, whose last
-  // completes the iteration.
+  // Worker 1 first: one push message per chunk, then worker 0's, each of
+  // which completes its chunk: the chunk's update follows its push.
   PushAll(server, 1, 0, 1.f, 8);
   clock.Advance(100);
   PushAll(server, 0, 0, 2.f, 8);
   std::vector<TimedEvent> events = observer.events();
   std::vector<std::string> names = observer.names();
-  ASSERT_EQ(events.size(), 2u * 3 + 1);
-  const std::vector<std::string> first_tensors = {"fc.weight", "fc.weight", "fc.bias"};
+  ASSERT_EQ(events.size(), 3u + 2 * 3);
+  const std::vector<std::string> tensors = {"fc.weight", "fc.weight", "fc.bias"};
   const std::vector<int64_t> bytes = {16, 8, 8};
-  for (int i = 0; i < 6; ++i) {
-    const int rank = i < 3 ? 1 : 0;
+  for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(events[i].kind, EventKind::kServerPush) << i;
-    EXPECT_EQ(events[i].lane, ServerPushLane(rank)) << i;
+    EXPECT_EQ(events[i].lane, ServerPushLane(1)) << i;
     EXPECT_EQ(events[i].step, 0) << i;
-    EXPECT_EQ(names[i], first_tensors[i % 3]) << i;
-    EXPECT_EQ(events[i].bytes, bytes[i % 3]) << i;
-    EXPECT_EQ(events[i].start_ns, rank == 1 ? 5000 : 5100) << i;
+    EXPECT_EQ(names[i], tensors[i]) << i;
+    EXPECT_EQ(events[i].bytes, bytes[i]) << i;
+    EXPECT_EQ(events[i].start_ns, 5000) << i;
     EXPECT_EQ(events[i].end_ns, events[i].start_ns) << i;
   }
-  EXPECT_EQ(events[6].kind, EventKind::kServerUpdate);
-  EXPECT_EQ(events[6].lane, kServerUpdateLane);
-  EXPECT_EQ(events[6].step, 0);
-  EXPECT_EQ(names[6], "");
-  EXPECT_EQ(events[6].bytes, 8 * 4);
+  for (int c = 0; c < 3; ++c) {
+    const int push = 3 + 2 * c, update = push + 1;
+    EXPECT_EQ(events[push].kind, EventKind::kServerPush) << c;
+    EXPECT_EQ(events[push].lane, ServerPushLane(0)) << c;
+    EXPECT_EQ(events[push].step, 0) << c;
+    EXPECT_EQ(names[push], tensors[c]) << c;
+    EXPECT_EQ(events[push].bytes, bytes[c]) << c;
+    EXPECT_EQ(events[push].start_ns, 5100) << c;
+    EXPECT_EQ(events[update].kind, EventKind::kServerUpdate) << c;
+    EXPECT_EQ(events[update].lane, kServerUpdateLane) << c;
+    EXPECT_EQ(events[update].step, 0) << c;
+    EXPECT_EQ(names[update], tensors[c]) << c;
+    EXPECT_EQ(events[update].bytes, bytes[c]) << c;
+    EXPECT_EQ(events[update].start_ns, 5100) << c;
+  }
   EXPECT_EQ(server.version(), 1);
 
   // One pull message of two chunks; then the whole model at once.
@@ -389,15 +399,15 @@ TEST_F(ParameterServerTest, ReportsEachPushMessageTheUpdateAndEachPull) {
   Params(server);
   events = observer.events();
   names = observer.names();
-  ASSERT_EQ(events.size(), 9u);
-  EXPECT_EQ(events[7].kind, EventKind::kServerPull);
-  EXPECT_EQ(events[7].lane, kServerPullLane);
-  EXPECT_EQ(events[7].step, 1);
-  EXPECT_EQ(names[7], "fc.bias");
-  EXPECT_EQ(events[7].bytes, 16);
-  EXPECT_EQ(events[8].kind, EventKind::kServerPull);
-  EXPECT_EQ(names[8], "fc.weight");
-  EXPECT_EQ(events[8].bytes, 32);
+  ASSERT_EQ(events.size(), 11u);
+  EXPECT_EQ(events[9].kind, EventKind::kServerPull);
+  EXPECT_EQ(events[9].lane, kServerPullLane);
+  EXPECT_EQ(events[9].step, 1);
+  EXPECT_EQ(names[9], "fc.bias");
+  EXPECT_EQ(events[9].bytes, 16);
+  EXPECT_EQ(events[10].kind, EventKind::kServerPull);
+  EXPECT_EQ(names[10], "fc.weight");
+  EXPECT_EQ(events[10].bytes, 32);
 }
 
 TEST_F(ParameterServerTest, AnObserverNeedsAClock) {
@@ -484,6 +494,300 @@ TEST_F(ParameterServerTest, PullChunkViewsStayUnchangedWhileHeld) {
             absl::StatusCode::kOutOfRange);
   EXPECT_EQ(server->PullChunkViews(9, absl::Now() + absl::Milliseconds(10), ids).status().code(),
             absl::StatusCode::kDeadlineExceeded);
+}
+
+// The values of a view, for comparing.
+std::vector<float> Values(absl::Span<const float> view) {
+  return std::vector<float>(view.begin(), view.end());
+}
+
+// A chunk is applied and published as soon as both workers have pushed it,
+// while the server's version waits for the last chunk.
+TEST_F(ParameterServerTest, PublishesEachChunkOnceEveryWorkerHasPushedIt) {
+  auto server = MakeServer(2);  // lr 1; fc.weight in chunks of 4 and 2, fc.bias in one
+  ASSERT_TRUE(server->Register("a", Signature()).ok());
+  ASSERT_TRUE(server->Register("b", Signature()).ok());
+  const ParameterServer::ChunkId a[] = {{0, 0}};  // chunk A: fc.weight[0, 4)
+  const ParameterServer::ChunkId b[] = {{1, 0}};  // chunk B: fc.bias
+  const ParameterServer::ChunkId both[] = {{0, 0}, {1, 0}};
+  ASSERT_TRUE(server->Push(0, 0, 0, 0, 2, std::vector<float>(4, 3.f)).ok());
+  EXPECT_FALSE(server->HasChunks(1, a));  // worker 1's part is missing
+  ASSERT_TRUE(server->Push(1, 0, 0, 0, 6, std::vector<float>(4, 5.f)).ok());
+
+  // Chunk A is at version 1, chunk B (and the server) still at 0.
+  EXPECT_EQ(server->version(), 0);
+  EXPECT_FALSE(server->HasVersion(1));
+  EXPECT_TRUE(server->HasChunks(1, a));
+  EXPECT_FALSE(server->HasChunks(1, b));
+  EXPECT_FALSE(server->HasChunks(1, both));
+  EXPECT_TRUE(server->HasChunks(0, both));
+  EXPECT_FALSE(server->HasChunks(1, {}));  // an empty request: the server's version
+  const ParameterServer::ChunkId unknown[] = {{0, 0}, {7, 0}};
+  EXPECT_TRUE(server->HasChunks(1, unknown));  // answered at once, with its error
+
+  // A at version 1 comes at once (a deadline already past), with the step:
+  // lr 1, gradient sum 3 + 5 = 8 over 2 + 6 samples: every element drops by 1.
+  auto views = server->PullChunkViews(1, absl::InfinitePast(), a);
+  ASSERT_TRUE(views.ok()) << views.status();
+  EXPECT_EQ(views->version, 1);
+  EXPECT_EQ(Values(views->chunks[0]), (std::vector<float>{0, 1, 2, 3}));
+  std::vector<float> copied(4);
+  const ParameterServer::ChunkOut out[] = {{0, 0, absl::MakeSpan(copied)}};
+  EXPECT_EQ(*server->PullChunks(1, absl::InfinitePast(), out), 1);
+  EXPECT_EQ(copied, (std::vector<float>{0, 1, 2, 3}));
+  // A and B together at version 0: the smallest of their versions.
+  views = server->PullChunkViews(0, absl::InfinitePast(), both);
+  ASSERT_TRUE(views.ok()) << views.status();
+  EXPECT_EQ(views->version, 0);
+  EXPECT_EQ(Values(views->chunks[0]), (std::vector<float>{0, 1, 2, 3}));
+  EXPECT_EQ(Values(views->chunks[1]), (std::vector<float>{0.5f, -0.5f}));
+  // B at version 1 times out, naming B and its version.
+  for (absl::Status s :
+       {server->PullChunkViews(1, absl::Now() + absl::Milliseconds(20), both).status(),
+        server->PullChunks(1, absl::Now() + absl::Milliseconds(20),
+                           {{1, 0, absl::MakeSpan(copied).subspan(0, 2)}})
+            .status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("version 1 of chunk 0 of 'fc.bias'")) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("the chunk is at version 0")) << s;
+  }
+  EXPECT_EQ(server->WaitForVersion(1, absl::Now() + absl::Milliseconds(10)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // A chunk that does not exist is refused without waiting for the version.
+  EXPECT_EQ(server->PullChunkViews(1, absl::InfiniteFuture(), unknown).status().code(),
+            absl::StatusCode::kOutOfRange);
+
+  // A repeat of A, now applied, is refused and changes nothing; so is a push
+  // for the next iteration, which chunk A has reached but the server not.
+  absl::Status repeat = server->Push(0, 0, 0, 0, 2, std::vector<float>(4, 100.f));
+  EXPECT_EQ(repeat.code(), absl::StatusCode::kAlreadyExists) << repeat;
+  EXPECT_THAT(std::string(repeat.message()), HasSubstr("already pushed"));
+  EXPECT_EQ(server->Push(1, 1, 0, 0, 6, std::vector<float>(4, 100.f)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*server->PullChunks(1, absl::InfinitePast(), out), 1);
+  EXPECT_EQ(copied, (std::vector<float>{0, 1, 2, 3}));
+
+  // The other chunks complete version 1; a pull of B waiting meanwhile gets it.
+  absl::StatusOr<ParameterServer::ChunkViews> waited;
+  std::thread puller(
+      [&] { waited = server->PullChunkViews(1, absl::Now() + absl::Seconds(10), b); });
+  for (int rank = 0; rank < 2; ++rank) {
+    const int64_t samples = rank == 0 ? 2 : 6;
+    const float g = rank == 0 ? 3.f : 5.f;
+    ASSERT_TRUE(server->Push(rank, 0, 0, 1, samples, std::vector<float>(2, g)).ok());
+    ASSERT_TRUE(server->Push(rank, 0, 1, 0, samples, std::vector<float>(2, g)).ok());
+  }
+  puller.join();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->version, 1);
+  EXPECT_EQ(Values(waited->chunks[0]), (std::vector<float>{-0.5f, -1.5f}));
+  EXPECT_EQ(server->version(), 1);
+  EXPECT_TRUE(server->HasVersion(1));
+  EXPECT_TRUE(server->HasChunks(1, both));
+  std::vector<float> expected = Initial();
+  for (float& x : expected) x -= 1.f;
+  EXPECT_EQ(Params(*server), expected);
+  // The next iteration takes pushes again, chunk A's included.
+  EXPECT_TRUE(server->Push(0, 1, 0, 0, 2, std::vector<float>(4, 3.f)).ok());
+}
+
+// Before version 0 exists every pull waits for it; once the signature is
+// known, a chunk that does not exist is refused at once.
+TEST_F(ParameterServerTest, HasChunksBeforeTheInitialParameters) {
+  ParameterServerOptions options;
+  options.chunk_elements = 4;
+  auto created = ParameterServer::Create(options, &device_);
+  ASSERT_TRUE(created.ok()) << created.status();
+  ParameterServer& server = **created;
+  const ParameterServer::ChunkId good[] = {{1, 0}};
+  const ParameterServer::ChunkId bad[] = {{1, 3}};
+  EXPECT_FALSE(server.HasChunks(0, good));
+  EXPECT_FALSE(server.HasChunks(0, bad));  // nothing is known yet: it would wait
+  absl::Status s = server.PullChunkViews(0, absl::Now() + absl::Milliseconds(10), bad).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("not known (no worker has registered)"));
+
+  ASSERT_TRUE(server.Register("a", Signature()).ok());
+  EXPECT_FALSE(server.HasChunks(0, good));
+  EXPECT_TRUE(server.HasChunks(0, bad));
+  EXPECT_EQ(server.PullChunkViews(0, absl::InfiniteFuture(), bad).status().code(),
+            absl::StatusCode::kOutOfRange);
+  s = server.PullChunkViews(0, absl::Now() + absl::Milliseconds(10), good).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("incomplete"));
+  const std::vector<float> initial = Initial();
+  ASSERT_TRUE(server.InitializeChunks(0, InitialChunks(initial)).ok());
+  EXPECT_TRUE(server.HasChunks(0, good));
+  auto views = server.PullChunkViews(0, absl::InfinitePast(), good);
+  ASSERT_TRUE(views.ok()) << views.status();
+  EXPECT_EQ(Values(views->chunks[0]), (std::vector<float>{0.5f, -0.5f}));
+}
+
+// Copy on write per chunk: a view held across its chunk's update keeps the
+// old values and costs that chunk's copy; chunks not viewed, or no longer
+// viewed, are written in place.
+TEST_F(ParameterServerTest, AnUpdateCopiesOnlyTheChunksStillViewed) {
+  auto server = MakeServer(2);
+  ASSERT_TRUE(server->Register("a", Signature()).ok());
+  ASSERT_TRUE(server->Register("b", Signature()).ok());
+  const ParameterServer::ChunkId a[] = {{0, 0}}, b[] = {{1, 0}}, c[] = {{0, 1}};
+  const ParameterServer::ChunkId a_and_b[] = {{0, 0}, {1, 0}};
+  auto pull = [&](int64_t version, absl::Span<const ParameterServer::ChunkId> ids) {
+    auto views = server->PullChunkViews(version, absl::InfinitePast(), ids);
+    EXPECT_TRUE(views.ok()) << views.status();
+    return std::move(views).value();
+  };
+  // Pushes chunk `id` of iteration `it` from both workers: lr 1, one sample
+  // each, gradients 1: the chunk drops by 1.
+  auto push_both = [&](int64_t it, const ParameterServer::ChunkId& id) {
+    const int64_t n = server->ChunkLength(id.key, id.chunk);
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(server->Push(rank, it, id.key, id.chunk, 1, std::vector<float>(n, 1.f)).ok());
+    }
+  };
+
+  ParameterServer::ChunkViews held = pull(0, a_and_b);
+  const float* const a0 = held.chunks[0].data();
+  const float* const b0 = held.chunks[1].data();
+  const float* const c0 = pull(0, c).chunks[0].data();  // let go at once
+
+  // 1. A's update, with A viewed: A is copied, B (viewed, not updated) and
+  //    C (updated, not viewed) are not.
+  push_both(0, a[0]);
+  push_both(0, c[0]);
+  EXPECT_EQ(Values(held.chunks[0]), (std::vector<float>{1, 2, 3, 4}));
+  ParameterServer::ChunkViews fresh = pull(1, a);
+  EXPECT_NE(fresh.chunks[0].data(), a0);
+  EXPECT_EQ(Values(fresh.chunks[0]), (std::vector<float>{0, 1, 2, 3}));
+  EXPECT_EQ(pull(0, b).chunks[0].data(), b0);
+  ParameterServer::ChunkViews c1 = pull(1, c);
+  EXPECT_EQ(c1.chunks[0].data(), c0);
+  EXPECT_EQ(Values(c1.chunks[0]), (std::vector<float>{4, 5}));
+
+  // 2. B's update, B still viewed: the view keeps B's old values, a new
+  //    pull sees the new ones in a fresh buffer.
+  push_both(0, b[0]);
+  EXPECT_EQ(server->version(), 1);
+  EXPECT_EQ(Values(held.chunks[1]), (std::vector<float>{0.5f, -0.5f}));
+  ParameterServer::ChunkViews b1 = pull(1, b);
+  EXPECT_NE(b1.chunks[0].data(), b0);
+  EXPECT_EQ(Values(b1.chunks[0]), (std::vector<float>{-0.5f, -1.5f}));
+  EXPECT_EQ(Params(*server), (std::vector<float>{0, 1, 2, 3, 4, 5, -0.5f, -1.5f}));
+
+  // 3. Once every view is let go, the next updates write in place; a copy of
+  //    the keep_alive alone keeps its chunks as they were.
+  const float* const a1 = fresh.chunks[0].data();
+  const float* const b1_data = b1.chunks[0].data();
+  std::shared_ptr<const void> only_b1 = b1.keep_alive;
+  held = fresh = b1 = c1 = ParameterServer::ChunkViews();
+  for (const auto& id : {a[0], b[0], c[0]}) push_both(1, id);
+  EXPECT_EQ(server->version(), 2);
+  EXPECT_EQ(pull(2, a).chunks[0].data(), a1);
+  EXPECT_EQ(b1_data[0], -0.5f);  // still held through the copied keep_alive
+  EXPECT_NE(pull(2, b).chunks[0].data(), b1_data);
+  EXPECT_EQ(Params(*server), (std::vector<float>{-1, 0, 1, 2, 3, 4, -1.5f, -2.5f}));
+  only_b1.reset();
+}
+
+// Per-chunk updates give the bits of one SgdOptimizer::Apply of the whole
+// model to the rank-order sum, over iterations with momentum and weight
+// decay, whatever order the chunks arrive in (reverse rank order included),
+// with an empty tensor in the model.
+TEST_F(ParameterServerTest, PerChunkUpdatesEqualOneWholeModelUpdateBitForBit) {
+  const std::vector<ParamSpec> signature = {{"fc.weight", {3, 3}, DType::kF32},
+                                            {"empty", {0}, DType::kF32},
+                                            {"fc.bias", {3}, DType::kF32}};
+  constexpr int kWorkers = 3;
+  constexpr int64_t kN = 12;
+  ParameterServerOptions options;
+  options.num_workers = kWorkers;
+  options.chunk_elements = 4;  // fc.weight: 4 + 4 + 1, empty: 0, fc.bias: 3
+  options.optimizer.sgd.lr = 0.1f;
+  options.optimizer.sgd.momentum = 0.9f;
+  options.optimizer.sgd.weight_decay = 0.01f;
+  options.optimizer.schedule.unit = LrSchedule::Unit::kSteps;
+  options.optimizer.schedule.step_size = 2;
+  options.optimizer.schedule.gamma = 0.5f;
+  std::vector<float> initial(kN);
+  for (int64_t i = 0; i < kN; ++i) initial[i] = std::sin(0.9f * i);
+  auto created = ParameterServer::Create(options, signature, initial, &device_);
+  ASSERT_TRUE(created.ok()) << created.status();
+  ParameterServer& server = **created;
+  for (int r = 0; r < kWorkers; ++r) {
+    ASSERT_TRUE(server.Register(absl::StrCat("w", r), signature, r).ok());
+  }
+  auto reference = SgdOptimizer::Create(options.optimizer, kN, &device_);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::vector<float> expected = initial;
+
+  struct Chunk {
+    int key;
+    int64_t chunk, offset, length;
+  };
+  const std::vector<Chunk> chunks = {{0, 0, 0, 4}, {0, 1, 4, 4}, {0, 2, 8, 1},
+                                     {1, 0, 9, 0}, {2, 0, 9, 3}};
+  struct Push {
+    int rank;
+    size_t chunk;
+  };
+  for (int64_t it = 0; it < 6; ++it) {
+    // Gradients whose float sum depends on its order, and samples that
+    // differ per worker (none at all in iteration 4: no update there).
+    std::vector<std::vector<float>> grads(kWorkers, std::vector<float>(kN));
+    const int64_t samples[kWorkers] = {it == 4 ? 0 : 2, it == 4 ? 0 : 3, it == 4 ? 0 : 5};
+    for (int r = 0; r < kWorkers; ++r) {
+      for (int64_t i = 0; i < kN; ++i) {
+        grads[r][i] = std::cos(1.7f * i + 0.3f * r + it) * (r == 1 ? 1.f : 1e7f) *
+                      (r == 2 ? -1.f : 1.f);
+      }
+    }
+    std::vector<float> sum = grads[0];
+    for (int r = 1; r < kWorkers; ++r) {
+      for (int64_t i = 0; i < kN; ++i) sum[i] += grads[r][i];
+    }
+    if (it != 4) {
+      ASSERT_TRUE((*reference)->Apply(it, 10, sum, absl::MakeSpan(expected)).ok());
+    }
+    // The arrival order: by rank, reverse rank order (chunks reversed too),
+    // or chunk by chunk with the ranks reversed.
+    std::vector<Push> order;
+    for (int r = 0; r < kWorkers; ++r) {
+      for (size_t c = 0; c < chunks.size(); ++c) order.push_back({r, c});
+    }
+    if (it % 3 == 1) std::reverse(order.begin(), order.end());
+    if (it % 3 == 2) {
+      std::stable_sort(order.begin(), order.end(), [](const Push& x, const Push& y) {
+        return x.chunk != y.chunk ? x.chunk < y.chunk : x.rank > y.rank;
+      });
+    }
+    std::vector<int> pushed(chunks.size(), 0);
+    for (const Push& p : order) {
+      const Chunk& chunk = chunks[p.chunk];
+      const absl::Span<const float> grad =
+          absl::MakeConstSpan(grads[p.rank]).subspan(chunk.offset, chunk.length);
+      ASSERT_TRUE(
+          server.Push(p.rank, it, chunk.key, chunk.chunk, samples[p.rank], grad).ok());
+      if (++pushed[p.chunk] < kWorkers) continue;
+      // Complete: the chunk is at the next version with the reference's bits.
+      std::vector<float> got(chunk.length);
+      const ParameterServer::ChunkOut out[] = {{chunk.key, chunk.chunk, absl::MakeSpan(got)}};
+      auto version = server.PullChunks(it + 1, absl::InfinitePast(), out);
+      ASSERT_TRUE(version.ok()) << version.status();
+      EXPECT_EQ(*version, it + 1);
+      for (int64_t i = 0; i < chunk.length; ++i) {
+        ASSERT_EQ(got[i], expected[chunk.offset + i])
+            << "iteration " << it << " element " << chunk.offset + i;
+      }
+    }
+    ASSERT_EQ(server.version(), it + 1);
+    EXPECT_EQ(server.held_elements(), 0);
+    std::vector<float> params(kN);
+    ASSERT_TRUE(server.Pull(it + 1, absl::InfinitePast(), absl::MakeSpan(params)).ok());
+    for (int64_t i = 0; i < kN; ++i) {
+      ASSERT_EQ(params[i], expected[i]) << "iteration " << it << " element " << i;
+    }
+  }
+  EXPECT_NE(expected, initial);
 }
 
 }  // namespace
