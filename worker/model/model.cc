@@ -184,10 +184,17 @@ class LayerModel final : public Model {
     events_.lane = lane;
   }
   void set_step(int64_t step) override { events_.step = step; }
+  void set_parameter_hooks(ParameterHooks* hooks) override { hooks_ = hooks; }
 
   absl::StatusOr<DeviceMetrics> ForwardBackward(const Tensor& inputs,
                                                 const Tensor& labels) override {
     PS_RETURN_IF_ERROR(CheckBatch(config(), inputs, labels, device()));
+    // The hooks see this pass only, whatever way it returns.
+    events_.hooks = hooks_;
+    struct Unhook {
+      LayerEvents* events;
+      ~Unhook() { events->hooks = nullptr; }
+    } unhook{&events_};
     PS_ASSIGN_OR_RETURN(Tensor logits, net_->Forward(inputs, Mode::kTraining));
     PS_ASSIGN_OR_RETURN(Tensor dlogits, dlogits_.Get(device(), logits.shape()));
     float* metrics = MutableF32(metrics_);
@@ -217,6 +224,7 @@ class LayerModel final : public Model {
   Tensor metrics_;  // [4]: training loss_sum, correct; evaluation loss_sum, correct
   ActivationBuffer dlogits_;
   LayerEvents events_;  // net_ reports its layers' passes here
+  ParameterHooks* hooks_ = nullptr;  // set into events_ during ForwardBackward
 };
 
 }  // namespace

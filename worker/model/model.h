@@ -14,6 +14,7 @@
 #include "common/param_spec.h"
 #include "common/tensor.h"
 #include "common/timed_event.h"
+#include "worker/model/parameter_hooks.h"
 
 namespace ps::worker::model {
 
@@ -96,6 +97,12 @@ class Model {
   virtual void set_observer(EventObserver* observer, const Clock* clock, int32_t lane) = 0;
   // The step the following passes' events belong to.
   virtual void set_step(int64_t step) = 0;
+
+  // Calls `hooks` around the top-level layers of ForwardBackward (not
+  // Evaluate, which needs every parameter before it starts), on the thread
+  // driving the replica. Null (the default): none. Must outlive the model or
+  // be reset to null.
+  virtual void set_parameter_hooks(ParameterHooks* hooks) = 0;
 
  protected:
   Model(ModelConfig config, Device* device) : config_(std::move(config)), device_(device) {}

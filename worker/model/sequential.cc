@@ -20,9 +20,20 @@ absl::StatusOr<Shape> Sequential::OutputShape(const Shape& input) const {
   return shape;
 }
 
+namespace {
+int64_t DeclaredElements(const TensorDecls& decls) {
+  int64_t n = 0;
+  for (const TensorSlot& slot : decls.parameters) n += NumElements(slot.spec.shape);
+  return n;
+}
+}  // namespace
+
 void Sequential::Declare(const std::string& prefix, TensorDecls* decls) {
+  child_parameters_.clear();
   for (const auto& [name, layer] : layers_) {
+    const int64_t begin = DeclaredElements(*decls);
     layer->Declare(name.empty() ? prefix : absl::StrCat(prefix, name, "."), decls);
+    child_parameters_.emplace_back(begin, DeclaredElements(*decls));
   }
 }
 
@@ -30,6 +41,12 @@ absl::StatusOr<Tensor> Sequential::Forward(const Tensor& x, Mode mode) {
   const LayerEvents events = events_ != nullptr ? *events_ : LayerEvents();
   Tensor h = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
+    if (events.hooks != nullptr && i < child_parameters_.size() &&
+        child_parameters_[i].first < child_parameters_[i].second) {
+      // Before the event: waiting for the parameters is not the layer's work.
+      PS_RETURN_IF_ERROR(
+          events.hooks->BeforeForward(child_parameters_[i].first, child_parameters_[i].second));
+    }
     ScopedEvent event(events.observer, events.clock, EventKind::kForward, events.lane, events.step,
                       event_names_[i]);
     PS_ASSIGN_OR_RETURN(h, layers_[i].second->Forward(h, mode));
@@ -41,10 +58,16 @@ absl::StatusOr<Tensor> Sequential::Backward(const Tensor& dy, bool need_dx) {
   const LayerEvents events = events_ != nullptr ? *events_ : LayerEvents();
   Tensor g = dy;
   for (size_t i = layers_.size(); i-- > 0;) {
-    ScopedEvent event(events.observer, events.clock, EventKind::kBackward, events.lane,
-                      events.step, event_names_[i]);
-    // Every layer but the first needs its input gradient for the one below.
-    PS_ASSIGN_OR_RETURN(g, layers_[i].second->Backward(g, i > 0 || need_dx));
+    {
+      ScopedEvent event(events.observer, events.clock, EventKind::kBackward, events.lane,
+                        events.step, event_names_[i]);
+      // Every layer but the first needs its input gradient for the one below.
+      PS_ASSIGN_OR_RETURN(g, layers_[i].second->Backward(g, i > 0 || need_dx));
+    }
+    if (events.hooks != nullptr && i < child_parameters_.size() &&
+        child_parameters_[i].first < child_parameters_[i].second) {
+      events.hooks->AfterBackward(child_parameters_[i].first, child_parameters_[i].second);
+    }
   }
   return g;
 }

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/timed_event.h"
 #include "worker/model/layer.h"
+#include "worker/model/parameter_hooks.h"
 
 namespace ps::worker::model {
 
@@ -21,6 +22,9 @@ struct LayerEvents {
   const Clock* clock = nullptr;
   int32_t lane = kTrainerLane;
   int64_t step = -1;
+  // Called around each child's passes, with the child's range of the flat
+  // parameter buffer, for children that have parameters. Null: nothing.
+  ParameterHooks* hooks = nullptr;
 };
 
 // Named children applied in order. A child named "conv1" declares its
@@ -46,6 +50,10 @@ class Sequential final : public Layer {
   void set_events(const LayerEvents* events) { events_ = events; }
 
  private:
+  // Half-open ranges of the flat parameter buffer per child, as Declare laid
+  // them out (absolute offsets: counted from the first declaration of the
+  // whole tree, which is what ParameterSet binds to offset 0).
+  std::vector<std::pair<int64_t, int64_t>> child_parameters_;
   std::vector<std::pair<std::string, std::unique_ptr<Layer>>> layers_;
   std::vector<std::string> event_names_;  // per child
   const LayerEvents* events_ = nullptr;
