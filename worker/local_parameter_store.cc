@@ -78,4 +78,60 @@ absl::StatusOr<int64_t> LocalParameterStore::Pull(int64_t version, absl::Span<fl
   return server_->Pull(version, absl::Now(), params);
 }
 
+std::vector<int64_t> LocalParameterStore::SegmentEnds() const {
+  std::vector<int64_t> ends;
+  int64_t offset = 0;
+  for (const ParamSpec& spec : signature_) {
+    offset += NumElements(spec.shape);
+    ends.push_back(offset);
+  }
+  return ends;
+}
+
+absl::Status LocalParameterStore::CheckSegments(int first, int last, size_t flat_size) const {
+  if (first < 0 || last < first || last > static_cast<int>(signature_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("segments [", first, ", ", last,
+                                                   ") out of range: the model has ",
+                                                   signature_.size()));
+  }
+  const std::vector<int64_t> ends = SegmentEnds();
+  if (static_cast<int64_t>(flat_size) != (ends.empty() ? 0 : ends.back())) {
+    return absl::InvalidArgumentError(absl::StrCat("a buffer of ", flat_size,
+                                                   " elements for a model of ",
+                                                   ends.empty() ? 0 : ends.back()));
+  }
+  return absl::OkStatus();
+}
+
+void LocalParameterStore::PushSegments(int64_t iteration, int64_t num_samples, int first,
+                                       int last, absl::Span<const float> gradient, Done done) {
+  absl::Status status = CheckSegments(first, last, gradient.size());
+  if (status.ok()) {
+    absl::StatusOr<std::vector<server::ParameterServer::ChunkData>> chunks =
+        ChunkPerKey(gradient);
+    status = chunks.ok() ? server_->PushChunks(rank_, iteration, num_samples,
+                                               absl::MakeConstSpan(*chunks).subspan(
+                                                   first, last - first))
+                         : chunks.status();
+  }
+  done(status);
+}
+
+void LocalParameterStore::PullSegments(int64_t version, int first, int last,
+                                       absl::Span<float> params, Done done) {
+  if (absl::Status s = CheckSegments(first, last, params.size()); !s.ok()) return done(s);
+  const std::vector<int64_t> ends = SegmentEnds();
+  std::vector<server::ParameterServer::ChunkOut> outs;
+  for (int key = first; key < last; ++key) {
+    const int64_t begin = key == 0 ? 0 : ends[key - 1];
+    outs.push_back({key, /*chunk=*/0, params.subspan(begin, ends[key] - begin)});
+  }
+  absl::StatusOr<int64_t> got = server_->PullChunks(version, absl::Now(), outs);
+  if (got.ok() && *got != version) {
+    got = absl::InternalError(
+        absl::StrCat("pulled version ", *got, " where version ", version, " was asked for"));
+  }
+  done(got.status());
+}
+
 }  // namespace ps::worker

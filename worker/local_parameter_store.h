@@ -29,6 +29,16 @@ class LocalParameterStore final : public ParameterStore {
   absl::Status WaitForVersion(int64_t version) override;
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override;
 
+  // One segment per tensor. Both calls do their work inside the call and run
+  // `done` before returning; a pull of a segment whose version does not
+  // exist yet fails at once (kDeadlineExceeded): with one worker it exists
+  // as soon as its push returns.
+  std::vector<int64_t> SegmentEnds() const override;
+  void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
+                    absl::Span<const float> gradient, Done done) override;
+  void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
+                    Done done) override;
+
   server::ParameterServer& server() { return *server_; }
 
  private:
@@ -38,6 +48,9 @@ class LocalParameterStore final : public ParameterStore {
   // is shorter than the model.
   absl::StatusOr<std::vector<server::ParameterServer::ChunkData>> ChunkPerKey(
       absl::Span<const float> flat) const;
+  // kInvalidArgument unless [first, last) is a range of keys and `flat`
+  // holds the model.
+  absl::Status CheckSegments(int first, int last, size_t flat_size) const;
 
   std::unique_ptr<CpuDevice> device_;
   std::unique_ptr<server::ParameterServer> server_;

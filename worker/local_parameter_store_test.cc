@@ -36,6 +36,36 @@ TEST(LocalParameterStoreTest, StartsFromTheProposalAndAppliesSgd) {
   EXPECT_EQ(params, (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f, 4, 5}));
 }
 
+// One segment per tensor, each done inside its call: a tensor's new value
+// can be pulled as soon as its push returns, before the other is pushed.
+TEST(LocalParameterStoreTest, SegmentsAreTensorsPublishedAsSoonAsPushed) {
+  server::OptimizerOptions sgd;
+  sgd.sgd.lr = 0.5f;
+  auto store = LocalParameterStore::Create(sgd);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Register(Signature(), {1, 2, 3, 4, 5, 6}).ok());
+  EXPECT_EQ((*store)->SegmentEnds(), (std::vector<int64_t>{4, 6}));
+  const std::vector<float> grad = {2, 2, 2, 2, 4, 4};
+  std::vector<float> params(6, -1);
+  absl::Status status = absl::UnknownError("not run");
+  auto record = [&](absl::Status s) { status = std::move(s); };
+  (*store)->PushSegments(0, 2, 1, 2, grad, record);  // fc.bias first
+  ASSERT_TRUE(status.ok()) << status;
+  (*store)->PullSegments(1, 1, 2, absl::MakeSpan(params), record);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(params, (std::vector<float>{-1, -1, -1, -1, 4, 5}));
+  // fc.weight is still at version 0: its pull of version 1 cannot wait.
+  (*store)->PullSegments(1, 0, 1, absl::MakeSpan(params), record);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  (*store)->PushSegments(0, 2, 0, 1, grad, record);
+  ASSERT_TRUE(status.ok()) << status;
+  (*store)->PullSegments(1, 0, 1, absl::MakeSpan(params), record);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(params, (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f, 4, 5}));
+  (*store)->PushSegments(1, 2, 0, 3, grad, record);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LocalParameterStoreTest, RefusesWhatWouldNeverComplete) {
   auto store = LocalParameterStore::Create(server::OptimizerOptions());
   ASSERT_TRUE(store.ok());

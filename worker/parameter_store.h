@@ -2,6 +2,7 @@
 #define PS_WORKER_PARAMETER_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -23,6 +24,16 @@ namespace ps::worker {
 // Buffers are host memory, flat, in signature order; the caller owns them
 // and may reuse them as soon as a call returns. Calls for one store come from
 // one thread.
+//
+// The pipelined protocol does the same per segment: the flat buffer is cut
+// into segments (SegmentEnds) that move independently, so a worker pushes
+// each segment as soon as backward has produced its gradient and pulls it
+// while the rest of the step runs. Per iteration t and segment s:
+//   PushSegments(t, samples, s, s + 1, ...)   -> done once accepted
+//   PullSegments(t + 1, s, s + 1, ...)        -> done once every worker's
+//                                                push of s is applied
+// A store holds a segment's pull until its new version exists; segments of
+// one iteration may be pushed and pulled in any order and concurrently.
 class ParameterStore {
  public:
   virtual ~ParameterStore() = default;
@@ -53,6 +64,37 @@ class ParameterStore {
   // Copies version `version` (or a newer one) into `params`; returns the
   // version copied.
   virtual absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) = 0;
+
+  // The segments, as ascending (non-decreasing: a segment may be empty) end
+  // offsets into the flat buffer, in elements; the last is the model's size.
+  // A remote store's segments are its messages; a local store's, its
+  // tensors. Empty before Register.
+  virtual std::vector<int64_t> SegmentEnds() const = 0;
+
+  // Completion of an asynchronous call: run exactly once, on any thread
+  // (possibly inside the call that started it), with OK or the first error.
+  using Done = std::function<void(absl::Status)>;
+
+  // Starts pushing segments [first, last) of `gradient` (the whole flat
+  // buffer; only those segments are read) for `iteration`, summed over this
+  // worker's `num_samples` samples of the iteration (the same in every call
+  // of one iteration), and returns at once. Those segments must not change
+  // until `done` runs. kInvalidArgument (through done) for a bad range or
+  // buffer size.
+  virtual void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
+                            absl::Span<const float> gradient, Done done) = 0;
+
+  // Starts pulling segments [first, last) of version `version` into
+  // `params` (the whole flat buffer; only those segments are written) and
+  // returns at once; the store or server holds the pull until those
+  // segments of that version exist (or the store's deadline passes:
+  // kDeadlineExceeded). kInternal when a reply carries another version.
+  // Those segments of `params` must not be read or written until `done`.
+  //
+  // Several Push/PullSegments may be in flight at once, started from one
+  // thread; they must not overlap the blocking calls above.
+  virtual void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
+                            Done done) = 0;
 };
 
 }  // namespace ps::worker

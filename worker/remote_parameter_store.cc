@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "proto/wire_format.h"
@@ -18,63 +19,17 @@ std::chrono::system_clock::time_point DeadlineAfter(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
 }
 
-// Counts outstanding callback RPCs and keeps the first failure.
-class CallGroup {
- public:
-  explicit CallGroup(int64_t calls) : pending_(calls) {}
-
-  void Done(const absl::Status& status) {
-    absl::MutexLock lock(&mu_);
-    if (!status.ok() && first_error_.ok()) first_error_ = status;
-    --pending_;
-  }
-
-  absl::Status Wait() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](int64_t* pending) { return *pending == 0; }, &pending_));
-    return first_error_;
-  }
-
- private:
-  absl::Mutex mu_;
-  int64_t pending_ ABSL_GUARDED_BY(mu_);
-  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
-};
-
-// Counts the slices gRPC holds into a buffer the store lent it. Shared by
-// the lender and every slice, so the last to let go frees it, whichever
-// thread that is.
-class Loans {
- public:
-  static grpc::Slice Lend(const std::shared_ptr<Loans>& loans, const void* bytes, size_t size) {
-    {
-      absl::MutexLock lock(&loans->mu_);
-      ++loans->outstanding_;
-    }
-    return proto::BorrowedSlice(bytes, size, &Return, new std::shared_ptr<Loans>(loans));
-  }
-
-  // Blocks until every lent slice is back.
-  void AwaitReturns() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](int64_t* outstanding) { return *outstanding == 0; }, &outstanding_));
-  }
-
- private:
-  static void Return(void* arg) {
-    auto* loans = static_cast<std::shared_ptr<Loans>*>(arg);
-    {
-      absl::MutexLock lock(&(*loans)->mu_);
-      --(*loans)->outstanding_;
-    }
-    delete loans;
-  }
-
-  absl::Mutex mu_;
-  int64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;
-};
+// Runs a blocking call over an asynchronous one.
+absl::Status AwaitDone(const std::function<void(ParameterStore::Done)>& start) {
+  absl::Notification finished;
+  absl::Status status;
+  start([&](absl::Status s) {
+    status = std::move(s);
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return status;
+}
 
 }  // namespace
 
@@ -102,36 +57,90 @@ absl::StatusOr<std::unique_ptr<RemoteParameterStore>> RemoteParameterStore::Crea
   return store;
 }
 
-absl::Status RemoteParameterStore::CallEveryMessage(
-    const char* what, const char* method, EventKind kind, int64_t step,
-    const std::function<grpc::ByteBuffer(size_t)>& fill,
-    const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& check) {
+// One StartMessages: its calls, and a count of what is still outstanding
+// (replies, slices lent to gRPC, and the starting itself, so that replies
+// completing while calls are still being issued cannot finish it early). The
+// last Release deletes the batch and then runs `done`, on whichever thread
+// that is.
+class RemoteParameterStore::Batch {
+ public:
   struct Call {
     grpc::ClientContext context;
     grpc::ByteBuffer request;
     grpc::ByteBuffer reply;
     int64_t start_ns = 0;
   };
-  const size_t count = messages_.size();
-  std::vector<std::unique_ptr<Call>> calls(count);
-  CallGroup group(static_cast<int64_t>(count));
-  for (size_t m = 0; m < count; ++m) {
-    calls[m] = std::make_unique<Call>();
-    Call& call = *calls[m];
-    call.context.set_deadline(DeadlineAfter(options_.rpc_timeout));
-    call.request = fill(m);
+
+  Batch(size_t calls, Done done) : calls_(calls), outstanding_(1), done_(std::move(done)) {
+    for (auto& call : calls_) call = std::make_unique<Call>();
+  }
+
+  Call& call(size_t i) { return *calls_[i]; }
+
+  void Hold() {
+    absl::MutexLock lock(&mu_);
+    ++outstanding_;
+  }
+
+  void Release(const absl::Status& status) {
+    absl::Status result;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!status.ok() && first_error_.ok()) first_error_ = status;
+      if (--outstanding_ > 0) return;
+      result = first_error_;
+    }
+    // The calls go before `done` runs: once it has, the caller may tear down
+    // the store and its channel, which the calls' contexts must not outlive.
+    Done done = std::move(done_);
+    delete this;
+    done(result);
+  }
+
+  // A slice over caller bytes that holds the batch open until gRPC drops it.
+  grpc::Slice Lend(const void* bytes, size_t size) {
+    Hold();
+    return proto::BorrowedSlice(bytes, size, &ReturnLoan, this);
+  }
+
+ private:
+  static void ReturnLoan(void* batch) { static_cast<Batch*>(batch)->Release(absl::OkStatus()); }
+
+  std::vector<std::unique_ptr<Call>> calls_;
+  absl::Mutex mu_;
+  int64_t outstanding_ ABSL_GUARDED_BY(mu_);
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  Done done_;
+};
+
+void RemoteParameterStore::StartMessages(
+    const char* what, const char* method, EventKind kind, int64_t step, int first, int last,
+    absl::Duration timeout,
+    std::function<grpc::ByteBuffer(size_t, const Lend&)> fill,
+    std::function<absl::Status(size_t, const grpc::ByteBuffer&)> check, Done done) {
+  auto* batch = new Batch(static_cast<size_t>(last - first), std::move(done));
+  // Shared by the calls' callbacks, which may outlive this frame.
+  auto shared_check =
+      std::make_shared<std::function<absl::Status(size_t, const grpc::ByteBuffer&)>>(
+          std::move(check));
+  const Lend lend = [batch](const void* bytes, size_t size) { return batch->Lend(bytes, size); };
+  for (int m = first; m < last; ++m) {
+    Batch::Call& call = batch->call(static_cast<size_t>(m - first));
+    batch->Hold();
+    call.context.set_deadline(DeadlineAfter(timeout));
+    call.request = fill(static_cast<size_t>(m), lend);
     if (options_.observer != nullptr) call.start_ns = options_.clock->NowNanos();
     raw_stub_->UnaryCall(
         &call.context, method, grpc::StubOptions(), &call.request, &call.reply,
-        [&, m](grpc::Status status) {
+        [this, batch, &call, m, what, kind, step, shared_check](grpc::Status status) {
           const Message& message = messages_[m];
           if (options_.observer != nullptr) {
             TimedEvent event;
             event.kind = kind;
-            event.lane = RpcLane(static_cast<int>(m));
+            event.lane = RpcLane(m);
             event.step = step;
             event.name = key_names_[message.front().key];
-            event.start_ns = calls[m]->start_ns;
+            event.start_ns = call.start_ns;
             event.end_ns = options_.clock->NowNanos();
             event.bytes = message_elements_[m] * static_cast<int64_t>(sizeof(float));
             options_.observer->OnEvent(event);
@@ -140,21 +149,24 @@ absl::Status RemoteParameterStore::CallEveryMessage(
               status, absl::StrCat(what, " of key ", message.front().key, " chunk ",
                                    message.front().index, " (and the rest of its message) at ",
                                    options_.server_address));
-          if (s.ok() && check) s = check(m, calls[m]->reply);
-          group.Done(s);
+          if (s.ok() && *shared_check) s = (*shared_check)(static_cast<size_t>(m), call.reply);
+          // Our references to the lent slices go; gRPC drops its own once it
+          // has written the bytes, which the reply implies, or cancelled.
+          call.request.Clear();
+          call.reply.Clear();
+          batch->Release(s);
         });
   }
-  return group.Wait();
+  batch->Release(absl::OkStatus());  // every call is issued
 }
 
 template <typename Header>
-absl::Status RemoteParameterStore::SendFrames(const char* what, const char* method, int64_t step,
-                                              absl::Span<const float> flat,
-                                              const std::function<void(Header*)>& header) {
-  auto loans = std::make_shared<Loans>();
-  const absl::Status status = CallEveryMessage(
-      what, method, EventKind::kPushMessage, step,
-      [&](size_t m) {
+void RemoteParameterStore::SendFrames(const char* what, const char* method, int64_t step,
+                                      int first, int last, absl::Span<const float> flat,
+                                      std::function<void(Header*)> header, Done done) {
+  StartMessages(
+      what, method, EventKind::kPushMessage, step, first, last, options_.rpc_timeout,
+      [this, flat, header = std::move(header)](size_t m, const Lend& lend) {
         Header h;
         header(&h);
         std::vector<grpc::Slice> data;
@@ -166,15 +178,11 @@ absl::Status RemoteParameterStore::SendFrames(const char* what, const char* meth
           t->set_dtype(proto::DTYPE_F32);
           const size_t bytes = static_cast<size_t>(chunk.length) * sizeof(float);
           t->set_data_bytes(static_cast<int64_t>(bytes));
-          data.push_back(Loans::Lend(loans, flat.data() + chunk.offset, bytes));
+          data.push_back(lend(flat.data() + chunk.offset, bytes));
         }
         return proto::MakeFrame(h, data);
       },
-      {});
-  // The calls (and their requests) are gone; gRPC drops its own references
-  // once it has written the bytes, which every reply implies, or cancelled.
-  loans->AwaitReturns();
-  return status;
+      {}, std::move(done));
 }
 
 absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Register(
@@ -240,9 +248,58 @@ absl::Status RemoteParameterStore::SendInitialParameters(absl::Span<const float>
         absl::StrCat("the server asks for this worker's initial parameters, but it proposed ",
                      proposed.size(), " elements for a model of ", num_parameters_));
   }
-  return SendFrames<proto::InitializeRequest>(
-      "Initialize", proto::kInitializeMethod, /*step=*/-1, proposed,
-      [this](proto::InitializeRequest* header) { header->set_rank(rank_); });
+  const int rank = rank_;
+  return AwaitDone([&](Done done) {
+    SendFrames<proto::InitializeRequest>(
+        "Initialize", proto::kInitializeMethod, /*step=*/-1, 0,
+        static_cast<int>(messages_.size()), proposed,
+        [rank](proto::InitializeRequest* header) { header->set_rank(rank); }, std::move(done));
+  });
+}
+
+absl::Status RemoteParameterStore::CheckSegments(const char* what, int first, int last,
+                                                 size_t size) const {
+  if (rank_ < 0) return absl::FailedPreconditionError(absl::StrCat(what, " before Register"));
+  if (first < 0 || last < first || last > static_cast<int>(messages_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " of segments [", first, ", ", last,
+                                                   "): the model has ", messages_.size()));
+  }
+  if (static_cast<int64_t>(size) != num_parameters_) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " with a buffer of ", size,
+                                                   " elements; the model has ",
+                                                   num_parameters_));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> RemoteParameterStore::SegmentEnds() const {
+  std::vector<int64_t> ends;
+  ends.reserve(messages_.size());
+  for (const Message& message : messages_) {
+    ends.push_back(message.back().offset + message.back().length);
+  }
+  return ends;
+}
+
+void RemoteParameterStore::PushSegments(int64_t iteration, int64_t num_samples, int first,
+                                        int last, absl::Span<const float> gradient, Done done) {
+  if (absl::Status s = CheckSegments("Push", first, last, gradient.size()); !s.ok()) {
+    return done(s);
+  }
+  int64_t elements = 0;
+  for (int m = first; m < last; ++m) elements += message_elements_[m];
+  const int rank = rank_;
+  SendFrames<proto::PushRequest>(
+      "Push", proto::kPushMethod, iteration, first, last, gradient,
+      [rank, iteration, num_samples](proto::PushRequest* header) {
+        header->set_rank(rank);
+        header->set_iteration(iteration);
+        header->set_num_samples(num_samples);
+      },
+      [this, elements, done = std::move(done)](absl::Status status) {
+        if (status.ok()) bytes_pushed_ += elements * static_cast<int64_t>(sizeof(float));
+        done(status);
+      });
 }
 
 absl::Status RemoteParameterStore::Push(int64_t iteration, int64_t num_samples,
@@ -252,14 +309,10 @@ absl::Status RemoteParameterStore::Push(int64_t iteration, int64_t num_samples,
     return absl::InvalidArgumentError(absl::StrCat("gradient has ", gradient.size(),
                                                    " elements, the model ", num_parameters_));
   }
-  PS_RETURN_IF_ERROR(SendFrames<proto::PushRequest>(
-      "Push", proto::kPushMethod, iteration, gradient, [&](proto::PushRequest* header) {
-        header->set_rank(rank_);
-        header->set_iteration(iteration);
-        header->set_num_samples(num_samples);
-      }));
-  bytes_pushed_ += num_parameters_ * static_cast<int64_t>(sizeof(float));
-  return absl::OkStatus();
+  return AwaitDone([&](Done done) {
+    PushSegments(iteration, num_samples, 0, static_cast<int>(messages_.size()), gradient,
+                 std::move(done));
+  });
 }
 
 absl::Status RemoteParameterStore::WaitForVersion(int64_t version) {
@@ -274,19 +327,23 @@ absl::Status RemoteParameterStore::WaitForVersion(int64_t version) {
                                      options_.server_address));
 }
 
-absl::StatusOr<int64_t> RemoteParameterStore::Pull(int64_t version, absl::Span<float> params) {
-  if (rank_ < 0) return absl::FailedPreconditionError("Pull before Register");
-  if (static_cast<int64_t>(params.size()) != num_parameters_) {
-    return absl::InvalidArgumentError(absl::StrCat("parameter buffer has ", params.size(),
-                                                   " elements, the model ", num_parameters_));
-  }
-  std::vector<int64_t> versions(messages_.size(), version);
-  PS_RETURN_IF_ERROR(CallEveryMessage(
-      "Pull", proto::kPullMethod, EventKind::kPullMessage, version - 1,
-      [&](size_t m) {
+void RemoteParameterStore::StartPull(int64_t version, int first, int last,
+                                     absl::Span<float> params, bool exact,
+                                     std::function<void(absl::StatusOr<int64_t>)> done) {
+  // The version each message's reply carried, read when the batch is done.
+  auto versions = std::make_shared<std::vector<int64_t>>(last - first, version);
+  // A segment's pull is held for the other workers' pushes: it may wait as
+  // long as WaitForVersion would.
+  const absl::Duration timeout = exact ? options_.wait_timeout : options_.rpc_timeout;
+  const int64_t timeout_ms = absl::ToInt64Milliseconds(timeout);
+  int64_t elements = 0;
+  for (int m = first; m < last; ++m) elements += message_elements_[m];
+  StartMessages(
+      "Pull", proto::kPullMethod, EventKind::kPullMessage, version - 1, first, last,
+      timeout + absl::Seconds(5), [this, version, timeout_ms](size_t m, const Lend&) {
         proto::PullRequest request;
         request.set_version(version);
-        request.set_timeout_ms(absl::ToInt64Milliseconds(options_.rpc_timeout));
+        request.set_timeout_ms(timeout_ms);
         for (const Chunk& chunk : messages_[m]) {
           proto::ChunkId* id = request.add_chunks();
           id->set_key(chunk.key);
@@ -297,7 +354,7 @@ absl::StatusOr<int64_t> RemoteParameterStore::Pull(int64_t version, absl::Span<f
       // Each reply is checked and copied out of gRPC's receive buffers
       // straight into `params` on its completion thread, while the other
       // messages are still in flight.
-      [&](size_t m, const grpc::ByteBuffer& frame) -> absl::Status {
+      [this, params, versions, first](size_t m, const grpc::ByteBuffer& frame) -> absl::Status {
         const Message& wanted = messages_[m];
         proto::PullReply reply;
         auto reader = proto::FrameReader::Open(frame, "pull reply", &reply);
@@ -319,16 +376,53 @@ absl::StatusOr<int64_t> RemoteParameterStore::Pull(int64_t version, absl::Span<f
           }
           server::CopyPiecesTo(reader->pieces(c), params.data() + chunk.offset);
         }
-        versions[m] = reply.version();
+        (*versions)[m - first] = reply.version();
         return absl::OkStatus();
-      }));
-  // Every message must come from one version, or the parameters would mix two.
-  const int64_t got = versions.empty() ? version : versions[0];
-  for (int64_t v : versions) {
-    if (v != got) return absl::InternalError(absl::StrCat("pull mixed versions ", got, " and ", v));
+      },
+      [this, version, exact, elements, versions, done = std::move(done)](absl::Status status) {
+        if (!status.ok()) return done(status);
+        // Every message must come from one version, or the parameters would
+        // mix two.
+        const int64_t got = versions->empty() ? version : versions->front();
+        for (int64_t v : *versions) {
+          if (v != got) {
+            return done(absl::InternalError(absl::StrCat("pull mixed versions ", got, " and ", v)));
+          }
+        }
+        if (exact && got != version) {
+          return done(absl::InternalError(absl::StrCat("server ", options_.server_address,
+                                                       " answered a pull of version ", version,
+                                                       " with version ", got)));
+        }
+        bytes_pulled_ += elements * static_cast<int64_t>(sizeof(float));
+        done(got);
+      });
+}
+
+void RemoteParameterStore::PullSegments(int64_t version, int first, int last,
+                                        absl::Span<float> params, Done done) {
+  if (absl::Status s = CheckSegments("Pull", first, last, params.size()); !s.ok()) {
+    return done(s);
   }
-  bytes_pulled_ += num_parameters_ * static_cast<int64_t>(sizeof(float));
-  return got;
+  StartPull(version, first, last, params, /*exact=*/true,
+            [done = std::move(done)](absl::StatusOr<int64_t> got) { done(got.status()); });
+}
+
+absl::StatusOr<int64_t> RemoteParameterStore::Pull(int64_t version, absl::Span<float> params) {
+  if (rank_ < 0) return absl::FailedPreconditionError("Pull before Register");
+  if (static_cast<int64_t>(params.size()) != num_parameters_) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter buffer has ", params.size(),
+                                                   " elements, the model ", num_parameters_));
+  }
+  absl::StatusOr<int64_t> result;
+  absl::Notification finished;
+  StartPull(version, 0, static_cast<int>(messages_.size()), params, /*exact=*/false,
+            [&](absl::StatusOr<int64_t> got) {
+              result = std::move(got);
+              finished.Notify();
+            });
+  finished.WaitForNotification();
+  return result;
 }
 
 }  // namespace ps::worker

@@ -1,6 +1,7 @@
 #ifndef PS_WORKER_REMOTE_PARAMETER_STORE_H_
 #define PS_WORKER_REMOTE_PARAMETER_STORE_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -52,8 +53,9 @@ struct RemoteStoreOptions {
 // slices straight into `params`. So the buffer given to Push (or Register's
 // `proposed`) is read by gRPC's threads while the call runs and must not
 // change until it returns; it returns only after every reply has arrived
-// and gRPC has dropped every slice into the buffer. Not thread-safe: one
-// call at a time.
+// and gRPC has dropped every slice into the buffer. The blocking calls are
+// not thread-safe (one at a time); Push/PullSegments may be in flight
+// together, started from one thread (parameter_store.h).
 class RemoteParameterStore final : public ParameterStore {
  public:
   static absl::StatusOr<std::unique_ptr<RemoteParameterStore>> Create(
@@ -65,6 +67,14 @@ class RemoteParameterStore final : public ParameterStore {
                     absl::Span<const float> gradient) override;
   absl::Status WaitForVersion(int64_t version) override;
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override;
+
+  // The messages' ends. Push/PullSegments start their messages' calls at
+  // once and return; done runs on a gRPC thread.
+  std::vector<int64_t> SegmentEnds() const override;
+  void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
+                    absl::Span<const float> gradient, Done done) override;
+  void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
+                    Done done) override;
 
   // Bytes of tensor data so far (payload, not framing): gradients pushed,
   // and parameters pulled (the first pull of the initial ones included).
@@ -85,23 +95,37 @@ class RemoteParameterStore final : public ParameterStore {
   };
   using Message = std::vector<Chunk>;
 
-  // Issues one call of `method` per message of messages_, all at once, and
-  // waits for every reply. `fill(m)` makes message m's request; `check(m,
-  // reply)` (may be empty) vets and reads message m's reply on its
-  // completion thread. Returns the first error, naming `what` and the
-  // message's first chunk; reports a `kind` event per message when an
-  // observer is set.
-  absl::Status CallEveryMessage(
-      const char* what, const char* method, EventKind kind, int64_t step,
-      const std::function<grpc::ByteBuffer(size_t)>& fill,
-      const std::function<absl::Status(size_t, const grpc::ByteBuffer&)>& check);
-  // Sends `flat` (a model's worth) as framed chunks, one call per message:
-  // `header(m)` gives message m's header with its chunks to fill in, the
-  // data slices point into `flat`. Returns once gRPC has let go of `flat`.
+  class Batch;
+
+  // Issues one call of `method` per message in [first, last) of messages_,
+  // all at once, returns at once, and runs `done` when every reply has
+  // arrived and gRPC has let go of every slice lent to it. `fill(m, lend)`
+  // makes message m's request; `lend(bytes, size)` makes a slice over bytes
+  // the caller keeps unchanged until `done`. `check(m, reply)` (may be empty)
+  // vets and reads message m's reply on its completion thread. The first
+  // error is done's status, naming `what` and the message's first chunk; a
+  // `kind` event is reported per message when an observer is set. Each call's
+  // deadline is `timeout` from its start.
+  using Lend = std::function<grpc::Slice(const void*, size_t)>;
+  void StartMessages(const char* what, const char* method, EventKind kind, int64_t step,
+                     int first, int last, absl::Duration timeout,
+                     std::function<grpc::ByteBuffer(size_t, const Lend&)> fill,
+                     std::function<absl::Status(size_t, const grpc::ByteBuffer&)> check,
+                     Done done);
+  // Starts sending messages [first, last) of `flat` (a model's worth) as
+  // framed chunks: `header(h)` fills each message's header fields besides
+  // its chunks; the data slices point into `flat`.
   template <typename Header>
-  absl::Status SendFrames(const char* what, const char* method, int64_t step,
-                          absl::Span<const float> flat,
-                          const std::function<void(Header*)>& header);
+  void SendFrames(const char* what, const char* method, int64_t step, int first, int last,
+                  absl::Span<const float> flat, std::function<void(Header*)> header, Done done);
+  // Starts pulling messages [first, last) into `params`; done gets the
+  // version every reply carried (kInternal when they differ, or when
+  // `exact` and it is not `version`).
+  void StartPull(int64_t version, int first, int last, absl::Span<float> params, bool exact,
+                 std::function<void(absl::StatusOr<int64_t>)> done);
+  // kInvalidArgument unless [first, last) is a range of messages and `size`
+  // is the model's.
+  absl::Status CheckSegments(const char* what, int first, int last, size_t size) const;
   absl::Status SendInitialParameters(absl::Span<const float> proposed);
 
   RemoteStoreOptions options_;
@@ -115,8 +139,8 @@ class RemoteParameterStore final : public ParameterStore {
   std::vector<std::string> key_names_;     // the signature's, for events
   int64_t num_parameters_ = 0;
   int rank_ = -1;
-  int64_t bytes_pushed_ = 0;
-  int64_t bytes_pulled_ = 0;
+  std::atomic<int64_t> bytes_pushed_{0};
+  std::atomic<int64_t> bytes_pulled_{0};
   bool sent_initial_parameters_ = false;
 };
 

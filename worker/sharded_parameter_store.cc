@@ -1,8 +1,10 @@
 #include "worker/sharded_parameter_store.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 
 namespace ps::worker {
@@ -134,8 +136,100 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
           " at version ", decided.version, ": are the shards of one job, started alike?"));
     }
   }
+  first_segment_.assign(1, 0);
+  for (const Shard& shard : shards_) {
+    first_segment_.push_back(first_segment_.back() +
+                             static_cast<int>(shard.store->SegmentEnds().size()));
+  }
   registered_ = true;
   return decided;
+}
+
+std::vector<int64_t> ShardedParameterStore::SegmentEnds() const {
+  std::vector<int64_t> ends;
+  if (!registered_) return ends;
+  for (const Shard& shard : shards_) {
+    const int64_t begin = plan_.shards[shard.index].flat_begin;
+    for (int64_t end : shard.store->SegmentEnds()) ends.push_back(begin + end);
+  }
+  return ends;
+}
+
+void ShardedParameterStore::OnShardSegments(
+    const char* what, int first, int last, size_t buffer_size,
+    const std::function<void(Shard&, int, int, Done)>& start, Done done) {
+  if (!registered_) return done(absl::FailedPreconditionError(absl::StrCat(what, " before Register")));
+  if (first < 0 || last < first || last > first_segment_.back()) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        what, " of segments [", first, ", ", last, "): the model has ", first_segment_.back())));
+  }
+  if (static_cast<int64_t>(buffer_size) != num_parameters_) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        what, " with a buffer of ", buffer_size, " elements; the model has ", num_parameters_)));
+  }
+  // Every shard's outcome, kept until the last so the lowest shard's error
+  // is the one reported, whichever finished first.
+  struct Join {
+    absl::Mutex mu;
+    int pending ABSL_GUARDED_BY(mu) = 1;  // the starting itself
+    std::vector<absl::Status> statuses;
+    Done done;
+  };
+  auto join = std::make_shared<Join>();
+  join->statuses.resize(shards_.size());
+  join->done = std::move(done);
+  auto finish_one = [join](size_t i, absl::Status status) {
+    {
+      absl::MutexLock lock(&join->mu);
+      if (i < join->statuses.size()) join->statuses[i] = std::move(status);
+      if (--join->pending > 0) return;
+    }
+    for (const absl::Status& s : join->statuses) {
+      if (!s.ok()) return join->done(s);
+    }
+    join->done(absl::OkStatus());
+  };
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const int lo = std::max(first, first_segment_[i]);
+    const int hi = std::min(last, first_segment_[i + 1]);
+    if (lo >= hi) continue;
+    {
+      absl::MutexLock lock(&join->mu);
+      ++join->pending;
+    }
+    Shard& shard = shards_[i];
+    start(shard, lo - first_segment_[i], hi - first_segment_[i],
+          [this, &shard, i, finish_one](absl::Status status) {
+            finish_one(i, NameShard(shard, status));
+          });
+  }
+  finish_one(shards_.size(), absl::OkStatus());
+}
+
+void ShardedParameterStore::PushSegments(int64_t iteration, int64_t num_samples, int first,
+                                         int last, absl::Span<const float> gradient, Done done) {
+  OnShardSegments(
+      "Push", first, last, gradient.size(),
+      [&](Shard& shard, int lo, int hi, Done shard_done) {
+        const ShardPart& part = plan_.shards[shard.index];
+        shard.store->PushSegments(iteration, num_samples, lo, hi,
+                                  gradient.subspan(part.flat_begin, part.elements()),
+                                  std::move(shard_done));
+      },
+      std::move(done));
+}
+
+void ShardedParameterStore::PullSegments(int64_t version, int first, int last,
+                                         absl::Span<float> params, Done done) {
+  OnShardSegments(
+      "Pull", first, last, params.size(),
+      [&](Shard& shard, int lo, int hi, Done shard_done) {
+        const ShardPart& part = plan_.shards[shard.index];
+        shard.store->PullSegments(version, lo, hi,
+                                  params.subspan(part.flat_begin, part.elements()),
+                                  std::move(shard_done));
+      },
+      std::move(done));
 }
 
 absl::Status ShardedParameterStore::Push(int64_t iteration, int64_t num_samples,

@@ -73,6 +73,16 @@ class ShardedParameterStore final : public ParameterStore {
   absl::Status WaitForVersion(int64_t version) override;
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override;
 
+  // The shards' segments one after the other (shard s's shifted by its
+  // range's start). Push/PullSegments start each shard's part of the range
+  // on that shard's store, no thread of their own involved, and run `done`
+  // once every shard's is done, with the lowest shard's error.
+  std::vector<int64_t> SegmentEnds() const override;
+  void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
+                    absl::Span<const float> gradient, Done done) override;
+  void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
+                    Done done) override;
+
   // Tensor payload so far, summed over the shards (RemoteParameterStore's).
   int64_t bytes_pushed() const;
   int64_t bytes_pulled() const;
@@ -97,12 +107,20 @@ class ShardedParameterStore final : public ParameterStore {
   absl::Status OnEveryShard(const std::function<absl::Status(Shard&)>& fn);
   absl::Status NameShard(const Shard& shard, const absl::Status& status) const;
   absl::StatusOr<std::unique_ptr<RemoteParameterStore>> MakeStore(Shard& shard, int rank) const;
+  // Runs start(shard, local first, local last, done) for every shard whose
+  // segments meet [first, last), and `done` once all are done.
+  void OnShardSegments(
+      const char* what, int first, int last, size_t buffer_size,
+      const std::function<void(Shard&, int, int, Done)>& start, Done done);
 
   ShardedStoreOptions options_;
   ShardPlan plan_;
   std::vector<Shard> shards_;  // the shards taking part, in shard order
   std::unique_ptr<DeviceThreads> threads_;  // one per shard taking part
   int64_t num_parameters_ = 0;
+  // Per shard taking part: the index of its first segment in SegmentEnds(),
+  // and one past the last shard's last.
+  std::vector<int> first_segment_;
   bool registered_ = false;
 };
 

@@ -1,5 +1,6 @@
 #include "worker/sharded_parameter_store.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -7,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/fake_observer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -158,6 +161,124 @@ TEST(ShardedParameterStoreTest, TwoAndThreeShardsEqualOneServerBitForBit) {
     }
     EXPECT_TRUE(plan->shards[0].pieces.back().split);
   }
+}
+
+// Runs an asynchronous call and waits for its done.
+absl::Status Await(const std::function<void(ParameterStore::Done)>& start) {
+  absl::Notification finished;
+  absl::Status status;
+  start([&](absl::Status s) {
+    status = std::move(s);
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return status;
+}
+
+// Train's job, but each iteration pushes segment by segment from the back
+// (as backward produces them), each segment's pull started as soon as its
+// push is accepted, all of them in flight together.
+std::vector<std::vector<float>> TrainBySegments(
+    const std::function<std::unique_ptr<ParameterStore>(int)>& make, int workers) {
+  std::vector<std::vector<float>> results(workers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      std::unique_ptr<ParameterStore> store = make(w);
+      ASSERT_NE(store, nullptr);
+      auto reg = store->Register(Signature(), Initial(w));
+      ASSERT_TRUE(reg.ok()) << reg.status();
+      const std::vector<int64_t> ends = store->SegmentEnds();
+      ASSERT_FALSE(ends.empty());
+      EXPECT_EQ(ends.back(), kElements);
+      EXPECT_TRUE(std::is_sorted(ends.begin(), ends.end()));
+      const int segments = static_cast<int>(ends.size());
+      std::vector<float> params(kElements), grad(kElements);
+      ASSERT_TRUE(store->Pull(reg->version, absl::MakeSpan(params)).ok());
+      for (int64_t t = 0; t < kIterations; ++t) {
+        for (int64_t i = 0; i < kElements; ++i) {
+          grad[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(t + reg->rank)) +
+                    0.1f * params[i];
+        }
+        absl::Mutex mu;
+        int pending = segments;
+        absl::Status first_error;
+        auto finished = [&](absl::Status s) {
+          absl::MutexLock lock(&mu);
+          if (!s.ok() && first_error.ok()) first_error = s;
+          --pending;
+        };
+        for (int seg = segments; seg-- > 0;) {
+          ASSERT_TRUE(Await([&](ParameterStore::Done done) {
+                        store->PushSegments(t, reg->rank + 2, seg, seg + 1, grad,
+                                            std::move(done));
+                      }).ok());
+          store->PullSegments(t + 1, seg, seg + 1, absl::MakeSpan(params), finished);
+        }
+        absl::MutexLock lock(&mu);
+        mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &pending));
+        ASSERT_TRUE(first_error.ok()) << first_error;
+      }
+      results[w] = params;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+TEST(ShardedParameterStoreTest, SegmentBySegmentEqualsWholeModelCallsBitForBit) {
+  const std::vector<float> reference = OneServer(2);
+  for (int shards : {1, 2, 3}) {
+    SCOPED_TRACE(absl::StrCat(shards, " shards"));
+    auto servers = StartServers(shards, 2);
+    const auto addresses = Addresses(servers);
+    auto results = TrainBySegments(
+        [&](int w) -> std::unique_ptr<ParameterStore> {
+          if (shards == 1) {
+            RemoteStoreOptions options = Remote(absl::StrCat("w", w), nullptr, w);
+            options.server_address = addresses[0];
+            auto store = RemoteParameterStore::Create(options);
+            EXPECT_TRUE(store.ok());
+            return std::move(store).value();
+          }
+          return MakeSharded(addresses, absl::StrCat("w", w), nullptr, w);
+        },
+        2);
+    EXPECT_EQ(results[0], reference);
+    EXPECT_EQ(results[1], reference);
+  }
+}
+
+TEST(ShardedParameterStoreTest, ShardSegmentsFollowOneAnotherAndBadRangesAreRefused) {
+  auto servers = StartServers(2, 1);
+  auto store = MakeSharded(Addresses(servers), "only");
+  ASSERT_NE(store, nullptr);
+  EXPECT_TRUE(store->SegmentEnds().empty());  // before Register
+  ASSERT_TRUE(store->Register(Signature(), Initial(0)).ok());
+  const std::vector<int64_t> ends = store->SegmentEnds();
+  // Each shard's messages hold at most 100 elements (its chunk size).
+  int64_t begin = 0;
+  for (int64_t end : ends) {
+    EXPECT_LE(end - begin, 100);
+    EXPECT_GT(end, begin);
+    begin = end;
+  }
+  EXPECT_EQ(begin, kElements);
+  std::vector<float> buffer(kElements);
+  const int n = static_cast<int>(ends.size());
+  for (auto [first, last] : std::vector<std::pair<int, int>>{{-1, 1}, {2, 1}, {0, n + 1}}) {
+    EXPECT_EQ(Await([&](ParameterStore::Done done) {
+                store->PushSegments(0, 1, first, last, buffer, std::move(done));
+              }).code(),
+              absl::StatusCode::kInvalidArgument)
+        << first << ", " << last;
+  }
+  std::vector<float> short_buffer(kElements - 1);
+  const absl::Status s = Await([&](ParameterStore::Done done) {
+    store->PullSegments(1, 0, 1, absl::MakeSpan(short_buffer), std::move(done));
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("buffer"));
 }
 
 TEST(ShardedParameterStoreTest, RankZerosInitialParametersLandOnEveryShard) {
