@@ -1,0 +1,223 @@
+#include "worker/push_pull_scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ps::worker {
+
+PushPullScheduler::PushPullScheduler(const PushPullOptions& options, ParameterStore* store,
+                                     absl::Span<const float> gradients, absl::Span<float> params,
+                                     int64_t version)
+    : options_(options),
+      store_(store),
+      gradients_(gradients),
+      params_(params),
+      version_(version) {}
+
+absl::StatusOr<std::unique_ptr<PushPullScheduler>> PushPullScheduler::Create(
+    const PushPullOptions& options, ParameterStore* store, absl::Span<const float> gradients,
+    absl::Span<float> params, int64_t version) {
+  if (store == nullptr) return absl::InvalidArgumentError("no parameter store");
+  if (options.bucket_bytes < 0 || options.max_bytes_in_flight < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucket bytes (", options.bucket_bytes, ") and bytes in flight (",
+        options.max_bytes_in_flight, ") must not be negative"));
+  }
+  const std::vector<int64_t> ends = store->SegmentEnds();
+  const int64_t size = ends.empty() ? 0 : ends.back();
+  if (static_cast<int64_t>(gradients.size()) != size ||
+      static_cast<int64_t>(params.size()) != size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "buffers of ", gradients.size(), " and ", params.size(),
+        " elements for a store of ", size, " (registered?)"));
+  }
+  std::unique_ptr<PushPullScheduler> s(
+      new PushPullScheduler(options, store, gradients, params, version));
+  int64_t begin = 0;
+  int first = 0;
+  for (int seg = 0; seg < static_cast<int>(ends.size()); ++seg) {
+    const bool last = seg + 1 == static_cast<int>(ends.size());
+    if (!last && (ends[seg] - begin) * static_cast<int64_t>(sizeof(float)) < options.bucket_bytes) {
+      continue;
+    }
+    s->buckets_.push_back({begin, ends[seg], first, seg + 1});
+    begin = ends[seg];
+    first = seg + 1;
+  }
+  absl::MutexLock lock(&s->mu_);
+  s->state_.assign(s->buckets_.size(), State::kHeld);
+  // Before the first iteration every bucket counts as pushed and pulled:
+  // it holds `version`.
+  s->pushed_.assign(s->buckets_.size(), true);
+  s->iteration_of_.assign(s->buckets_.size(), version - 1);
+  return s;
+}
+
+PushPullScheduler::~PushPullScheduler() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  mu_.Await(absl::Condition(
+      +[](int* calls) { return *calls == 0; }, &calls_in_flight_));
+}
+
+int64_t PushPullScheduler::version() const {
+  absl::MutexLock lock(&mu_);
+  return version_;
+}
+
+absl::Status PushPullScheduler::BeginIteration(int64_t num_samples) {
+  absl::MutexLock lock(&mu_);
+  if (!error_.ok()) return error_;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!pushed_[b]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "iteration ", version_, " begins before bucket ", b, " (elements [",
+          buckets_[b].begin, ", ", buckets_[b].end, ")) of iteration ", version_ - 1,
+          " was pushed"));
+    }
+  }
+  std::fill(pushed_.begin(), pushed_.end(), false);
+  num_samples_ = num_samples;
+  ++version_;
+  return absl::OkStatus();
+}
+
+void PushPullScheduler::GradientsReadyFrom(int64_t offset) {
+  {
+    absl::MutexLock lock(&mu_);
+    // Buckets are in offset order: walk down from the back.
+    for (int b = static_cast<int>(buckets_.size()); b-- > 0;) {
+      if (buckets_[b].begin < offset) break;
+      if (pushed_[b]) continue;
+      if (state_[b] != State::kHeld && error_.ok()) {
+        // Its previous pull is still out: the forward did not wait for it.
+        error_ = absl::FailedPreconditionError(absl::StrCat(
+            "bucket ", b, "'s gradient is ready before its parameters of version ",
+            version_ - 1, " arrived"));
+      }
+      pushed_[b] = true;
+      iteration_of_[b] = version_ - 1;
+      state_[b] = State::kPushQueued;
+    }
+  }
+  Pump();
+}
+
+PushPullScheduler::Operation PushPullScheduler::NextLocked() {
+  if (!error_.ok() || stopping_) return {};
+  const int64_t bound = options_.max_bytes_in_flight;
+  auto fits = [bound](int64_t in_flight, int64_t bytes) {
+    return bound == 0 || in_flight == 0 || in_flight + bytes <= bound;
+  };
+  // Pushes first, then pulls; within each, the front bucket first.
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool push = pass == 0;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (state_[b] != (push ? State::kPushQueued : State::kPullQueued)) continue;
+      int64_t& in_flight = push ? push_bytes_in_flight_ : pull_bytes_in_flight_;
+      if (!fits(in_flight, buckets_[b].bytes())) break;  // nothing behind it jumps the queue
+      in_flight += buckets_[b].bytes();
+      state_[b] = push ? State::kPushing : State::kPulling;
+      ++calls_in_flight_;
+      return {static_cast<int>(b), push};
+    }
+  }
+  return {};
+}
+
+void PushPullScheduler::Pump() {
+  for (;;) {
+    Operation op;
+    int64_t iteration = 0, samples = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      op = NextLocked();
+      if (op.bucket < 0) return;
+      iteration = iteration_of_[op.bucket];
+      samples = num_samples_;
+    }
+    const Bucket& bucket = buckets_[op.bucket];
+    // The store may run `done` inside the call (a local store): OnDone then
+    // pumps again, from here.
+    if (op.push) {
+      store_->PushSegments(iteration, samples, bucket.first_segment, bucket.last_segment,
+                           gradients_, [this, op](absl::Status s) { OnDone(op, std::move(s)); });
+    } else {
+      store_->PullSegments(iteration + 1, bucket.first_segment, bucket.last_segment, params_,
+                           [this, op](absl::Status s) { OnDone(op, std::move(s)); });
+    }
+  }
+}
+
+void PushPullScheduler::OnDone(Operation op, absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    const int64_t bytes = buckets_[op.bucket].bytes();
+    if (op.push) {
+      push_bytes_in_flight_ -= bytes;
+      state_[op.bucket] = State::kPullQueued;
+    } else {
+      pull_bytes_in_flight_ -= bytes;
+      state_[op.bucket] = State::kHeld;
+    }
+    if (!status.ok() && error_.ok()) error_ = std::move(status);
+  }
+  Pump();
+  // Last: the destructor waits for this, so nothing here may touch the
+  // scheduler after it.
+  absl::MutexLock lock(&mu_);
+  --calls_in_flight_;
+}
+
+bool PushPullScheduler::HasParametersLocked(int64_t begin, int64_t end) const {
+  if (!error_.ok()) return true;
+  // The buckets meeting [begin, end): from the first that ends after begin.
+  auto b = std::upper_bound(buckets_.begin(), buckets_.end(), begin,
+                            [](int64_t offset, const Bucket& bucket) { return offset < bucket.end; });
+  for (; b != buckets_.end() && b->begin < end; ++b) {
+    if (state_[b - buckets_.begin()] != State::kHeld) return false;
+  }
+  return true;
+}
+
+bool PushPullScheduler::HasParameters(int64_t begin, int64_t end) const {
+  absl::MutexLock lock(&mu_);
+  return HasParametersLocked(begin, end);
+}
+
+absl::Status PushPullScheduler::AwaitParameters(int64_t begin, int64_t end) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return HasParametersLocked(begin, end); };
+  mu_.Await(absl::Condition(&ready));
+  return error_;
+}
+
+absl::Status PushPullScheduler::AwaitPushes() {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!error_.ok()) return true;
+    for (State s : state_) {
+      if (s == State::kPushQueued || s == State::kPushing) return false;
+    }
+    return true;
+  };
+  mu_.Await(absl::Condition(&done));
+  return error_;
+}
+
+absl::Status PushPullScheduler::AwaitAll() {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!error_.ok()) return true;
+    for (State s : state_) {
+      if (s != State::kHeld) return false;
+    }
+    return true;
+  };
+  mu_.Await(absl::Condition(&done));
+  return error_;
+}
+
+}  // namespace ps::worker

@@ -1,0 +1,161 @@
+#ifndef PS_WORKER_PUSH_PULL_SCHEDULER_H_
+#define PS_WORKER_PUSH_PULL_SCHEDULER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "worker/parameter_store.h"
+
+namespace ps::worker {
+
+struct PushPullOptions {
+  // Consecutive store segments are grouped into buckets of at least this
+  // many bytes (the last bucket may be smaller): the unit of readiness, of
+  // priority and of one push and one pull. DDP buckets 25 MB; BytePS
+  // partitions 4 MB. 0: one bucket per segment.
+  int64_t bucket_bytes = int64_t{4} << 20;
+  // Bounds the bytes of pushes in flight, and separately the bytes of pulls
+  // in flight (the link is full duplex), so a large back-layer transfer
+  // cannot hold up the front layers the next forward needs first. One bucket
+  // is always let through, however large. 0: no bound.
+  int64_t max_bytes_in_flight = int64_t{32} << 20;
+};
+
+// The communication stage of a worker's pipeline (P3, ByteScheduler): the
+// flat gradient and parameter buffers cut into buckets of store segments;
+// each bucket is pushed as soon as backward has produced its gradients and
+// pulled as soon as its push is accepted (the store holds the pull until
+// every worker's push of that bucket is applied), and the next forward
+// waits only for the buckets its layer needs.
+//
+// Scheduling: pending pushes go out front buckets first (lowest offset:
+// the first layers, which the next forward needs first), and so do pending
+// pulls, each direction within PushPullOptions::max_bytes_in_flight. No
+// thread of its own: the store's calls are asynchronous, so the thread that
+// makes work available (the compute thread reporting gradients, a store
+// completion reporting a push done) issues what may go next, without
+// holding the scheduler's lock while it calls the store.
+//
+// Per iteration (one thread calls BeginIteration, GradientsReadyFrom and
+// the Await calls; completions arrive on the store's threads):
+//   BeginIteration(samples)       -> pushes now carry iteration version(),
+//                                    version() goes up by one
+//   AwaitParameters(begin, end)   -> (the forward pass, layer by layer) the
+//                                    range holds the previous iteration's
+//                                    result
+//   GradientsReadyFrom(offset)    -> (the backward pass, layer by layer)
+//                                    push the buckets wholly above offset
+//   AwaitAll()                    -> (optional) every bucket holds version()
+// The gradient buffer's bucket must not change from GradientsReadyFrom
+// until its push is done, and the parameter buffer's bucket must not be
+// read between its push and AwaitParameters returning for it: the caller's
+// forward waits, and backward writes a bucket's gradients only after the
+// forward that waited for it.
+//
+// Errors: the first failing push or pull is kept; every later Await returns
+// it and nothing more is issued.
+class PushPullScheduler {
+ public:
+  // `gradients` and `params` are the flat host buffers pushes read and pulls
+  // write; `store` is registered; the buckets start holding `version`. All
+  // must outlive the scheduler. kInvalidArgument for buffers that do not
+  // match the store's segments or a negative option.
+  static absl::StatusOr<std::unique_ptr<PushPullScheduler>> Create(
+      const PushPullOptions& options, ParameterStore* store, absl::Span<const float> gradients,
+      absl::Span<float> params, int64_t version);
+  // Waits for the calls in flight (they hold the buffers), issuing no more.
+  ~PushPullScheduler();
+
+  // Starts an iteration: the pushes that follow carry iteration version()
+  // and `num_samples`, and their pulls bring version() + 1, which version()
+  // then returns. The previous iteration's pulls may still be in flight.
+  // kFailedPrecondition unless every bucket was pushed in the previous
+  // iteration; or the kept error.
+  absl::Status BeginIteration(int64_t num_samples);
+
+  // Gradient elements [offset, end of buffer) are final for the iteration:
+  // every bucket that lies wholly inside and was not pushed yet is queued,
+  // and what may go is issued. Offsets only decrease within an iteration;
+  // GradientsReadyFrom(0) queues the rest.
+  void GradientsReadyFrom(int64_t offset);
+
+  // Blocks until no bucket meeting [begin, end) has a push or pull in flight
+  // or queued: each holds the version the current iteration started from
+  // (not pushed yet in it) or the one it produces (pushed and pulled), or
+  // returns the kept error.
+  absl::Status AwaitParameters(int64_t begin, int64_t end);
+  // Whether AwaitParameters(begin, end) would return without blocking.
+  bool HasParameters(int64_t begin, int64_t end) const;
+  // Blocks until every push of the iteration has been accepted.
+  absl::Status AwaitPushes();
+  // Blocks until every bucket that was pushed in the iteration holds its new
+  // version (all of them, after GradientsReadyFrom(0)).
+  absl::Status AwaitAll();
+
+  // The version the current iteration's pulls bring (the one the buckets
+  // hold before the first iteration).
+  int64_t version() const;
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Bucket b's element range [begin, end) and segment range.
+  struct Bucket {
+    int64_t begin = 0, end = 0;
+    int first_segment = 0, last_segment = 0;
+    int64_t bytes() const { return (end - begin) * static_cast<int64_t>(sizeof(float)); }
+  };
+  const Bucket& bucket(int b) const { return buckets_[b]; }
+
+ private:
+  enum class State {
+    kHeld,  // no call queued or in flight
+    kPushQueued,
+    kPushing,
+    kPullQueued,
+    kPulling,
+  };
+  struct Operation {
+    int bucket = -1;
+    bool push = false;
+  };
+
+  PushPullScheduler(const PushPullOptions& options, ParameterStore* store,
+                    absl::Span<const float> gradients, absl::Span<float> params,
+                    int64_t version);
+
+  // Issues every queued operation that may go now, in priority order.
+  void Pump();
+  // The next operation to issue, marked in flight; bucket -1 for none.
+  Operation NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnDone(Operation op, absl::Status status);
+  // AwaitParameters' condition.
+  bool HasParametersLocked(int64_t begin, int64_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const PushPullOptions options_;
+  ParameterStore* const store_;
+  const absl::Span<const float> gradients_;
+  const absl::Span<float> params_;
+  std::vector<Bucket> buckets_;
+
+  mutable absl::Mutex mu_;
+  std::vector<State> state_ ABSL_GUARDED_BY(mu_);
+  // Per bucket: whether it has been queued for a push in the current
+  // iteration, and the iteration its push (and version its pull) is for.
+  std::vector<bool> pushed_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> iteration_of_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_);  // version() above
+  int64_t num_samples_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t push_bytes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pull_bytes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace ps::worker
+
+#endif  // PS_WORKER_PUSH_PULL_SCHEDULER_H_

@@ -1,0 +1,274 @@
+#include "worker/push_pull_scheduler.h"
+
+#include <deque>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "worker/parameter_store.h"
+
+namespace ps::worker {
+namespace {
+
+// A store whose asynchronous calls wait in a list until the test completes
+// them; pulls fill their segments with the version they bring.
+class ManualStore final : public ParameterStore {
+ public:
+  struct Call {
+    bool push = false;
+    int64_t iteration_or_version = 0;
+    int64_t num_samples = 0;
+    int first = 0, last = 0;
+    Done done;
+  };
+
+  explicit ManualStore(std::vector<int64_t> ends) : ends_(std::move(ends)) {}
+
+  absl::StatusOr<Registration> Register(const std::vector<ParamSpec>&,
+                                        absl::Span<const float>) override {
+    return Registration{};
+  }
+  absl::Status Push(int64_t, int64_t, absl::Span<const float>) override {
+    return absl::UnimplementedError("blocking push");
+  }
+  absl::Status WaitForVersion(int64_t) override { return absl::UnimplementedError("wait"); }
+  absl::StatusOr<int64_t> Pull(int64_t, absl::Span<float>) override {
+    return absl::UnimplementedError("blocking pull");
+  }
+  std::vector<int64_t> SegmentEnds() const override { return ends_; }
+  void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
+                    absl::Span<const float>, Done done) override {
+    absl::MutexLock lock(&mu_);
+    calls_.push_back({true, iteration, num_samples, first, last, std::move(done)});
+  }
+  void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
+                    Done done) override {
+    absl::MutexLock lock(&mu_);
+    params_ = params;
+    calls_.push_back({false, version, 0, first, last, std::move(done)});
+  }
+
+  // The calls issued and not completed, in issue order, as "push 3-4@7".
+  std::vector<std::string> Pending() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> out;
+    for (const Call& c : calls_) out.push_back(Describe(c));
+    return out;
+  }
+
+  // Fails every pending call (so a scheduler being destroyed stops
+  // waiting for them; after an error it issues nothing more).
+  void FailAll() {
+    for (;;) {
+      Call call;
+      {
+        absl::MutexLock lock(&mu_);
+        if (calls_.empty()) return;
+        call = std::move(calls_.front());
+        calls_.pop_front();
+      }
+      call.done(absl::CancelledError("test over"));
+    }
+  }
+
+  // Completes the pending call described as `what` (a pull writes its
+  // version into its segments first).
+  void Complete(const std::string& what, absl::Status status = absl::OkStatus()) {
+    Call call;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = calls_.begin();
+      while (it != calls_.end() && Describe(*it) != what) ++it;
+      ASSERT_NE(it, calls_.end()) << "no pending " << what;
+      call = std::move(*it);
+      calls_.erase(it);
+      if (!call.push && status.ok()) {
+        const int64_t begin = call.first == 0 ? 0 : ends_[call.first - 1];
+        for (int64_t i = begin; i < ends_[call.last - 1]; ++i) {
+          params_[i] = static_cast<float>(call.iteration_or_version);
+        }
+      }
+    }
+    call.done(status);
+  }
+
+ private:
+  static std::string Describe(const Call& c) {
+    return absl::StrCat(c.push ? "push " : "pull ", c.first, "-", c.last, "@",
+                        c.iteration_or_version);
+  }
+
+  const std::vector<int64_t> ends_;
+  absl::Mutex mu_;
+  std::deque<Call> calls_ ABSL_GUARDED_BY(mu_);
+  absl::Span<float> params_ ABSL_GUARDED_BY(mu_);
+};
+
+using Strings = std::vector<std::string>;
+
+struct Rig {
+  explicit Rig(std::vector<int64_t> ends, PushPullOptions options = {})
+      : store(ends), gradients(ends.back()), params(ends.back()) {
+    auto s = PushPullScheduler::Create(options, &store, gradients, absl::MakeSpan(params),
+                                       /*version=*/5);
+    EXPECT_TRUE(s.ok()) << s.status();
+    scheduler = std::move(*s);
+  }
+  ~Rig() { store.FailAll(); }
+  ManualStore store;
+  std::vector<float> gradients;
+  std::vector<float> params;
+  std::unique_ptr<PushPullScheduler> scheduler;
+};
+
+// Four segments of 100 elements (400 bytes each).
+const std::vector<int64_t> kEnds = {100, 200, 300, 400};
+
+PushPullOptions Buckets(int64_t bucket_bytes, int64_t in_flight = 0) {
+  PushPullOptions o;
+  o.bucket_bytes = bucket_bytes;
+  o.max_bytes_in_flight = in_flight;
+  return o;
+}
+
+TEST(PushPullSchedulerTest, GroupsSegmentsIntoBucketsOfAtLeastTheBucketBytes) {
+  Rig one_each(kEnds, Buckets(0));
+  EXPECT_EQ(one_each.scheduler->num_buckets(), 4);
+  Rig pairs(kEnds, Buckets(800));
+  ASSERT_EQ(pairs.scheduler->num_buckets(), 2);
+  EXPECT_EQ(pairs.scheduler->bucket(1).begin, 200);
+  EXPECT_EQ(pairs.scheduler->bucket(1).first_segment, 2);
+  EXPECT_EQ(pairs.scheduler->bucket(1).last_segment, 4);
+  Rig odd(kEnds, Buckets(1200));  // 3 segments, then the short rest
+  ASSERT_EQ(odd.scheduler->num_buckets(), 2);
+  EXPECT_EQ(odd.scheduler->bucket(0).end, 300);
+  Rig whole(kEnds, Buckets(int64_t{1} << 40));
+  EXPECT_EQ(whole.scheduler->num_buckets(), 1);
+}
+
+TEST(PushPullSchedulerTest, PushesAsLayersFinishAndPullsEachBucketAfterItsPush) {
+  Rig rig(kEnds, Buckets(0));
+  PushPullScheduler& s = *rig.scheduler;
+  ASSERT_TRUE(s.BeginIteration(32).ok());
+  EXPECT_EQ(s.version(), 6);
+  // Backward: the last layer's gradients first.
+  s.GradientsReadyFrom(250);  // only bucket 3 lies wholly above 250
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 3-4@5"}));
+  s.GradientsReadyFrom(100);
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 3-4@5", "push 1-2@5", "push 2-3@5"}));
+  EXPECT_FALSE(s.HasParameters(300, 400));
+  EXPECT_TRUE(s.HasParameters(0, 100));  // not pushed yet: holds version 5
+  rig.store.Complete("push 3-4@5");
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 1-2@5", "push 2-3@5", "pull 3-4@6"}));
+  rig.store.Complete("pull 3-4@6");
+  EXPECT_TRUE(s.HasParameters(300, 400));
+  EXPECT_EQ(rig.params[399], 6.f);
+  s.GradientsReadyFrom(0);
+  rig.store.Complete("push 0-1@5");
+  rig.store.Complete("push 1-2@5");
+  rig.store.Complete("push 2-3@5");
+  EXPECT_TRUE(s.AwaitPushes().ok());
+  EXPECT_EQ(rig.store.Pending(), Strings({"pull 0-1@6", "pull 1-2@6", "pull 2-3@6"}));
+  for (const char* pull : {"pull 2-3@6", "pull 0-1@6", "pull 1-2@6"}) rig.store.Complete(pull);
+  ASSERT_TRUE(s.AwaitAll().ok());
+  EXPECT_EQ(rig.params[0], 6.f);
+  // The next iteration pushes for iteration 6.
+  ASSERT_TRUE(s.BeginIteration(32).ok());
+  s.GradientsReadyFrom(0);
+  EXPECT_EQ(rig.store.Pending().front(), "push 0-1@6");
+  for (int b = 0; b < 4; ++b) rig.store.Complete(absl::StrCat("push ", b, "-", b + 1, "@6"));
+  for (int b = 0; b < 4; ++b) rig.store.Complete(absl::StrCat("pull ", b, "-", b + 1, "@7"));
+  EXPECT_TRUE(s.AwaitAll().ok());
+}
+
+TEST(PushPullSchedulerTest, BoundsBytesInFlightAndLetsFrontBucketsGoFirst) {
+  // Room for two buckets each way.
+  Rig rig(kEnds, Buckets(0, /*in_flight=*/800));
+  PushPullScheduler& s = *rig.scheduler;
+  ASSERT_TRUE(s.BeginIteration(8).ok());
+  s.GradientsReadyFrom(300);
+  s.GradientsReadyFrom(200);
+  s.GradientsReadyFrom(100);
+  // Buckets 3 and 2 went at once; 1 waits for room.
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 3-4@5", "push 2-3@5"}));
+  s.GradientsReadyFrom(0);
+  rig.store.Complete("push 2-3@5");
+  // The front bucket 0 jumps ahead of bucket 1, which was ready before it.
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 3-4@5", "push 0-1@5", "pull 2-3@6"}));
+  rig.store.Complete("push 0-1@5");
+  EXPECT_EQ(rig.store.Pending(),
+            Strings({"push 3-4@5", "pull 2-3@6", "push 1-2@5", "pull 0-1@6"}));
+}
+
+TEST(PushPullSchedulerTest, ALargeBucketStillGoesAlone) {
+  Rig rig(kEnds, Buckets(0, /*in_flight=*/100));  // smaller than any bucket
+  ASSERT_TRUE(rig.scheduler->BeginIteration(8).ok());
+  rig.scheduler->GradientsReadyFrom(0);
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 0-1@5"}));
+  rig.store.Complete("push 0-1@5");
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 1-2@5", "pull 0-1@6"}));
+}
+
+TEST(PushPullSchedulerTest, AwaitParametersBlocksUntilThePullArrives) {
+  Rig rig(kEnds, Buckets(0));
+  PushPullScheduler& s = *rig.scheduler;
+  ASSERT_TRUE(s.BeginIteration(8).ok());
+  s.GradientsReadyFrom(0);
+  for (int b = 0; b < 4; ++b) rig.store.Complete(absl::StrCat("push ", b, "-", b + 1, "@5"));
+  std::thread completer([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    rig.store.Complete("pull 1-2@6");
+  });
+  EXPECT_FALSE(s.HasParameters(150, 160));
+  EXPECT_TRUE(s.AwaitParameters(150, 160).ok());
+  EXPECT_EQ(rig.params[150], 6.f);
+  EXPECT_FALSE(s.HasParameters(0, 101));  // bucket 0 still out
+  completer.join();
+  for (int b : {0, 2, 3}) rig.store.Complete(absl::StrCat("pull ", b, "-", b + 1, "@6"));
+}
+
+TEST(PushPullSchedulerTest, TheFirstErrorIsKeptAndStopsFurtherCalls) {
+  Rig rig(kEnds, Buckets(0, /*in_flight=*/400));
+  PushPullScheduler& s = *rig.scheduler;
+  ASSERT_TRUE(s.BeginIteration(8).ok());
+  s.GradientsReadyFrom(0);
+  rig.store.Complete("push 0-1@5", absl::UnavailableError("server gone"));
+  EXPECT_TRUE(rig.store.Pending().empty());  // nothing more was issued
+  const absl::Status all = s.AwaitAll();
+  EXPECT_EQ(all.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(all.message(), "server gone");
+  EXPECT_EQ(s.AwaitParameters(0, 400).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.BeginIteration(8).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(PushPullSchedulerTest, AnIterationCannotBeginBeforeThePreviousWasPushed) {
+  Rig rig(kEnds, Buckets(0));
+  PushPullScheduler& s = *rig.scheduler;
+  ASSERT_TRUE(s.BeginIteration(8).ok());
+  s.GradientsReadyFrom(200);
+  const absl::Status early = s.BeginIteration(8);
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.message().find("bucket 0"), std::string::npos) << early;
+  s.GradientsReadyFrom(0);
+  for (int b = 0; b < 4; ++b) rig.store.Complete(absl::StrCat("push ", b, "-", b + 1, "@5"));
+  for (int b = 0; b < 4; ++b) rig.store.Complete(absl::StrCat("pull ", b, "-", b + 1, "@6"));
+}
+
+TEST(PushPullSchedulerTest, RefusesBuffersThatDoNotMatchTheStore) {
+  ManualStore store(kEnds);
+  std::vector<float> short_buffer(399), right(400);
+  EXPECT_EQ(PushPullScheduler::Create({}, &store, short_buffer, absl::MakeSpan(right), 0)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PushPullScheduler::Create(Buckets(-1), &store, right, absl::MakeSpan(right), 0)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ps::worker
