@@ -40,8 +40,9 @@ enum class EventKind : uint8_t {
   // The parameter server's work, on its lanes.
   kServerPush,    // checking and summing one push message (name: its first
                   // tensor; bytes: payload)
-  kServerUpdate,  // the optimizer's update of one iteration, and publishing
-                  // the version (bytes: the parameters)
+  kServerUpdate,  // the optimizer's update of one chunk, once every worker
+                  // has pushed it, and publishing it (name: its tensor;
+                  // bytes: the chunk's)
   kServerPull,    // copying one pull message out (name: its first tensor;
                   // bytes: payload)
 };

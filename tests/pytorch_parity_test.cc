@@ -412,6 +412,7 @@ TEST_P(SgdParityTest, StepsGiveTorchOptimSgdsParameters) {
     const absl::Status step = rig->trainer->TrainStep(0, s);
     ASSERT_TRUE(step.ok()) << step;
   }
+  ASSERT_TRUE(rig->trainer->FinishCommunication().ok());
   const std::string w1 = testing::TestTmpPath(tag + "_w1.safetensors");
   ASSERT_TRUE(SaveWeights(rig->trainer->model(), w1).ok());
 

@@ -72,8 +72,11 @@ std::vector<float> TrainOnOneDevice(const std::string& model, const worker::data
 
 // `shards` == 1: one server and RemoteParameterStore; more: that many
 // servers and the ShardedParameterStore over them.
+// `overlap`: TrainerOptions::overlap (in effect with one device per
+// worker), with one bucket per message so the pipeline has many.
 std::vector<float> TrainDistributed(const std::string& model, const worker::data::Dataset& data,
-                                    int workers, int devices_per_worker, int shards = 1) {
+                                    int workers, int devices_per_worker, int shards = 1,
+                                    bool overlap = true) {
   // gRPC parameter servers on free loopback ports, in this process. They
   // know no model: the workers state it (each shard its part), and rank 0
   // sends the initial parameters.
@@ -124,7 +127,10 @@ std::vector<float> TrainDistributed(const std::string& model, const worker::data
         bytes_pulled = [r = remote->get()] { return r->bytes_pulled(); };
         store = std::move(remote).value();
       }
-      auto trainer = worker::Trainer::Create(Options(), Config(model), devices, store.get(),
+      worker::TrainerOptions trainer_options = Options();
+      trainer_options.overlap = overlap;
+      trainer_options.push_pull.bucket_bytes = 0;
+      auto trainer = worker::Trainer::Create(trainer_options, Config(model), devices, store.get(),
                                              &data, nullptr);
       ASSERT_TRUE(trainer.ok()) << trainer.status();
       auto report = (*trainer)->Run();
@@ -206,6 +212,28 @@ TEST(SyncTrainingTest, OneAndTwoShardsAreBitIdentical) {
   const auto two = TrainDistributed("mlp", data, 2, 1, /*shards=*/2);
   ASSERT_FALSE(one.empty());
   EXPECT_EQ(one, two);
+}
+
+// The pipeline changes when bytes move, not what is summed or updated: each
+// bucket's pushes are summed in rank order and updated by the same SGD as
+// soon as every worker has pushed it, so overlap on and off, on one shard or
+// two, give bit-identical parameters, and the overlapped run equals one
+// device.
+TEST(SyncTrainingTest, OverlapOnAndOffOnOneAndTwoShardsAreBitIdentical) {
+  const worker::data::Dataset data = Data();
+  const auto off = TrainDistributed("lenet", data, 2, 1, /*shards=*/1, /*overlap=*/false);
+  const auto on = TrainDistributed("lenet", data, 2, 1, /*shards=*/1, /*overlap=*/true);
+  const auto on_two_shards = TrainDistributed("lenet", data, 2, 1, /*shards=*/2, /*overlap=*/true);
+  ASSERT_FALSE(off.empty());
+  EXPECT_EQ(on, off);
+  EXPECT_EQ(on_two_shards, off);
+  ExpectRelativelyClose(on, TrainOnOneDevice("lenet", data), 1e-4);
+}
+
+TEST(SyncTrainingTest, ThreeWorkersOverlappingOnThreeShardsEqualOneDevice) {
+  const worker::data::Dataset data = Data();
+  ExpectRelativelyClose(TrainDistributed("mlp", data, 3, 1, /*shards=*/3, /*overlap=*/true),
+                        TrainOnOneDevice("mlp", data), 1e-4);
 }
 
 }  // namespace

@@ -80,6 +80,7 @@ Trainer::Trainer(const TrainerOptions& options, std::vector<Device*> devices,
 }
 
 Trainer::~Trainer() {
+  scheduler_.reset();  // first: its calls in flight use the buffers below
   if (!devices_.empty()) {
     devices_[0]->DeallocateHost(host_gradients_);
     devices_[0]->DeallocateHost(host_parameters_);
@@ -150,7 +151,6 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   }
   PS_RETURN_IF_ERROR(replicas_[0]->flat_parameters().CopyToHost(absl::MakeSpan(proposed)));
   PS_ASSIGN_OR_RETURN(registration_, store_->Register(replicas_[0]->parameters(), proposed));
-  version_ = registration_.version;
 
   const int64_t worker_part =
       SplitEvenly(options_.batch_size, registration_.num_workers, 0).size;
@@ -174,23 +174,46 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
     }
     replica_state_.push_back(std::move(r));
   }
-  PS_ASSIGN_OR_RETURN(void* grads, devices_[0]->AllocateHost(num_parameters_ * sizeof(float)));
-  host_gradients_ = static_cast<float*>(grads);
-  PS_ASSIGN_OR_RETURN(void* host_params, devices_[0]->AllocateHost(num_parameters_ * sizeof(float)));
-  host_parameters_ = static_cast<float*>(host_params);
+  float* gradients = nullptr;
+  float* parameters = nullptr;
+  if (devices_[0]->is_cpu()) {
+    // Device 0's memory is host memory: push straight from its gradients,
+    // pull straight into its parameters, no copy between host buffers.
+    gradients = static_cast<float*>(replicas_[0]->flat_gradients().mutable_raw_data());
+    parameters = static_cast<float*>(replicas_[0]->flat_parameters().mutable_raw_data());
+  } else {
+    PS_ASSIGN_OR_RETURN(void* grads, devices_[0]->AllocateHost(num_parameters_ * sizeof(float)));
+    host_gradients_ = static_cast<float*>(grads);
+    PS_ASSIGN_OR_RETURN(void* host_params,
+                        devices_[0]->AllocateHost(num_parameters_ * sizeof(float)));
+    host_parameters_ = static_cast<float*>(host_params);
+    gradients = host_gradients_;
+    parameters = host_parameters_;
+  }
 
-  // Start from the store's parameters: one copy to device 0, then broadcast.
-  PS_ASSIGN_OR_RETURN(version_,
-                      store_->Pull(version_, absl::MakeSpan(host_parameters_, num_parameters_)));
-  PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(replicas_[0]->flat_parameters().mutable_raw_data(),
-                                                   host_parameters_,
-                                                   num_parameters_ * sizeof(float),
-                                                   CopyKind::kModel));
+  // Start from the store's parameters: into device 0, then broadcast.
+  PS_ASSIGN_OR_RETURN(const int64_t version,
+                      store_->Pull(registration_.version,
+                                   absl::MakeSpan(parameters, num_parameters_)));
+  if (host_parameters_ != nullptr) {
+    PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
+        replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_,
+        num_parameters_ * sizeof(float), CopyKind::kModel));
+  }
   // Every replica holds the same buffers (batch-norm statistics) already; the
   // parameters come from device 0.
   std::vector<Tensor*> params;
   for (auto& m : replicas_) params.push_back(&m->flat_parameters());
   PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
+  PS_ASSIGN_OR_RETURN(scheduler_,
+                      PushPullScheduler::Create(options_.push_pull, store_,
+                                                absl::MakeConstSpan(gradients, num_parameters_),
+                                                absl::MakeSpan(parameters, num_parameters_),
+                                                version));
+  // Overlap needs each layer's gradients as backward makes them, in memory
+  // the pushes can read: one CPU device (several would need a reduction per
+  // layer between their threads; a CUDA device, events per layer).
+  overlapping_ = options_.overlap && devices_.size() == 1 && devices_[0]->is_cpu();
   for (Device* device : devices_) device->ResetCounters();
   return absl::OkStatus();
 }
@@ -255,18 +278,56 @@ absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_
   return absl::OkStatus();
 }
 
+namespace {
+
+// Replica 0's hooks while the trainer overlaps communication with compute:
+// a layer's forward waits for its bucket's new parameters (a kWait phase on
+// the trainer lane when it has to block), and each layer's gradients are
+// handed to the scheduler as backward produces them.
+class OverlapHooks final : public model::ParameterHooks {
+ public:
+  OverlapHooks(PushPullScheduler* scheduler, StepPhases* phases)
+      : scheduler_(scheduler), phases_(phases) {}
+
+  absl::Status BeforeForward(int64_t begin, int64_t end) override {
+    if (scheduler_->HasParameters(begin, end)) return scheduler_->AwaitParameters(begin, end);
+    // Exposed communication: the step waits for the pulls. (One device: the
+    // forward runs on the trainer's thread, so the phases still tile.)
+    phases_->Begin(EventKind::kWait);
+    absl::Status status = scheduler_->AwaitParameters(begin, end);
+    phases_->Begin(EventKind::kCompute);
+    return status;
+  }
+  void AfterBackward(int64_t begin, int64_t end) override {
+    scheduler_->GradientsReadyFrom(begin);
+  }
+
+ private:
+  PushPullScheduler* const scheduler_;
+  StepPhases* const phases_;
+};
+
+}  // namespace
+
 absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   const int64_t iteration = epoch * steps_per_epoch() + step;
   StepPhases phases(&phase_observers_, clock_, iteration);
+  last_iteration_ = iteration;
 
   // 1. This worker's shards.
   phases.Begin(EventKind::kData);
   std::vector<int64_t> shard_sizes;
   PS_RETURN_IF_ERROR(LoadShards(epoch, step, &shard_sizes));
+  int64_t samples = 0;
+  for (int64_t s : shard_sizes) samples += s;
+  PS_RETURN_IF_ERROR(scheduler_->BeginIteration(samples));
 
   // 2. Forward/backward on every device at once, each on its own thread.
+  // Overlapping, replica 0's forward waits layer by layer for the previous
+  // iteration's pulls, and its backward pushes layer by layer.
   phases.Begin(EventKind::kCompute);
   const int d_count = static_cast<int>(devices_.size());
+  OverlapHooks hooks(scheduler_.get(), &phases);
   auto run_replica = [&](int d) -> absl::Status {
     ScopedEvent event(options_.observer, clock_, EventKind::kCompute, DeviceLane(d), iteration);
     Replica& r = *replica_state_[d];
@@ -274,13 +335,17 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
     model.set_step(iteration);
     const int64_t n = shard_sizes[d];
     if (n == 0) {
-      // An empty shard contributes a zero gradient.
+      // An empty shard contributes a zero gradient (its parameters are
+      // whole: the last step drained, as a replica without hooks needs).
+      if (overlapping_) PS_RETURN_IF_ERROR(scheduler_->AwaitAll());
       return model.flat_gradients().SetZero();
     }
     PS_ASSIGN_OR_RETURN(auto views, StagedViews(r, n));
-    PS_ASSIGN_OR_RETURN(model::DeviceMetrics metrics,
-                        model.ForwardBackward(views.first, views.second));
-    PS_RETURN_IF_ERROR(AccumulateMetrics(*r.device, metrics, r.metrics));
+    if (overlapping_) model.set_parameter_hooks(&hooks);
+    absl::StatusOr<model::DeviceMetrics> metrics = model.ForwardBackward(views.first, views.second);
+    model.set_parameter_hooks(nullptr);
+    PS_RETURN_IF_ERROR(metrics.status());
+    PS_RETURN_IF_ERROR(AccumulateMetrics(*r.device, *metrics, r.metrics));
     // Only to attribute time to compute and reduction separately (the
     // reduction would wait for the backward passes anyway), and so that the
     // device lane's event ends when the device's work does.
@@ -288,6 +353,13 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
     return absl::OkStatus();
   };
   PS_RETURN_IF_ERROR(device_threads_->RunOnAll(run_replica));
+  if (overlapping_) {
+    // Whatever the layers did not hand over (none have parameters outside a
+    // layer today, but the scheduler must see every bucket pushed).
+    scheduler_->GradientsReadyFrom(0);
+    phases.End();
+    return absl::OkStatus();
+  }
 
   // 3. Sum the gradients on the devices into device 0.
   phases.Begin(EventKind::kReduce);
@@ -296,32 +368,43 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   PS_RETURN_IF_ERROR(collective_->ReduceSumToRoot(grads));
   PS_RETURN_IF_ERROR(devices_[0]->Synchronize());
 
-  // 4. One copy to host, then push.
+  // 4. One copy to host (none from a CPU device), then push every bucket,
+  // front first; each bucket's pull starts as soon as its push is accepted.
   const int64_t bytes = num_parameters_ * static_cast<int64_t>(sizeof(float));
-  phases.Begin(EventKind::kCopyToHost, bytes);
-  PS_RETURN_IF_ERROR(devices_[0]->CopyDeviceToHost(
-      host_gradients_, replicas_[0]->flat_gradients().raw_data(), bytes, CopyKind::kModel));
+  if (host_gradients_ != nullptr) {
+    phases.Begin(EventKind::kCopyToHost, bytes);
+    PS_RETURN_IF_ERROR(devices_[0]->CopyDeviceToHost(
+        host_gradients_, replicas_[0]->flat_gradients().raw_data(), bytes, CopyKind::kModel));
+  }
   phases.Begin(EventKind::kPush, bytes);
-  int64_t samples = 0;
-  for (int64_t s : shard_sizes) samples += s;
-  PS_RETURN_IF_ERROR(
-      store_->Push(version_, samples, absl::MakeConstSpan(host_gradients_, num_parameters_)));
+  scheduler_->GradientsReadyFrom(0);
+  PS_RETURN_IF_ERROR(scheduler_->AwaitPushes());
 
-  // 5. Wait for every worker, then pull.
-  phases.Begin(EventKind::kWait);
-  PS_RETURN_IF_ERROR(store_->WaitForVersion(version_ + 1));
+  // 5. The pulls: each is held by the store until every worker has pushed
+  // its bucket, so this includes waiting for the slowest worker.
   phases.Begin(EventKind::kPull, bytes);
-  PS_ASSIGN_OR_RETURN(version_,
-                      store_->Pull(version_ + 1, absl::MakeSpan(host_parameters_, num_parameters_)));
+  PS_RETURN_IF_ERROR(scheduler_->AwaitAll());
 
-  // 6. One copy to device 0, broadcast to the rest.
+  // 6. One copy to device 0 (none to a CPU device), broadcast to the rest.
   phases.Begin(EventKind::kCopyToDevice, bytes);
-  PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
-      replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_, bytes,
-      CopyKind::kModel));
+  if (host_parameters_ != nullptr) {
+    PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
+        replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_, bytes,
+        CopyKind::kModel));
+  }
   std::vector<Tensor*> params;
   for (auto& m : replicas_) params.push_back(&m->flat_parameters());
   PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
+  phases.End();
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::FinishCommunication() {
+  if (!overlapping_) return scheduler_->AwaitAll();
+  // The last step's pulls, still in flight: time the step waits for.
+  StepPhases phases(&phase_observers_, clock_, last_iteration_);
+  phases.Begin(EventKind::kWait);
+  PS_RETURN_IF_ERROR(scheduler_->AwaitAll());
   phases.End();
   return absl::OkStatus();
 }
@@ -390,6 +473,12 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     for (int64_t step = 0; step < steps_per_epoch; ++step) {
       if (options_.max_steps > 0 && total_steps >= options_.max_steps) break;
       PS_RETURN_IF_ERROR(TrainStep(epoch, step));
+      // The last step of the epoch: its parameters must be in before the
+      // epoch ends (evaluation, weights, the next epoch's stats).
+      if (step + 1 == steps_per_epoch ||
+          (options_.max_steps > 0 && total_steps + 1 >= options_.max_steps)) {
+        PS_RETURN_IF_ERROR(FinishCommunication());
+      }
       ++total_steps;
       ++stats.steps;
       const int64_t batch_begin = step * options_.batch_size;

@@ -18,6 +18,7 @@
 #include "worker/data/loader.h"
 #include "worker/model/model.h"
 #include "worker/parameter_store.h"
+#include "worker/push_pull_scheduler.h"
 #include "worker/time_split.h"
 #include "worker/training_report.h"
 
@@ -41,15 +42,33 @@ struct TrainerOptions {
   // replica). Empty: Model::Initialize(seed).
   std::string init_weights;
 
+  // Communication overlaps compute: each layer's gradients are pushed as
+  // backward produces them, and the next step's forward of a layer waits
+  // only for that layer's new parameters. Takes effect with one CPU device
+  // (several devices, or a CUDA device, push and pull bucket by bucket
+  // after the whole backward and reduction, without overlapping compute).
+  // The parameters are bit-identical either way.
+  bool overlap = true;
+  // Buckets and bytes in flight of the push/pull scheduler.
+  PushPullOptions push_pull;
+
   // Receives every timed event of the training steps (common/timed_event.h),
   // each with step = the global iteration (epoch * steps_per_epoch() + the
   // batch's index in the epoch):
-  //   - the step's phases on kTrainerLane, once each per step, in this order
-  //     and back to back (one phase ends at the clock reading the next starts
-  //     at): kData, kCompute, kReduce, kCopyToHost, kPush, kWait, kPull,
-  //     kCopyToDevice; bytes is the model's gradient or parameter bytes for
-  //     kCopyToHost, kPush, kPull and kCopyToDevice, 0 otherwise. A phase
-  //     cut short by an error is not reported.
+  //   - the step's phases on kTrainerLane, back to back (one phase ends at
+  //     the clock reading the next starts at). Without overlap, once each in
+  //     this order: kData, kCompute, kReduce, kCopyToHost (not for a CPU
+  //     device 0: pushes read its memory), kPush (until every bucket's push
+  //     is accepted), kPull (until every bucket's new parameters are in,
+  //     waiting for the other workers included: the store holds a pull
+  //     until its bucket's version exists), kCopyToDevice (the broadcast,
+  //     and before it the copy from host to a non-CPU device 0). With
+  //     overlap: kData, then kCompute interrupted by a kWait wherever the
+  //     forward blocks for a layer's parameters (exposed communication);
+  //     FinishCommunication adds a kWait of the last step. bytes is the
+  //     model's gradient or parameter bytes for kCopyToHost, kPush, kPull
+  //     and kCopyToDevice, 0 otherwise. A phase cut short by an error is not
+  //     reported.
   //   - kCompute on DeviceLane(d) for device d's forward/backward (one per
   //     device per step, also for an empty shard), inside the trainer lane's
   //     kCompute;
@@ -78,14 +97,20 @@ struct StepProgress {
 };
 
 // Data-parallel training on one worker's devices, talking to a parameter
-// store. One replica of the model per device; each step:
+// store through a PushPullScheduler (buckets of store segments, pushed and
+// pulled front first within a bound of bytes in flight). One replica of the
+// model per device; each step:
 //   1. gather this worker's part of the global batch, one shard per device
 //   2. forward/backward on every device concurrently, each on its device's
 //      thread (summed loss)
 //   3. sum the replicas' gradients on the devices (DeviceCollective)
-//   4. copy the sum to host memory once and Push it
-//   5. WaitForVersion, Pull the new parameters to host memory
-//   6. copy them to device 0 once and broadcast to the others
+//   4. copy the sum to host memory once (a CPU device 0's memory is host
+//      memory: no copy) and push it, bucket by bucket
+//   5. pull each bucket's new parameters as soon as its push is accepted
+//   6. copy them to device 0 once (none for a CPU device) and broadcast
+// Overlapping (TrainerOptions::overlap, one CPU device), 3 is void, 4 runs
+// layer by layer inside backward, and 5 completes in the background until
+// the next step's forward needs each layer.
 // With one device and a LocalParameterStore this is plain minibatch SGD.
 // The trainer owns one long-lived host thread per device (none with one
 // device: its work runs on the calling thread).
@@ -110,8 +135,14 @@ class Trainer {
   absl::StatusOr<TrainingReport> Run();
 
   // Runs one step on global batch `step` of epoch `epoch`'s order; public for
-  // tests that compare single steps across configurations.
+  // tests that compare single steps across configurations. Overlapping, the
+  // step's pulls may still be in flight when it returns: call
+  // FinishCommunication before reading the parameters.
   absl::Status TrainStep(int64_t epoch, int64_t step);
+  // Blocks until every replica holds the parameters of the last step's
+  // update (or returns the communication's first error). Run calls it at the
+  // end of every epoch.
+  absl::Status FinishCommunication();
 
   // Time spent in each phase by TrainStep since the last reset (Run resets
   // it every epoch): the trainer lane's events, summed by a TimeSplitObserver.
@@ -121,7 +152,8 @@ class Trainer {
   // Loss and accuracy on `dataset` in inference mode, on device 0.
   absl::Status Evaluate(const data::Dataset& dataset, double* loss, double* accuracy);
 
-  // Replica 0 (after a step its parameters equal every replica's). Its
+  // Replica 0 (after a step and FinishCommunication its parameters equal
+  // every replica's). Its
   // batch-norm running statistics are device 0's own, which is what
   // evaluation uses and what SaveWeights writes.
   model::Model& model() { return *replicas_[0]; }
@@ -166,10 +198,13 @@ class Trainer {
   std::unique_ptr<DeviceThreads> device_threads_;
   std::unique_ptr<DeviceCollective> collective_;
   ParameterStore::Registration registration_;
-  int64_t version_ = 0;  // parameters the replicas hold
-  // Pinned host buffers for the one copy each way per step.
+  // Pinned host buffers for the one copy each way per step; null when device
+  // 0 is a CPU device (the scheduler reads and writes its memory).
   float* host_gradients_ = nullptr;
   float* host_parameters_ = nullptr;
+  std::unique_ptr<PushPullScheduler> scheduler_;  // over those buffers
+  bool overlapping_ = false;
+  int64_t last_iteration_ = -1;  // of the last TrainStep
   int64_t num_parameters_ = 0;
 
   // Epoch order cache.
