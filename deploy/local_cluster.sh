@@ -81,6 +81,7 @@ for ((s = 0; s < servers; s++)); do
   name=server port_file="$logs/port"
   ((servers > 1)) && name="server-$s" port_file="$logs/server-$s.port"
   shard_port=$port; ((port != 0 && servers > 1)) && shard_port=$((port + s))
+  rm -f "$port_file"  # a reused --logs folder holds the last run's port
   "$bin/server/server" --port="$shard_port" --port_file="$port_file" \
     --num_workers="$workers" --lr="$lr" --momentum="$momentum" --weight_decay="$weight_decay" \
     >"$logs/$name.log" 2>&1 &

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""How much of a worker's communication its compute hides, from its --trace.
+
+    python3 deploy/trace/overlap_report.py worker0.json [--skip=1] [--json]
+
+Reads one worker's Chrome trace (common/chrome_trace.h; a merged timeline
+works too, with --pid to pick the worker) and prints, per step and over the
+steps after the first --skip (warm-up):
+
+  backward_end    when the step's last layer backward ended (device 0)
+  first_push      when its first push message started, relative to that:
+                  negative means the push started while backward still ran
+  comm_s          the union of its push and pull messages' intervals
+  hidden          the part of comm_s under the union of the step's forward
+                  and backward passes (the next step's forward included,
+                  which is where a step's pulls are awaited), as a fraction
+  first_layer_in  when the pull carrying the first tensor ended, relative to
+                  the pull carrying the last tensor (a message's lane is its
+                  place in the flat order): negative means the front layer's
+                  parameters arrived first (what priority buys when pushes
+                  queue behind a slow link)
+
+A push or pull message belongs to the step its args.step says (a pull of
+version v carries step v - 1). Standard library only; exit status 2 with a
+message for a file that is not such a trace.
+"""
+
+import argparse
+import json
+import sys
+
+
+def load(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SystemExit(f"overlap_report: {path}: {e}")
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise SystemExit(f"overlap_report: {path}: no traceEvents list")
+    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
+
+
+def union(intervals):
+    """Sorted, merged [start, end) intervals."""
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def length(intervals):
+    return sum(e - s for s, e in intervals)
+
+
+def intersection(a, b):
+    """Total length of the overlap of two merged interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+DEVICE0_LANE = 1  # DeviceLane(0), common/timed_event.h
+
+
+def report(events, pid=None, skip=1):
+    if pid is None:
+        pids = sorted({e.get("pid") for e in events if e.get("cat") == "push_message"})
+        if not pids:
+            raise SystemExit("overlap_report: no push messages in the trace")
+        pid = pids[0]
+    events = [e for e in events if e.get("pid") == pid]
+
+    def spans(cat, lane=None):
+        by_step = {}
+        for e in events:
+            if e.get("cat") != cat or (lane is not None and e.get("tid") != lane):
+                continue
+            step = e.get("args", {}).get("step", -1)
+            by_step.setdefault(step, []).append(e)
+        return by_step
+
+    backward = spans("backward", DEVICE0_LANE)
+    forward = spans("forward", DEVICE0_LANE)
+    pushes = spans("push_message")
+    pulls = spans("pull_message")
+    steps = sorted(s for s in pushes if s >= 0)
+    rows = []
+    for step in steps:
+        if step not in backward or step not in pulls:
+            continue
+        bw_end = max(e["ts"] + e["dur"] for e in backward[step])
+        first_push = min(e["ts"] for e in pushes[step])
+        comm = union([(e["ts"], e["ts"] + e["dur"]) for e in pushes[step] + pulls[step]])
+        compute = union([(e["ts"], e["ts"] + e["dur"])
+                         for s in (step, step + 1)
+                         for e in backward.get(s, []) + forward.get(s, [])])
+        comm_us = length(comm)
+        hidden = intersection(comm, compute) / comm_us if comm_us > 0 else 0.0
+        # A message's lane is its index in the flat order (RpcLane(m); with
+        # shards, shard s's messages follow shard s - 1's): the lowest lane
+        # carries the first tensor, the highest the last.
+        first = min(pulls[step], key=lambda e: e["tid"])
+        last = max(pulls[step], key=lambda e: e["tid"])
+        rows.append({
+            "step": step,
+            "backward_end_ms": bw_end / 1e3,
+            "first_push_vs_backward_end_ms": (first_push - bw_end) / 1e3,
+            "comm_s": comm_us / 1e6,
+            "hidden": hidden,
+            "first_tensor": first["name"],
+            "last_tensor": last["name"],
+            "first_layer_in_vs_last_ms":
+                ((first["ts"] + first["dur"]) - (last["ts"] + last["dur"])) / 1e3,
+        })
+    timed = [r for r in rows if r["step"] >= skip]
+    total_comm = sum(r["comm_s"] for r in timed)
+    summary = {
+        "pid": pid,
+        "steps": len(timed),
+        "hidden_fraction": (sum(r["hidden"] * r["comm_s"] for r in timed) / total_comm
+                            if total_comm > 0 else 0.0),
+        "steps_pushing_before_backward_ends": sum(
+            1 for r in timed if r["first_push_vs_backward_end_ms"] < 0),
+        "steps_first_layer_in_first": sum(
+            1 for r in timed if r["first_layer_in_vs_last_ms"] < 0),
+    }
+    return rows, summary
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace")
+    parser.add_argument("--pid", type=int, default=None, help="the worker's pid in the trace")
+    parser.add_argument("--skip", type=int, default=1, help="warm-up steps left out of the summary")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    rows, summary = report(load(args.trace), args.pid, args.skip)
+    if args.json:
+        print(json.dumps({"steps": rows, "summary": summary}, indent=1))
+        return 0
+    print(f"{'step':>5} {'first push vs bw end':>21} {'comm s':>8} {'hidden':>7} "
+          f"{'first layer in vs last':>23}")
+    for r in rows:
+        print(f"{r['step']:>5} {r['first_push_vs_backward_end_ms']:>18.1f} ms "
+              f"{r['comm_s']:>8.3f} {r['hidden']:>6.0%} "
+              f"{r['first_layer_in_vs_last_ms']:>20.1f} ms")
+    print(f"over {summary['steps']} steps after {args.skip} warm-up: "
+          f"{summary['hidden_fraction']:.0%} of communication time under compute; "
+          f"first push before backward ended in {summary['steps_pushing_before_backward_ends']}; "
+          f"front layer's parameters in before the back layer's in "
+          f"{summary['steps_first_layer_in_first']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
