@@ -156,7 +156,7 @@ def main():
         "warmup_steps": a.warmup_steps,
         "window_steps": window_steps,
         "step_time_s": (end_ns - start_ns) / 1e9 / window_steps,
-        "model_bytes": reports[0]["model_bytes_to_host_per_step"],
+        "model_bytes": 4 * reports[0]["model_parameters"],  # fp32 on the wire
         "window_s": window_s,
         "run_window_s": a.run_window_ns / 1e9,
         "hosts": hosts,
