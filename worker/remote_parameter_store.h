@@ -52,8 +52,9 @@ struct RemoteStoreOptions {
 // point straight into the caller's buffer, and Pull copies each reply's
 // slices straight into `params`. So the buffer given to Push (or Register's
 // `proposed`) is read by gRPC's threads while the call runs and must not
-// change until it returns; it returns only after every reply has arrived
-// and gRPC has dropped every slice into the buffer. The blocking calls are
+// change until it returns; it returns once every reply has arrived (the
+// server has every byte, so gRPC reads no more of the buffer), and after a
+// failure only once gRPC has dropped every slice into the buffer. The blocking calls are
 // not thread-safe (one at a time); Push/PullSegments may be in flight
 // together, started from one thread (parameter_store.h).
 class RemoteParameterStore final : public ParameterStore {
@@ -129,9 +130,13 @@ class RemoteParameterStore final : public ParameterStore {
   absl::Status SendInitialParameters(absl::Span<const float> proposed);
 
   RemoteStoreOptions options_;
+  // Two connections: one for Register, Wait, Initialize and pushes, one for
+  // pulls (see Create).
   std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<grpc::Channel> pull_channel_;
   std::unique_ptr<proto::ParameterServer::Stub> stub_;  // Register, Wait
-  std::unique_ptr<grpc::GenericStub> raw_stub_;         // the framed methods
+  std::unique_ptr<grpc::GenericStub> raw_stub_;         // Initialize and Push frames
+  std::unique_ptr<grpc::GenericStub> pull_stub_;        // Pull
   // Chunks grouped into messages of at most chunk_elements elements: many
   // small tensors share a message, a large one has one message per chunk.
   std::vector<Message> messages_;
