@@ -18,13 +18,16 @@ struct PushPullOptions {
   // Consecutive store segments are grouped into buckets of at least this
   // many bytes (the last bucket may be smaller): the unit of readiness, of
   // priority and of one push and one pull. DDP buckets 25 MB; BytePS
-  // partitions 4 MB. 0: one bucket per segment.
-  int64_t bucket_bytes = int64_t{4} << 20;
+  // partitions 4 MB. 0: one bucket per segment. The default, 4 MB (not MiB),
+  // gives each of a server's full messages (4 MiB less a little) a bucket of
+  // its own and packs small tensors together: two messages to a bucket made
+  // each pull wait for both pushes.
+  int64_t bucket_bytes = 4000000;
   // Bounds the bytes of pushes in flight, and separately the bytes of pulls
   // in flight (the link is full duplex), so a large back-layer transfer
   // cannot hold up the front layers the next forward needs first. One bucket
   // is always let through, however large. 0: no bound.
-  int64_t max_bytes_in_flight = int64_t{32} << 20;
+  int64_t max_bytes_in_flight = 32000000;
 };
 
 // The communication stage of a worker's pipeline (P3, ByteScheduler): the

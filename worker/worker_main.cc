@@ -68,12 +68,12 @@ ABSL_FLAG(bool, overlap, true,
           "push each layer's gradients as backward produces them and let the next forward wait "
           "only for each layer's new parameters (one CPU device; others push and pull bucket by "
           "bucket after backward); --nooverlap: stop-and-wait. Bit-identical results either way");
-ABSL_FLAG(int64_t, bucket_kib, 4096,
-          "consecutive messages grouped into push/pull buckets of at least this many KiB (0: one "
-          "bucket per message); DDP buckets 25 MB, BytePS 4 MB");
-ABSL_FLAG(int64_t, max_kib_in_flight, 32768,
-          "bound on the KiB of pushes, and separately of pulls, in flight; front layers go first "
-          "(0: no bound)");
+ABSL_FLAG(int64_t, bucket_bytes, ps::worker::PushPullOptions().bucket_bytes,
+          "consecutive messages grouped into push/pull buckets of at least this many bytes (0: "
+          "one bucket per message); DDP buckets 25 MB, BytePS partitions 4 MB");
+ABSL_FLAG(int64_t, max_bytes_in_flight, ps::worker::PushPullOptions().max_bytes_in_flight,
+          "bound on the bytes of pushes, and separately of pulls, in flight; front layers go "
+          "first (0: no bound)");
 ABSL_FLAG(std::string, trace, "",
           "write a Chrome trace-event timeline (Perfetto, chrome://tracing) here at the end");
 ABSL_FLAG(int64_t, trace_max_events, 1000000,
@@ -144,8 +144,8 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.max_steps = absl::GetFlag(FLAGS_max_steps);
   options.overlap = absl::GetFlag(FLAGS_overlap);
-  options.push_pull.bucket_bytes = absl::GetFlag(FLAGS_bucket_kib) * 1024;
-  options.push_pull.max_bytes_in_flight = absl::GetFlag(FLAGS_max_kib_in_flight) * 1024;
+  options.push_pull.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
+  options.push_pull.max_bytes_in_flight = absl::GetFlag(FLAGS_max_bytes_in_flight);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.shuffle = absl::GetFlag(FLAGS_shuffle);
   options.init_weights = absl::GetFlag(FLAGS_init_weights);
