@@ -175,24 +175,25 @@ TEST_F(ExperimentsTest, TwoWorkersBehindShapedLinksWriteResults) {
     fractions += r["time_split_fraction"][key].get<double>();
   }
   EXPECT_NEAR(fractions, 1.0, 1e-9);
-  // The window: worker 0's steps after the first (warm-up), between the
-  // counter samples around them; the run's whole span is longer.
+  // The window: worker 0's steps after the first (warm-up), from the first
+  // one's start to the last one's (kSteps - 2 periods), between the counter
+  // samples around them; the run's whole span is longer.
   EXPECT_EQ(r["servers"], 1);
   EXPECT_EQ(r["warmup_steps"], 1);
-  EXPECT_EQ(r["window_steps"], kSteps - 1);
+  EXPECT_EQ(r["window_steps"], kSteps - 2);
   EXPECT_EQ(r["model_bytes"], kMlpBytes);
   const double window = r["window_s"];
   EXPECT_GT(window, 0);
   EXPECT_GT(r["step_time_s"].get<double>(), 0);
-  EXPECT_LE(r["step_time_s"].get<double>() * (kSteps - 1), window);
+  EXPECT_LE(r["step_time_s"].get<double>() * (kSteps - 2), window);
   EXPECT_LT(window, r["run_window_s"].get<double>());
 
   // Hosts: the server first, then the workers, each link measured. Every
   // step each worker pushes the model to the server and pulls it back. The
-  // window is worker 0's steps; the other worker meets it only at each
-  // version, so its first and last step may straddle the window's edges:
-  // the window holds at least kSteps - 2 of its kSteps - 1 steps whole, so
-  // the server receives at least 2 x (kSteps - 2) x model bytes in it and
+  // window is worker 0's kSteps - 2 step periods; the other worker meets it
+  // only at each version, and overlapping, a step's pulls run into the next
+  // period, so the window holds at least kSteps - 3 steps' traffic whole:
+  // the server receives at least 2 x (kSteps - 3) x model bytes in it and
   // sends as much (a worker, one model's worth each way per step).
   ASSERT_EQ(r["hosts"].size(), 3u);
   const std::vector<std::string> names = {"s0", "w0", "w1"};
@@ -203,7 +204,7 @@ TEST_F(ExperimentsTest, TwoWorkersBehindShapedLinksWriteResults) {
     EXPECT_EQ(h["address"], absl::StrCat("10.213.0.", i + 2));
     for (const char* dir : {"tx", "rx"}) {
       const int64_t bytes = h[absl::StrCat(dir, "_bytes")];
-      EXPECT_GE(bytes, (i == 0 ? 2 : 1) * (kSteps - 2) * kMlpBytes) << dir;
+      EXPECT_GE(bytes, (i == 0 ? 2 : 1) * (kSteps - 3) * kMlpBytes) << dir;
       const double utilisation = h[absl::StrCat(dir, "_utilisation")];
       EXPECT_NEAR(utilisation, bytes * 8 / (window * 1e9), 1e-9) << dir;
       // tbf lets a bucket's worth (at most 4 ms at the rate) above it.
@@ -317,7 +318,7 @@ TEST_F(ExperimentsTest, ShortSweepWritesRowsPredictionsAndPlots) {
     const Json& run = doc["runs"][i];
     EXPECT_EQ(run["servers"], i + 1);
     EXPECT_EQ(run["results"]["hosts"].size(), static_cast<size_t>(i + 2));  // S servers + w0
-    EXPECT_EQ(run["results"]["window_steps"], 19);
+    EXPECT_EQ(run["results"]["window_steps"], 18);  // periods of 19 steps after warm-up
   }
   const Json model = ReadJsonFile(out_ + "/model.json");
   ASSERT_EQ(model["rows"].size(), 2u);

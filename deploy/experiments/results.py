@@ -12,8 +12,8 @@ the same clock as the trace).
 Definitions:
   window_s              worker 0's training steps after the first
                         --warmup_steps: from the sample at or before the
-                        start of step W to the sample at or after the end of
-                        its last step (at most one sampling period wider on
+                        start of step W to the sample at or after the start
+                        of its last step (window_steps = the periods between) (at most one sampling period wider on
                         each side); the start-up, data loading and
                         registration are outside it
   step_time_s           worker 0's seconds per step over the same steps
@@ -56,8 +56,9 @@ def read_counters(path):
 
 def training_span(trace_path, warmup_steps):
     """(start_ns, end_ns, steps) of the trainer's steps >= warmup_steps in a
-    worker's trace, on CLOCK_MONOTONIC; warm-up falls to 0 when the run has
-    no more steps than that."""
+    worker's trace, on CLOCK_MONOTONIC: the first such step's start to the
+    last one's, `steps` periods (one step alone: its own span); warm-up falls
+    to 0 when the run has no more steps than that."""
     with open(trace_path) as f:
         doc = json.load(f)
     origin = doc["otherData"]["clock_origin_ns"]
@@ -72,9 +73,17 @@ def training_span(trace_path, warmup_steps):
     if not steps:
         raise ValueError(f"{trace_path}: no step events")
     first = warmup_steps if max(steps) >= warmup_steps else 0
-    kept = [span for step, span in steps.items() if step >= first]
-    start_us, end_us = min(b for b, _ in kept), max(e for _, e in kept)
-    return origin + int(start_us * 1000), origin + int(end_us * 1000), len(kept)
+    kept = sorted(span for step, span in steps.items() if step >= first)
+    if len(kept) >= 2:
+        # From the first kept step's start to the last one's: start to start
+        # is a step's period whether or not communication overlaps compute
+        # (overlapping, a step's events end with its backward while its pulls
+        # are still in flight, and the last one ends draining them, so end to
+        # end would hold a step's traffic too many).
+        return (origin + int(kept[0][0] * 1000), origin + int(kept[-1][0] * 1000),
+                len(kept) - 1)
+    start_us, end_us = kept[0]
+    return origin + int(start_us * 1000), origin + int(end_us * 1000), 1
 
 
 def bracket(samples, start_ns, end_ns):
