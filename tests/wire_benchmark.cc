@@ -1,7 +1,9 @@
 // gRPC goodput of the parameter-server wire on loopback: one worker pushes a
 // model's gradient and pulls its parameters through RemoteParameterStore
 // against a real gRPC server (in this process, over TCP on 127.0.0.1).
-// Prints GB/s of tensor payload for push and pull; not a test. With
+// Prints GB/s of tensor payload for push and pull, one after the other and
+// pipelined (each message pulled as soon as its push is accepted); not a
+// test. With
 // --servers=S the model is cut over S servers (worker/shard_plan.h) and the
 // worker talks to all of them at once through ShardedParameterStore; a list
 // (--servers=1,2,4) measures each in turn.
@@ -22,6 +24,7 @@
 #include "common/malloc_tuning.h"
 #include "common/timed_event.h"
 #include "server/in_process_server.h"
+#include "worker/push_pull_scheduler.h"
 #include "worker/remote_parameter_store.h"
 #include "worker/sharded_parameter_store.h"
 #include "worker/shard_plan.h"
@@ -31,6 +34,7 @@ ABSL_FLAG(int64_t, tensors, 8, "tensors the model is cut into");
 ABSL_FLAG(int64_t, rounds, 10, "push/wait/pull rounds measured (after one warm-up)");
 ABSL_FLAG(int64_t, chunk_bytes, ps::server::ParameterServerOptions::kDefaultChunkElements * 4,
           "chunk size in bytes");
+ABSL_FLAG(int, connections, 1, "connections per direction to each server");
 ABSL_FLAG(std::string, servers, "1",
           "server shards (in-process servers) the model is cut over; a comma-separated list "
           "measures each");
@@ -107,6 +111,7 @@ int Run(int shards) {
   worker::RemoteStoreOptions store_options;
   store_options.server_address = addresses[0];
   store_options.worker_id = "bench";
+  store_options.connections = absl::GetFlag(FLAGS_connections);
   std::unique_ptr<worker::ParameterStore> store;
   if (shards == 1) {
     auto remote = worker::RemoteParameterStore::Create(store_options);
@@ -159,10 +164,36 @@ int Run(int shards) {
       pull_s += pull;
     }
   }
+  // Pipelined: one step's traffic through the push/pull scheduler, each
+  // message's pull started as soon as its push is accepted, so both
+  // directions of the connection pairs carry bytes at once.
+  worker::PushPullOptions pipeline;
+  pipeline.bucket_bytes = 0;  // a bucket per message
+  auto scheduler = worker::PushPullScheduler::Create(pipeline, store.get(), grad,
+                                                     absl::MakeSpan(params), version);
+  if (!scheduler.ok()) {
+    std::fprintf(stderr, "%s\n", scheduler.status().ToString().c_str());
+    return 1;
+  }
+  double pipelined_s = 0;
+  for (int64_t r = 0; r <= rounds; ++r) {
+    const auto t = std::chrono::steady_clock::now();
+    absl::Status s = (*scheduler)->BeginIteration(1);
+    if (s.ok()) {
+      (*scheduler)->GradientsReadyFrom(0);
+      s = (*scheduler)->AwaitAll();
+    }
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 1;
+    }
+    if (r > 0) pipelined_s += Since(t);
+  }
   const double bytes = static_cast<double>(n) * 4;
-  std::printf("model %.1f MiB in %lld tensors on %d server%s, chunks of %lld bytes, %lld rounds "
-              "on loopback\n",
+  std::printf("model %.1f MiB in %lld tensors on %d server%s (%d connection%s each way), chunks "
+              "of %lld bytes, %lld rounds on loopback\n",
               bytes / (1 << 20), static_cast<long long>(tensors), shards, shards > 1 ? "s" : "",
+              store_options.connections, store_options.connections > 1 ? "s" : "",
               static_cast<long long>(options.chunk_elements * 4), static_cast<long long>(rounds));
   std::printf("push: %8.2f ms  %6.2f GB/s (includes the server summing the gradient and, in\n"
               "                           the last chunk's call, the SGD update)\n",
@@ -173,6 +204,9 @@ int Run(int shards) {
               shards > 1 ? " (summed over the shards, which run at once)" : "");
   std::printf("wait: %8.2f ms\n", 1e3 * wait_s / rounds);
   std::printf("pull: %8.2f ms  %6.2f GB/s\n", 1e3 * pull_s / rounds, bytes * rounds / pull_s / 1e9);
+  std::printf("push and pull pipelined (a step's traffic, a bucket per message): %8.2f ms, "
+              "%6.2f GB/s each way\n",
+              1e3 * pipelined_s / rounds, bytes * rounds / pipelined_s / 1e9);
   return 0;
 }
 

@@ -40,6 +40,10 @@ absl::StatusOr<std::unique_ptr<RemoteParameterStore>> RemoteParameterStore::Crea
     const RemoteStoreOptions& options) {
   if (options.server_address.empty()) return absl::InvalidArgumentError("no server address");
   if (options.clock == nullptr) return absl::InvalidArgumentError("no clock");
+  if (options.connections < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("connections per direction must be >= 1, got ", options.connections));
+  }
   if (options.steps_per_epoch < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("negative steps per epoch ", options.steps_per_epoch));
@@ -62,11 +66,13 @@ absl::StatusOr<std::unique_ptr<RemoteParameterStore>> RemoteParameterStore::Crea
     return grpc::CreateCustomChannel(options.server_address, grpc::InsecureChannelCredentials(),
                                      args);
   };
-  store->channel_ = own_connection();
-  store->pull_channel_ = own_connection();
-  store->stub_ = proto::ParameterServer::NewStub(store->channel_);
-  store->raw_stub_ = std::make_unique<grpc::GenericStub>(store->channel_);
-  store->pull_stub_ = std::make_unique<grpc::GenericStub>(store->pull_channel_);
+  for (int c = 0; c < options.connections; ++c) {
+    store->push_channels_.push_back(own_connection());
+    store->pull_channels_.push_back(own_connection());
+    store->push_stubs_.push_back(std::make_unique<grpc::GenericStub>(store->push_channels_.back()));
+    store->pull_stubs_.push_back(std::make_unique<grpc::GenericStub>(store->pull_channels_.back()));
+  }
+  store->stub_ = proto::ParameterServer::NewStub(store->push_channels_[0]);
   return store;
 }
 
@@ -189,7 +195,9 @@ void RemoteParameterStore::StartMessages(
     call.context.set_deadline(DeadlineAfter(timeout));
     call.request = fill(static_cast<size_t>(m), lend);
     if (options_.observer != nullptr) call.start_ns = options_.clock->NowNanos();
-    grpc::GenericStub& stub = kind == EventKind::kPullMessage ? *pull_stub_ : *raw_stub_;
+    // Message m always takes the same connection of its direction.
+    const auto& stubs = kind == EventKind::kPullMessage ? pull_stubs_ : push_stubs_;
+    grpc::GenericStub& stub = *stubs[m % stubs.size()];
     stub.UnaryCall(
         &call.context, method, grpc::StubOptions(), &call.request, &call.reply,
         [this, batch, &call, m, what, kind, step, shared_check](grpc::Status status) {

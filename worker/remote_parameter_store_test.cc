@@ -48,10 +48,12 @@ std::unique_ptr<server::InProcessServer> StartServer(int workers) {
 
 std::unique_ptr<RemoteParameterStore> MakeStore(const std::string& address,
                                                 const std::string& id,
-                                                EventObserver* observer = nullptr) {
+                                                EventObserver* observer = nullptr,
+                                                int connections = 1) {
   RemoteStoreOptions options;
   options.server_address = address;
   options.worker_id = id;
+  options.connections = connections;
   options.rpc_timeout = absl::Seconds(10);
   options.observer = observer;
   auto store = RemoteParameterStore::Create(options);
@@ -164,6 +166,54 @@ TEST(RemoteParameterStoreTest, PushesOfAllWorkersMakeOneUpdateAcrossChunksAndPac
   EXPECT_EQ(pull_bytes, kElements * 4);
   std::sort(push_lanes.begin(), push_lanes.end());
   EXPECT_EQ(std::unique(push_lanes.begin(), push_lanes.end()), push_lanes.end());
+}
+
+// Messages spread over several connections per direction, segment calls in
+// flight together: the same update as the blocking calls over one.
+TEST(RemoteParameterStoreTest, SegmentsOverSeveralConnectionsMakeTheSameUpdate) {
+  auto server = StartServer(2);
+  auto a = MakeStore(server->address(), "a", nullptr, /*connections=*/3);
+  auto b = MakeStore(server->address(), "b", nullptr, /*connections=*/2);
+  const std::vector<float> initial = Ramp(1.f, 0.25f);
+  ASSERT_TRUE(a->Register(Signature(), initial).ok());
+  ASSERT_TRUE(b->Register(Signature(), {}).ok());
+  EXPECT_EQ(a->SegmentEnds(), (std::vector<int64_t>{5, 10, 12, 17, 22, 24}));
+  const std::vector<float> grad_a = Ramp(0.5f, 0.125f), grad_b = Ramp(-0.25f, 0.5f);
+  std::vector<float> params_a(kElements), params_b(kElements);
+  absl::Mutex mu;
+  int pending = 0;
+  absl::Status first_error;
+  auto done = [&](absl::Status s) {
+    absl::MutexLock lock(&mu);
+    if (!s.ok() && first_error.ok()) first_error = s;
+    --pending;
+  };
+  auto wait_all = [&] {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &pending));
+    return first_error;
+  };
+  // Both workers' pushes of every segment in flight at once, back to front,
+  // then every pull (held by the server until both pushes are in).
+  pending = 12;
+  for (int seg = 6; seg-- > 0;) {
+    a->PushSegments(0, 3, seg, seg + 1, grad_a, done);
+    b->PushSegments(0, 1, seg, seg + 1, grad_b, done);
+  }
+  ASSERT_TRUE(wait_all().ok()) << first_error;
+  pending = 2;
+  a->PullSegments(1, 0, 6, absl::MakeSpan(params_a), done);
+  b->PullSegments(1, 0, 6, absl::MakeSpan(params_b), done);
+  ASSERT_TRUE(wait_all().ok()) << first_error;
+  for (int64_t i = 0; i < kElements; ++i) {
+    EXPECT_FLOAT_EQ(params_a[i], initial[i] - (grad_a[i] + grad_b[i]) / 4.f) << i;
+  }
+  EXPECT_EQ(params_a, params_b);
+  // No connections is refused.
+  RemoteStoreOptions bad;
+  bad.server_address = server->address();
+  bad.connections = 0;
+  EXPECT_EQ(RemoteParameterStore::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(RemoteParameterStoreTest, ErrorsNameTheCallAndTheMessage) {

@@ -74,6 +74,9 @@ ABSL_FLAG(int64_t, bucket_bytes, ps::worker::PushPullOptions().bucket_bytes,
 ABSL_FLAG(int64_t, max_bytes_in_flight, ps::worker::PushPullOptions().max_bytes_in_flight,
           "bound on the bytes of pushes, and separately of pulls, in flight; front layers go "
           "first (0: no bound)");
+ABSL_FLAG(int, connections, ps::worker::RemoteStoreOptions().connections,
+          "TCP connections to each server shard for pushes, and as many for pulls (more can "
+          "fill a fast link one stream cannot)");
 ABSL_FLAG(std::string, trace, "",
           "write a Chrome trace-event timeline (Perfetto, chrome://tracing) here at the end");
 ABSL_FLAG(int64_t, trace_max_events, 1000000,
@@ -176,6 +179,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     remote_options.steps_per_epoch = optimizer.schedule.steps_per_epoch;
     remote_options.observer = trace;
     remote_options.clock = clock;
+    remote_options.connections = absl::GetFlag(FLAGS_connections);
     if (shards.size() <= 1) {
       PS_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterStore> r,
                           RemoteParameterStore::Create(remote_options));
