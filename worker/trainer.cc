@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "kernels/elementwise.h"
 #include "worker/split_batch.h"
@@ -16,11 +17,13 @@ double SecondsSince(const Clock& clock, int64_t start_ns) {
   return static_cast<double>(clock.NowNanos() - start_ns) / 1e9;
 }
 
+}  // namespace
+
 // Reports a step's phases back to back on the trainer lane: Begin(kind) ends
 // the phase in progress, if any, and starts `kind` at the same clock reading,
 // so the phases tile the step without gaps (one clock read per boundary). A
 // phase still open when the object dies (an error return) is not reported.
-class StepPhases {
+class Trainer::StepPhases {
  public:
   StepPhases(EventObserver* observer, const Clock* clock, int64_t step)
       : observer_(observer), clock_(clock) {
@@ -51,8 +54,6 @@ class StepPhases {
   TimedEvent event_;
   bool open_ = false;
 };
-
-}  // namespace
 
 // Per-device state besides the model.
 struct Trainer::Replica {
@@ -214,6 +215,7 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   // the pushes can read: one CPU device (several would need a reduction per
   // layer between their threads; a CUDA device, events per layer).
   overlapping_ = options_.overlap && devices_.size() == 1 && devices_[0]->is_cpu();
+  if (options_.replay_compute) PS_RETURN_IF_ERROR(CalibrateReplay());
   for (Device* device : devices_) device->ResetCounters();
   return absl::OkStatus();
 }
@@ -278,13 +280,11 @@ absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_
   return absl::OkStatus();
 }
 
-namespace {
-
 // Replica 0's hooks while the trainer overlaps communication with compute:
 // a layer's forward waits for its bucket's new parameters (a kWait phase on
 // the trainer lane when it has to block), and each layer's gradients are
 // handed to the scheduler as backward produces them.
-class OverlapHooks final : public model::ParameterHooks {
+class Trainer::OverlapHooks final : public model::ParameterHooks {
  public:
   OverlapHooks(PushPullScheduler* scheduler, StepPhases* phases)
       : scheduler_(scheduler), phases_(phases) {}
@@ -307,25 +307,47 @@ class OverlapHooks final : public model::ParameterHooks {
   StepPhases* const phases_;
 };
 
-}  // namespace
+absl::Status Trainer::CalibrateReplay() {
+  if (devices_.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compute replay runs on one device, not ", devices_.size()));
+  }
+  if (options_.replay_calibration_steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compute replay needs at least one calibration step, got ",
+        options_.replay_calibration_steps));
+  }
+  constexpr int64_t kWarmup = 2;
+  ProfilingHooks hooks(clock_);
+  model::Model& model = *replicas_[0];
+  model.set_step(-1);  // no training step's events
+  for (int64_t pass = 0; pass < kWarmup + options_.replay_calibration_steps; ++pass) {
+    std::vector<int64_t> shard_sizes;
+    PS_RETURN_IF_ERROR(LoadShards(0, pass % steps_per_epoch(), &shard_sizes));
+    const int64_t n = std::max<int64_t>(1, shard_sizes[0]);
+    PS_ASSIGN_OR_RETURN(auto views, StagedViews(*replica_state_[0], n));
+    const bool timed = pass >= kWarmup;
+    if (timed) {
+      model.set_parameter_hooks(&hooks);
+      hooks.BeginPass();
+    }
+    absl::StatusOr<model::DeviceMetrics> metrics = model.ForwardBackward(views.first, views.second);
+    model.set_parameter_hooks(nullptr);
+    PS_RETURN_IF_ERROR(metrics.status());
+    PS_RETURN_IF_ERROR(devices_[0]->Synchronize());
+    if (timed) PS_RETURN_IF_ERROR(hooks.EndPass());
+  }
+  replay_profile_ = hooks.profile();
+  // The data order starts afresh for the real steps.
+  order_epoch_ = -1;
+  return absl::OkStatus();
+}
 
-absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
-  const int64_t iteration = epoch * steps_per_epoch() + step;
-  StepPhases phases(&phase_observers_, clock_, iteration);
-  last_iteration_ = iteration;
-
-  // 1. This worker's shards.
-  phases.Begin(EventKind::kData);
-  std::vector<int64_t> shard_sizes;
-  PS_RETURN_IF_ERROR(LoadShards(epoch, step, &shard_sizes));
-  int64_t samples = 0;
-  for (int64_t s : shard_sizes) samples += s;
-  PS_RETURN_IF_ERROR(scheduler_->BeginIteration(samples));
-
-  // 2. Forward/backward on every device at once, each on its own thread.
-  // Overlapping, replica 0's forward waits layer by layer for the previous
-  // iteration's pulls, and its backward pushes layer by layer.
-  phases.Begin(EventKind::kCompute);
+absl::Status Trainer::Compute(int64_t iteration, const std::vector<int64_t>& shard_sizes,
+                              StepPhases& phases) {
+  // Every device at once, each on its own thread. Overlapping, replica 0's
+  // forward waits layer by layer for the previous iteration's pulls, and its
+  // backward pushes layer by layer.
   const int d_count = static_cast<int>(devices_.size());
   OverlapHooks hooks(scheduler_.get(), &phases);
   auto run_replica = [&](int d) -> absl::Status {
@@ -352,7 +374,55 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
     if (d_count > 1) PS_RETURN_IF_ERROR(r.device->Synchronize());
     return absl::OkStatus();
   };
-  PS_RETURN_IF_ERROR(device_threads_->RunOnAll(run_replica));
+  return device_threads_->RunOnAll(run_replica);
+}
+
+absl::Status Trainer::ReplayCompute(int64_t iteration, StepPhases& phases) {
+  // The measured pass, point by point: sleep through each gap, then do what
+  // the pass did there (real time: the replay stands in for real work).
+  ScopedEvent event(options_.observer, clock_, EventKind::kCompute, DeviceLane(0), iteration);
+  for (const ComputeProfile::Point& point : replay_profile_.points) {
+    absl::SleepFor(absl::Nanoseconds(point.gap_ns));
+    if (!overlapping_) continue;
+    if (point.kind == ComputeProfile::Point::kNeedParameters &&
+        !scheduler_->HasParameters(point.begin, point.end)) {
+      phases.Begin(EventKind::kWait);
+      PS_RETURN_IF_ERROR(scheduler_->AwaitParameters(point.begin, point.end));
+      phases.Begin(EventKind::kCompute);
+    } else if (point.kind == ComputeProfile::Point::kGradientsReady) {
+      scheduler_->GradientsReadyFrom(point.begin);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
+  const int64_t iteration = epoch * steps_per_epoch() + step;
+  StepPhases phases(&phase_observers_, clock_, iteration);
+  last_iteration_ = iteration;
+
+  // 1. This worker's shards.
+  phases.Begin(EventKind::kData);
+  std::vector<int64_t> shard_sizes;
+  if (options_.replay_compute) {
+    // Only the sizes: nothing reads the samples.
+    const int64_t batch =
+        std::min<int64_t>(options_.batch_size, train_->size() - step * options_.batch_size);
+    shard_sizes = {SplitEvenly(batch, registration_.num_workers, registration_.rank).size};
+  } else {
+    PS_RETURN_IF_ERROR(LoadShards(epoch, step, &shard_sizes));
+  }
+  int64_t samples = 0;
+  for (int64_t s : shard_sizes) samples += s;
+  PS_RETURN_IF_ERROR(scheduler_->BeginIteration(samples));
+
+  // 2. Forward/backward (or its replay).
+  phases.Begin(EventKind::kCompute);
+  if (options_.replay_compute) {
+    PS_RETURN_IF_ERROR(ReplayCompute(iteration, phases));
+  } else {
+    PS_RETURN_IF_ERROR(Compute(iteration, shard_sizes, phases));
+  }
   if (overlapping_) {
     // Whatever the layers did not hand over (none have parameters outside a
     // layer today, but the scheduler must see every bucket pushed).
@@ -457,6 +527,10 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
   report.num_workers = registration_.num_workers;
   report.global_batch_size = options_.batch_size;
   report.model_parameters = num_parameters_;
+  if (options_.replay_compute) {
+    report.compute = "replay";
+    report.replay_step_seconds = static_cast<double>(replay_profile_.step_ns()) / 1e9;
+  }
 
   for (auto& r : replica_state_) PS_RETURN_IF_ERROR(r->metrics.SetZero());
   for (Device* d : devices_) d->ResetCounters();

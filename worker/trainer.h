@@ -13,6 +13,7 @@
 #include "common/device.h"
 #include "common/timed_event.h"
 #include "worker/collective.h"
+#include "worker/compute_replay.h"
 #include "worker/device_threads.h"
 #include "worker/data/dataset.h"
 #include "worker/data/loader.h"
@@ -51,6 +52,18 @@ struct TrainerOptions {
   bool overlap = true;
   // Buckets and bytes in flight of the push/pull scheduler.
   PushPullOptions push_pull;
+
+  // Compute replay (worker/compute_replay.h), for experiments with more
+  // emulated hosts than the machine has cores: Create first times
+  // replay_calibration_steps real forward/backward passes on this worker's
+  // shards (after two warm-up passes; run it while the other workers wait,
+  // to measure it alone), then every step sleeps through that average pass
+  // instead of computing, layer by layer, waiting for each layer's
+  // parameters and handing over each layer's gradients at the measured
+  // moments, and pushes the last real gradient. No data is read; the loss
+  // and accuracy read 0. One device only (kInvalidArgument otherwise).
+  bool replay_compute = false;
+  int64_t replay_calibration_steps = 5;
 
   // Receives every timed event of the training steps (common/timed_event.h),
   // each with step = the global iteration (epoch * steps_per_epoch() + the
@@ -159,13 +172,27 @@ class Trainer {
   model::Model& model() { return *replicas_[0]; }
   int64_t steps_per_epoch() const;
   const ParameterStore::Registration& registration() const { return registration_; }
+  // The pass replayed (replay_compute); null otherwise.
+  const ComputeProfile* replay_profile() const {
+    return options_.replay_compute ? &replay_profile_ : nullptr;
+  }
 
  private:
   struct Replica;
+  class StepPhases;
+  class OverlapHooks;
   Trainer(const TrainerOptions& options, std::vector<Device*> devices, ParameterStore* store,
           const data::Dataset* train, const data::Dataset* test);
 
   absl::Status Init(const model::ModelConfig& model);
+  // Measures replay_profile_ (replay_compute).
+  absl::Status CalibrateReplay();
+  // A step's forward/backward on every device, or the replay of the
+  // measured one; overlapping, both wait for parameters and hand over
+  // gradients layer by layer.
+  absl::Status Compute(int64_t iteration, const std::vector<int64_t>& shard_sizes,
+                       StepPhases& phases);
+  absl::Status ReplayCompute(int64_t iteration, StepPhases& phases);
   absl::Status LoadShards(int64_t epoch, int64_t step, std::vector<int64_t>* shard_sizes);
   // Gathers samples `indices` of `data` into replica r's input tensors (via
   // its pinned staging buffers when its memory is not host memory).
@@ -205,6 +232,7 @@ class Trainer {
   std::unique_ptr<PushPullScheduler> scheduler_;  // over those buffers
   bool overlapping_ = false;
   int64_t last_iteration_ = -1;  // of the last TrainStep
+  ComputeProfile replay_profile_;
   int64_t num_parameters_ = 0;
 
   // Epoch order cache.

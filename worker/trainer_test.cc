@@ -340,6 +340,66 @@ TEST(TrainerEventsTest, OverlappingStepsAreDataThenComputeAndTheEpochEndsWaiting
   EXPECT_GT(run.report.split.wait, 0);
 }
 
+// Replaying, a step takes the measured pass's time without computing, and
+// still pushes a real gradient of the model's size, layer by layer.
+TEST(TrainerTest, ReplayedComputeTakesTheMeasuredTimeAndPushesRealGradients) {
+  const data::Dataset data = SyntheticDataset(512);
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    CpuDevice device(0, 1);
+    auto store = LocalParameterStore::Create(MomentumSgd());
+    ASSERT_TRUE(store.ok());
+    RecordingObserver observer;
+    TrainerOptions options;
+    options.batch_size = 64;
+    options.epochs = 1;
+    options.max_steps = 4;
+    options.evaluate = false;
+    options.overlap = overlap;
+    options.replay_compute = true;
+    options.replay_calibration_steps = 3;
+    options.observer = &observer;
+    model::ModelConfig model;
+    model.name = "lenet";
+    auto trainer = Trainer::Create(options, model, {&device}, store->get(), &data, nullptr);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    const ComputeProfile* profile = (*trainer)->replay_profile();
+    ASSERT_NE(profile, nullptr);
+    EXPECT_EQ(profile->passes, 3);
+    EXPECT_GT(profile->step_ns(), 0);
+    // LeNet's five layers with parameters, each needed and each ready.
+    int needs = 0, readies = 0;
+    for (const auto& p : profile->points) {
+      needs += p.kind == ComputeProfile::Point::kNeedParameters;
+      readies += p.kind == ComputeProfile::Point::kGradientsReady;
+    }
+    EXPECT_EQ(needs, 5);
+    EXPECT_EQ(readies, 5);
+    const std::vector<float> before = *(*trainer)->model().flat_parameters().ToVector();
+    auto report = (*trainer)->Run();
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->compute, "replay");
+    EXPECT_DOUBLE_EQ(report->replay_step_seconds, profile->step_ns() / 1e9);
+    EXPECT_EQ(report->steps, 4);
+    // No layer ran in the steps: only the calibration's passes (step -1).
+    for (const auto& r : observer.records()) {
+      if (r.event.kind == EventKind::kForward) EXPECT_EQ(r.event.step, -1);
+    }
+    // Every step slept at least the pass's time.
+    EXPECT_GE(report->split.compute, 4 * profile->step_ns() / 1e9 * 0.99);
+    EXPECT_NE(*(*trainer)->model().flat_parameters().ToVector(), before);
+  }
+  CpuDevice a(0, 1), b(1, 1);
+  auto store = LocalParameterStore::Create(MomentumSgd());
+  TrainerOptions options;
+  options.replay_compute = true;
+  model::ModelConfig model;
+  EXPECT_EQ(Trainer::Create(options, model, {&a, &b}, store->get(), &data, nullptr)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TrainerEventsTest, EveryDeviceReportsItsComputeOnItsOwnStableLane) {
   for (int d : {1, 3}) {
     SCOPED_TRACE(absl::StrCat(d, " devices"));

@@ -45,6 +45,10 @@ struct TrainingReport {
   // Bytes across the host link per step, summed over this worker's devices.
   double model_bytes_to_host_per_step = 0;
   double model_bytes_to_device_per_step = 0;
+  // "real", or "replay" (TrainerOptions::replay_compute) with the pass it
+  // replayed, in seconds (0 when real).
+  std::string compute = "real";
+  double replay_step_seconds = 0;
   TimeSplit split;  // all epochs
 };
 
@@ -52,7 +56,7 @@ struct TrainingReport {
 // Keys, in this order: model, devices, rank, num_workers, global_batch_size,
 // model_parameters, steps, final_train_loss, final_test_accuracy,
 // samples_per_second, global_samples_per_second, model_bytes_to_host_per_step,
-// model_bytes_to_device_per_step, time_split, epochs. Each epoch: epoch,
+// model_bytes_to_device_per_step, compute, replay_step_s, time_split, epochs. Each epoch: epoch,
 // steps, samples, train_loss, train_accuracy, test_loss, test_accuracy,
 // train_seconds, samples_per_second, time_split. A time_split: data_s,
 // compute_s, reduce_s, copy_s, push_s, wait_s, pull_s (seconds).

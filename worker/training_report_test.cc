@@ -79,7 +79,9 @@ TEST(TrainingReportTest, JsonParsesBackToTheSameValuesInAFixedKeyOrder) {
                        "model_parameters", "steps", "final_train_loss", "final_test_accuracy",
                        "samples_per_second", "global_samples_per_second",
                        "model_bytes_to_host_per_step", "model_bytes_to_device_per_step",
-                       "time_split", "epochs"}));
+                       "compute", "replay_step_s", "time_split", "epochs"}));
+  EXPECT_EQ(j["compute"], "real");
+  EXPECT_EQ(j["replay_step_s"], 0);
   EXPECT_EQ(j["model"], "lenet");
   EXPECT_EQ(j["devices"].get<std::vector<std::string>>(), r.devices);
   EXPECT_EQ(j["rank"], 1);

@@ -74,6 +74,12 @@ ABSL_FLAG(int64_t, bucket_bytes, ps::worker::PushPullOptions().bucket_bytes,
 ABSL_FLAG(int64_t, max_bytes_in_flight, ps::worker::PushPullOptions().max_bytes_in_flight,
           "bound on the bytes of pushes, and separately of pulls, in flight; front layers go "
           "first (0: no bound)");
+ABSL_FLAG(std::string, compute, "real",
+          "real, or replay: time a few real forward/backward passes first (start the other "
+          "workers after this one says it has, to measure it alone), then sleep through that "
+          "pass each step, layer by layer, pushing and pulling real gradients (experiments "
+          "with more emulated hosts than cores)");
+ABSL_FLAG(int64_t, replay_calibration_steps, 5, "passes --compute=replay times");
 ABSL_FLAG(int, connections, ps::worker::RemoteStoreOptions().connections,
           "TCP connections to each server shard for pushes, and as many for pulls (more can "
           "fill a fast link one stream cannot)");
@@ -147,6 +153,13 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.max_steps = absl::GetFlag(FLAGS_max_steps);
   options.overlap = absl::GetFlag(FLAGS_overlap);
+  const std::string compute = absl::GetFlag(FLAGS_compute);
+  if (compute != "real" && compute != "replay") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compute must be real or replay, got '", compute, "'"));
+  }
+  options.replay_compute = compute == "replay";
+  options.replay_calibration_steps = absl::GetFlag(FLAGS_replay_calibration_steps);
   options.push_pull.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
   options.push_pull.max_bytes_in_flight = absl::GetFlag(FLAGS_max_bytes_in_flight);
   options.seed = absl::GetFlag(FLAGS_seed);
@@ -203,6 +216,13 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
                       Trainer::Create(options, model, devices, store.get(), &train, &test));
   const int rank = trainer->registration().rank;
   if (trace != nullptr) trace->set_process(rank, absl::StrCat("worker ", rank));
+  if (const ComputeProfile* profile = trainer->replay_profile(); profile != nullptr) {
+    // Launchers wait for this line before starting the next worker.
+    std::printf("worker %d: replaying compute: %.3f ms per step, measured over %lld passes\n",
+                rank, static_cast<double>(profile->step_ns()) / 1e6,
+                static_cast<long long>(profile->passes));
+    std::fflush(stdout);
+  }
 
   std::vector<std::string> names;
   for (Device* d : devices) names.push_back(d->name());
