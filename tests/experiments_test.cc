@@ -275,6 +275,31 @@ TEST_F(ExperimentsTest, SigtermMidRunLeavesNothingBehind) {
   EXPECT_FALSE(std::filesystem::exists(out_ + "/results.json"));
 }
 
+// Compute replay: four workers start one after another, each timing its own
+// pass while the others wait, then sleep through it each step; the results
+// say which mode produced them and what was replayed.
+TEST_F(ExperimentsTest, ReplayedComputeStartsWorkersInTurnAndSaysSo) {
+  Process run("/bin/bash",
+              RunArgs({"--workers=4", "--rate=1gbit", "--model=lenet", "--dataset=synthetic",
+                       "--batch_size=256", "--epochs=100", "--max_steps=8", "--warmup_steps=2",
+                       "--lr=0.01", "--compute=replay"}),
+              testing::TestTmpPath("run.log"));
+  ASSERT_EQ(run.Wait(std::chrono::seconds(120)), 0) << run.Log();
+  const Json r = ReadJsonFile(out_ + "/results.json");
+  EXPECT_EQ(r["compute"], "replay");
+  EXPECT_GT(r["replay_step_s"].get<double>(), 0);
+  EXPECT_EQ(r["steps"], 8);
+  EXPECT_EQ(r["window_steps"], 5);
+  // Each worker replays its own pass; the split's compute is at least it.
+  for (int w = 0; w < 4; ++w) {
+    EXPECT_THAT(testing::ReadFileBytes(absl::StrCat(out_, "/worker-", w, ".log")),
+                HasSubstr("replaying compute"));
+  }
+  EXPECT_GE(r["time_split_s"]["compute_s"].get<double>(),
+            0.99 * 8 * r["replay_step_s"].get<double>());
+  EXPECT_EQ(Sh("ip netns list | grep " + prefix_), "");
+}
+
 // Two configurations (one worker behind 1 Gbit/s links, with one server and
 // with two shards) through sweep.py: one CSV row and one JSON run each, the
 // model's predictions finite, and three PNG plots.
@@ -305,6 +330,8 @@ TEST_F(ExperimentsTest, ShortSweepWritesRowsPredictionsAndPlots) {
     std::map<std::string, std::string> columns;
     for (size_t j = 0; j < header.size(); ++j) columns[header[j]] = row[j];
     EXPECT_EQ(columns["config"], absl::StrCat("mlp-32_w1_s", i, "_1gbit_d0"));
+    EXPECT_EQ(columns["compute"], "real");
+    EXPECT_EQ(columns["batch_size"], "64");
     EXPECT_EQ(columns["servers"], std::to_string(i));
     EXPECT_EQ(columns["steps"], "20");
     EXPECT_EQ(columns["model_bytes"], std::to_string(kMlpBytes));

@@ -9,9 +9,11 @@ host, each direction), one-way delay d:
 
   compute   c1 / W: the measured single-worker compute (data + compute +
             reduce + copy per step; the least over the W = 1 runs of the
-            same model, the least disturbed) split over W workers of their own
-            CPUs. `shared` uses c1 instead: W workers on this machine's
-            cores do the same total work on the same cores.
+            same model, compute mode and batch rule, the least disturbed)
+            split over W workers of their own CPUs; c1 itself when the
+            global batch grows with W (sweep.py --batch_per_worker: each
+            worker's compute is fixed). `shared` uses W x that instead: W
+            workers on this machine's cores share them.
   push      2d + max(0, wire(max(M, W M / S)) - b) x 8 / R: every worker
             sends M, each server receives W M / S of it, so the busier end
             (a worker's uplink or a server's downlink) sets the time; one
@@ -22,9 +24,17 @@ host, each direction), one-way delay d:
   pull      the same the other way (a server's uplink carries W M / S).
   wire(B)   B x 1514 / 1448: Ethernet, IP and TCP headers per full segment
             (tbf and the counters count frames).
-  step      compute + push + pull (no overlap: today's stop-and-wait), and
-            max(compute, push + pull) as the bound with compute and
-            communication overlapped, for reference.
+  step      compute + comm, where comm is push + pull when the model is
+            one message (its pull can only follow its push), and otherwise
+            max(push, pull) + push / n for its n messages (about M / 4 MiB):
+            the workers push and pull message by message (the scheduler
+            pulls each as soon as its push is accepted), so the two
+            directions overlap and only the last message's pull trails.
+            Compute hidden under communication is left out (the forward needs
+            the new parameters, the backward makes the gradients), so this
+            errs long by at most the overlap; max(compute, comm) is the
+            bound with compute and communication fully overlapped, for
+            reference.
 
 Unshaped links get R = UNSHAPED_BPS (iperf3's one stream on this kind of
 machine); the model ignores serialisation and copies, which dominate there.
@@ -63,17 +73,40 @@ def transfer_s(model_bytes, workers, servers, bps, delay_ms):
     return 2 * delay_ms / 1000 + shaped * 8 / (bps or UNSHAPED_BPS)
 
 
+MESSAGE_BYTES = (4 << 20) - 4096  # the server's default chunk (4 MiB less the envelope)
+
+
 def stop_and_wait_comm_s(model_bytes, workers, servers, bps, delay_ms):
     return 2 * transfer_s(model_bytes, workers, servers, bps, delay_ms)
 
 
+def pipelined_comm_s(model_bytes, workers, servers, bps, delay_ms):
+    """Push and pull message by message (see the module comment)."""
+    messages = max(1, math.ceil(model_bytes / MESSAGE_BYTES))
+    if messages == 1:
+        return stop_and_wait_comm_s(model_bytes, workers, servers, bps, delay_ms)
+    one_way = transfer_s(model_bytes, workers, servers, bps, delay_ms)
+    return one_way + one_way / messages
+
+
+def weak(r):
+    """Whether the run's global batch grew with its workers."""
+    return bool(r.get("batch_per_worker"))
+
+
+def family(r):
+    """Runs whose single-worker compute is the same: model, compute mode,
+    batch rule."""
+    return (r["model"], r["row"].get("compute", "real"), weak(r))
+
+
 def single_worker_compute(runs):
-    """{model: c1 seconds per step}: the least of its W = 1 runs' compute
+    """{family: c1 seconds per step}: the least of its W = 1 runs' compute
     (the least disturbed by whatever else the machine ran)."""
     c1 = {}
     for r in runs:
         if r["workers"] == 1:
-            c1[r["model"]] = min(c1.get(r["model"], math.inf), r["row"]["compute_s"])
+            c1[family(r)] = min(c1.get(family(r), math.inf), r["row"]["compute_s"])
     return c1
 
 
@@ -82,18 +115,19 @@ def why(r, pred, pred_shared, c1):
     measured = row["step_time_s"]
     if row["cpu_bound"] in (True, "True"):
         reasons.append(f"CPU-bound ({100 * row['cpu_busy']:.0f} % busy)")
-    if r["workers"] > 1 and row["compute_s"] > 1.3 * c1 / r["workers"]:
+    per_worker = c1 if weak(r) else c1 / r["workers"]
+    if r["workers"] > 1 and row["compute_s"] > 1.3 * per_worker:
         reasons.append(f"compute shared: {r['workers']} workers on {CORES} cores took "
-                       f"{1000 * row['compute_s']:.1f} ms/step, not c1/W = "
-                       f"{1000 * c1 / r['workers']:.1f} ms")
+                       f"{1000 * row['compute_s']:.1f} ms/step, not "
+                       f"{1000 * per_worker:.1f} ms")
     if r["workers"] > 1 and row["wait_s"] > 0.1 * measured:
         reasons.append(f"waiting {1000 * row['wait_s']:.1f} ms/step for the slowest worker "
                        "(the workers share the cores, so their steps drift)")
     if r["rate"] == "unshaped":
         reasons.append("unshaped: serialisation and copies, not the link, take the time")
     elif measured < pred:
-        reasons.append("faster than stop-and-wait: one tensor's pull overlaps the next "
-                       "one's push (the server link carries both directions at once)")
+        reasons.append("faster than predicted: compute overlapped communication (pushes "
+                       "start during backward, the next forward waits layer by layer)")
     if not reasons:
         reasons.append(f"{1000 * row['other_s']:.1f} ms/step outside the split"
                        if row["other_s"] > 0.1 * measured else "not explained")
@@ -106,16 +140,17 @@ def predict(doc):
     out = []
     for r in runs:
         row = r["row"]
-        c1 = c1s.get(r["model"])
+        c1 = c1s.get(family(r))
         if c1 is None:
             continue
-        comm = stop_and_wait_comm_s(row["model_bytes"], r["workers"], r["servers"],
-                                    rate_bps(r["rate"]), r["delay_ms"])
-        compute = c1 / r["workers"]
-        pred, pred_shared = compute + comm, c1 + comm
+        comm = pipelined_comm_s(row["model_bytes"], r["workers"], r["servers"],
+                                rate_bps(r["rate"]), r["delay_ms"])
+        compute = c1 if weak(r) else c1 / r["workers"]
+        pred, pred_shared = compute + comm, compute * r["workers"] + comm
         measured = row["step_time_s"]
         p = {
             "config": r["config"], "model": r["model"], "workers": r["workers"],
+            "compute": row.get("compute", "real"), "weak_scaling": weak(r),
             "servers": r["servers"], "rate": r["rate"], "delay_ms": r["delay_ms"],
             "model_bytes": row["model_bytes"], "c1_s": c1,
             "compute_s": compute, "comm_s": comm,

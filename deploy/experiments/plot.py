@@ -5,10 +5,11 @@ backend (no display; Debian's python3-matplotlib, packages.sh).
 
     python3 deploy/experiments/plot.py OUT
 
-  speedup.png      step time of 1 worker / step time of W workers (global batch
-                   fixed, so samples/s scale the same), per model and link
-                   rate: measured points (hollow where the run was CPU-bound)
-                   and the analytic model's stop-and-wait prediction (dashed)
+  speedup.png      samples/s of W workers over those of one (the step-time
+                   ratio when the global batch is fixed), a panel per model
+                   and compute mode, a line per link rate, delay and shard
+                   count: measured points (hollow where the run was
+                   CPU-bound) and the analytic model's prediction (dashed)
   breakdown.png    worker 0's milliseconds per step, stacked: compute (data,
                    forward/backward, reduce, copies), push, wait, pull, and
                    the rest of the measured step; | marks the model's
@@ -37,52 +38,80 @@ def color(rate):
 def label(r):
     star = " *" if r["row"]["cpu_bound"] in (True, "True") else ""
     delay = f" {r['delay_ms']}ms" if r["delay_ms"] else ""
-    return f"W={r['workers']} {r['rate']}{delay}{star}"
+    servers = f" S={r['servers']}" if r.get("servers", 1) != 1 else ""
+    return f"W={r['workers']}{servers} {r['rate']}{delay}{star}"
+
+
+def panel(r):
+    """One panel per model, compute mode and batch rule."""
+    name = r["model"]
+    if r["row"].get("compute", "real") != "real":
+        name += " replayed"
+    if r.get("batch_per_worker"):
+        name += f", {r['batch_per_worker']}/worker"
+    return name
 
 
 def by_model(runs):
-    models = []
+    panels = []
     for r in runs:
-        if r["model"] not in models:
-            models.append(r["model"])
-    return [(m, [r for r in runs if r["model"] == m]) for m in models]
+        if panel(r) not in panels:
+            panels.append(panel(r))
+    return [(m, [r for r in runs if panel(r) == m]) for m in panels]
+
+
+def series(r):
+    """The runs one speed-up line joins: all but the workers alike."""
+    return (r["rate"], r["delay_ms"], r.get("servers", 1), r.get("overlap", "on"))
+
+
+def series_name(key):
+    rate, delay, servers, overlap = key
+    return (rate + (f" {delay}ms" if delay else "") + (f" S={servers}" if servers != 1 else "")
+            + ("" if overlap == "on" else " no overlap"))
 
 
 def speedup(runs, predictions, path):
+    """Samples/s of W workers over those of one (the same as the step-time
+    ratio when the global batch is fixed; with a batch per worker, what
+    weak scaling gains)."""
     groups = by_model(runs)
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 3.8), squeeze=False)
+    pred_by_config = {p["config"]: p["predicted_step_s"] for p in predictions}
     for ax, (m, rs) in zip(axes[0], groups):
         most = max(r["workers"] for r in rs)
         ax.plot([1, most], [1, most], ":", color="gray", label="linear")
-        for rate in dict.fromkeys(r["rate"] for r in rs):
-            for delay in dict.fromkeys(r["delay_ms"] for r in rs if r["rate"] == rate):
-                line = sorted((r for r in rs if r["rate"] == rate and r["delay_ms"] == delay),
-                              key=lambda r: r["workers"])
-                base = [r for r in line if r["workers"] == 1]
-                if not base:
-                    continue
-                t1 = base[0]["row"]["step_time_s"]
-                name = rate + (f" {delay}ms" if delay else "")
-                xs = [r["workers"] for r in line]
-                ys = [t1 / r["row"]["step_time_s"] for r in line]
-                ax.plot(xs, ys, "-", color=color(rate), alpha=0.5)
-                for r, x, y in zip(line, xs, ys):
-                    bound = r["row"]["cpu_bound"] in (True, "True")
-                    ax.plot([x], [y], "o", color=color(rate),
-                            markerfacecolor="none" if bound else color(rate))
-                ax.plot([], [], "o-", color=color(rate), label=f"{name} measured")
-                pred = {p["workers"]: p["predicted_step_s"] for p in predictions
-                        if p["model"] == m and p["rate"] == rate and p["delay_ms"] == delay}
-                if 1 in pred:
-                    pxs = sorted(pred)
-                    ax.plot(pxs, [pred[1] / pred[x] for x in pxs], "--", color=color(rate),
-                            label=f"{name} model")
-        ax.set_title(f"{m} (hollow: CPU-bound)")
+        styles = ["-", "-.", "--", ":"]
+        for i, key in enumerate(dict.fromkeys(series(r) for r in rs)):
+            line = sorted((r for r in rs if series(r) == key), key=lambda r: r["workers"])
+            base = [r for r in line if r["workers"] == 1]
+            if not base:
+                continue
+            b = base[0]
+            c = color(key[0]) if len({k[2] for k in map(series, rs)}) == 1 else f"C{i}"
+
+            def gain(steps, r, b=b):
+                # samples/s ratio: batch ratio x step-time ratio
+                return (r["row"]["batch_size"] / b["row"]["batch_size"]
+                        * steps[b["config"]] / steps[r["config"]])
+
+            measured = {r["config"]: r["row"]["step_time_s"] for r in line}
+            xs = [r["workers"] for r in line]
+            ys = [gain(measured, r) for r in line]
+            ax.plot(xs, ys, "-", color=c, alpha=0.5)
+            for r, x, y in zip(line, xs, ys):
+                bound = r["row"]["cpu_bound"] in (True, "True")
+                ax.plot([x], [y], "o", color=c, markerfacecolor="none" if bound else c)
+            ax.plot([], [], "o-", color=c, label=f"{series_name(key)} measured")
+            if all(r["config"] in pred_by_config for r in line):
+                ax.plot(xs, [gain(pred_by_config, r) for r in line], "--", color=c,
+                        label=f"{series_name(key)} model")
+        ax.set_title(f"{m} (hollow: CPU-bound)", fontsize=9)
         ax.set_xlabel("workers")
-        ax.set_ylabel("speed-up over 1 worker")
+        ax.set_ylabel("samples/s over 1 worker's")
         ax.set_xticks(sorted({r["workers"] for r in rs}))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

@@ -96,7 +96,7 @@ def bracket(samples, start_ns, end_ns):
 
 def main():
     p = argparse.ArgumentParser()
-    for name in ("out", "prefix", "rate", "delay_method", "model", "dataset", "subnet"):
+    for name in ("out", "prefix", "rate", "delay_method", "model", "dataset", "subnet", "compute"):
         p.add_argument("--" + name, required=True)
     for name in ("workers", "servers", "warmup_steps", "delay", "batch_size", "epochs",
                  "max_steps", "run_window_ns"):
@@ -152,6 +152,8 @@ def main():
         "delay_ms": a.delay,
         "delay_method": a.delay_method,
         "model": a.model,
+        "compute": a.compute,
+        "replay_step_s": reports[0].get("replay_step_s", 0),
         "dataset": a.dataset,
         "global_batch_size": a.batch_size,
         "epochs": a.epochs,

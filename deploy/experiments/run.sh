@@ -6,6 +6,7 @@
 # Removes every namespace, link, qdisc, rule and process of the run when it
 # ends, fails, or gets Ctrl-C or SIGTERM. As root.
 #
+#   bash deploy/experiments/run.sh                 # no arguments: the default sweep (sweep.py)
 #   bash deploy/experiments/run.sh --workers=2 --rate=100mbit --model=lenet --max_steps=100
 #   bash deploy/experiments/run.sh --rate=1gbit --delay=5 --check   # the link itself
 #
@@ -19,6 +20,10 @@
 #   --warmup_steps=N [1]        worker 0's first N steps are left out of the measured window
 #   --sample_ms=MS [10]         period of the link and CPU counter samples
 #   --lr=X [0.9] --devices=SPEC [cpu:1] --threads=N [cores/W]
+#   --compute=real|replay [real]  replay: each worker times its real pass alone
+#                               (workers start one after another, each once the
+#                               one before has measured), then sleeps through it
+#                               each step: for more workers than cores
 #   --out=DIR [a temporary directory]   logs, reports, traces, results
 #   --csv=PATH                  also append the row to PATH (header when new)
 #   --prefix=NAME [psx<pid>]    names of the run's namespaces (NAME-br, NAME-s0, NAME-w0, ...)
@@ -29,13 +34,18 @@
 # Anything after `--` goes to every worker unchanged.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+# No arguments: the default sweep, its results and plots into
+# deploy/experiments/sweep/ (sweep.py calls this script once per run).
+if (($# == 0)); then
+  exec python3 "$here/sweep.py"
+fi
 export PATH="$PATH:/usr/sbin:/sbin"
 # shellcheck source=netns.sh
 source "$here/netns.sh"
 
 workers=2 servers=1 warmup_steps=1 sample_ms=10 rate=1gbit delay=0 model=lenet dataset=fashion_mnist
 data_dir=/usr/share/datasets/fashion-mnist batch_size=256 epochs=1 max_steps=0 lr=0.9
-devices=cpu:1 threads="" out="" csv="" prefix="psx$$" time_limit=1800 bin="" check=0
+devices=cpu:1 compute=real threads="" out="" csv="" prefix="psx$$" time_limit=1800 bin="" check=0
 check_seconds=5 ping_count=20
 extra=()
 while (($#)); do
@@ -54,6 +64,7 @@ while (($#)); do
     --max_steps=*) max_steps="${1#*=}" ;;
     --lr=*) lr="${1#*=}" ;;
     --devices=*) devices="${1#*=}" ;;
+    --compute=*) compute="${1#*=}" ;;
     --threads=*) threads="${1#*=}" ;;
     --out=*) out="${1#*=}" ;;
     --csv=*) csv="${1#*=}" ;;
@@ -76,6 +87,7 @@ fail() { echo "run: $*" >&2; exit 1; }
 [[ "$sample_ms" =~ ^[1-9][0-9]{0,3}$ ]] || fail "--sample_ms is 1..9999"
 [[ "$delay" =~ ^[0-9]+$ ]] || fail "--delay is whole milliseconds"
 [[ "$time_limit" =~ ^[1-9][0-9]*$ ]] || fail "--time_limit is whole seconds"
+[[ "$compute" == real || "$compute" == replay ]] || fail "--compute is real or replay"
 [[ "$check_seconds" =~ ^[1-9][0-9]?$ ]] || fail "--check_seconds is 1..99"
 [[ "$ping_count" =~ ^[1-9][0-9]{0,2}$ ]] || fail "--ping_count is 1..999"
 netns_valid_prefix "$prefix" || fail "--prefix must match [a-z][a-z0-9]{2,15}"
@@ -211,11 +223,21 @@ for ((r = 0; r < workers; r++)); do
          --dataset="$dataset" --data_dir="$data_dir" --batch_size="$batch_size"
          --epochs="$epochs" --max_steps="$max_steps" --devices="$devices" --threads="$threads"
          --evaluate=false --progress=false --report="$out/report-w$r.json"
-         --trace="$out/trace-w$r.json")
+         --trace="$out/trace-w$r.json" --compute="$compute")
   ip netns exec "$prefix-w$r" timeout -k 10 "$time_limit" "$bin/worker/worker" \
     "${flags[@]}" "${extra[@]}" >"$out/worker-$r.log" 2>&1 &
   worker_pids+=($!)
   daemon_pids+=($!)
+  if [[ "$compute" == replay ]]; then
+    # The next worker starts once this one has timed its pass, so each
+    # measures alone (the ones before it wait for it at their first step).
+    for _ in $(seq 1200); do
+      grep -q "replaying compute" "$out/worker-$r.log" 2>/dev/null && break
+      kill -0 "$!" 2>/dev/null || fail "worker $r exited before measuring: $(tail -n 3 "$out/worker-$r.log")"
+      sleep 0.05
+    done
+    grep -q "replaying compute" "$out/worker-$r.log" || fail "worker $r did not measure its pass in 60 s"
+  fi
 done
 echo "run: $workers workers training"
 
@@ -254,5 +276,5 @@ python3 "$here/../trace/merge_traces.py" -o "$out/trace.json" "${traces[@]}" >"$
 python3 "$here/results.py" --out="$out" --prefix="$prefix" --workers="$workers" \
   --servers="$servers" --warmup_steps="$warmup_steps" --rate="$rate" \
   --delay="$delay" --delay_method="$NETNS_DELAY_METHOD" --model="$model" --dataset="$dataset" \
-  --batch_size="$batch_size" --epochs="$epochs" --max_steps="$max_steps" \
+  --batch_size="$batch_size" --epochs="$epochs" --max_steps="$max_steps" --compute="$compute" \
   --run_window_ns="$((end_ns - start_ns))" --subnet="$NETNS_SUBNET" ${csv:+--csv="$csv"}

@@ -11,8 +11,11 @@ analytic model (model.py: OUT/model.json, OUT/model.csv) and the plots
     python3 deploy/experiments/sweep.py --out=DIR --replot     # model and plots again, no runs
 
 Grid (every combination, in this order): --models (lenet, mlp:4096x4096
-for --model=mlp --mlp_hidden=4096,4096, resnet18, ...), --rates (100mbit,
-1gbit, unshaped, ...), --delays (ms), --servers (shards), --workers.
+for --model=mlp --mlp_hidden=4096,4096, resnet18, ...), --computes (real,
+replay: run.sh --compute), --overlaps (on, off: the workers' --overlap),
+--rates (100mbit, 1gbit, unshaped, ...), --delays (ms), --servers (shards),
+--workers. --batch_per_worker=B makes the global batch B x workers (weak
+scaling, each worker's compute fixed) instead of --batch_size.
 Steps per run: enough for --run_seconds of predicted step time (model.py's
 stop-and-wait estimate from the model's bytes and a rough compute
 estimate, before any measurement),
@@ -20,8 +23,9 @@ between --min_steps and --max_steps; worker 0's first --warmup_steps are
 outside the measured window. Synthetic data, global batch --batch_size.
 
 A spec file is a JSON object with any of the keys workers, rates, delays,
-models, servers (lists) and max_steps, min_steps, warmup_steps,
-run_seconds, batch_size (numbers); flags given on the command line win.
+models, servers, computes, overlaps (lists) and max_steps, min_steps,
+warmup_steps, run_seconds, batch_size, batch_per_worker (numbers); flags
+given on the command line win.
 """
 
 import argparse
@@ -48,10 +52,26 @@ DEFAULTS = {
     "warmup_steps": 1,
     "run_seconds": 15,
     "batch_size": 256,
+    "batch_per_worker": 0,
+    "computes": ["real"],
+    "overlaps": ["on"],
 }
 
+# The default sweep: the DEFAULTS grid (real compute: LeNet gains nothing
+# from more workers, the 20 M MLP scales where the link is fast), then the
+# scaling part (compute replayed, so 16 emulated hosts fit on two cores:
+# LeNet at 512 samples a worker behind 1 Gbit/s, where one server's link
+# saturates between 8 and 16 workers and more shards win it back).
+DEFAULT_PARTS = [
+    {"part": "models"},
+    {"part": "scaling", "models": ["lenet"], "computes": ["replay"], "rates": ["1gbit"],
+     "servers": [1, 2, 4], "workers": [1, 2, 4, 8, 16], "batch_per_worker": 512,
+     "min_steps": 20, "max_steps": 30, "warmup_steps": 3},
+]
+
 COLUMNS = [
-    "config", "model", "workers", "servers", "rate", "delay_ms", "steps", "window_steps",
+    "config", "model", "workers", "servers", "rate", "delay_ms", "compute", "overlap",
+    "batch_size", "steps", "window_steps",
     "model_bytes", "samples_per_second", "step_time_s",
     "compute_s", "push_s", "wait_s", "pull_s", "other_s",
     "server_rx_utilisation", "server_tx_utilisation", "worker_max_utilisation",
@@ -73,24 +93,40 @@ def parameters(spec):
 
 def grid(c):
     for m in c["models"]:
-        for rate in c["rates"]:
-            for delay in c["delays"]:
-                for servers in c["servers"]:
-                    for workers in c["workers"]:
-                        yield {"model": m, "rate": rate, "delay_ms": int(delay),
-                               "servers": int(servers), "workers": int(workers)}
+        for compute in c["computes"]:
+            for overlap in c["overlaps"]:
+                for rate in c["rates"]:
+                    for delay in c["delays"]:
+                        for servers in c["servers"]:
+                            for workers in c["workers"]:
+                                yield {"model": m, "rate": rate, "delay_ms": int(delay),
+                                       "servers": int(servers), "workers": int(workers),
+                                       "compute": compute, "overlap": overlap,
+                                       "batch_per_worker": int(c["batch_per_worker"]),
+                                       "part": c.get("part", "")}
+
+
+def batch_of(g, c):
+    """The global batch: batch_per_worker x workers when set (weak scaling:
+    each worker's compute stays the same), else batch_size."""
+    return c["batch_per_worker"] * g["workers"] if c["batch_per_worker"] else c["batch_size"]
 
 
 def config_name(g):
-    return (f"{g['model'].replace(':', '-')}_w{g['workers']}_s{g['servers']}_{g['rate']}"
+    name = (f"{g['model'].replace(':', '-')}_w{g['workers']}_s{g['servers']}_{g['rate']}"
             f"_d{g['delay_ms']}")
+    if g.get("compute", "real") != "real":
+        name += "_" + g["compute"]
+    if g.get("overlap", "on") != "on":
+        name += "_overlap-" + g["overlap"]
+    return name
 
 
 def steps_for(g, c):
     # Compute: about 6 x parameters x batch flops at 20 Gflop/s (this machine).
     step = (model.stop_and_wait_comm_s(4 * parameters(g["model"]), g["workers"], g["servers"],
                                        model.rate_bps(g["rate"]), g["delay_ms"])
-            + 6 * parameters(g["model"]) * c["batch_size"] / 20e9)
+            + 6 * parameters(g["model"]) * batch_of(g, c) / g["workers"] / 20e9)
     budget = int(c["run_seconds"] / max(step, 1e-3))
     return max(c["min_steps"], min(c["max_steps"], budget))
 
@@ -100,7 +136,7 @@ def load():
         return float(f.read().split()[0])
 
 
-def row_of(g, name, r, wall_s, load_before, out):
+def row_of(g, name, r, wall_s, load_before, out, batch):
     split = {k[:-2]: v / max(1, r["steps"]) for k, v in r["time_split_s"].items()}
     servers = [h for h in r["hosts"] if h["host"].startswith("s")]
     workers = [h for h in r["hosts"] if h["host"].startswith("w")]
@@ -111,7 +147,8 @@ def row_of(g, name, r, wall_s, load_before, out):
 
     return {
         "config": name, "model": g["model"], "workers": g["workers"], "servers": g["servers"],
-        "rate": g["rate"], "delay_ms": g["delay_ms"], "steps": r["steps"],
+        "rate": g["rate"], "delay_ms": g["delay_ms"], "compute": r.get("compute", "real"),
+        "overlap": g.get("overlap", "on"), "batch_size": batch, "steps": r["steps"],
         "window_steps": r["window_steps"], "model_bytes": int(r["model_bytes"]),
         "samples_per_second": round(r["samples_per_second"], 1),
         "step_time_s": round(r["step_time_s"], 6),
@@ -131,9 +168,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.path.join(HERE, "sweep"))
     p.add_argument("--spec", default="")
-    for key in ("workers", "rates", "delays", "models", "servers"):
+    for key in ("workers", "rates", "delays", "models", "servers", "computes", "overlaps"):
         p.add_argument("--" + key, default=None, help="comma-separated")
-    for key in ("max_steps", "min_steps", "warmup_steps", "run_seconds", "batch_size"):
+    for key in ("max_steps", "min_steps", "warmup_steps", "run_seconds", "batch_size",
+                "batch_per_worker"):
         p.add_argument("--" + key, type=int, default=None)
     p.add_argument("--bin", default="",
                    help="prebuilt daemons (run.sh --bin) [setup.sh and bazel build once]")
@@ -144,6 +182,7 @@ def main():
     a = p.parse_args()
 
     c = dict(DEFAULTS)
+    parts = None  # the default sweep's, unless a spec or a grid flag says otherwise
     if a.spec:
         with open(a.spec) as f:
             spec = json.load(f)
@@ -151,19 +190,25 @@ def main():
         if unknown:
             sys.exit(f"sweep: unknown keys in {a.spec}: {sorted(unknown)}")
         c.update(spec)
-    for key in ("workers", "rates", "delays", "models", "servers"):
+        parts = [c]
+    for key in ("workers", "rates", "delays", "models", "servers", "computes", "overlaps"):
         if getattr(a, key) is not None:
             c[key] = getattr(a, key).split(",")
-    for key in ("max_steps", "min_steps", "warmup_steps", "run_seconds", "batch_size"):
+            parts = [c]
+    for key in ("max_steps", "min_steps", "warmup_steps", "run_seconds", "batch_size",
+                "batch_per_worker"):
         if getattr(a, key) is not None:
             c[key] = getattr(a, key)
+            parts = [c]
+    if parts is None:
+        parts = [{**DEFAULTS, **part} for part in DEFAULT_PARTS]
 
     os.makedirs(a.out, exist_ok=True)
     csv_path, json_path = os.path.join(a.out, "sweep.csv"), os.path.join(a.out, "sweep.json")
     if not a.replot:
         runs_dir = a.runs_dir or tempfile.mkdtemp(prefix="ps-sweep.")
         print(f"sweep: each run's logs, reports and traces under {runs_dir}")
-        configs = list(grid(c))
+        configs = [(g, part) for part in parts for g in grid(part)]
         if not a.bin:
             # Install and build once, not once per run (run.sh --bin).
             root = os.path.dirname(os.path.dirname(HERE))
@@ -173,26 +218,32 @@ def main():
                                   cwd=root)
             a.bin = subprocess.check_output(["bazel", "info", "bazel-bin"], cwd=root,
                                             text=True, stderr=subprocess.DEVNULL).strip()
-        doc = {"spec": c, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        doc = {"spec": parts, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                "load_before": load(), "runs": []}
         with open(csv_path, "w", newline="") as f:
             csv.DictWriter(f, fieldnames=COLUMNS).writeheader()
         t0 = time.monotonic()
-        for i, g in enumerate(configs):
+        for i, (g, c) in enumerate(configs):
             name = config_name(g)
             run_out = os.path.join(runs_dir, name)
             steps = steps_for(g, c)
             m, _, hidden = g["model"].partition(":")
+            batch = batch_of(g, c)
             cmd = ["bash", os.path.join(HERE, "run.sh"), f"--workers={g['workers']}",
                    f"--servers={g['servers']}", f"--rate={g['rate']}", f"--delay={g['delay_ms']}",
-                   f"--model={m}", "--dataset=synthetic", f"--batch_size={c['batch_size']}",
-                   "--epochs=1000",
+                   f"--model={m}", "--dataset=synthetic", f"--batch_size={batch}",
+                   f"--compute={g['compute']}", "--epochs=1000",
                    f"--max_steps={steps}", f"--warmup_steps={c['warmup_steps']}",
                    f"--out={run_out}", f"--prefix={a.prefix}", "--lr=0.01"]
             if a.bin:
                 cmd.append(f"--bin={a.bin}")
+            worker_flags = []
             if hidden:
-                cmd += ["--", "--mlp_hidden=" + hidden.replace("x", ",")]
+                worker_flags.append("--mlp_hidden=" + hidden.replace("x", ","))
+            if g["overlap"] != "on":
+                worker_flags.append("--overlap=false")
+            if worker_flags:
+                cmd += ["--"] + worker_flags
             load_before = load()
             print(f"sweep: [{i + 1}/{len(configs)}] {name}: {steps} steps (load {load_before})",
                   flush=True)
@@ -205,7 +256,7 @@ def main():
                 continue
             with open(os.path.join(run_out, "results.json")) as f:
                 r = json.load(f)
-            row = row_of(g, name, r, wall, load_before, run_out)
+            row = row_of(g, name, r, wall, load_before, run_out, batch)
             with open(csv_path, "a", newline="") as f:
                 csv.DictWriter(f, fieldnames=COLUMNS).writerow(row)
             doc["runs"].append({"config": name, **g, "row": row, "results": r})
