@@ -2,7 +2,9 @@
 // given both addresses train to the end, each worker pushing and pulling one
 // model's worth per step across the shards, and end with the same weights,
 // byte for byte, as the same job on one server. A worker that lists the
-// shards in another order is refused by the shard it reaches first.
+// shards in another order is refused by the shard it reaches first, and
+// hostile calls to every shard while the job trains are refused, each with
+// its code, and change nothing (the weights still match byte for byte).
 
 #include <signal.h>
 
@@ -12,11 +14,16 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/testing/subprocess.h"
+#include "proto/parameter_server.grpc.pb.h"
+#include "proto/wire_format.h"
 #include "tests/process.h"
 
 namespace ps {
@@ -99,6 +106,84 @@ std::string RunJob(int shards, const std::string& tag,
   return testing::ReadFileBytes(testing::TestTmpPath(absl::StrCat(tag, "-w0.safetensors")));
 }
 
+// One raw call of `method` with `request` to `address`; its status code.
+grpc::StatusCode RawCall(const std::string& address, const char* method,
+                         const grpc::ByteBuffer& request) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  grpc::ByteBuffer reply;
+  grpc::Status status;
+  auto call = stub.PrepareUnaryCall(&context, method, request, &cq);
+  call->StartCall();
+  call->Finish(&reply, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status.error_code();
+}
+
+grpc::ByteBuffer PushFrame(int rank, int64_t iteration, int key, float value) {
+  proto::PushRequest header;
+  header.set_rank(rank);
+  header.set_iteration(iteration);
+  header.set_num_samples(1);
+  proto::TensorChunk* chunk = header.add_chunks();
+  chunk->set_key(key);
+  chunk->set_dtype(proto::DTYPE_F32);
+  chunk->set_data_bytes(4);
+  static float data;
+  data = value;
+  std::vector<grpc::Slice> slices = {grpc::Slice(&data, 4)};
+  return proto::MakeFrame(header, slices);
+}
+
+// Every kind of bad call a shard refuses, sent to each shard of a job in
+// training: the codes the protocol lists (proto/parameter_server.proto).
+void SendHostileCalls(const std::vector<std::string>& addresses) {
+  for (const std::string& address : addresses) {
+    SCOPED_TRACE(address);
+    // Not a frame at all.
+    const std::string junk = "\xff\xff\xff\x7fnot a frame";
+    grpc::Slice junk_slice(junk.data(), junk.size());
+    EXPECT_EQ(RawCall(address, proto::kPushMethod, grpc::ByteBuffer(&junk_slice, 1)),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    // A worker rank the job does not have.
+    EXPECT_EQ(RawCall(address, proto::kPushMethod, PushFrame(7, 0, 0, 1.f)),
+              grpc::StatusCode::NOT_FOUND);
+    // An iteration far from the current one.
+    EXPECT_EQ(RawCall(address, proto::kPushMethod, PushFrame(0, 1 << 30, 0, 1.f)),
+              grpc::StatusCode::FAILED_PRECONDITION);
+    // A pull of a key the model does not have.
+    proto::PullRequest pull;
+    pull.set_version(0);
+    proto::ChunkId* id = pull.add_chunks();
+    id->set_key(1000);
+    id->set_chunk(0);
+    EXPECT_EQ(RawCall(address, proto::kPullMethod, proto::SerializeMessage(pull)),
+              grpc::StatusCode::OUT_OF_RANGE);
+    // A third worker, and one with another model.
+    auto stub = proto::ParameterServer::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    proto::RegisterRequest reg;
+    reg.set_worker_id("intruder");
+    proto::TensorSpec* t = reg.add_signature();
+    t->set_name("x");
+    t->set_dtype(proto::DTYPE_F32);
+    t->add_shape(3);
+    proto::RegisterReply reply;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status status = stub->Register(&context, reg, &reply);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  }
+}
+
 TEST(ShardsTest, TwoShardProcessesTrainLikeOneServerByteForByte) {
   const std::string one = RunJob(1, "one");
   const std::string two = RunJob(2, "two", [](const std::vector<std::string>& addresses) {
@@ -111,6 +196,7 @@ TEST(ShardsTest, TwoShardProcessesTrainLikeOneServerByteForByte) {
     EXPECT_THAT(reordered.Log(), HasSubstr("FAILED_PRECONDITION"));
     EXPECT_THAT(reordered.Log(), HasSubstr(absl::StrCat("shard 0 of 2 (", addresses[1], ")")));
     EXPECT_THAT(reordered.Log(), HasSubstr("different model"));
+    SendHostileCalls(addresses);
   });
   ASSERT_FALSE(one.empty());
   EXPECT_TRUE(one == two) << "the sharded job's weights differ from one server's";
