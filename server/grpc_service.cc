@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
@@ -15,8 +19,10 @@
 namespace ps::server {
 namespace {
 
-// Waits are capped so a hostile timeout cannot pin a thread for ever.
+// Waits are capped so a hostile timeout cannot hold a pull's memory for ever.
 constexpr int64_t kMaxWaitMs = 3600 * 1000;
+
+using ChunkId = ParameterServer::ChunkId;
 
 absl::Time WaitDeadline(const grpc::ServerContextBase* context, int64_t timeout_ms) {
   const int64_t ms = std::clamp<int64_t>(timeout_ms, 0, kMaxWaitMs);
@@ -24,6 +30,14 @@ absl::Time WaitDeadline(const grpc::ServerContextBase* context, int64_t timeout_
   // Never wait past the client's own deadline: nobody would hear the answer.
   const absl::Time client = absl::FromChrono(context->deadline());
   return std::min(deadline, client);
+}
+
+// Finishes a call at once on gRPC's thread with its default reactor.
+grpc::ServerUnaryReactor* FinishAtOnce(grpc::CallbackServerContext* context,
+                                       const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
 }
 
 // Finishes a call whose reply carries no data (Push and Initialize): one
@@ -66,13 +80,256 @@ void ReleaseVersion(void* keep_alive) { delete static_cast<std::shared_ptr<const
 
 }  // namespace
 
-ParameterServerService::~ParameterServerService() {
-  std::list<Waiter> waiters;
-  {
-    absl::MutexLock lock(&waiters_mu_);
-    waiters.swap(waiters_);
+namespace internal {
+
+// A Pull that waits for its chunks, on a reactor of its own so that its
+// client's cancellation reaches it. Whoever takes it out of WaitingPulls
+// (an answering call, the deadline thread, OnCancel or Shutdown) calls
+// Finish, once; gRPC then calls OnDone, which deletes it.
+class WaitingPull final : public grpc::ServerUnaryReactor {
+ public:
+  WaitingPull(std::shared_ptr<WaitingPulls> registry, proto::PullRequest request,
+              std::vector<ChunkId> ids, absl::Time deadline, grpc::ByteBuffer* reply)
+      : registry_(std::move(registry)),
+        request_(std::move(request)),
+        ids_(std::move(ids)),
+        deadline_(deadline),
+        reply_(reply) {}
+
+  void OnCancel() override;
+  void OnDone() override { delete this; }
+
+  const proto::PullRequest& request() const { return request_; }
+  const std::vector<ChunkId>& ids() const { return ids_; }
+  absl::Time deadline() const { return deadline_; }
+  grpc::ByteBuffer* mutable_reply() { return reply_; }
+
+ private:
+  const std::shared_ptr<WaitingPulls> registry_;
+  const proto::PullRequest request_;
+  const std::vector<ChunkId> ids_;
+  const absl::Time deadline_;
+  grpc::ByteBuffer* const reply_;  // the call's, valid until Finish
+};
+
+// The waiting pulls, each filed under one chunk it still waits for (so a
+// call that sends chunks looks only at the pulls those chunks may complete)
+// or, while version 0 does not exist or for a request of no chunks (which
+// waits for the server's version), under kAnyChunk, and by deadline.
+// Lock order: mu_, then the ParameterServer's locks (HasChunks); no reactor
+// is finished under mu_.
+class WaitingPulls {
+ public:
+  explicit WaitingPulls(int64_t max_pulls) : max_pulls_(max_pulls) {}
+
+  // Files `pull`, or says that it need not wait (false: every chunk exists
+  // by now). UNAVAILABLE once closed; RESOURCE_EXHAUSTED when full.
+  absl::StatusOr<bool> File(const ParameterServer& server, WaitingPull* pull)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::UnavailableError("server shutting down");
+    if (static_cast<int64_t>(pulls_.size()) >= max_pulls_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(pulls_.size(), " pulls already wait for their chunks, the most this server "
+                       "lets wait (max_waiting_pulls = ", max_pulls_, "); try again later"));
+    }
+    const std::optional<Watch> watch = FirstMissing(server, *pull);
+    if (!watch.has_value()) return false;
+    const uint64_t seq = next_seq_++;
+    if (by_deadline_.empty() || pull->deadline() < by_deadline_.begin()->first) {
+      deadline_changed_.Signal();
+    }
+    pulls_[seq] = {pull, *watch};
+    seq_of_[pull] = seq;
+    by_chunk_[*watch].insert(seq);
+    by_deadline_.emplace(pull->deadline(), seq);
+    return true;
   }
-  for (Waiter& w : waiters) w.thread.join();
+
+  // Takes out the pulls that a successful call sending `sent` has made
+  // ready (with the kAnyChunk ones that now are) and files each other one
+  // it looks at under the next chunk it waits for.
+  std::vector<WaitingPull*> TakeReady(const ParameterServer& server,
+                                      absl::Span<const ChunkId> sent) ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<WaitingPull*> ready;
+    absl::MutexLock lock(&mu_);
+    if (pulls_.empty()) return ready;
+    std::vector<uint64_t> candidates;
+    auto add = [&](const Watch& watch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = by_chunk_.find(watch);
+      if (it != by_chunk_.end()) candidates.insert(candidates.end(), it->second.begin(), it->second.end());
+    };
+    for (const ChunkId& id : sent) add({id.key, id.chunk});
+    add(kAnyChunk);
+    for (const uint64_t seq : candidates) {
+      auto it = pulls_.find(seq);
+      if (it == pulls_.end()) continue;
+      Entry& entry = it->second;
+      const std::optional<Watch> watch = FirstMissing(server, *entry.pull);
+      if (!watch.has_value()) {
+        ready.push_back(entry.pull);
+        EraseLocked(seq);
+      } else if (*watch != entry.watch) {
+        Unwatch(seq, entry.watch);
+        entry.watch = *watch;
+        by_chunk_[*watch].insert(seq);
+      }
+    }
+    return ready;
+  }
+
+  // Takes `pull` out if it still waits (nobody has taken it to answer).
+  bool Take(WaitingPull* pull) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    auto it = seq_of_.find(pull);
+    if (it == seq_of_.end()) return false;
+    EraseLocked(it->second);
+    return true;
+  }
+
+  // Sleeps until the nearest deadline passes (woken when a nearer one is
+  // filed) and takes out every pull whose deadline has passed; false, with
+  // nothing taken, once closed.
+  bool TakeDue(std::vector<WaitingPull*>* due) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    while (!closed_) {
+      const absl::Time now = absl::Now();
+      if (!by_deadline_.empty() && by_deadline_.begin()->first <= now) {
+        while (!by_deadline_.empty() && by_deadline_.begin()->first <= now) {
+          const uint64_t seq = by_deadline_.begin()->second;
+          due->push_back(pulls_.at(seq).pull);
+          EraseLocked(seq);
+        }
+        return true;
+      }
+      deadline_changed_.WaitWithDeadline(
+          &mu_, by_deadline_.empty() ? absl::InfiniteFuture() : by_deadline_.begin()->first);
+    }
+    return false;
+  }
+
+  // Refuses every later File and takes out every waiting pull.
+  std::vector<WaitingPull*> Close() ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<WaitingPull*> all;
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    all.reserve(pulls_.size());
+    for (const auto& [seq, entry] : pulls_) all.push_back(entry.pull);
+    pulls_.clear();
+    seq_of_.clear();
+    by_chunk_.clear();
+    by_deadline_.clear();
+    deadline_changed_.SignalAll();
+    return all;
+  }
+
+  int64_t size() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int64_t>(pulls_.size());
+  }
+
+ private:
+  // A chunk (key, chunk index), or kAnyChunk.
+  using Watch = std::pair<int, int64_t>;
+  static constexpr Watch kAnyChunk{-1, -1};
+  struct Entry {
+    WaitingPull* pull = nullptr;
+    Watch watch;
+  };
+
+  // The chunk `pull` should be filed under, or nothing once it need not
+  // wait. Chunk versions only grow, so a chunk seen here at its version
+  // stays there; one seen missing is completed by a call sending it, which
+  // looks here after its ParameterServer call, under mu_.
+  static std::optional<Watch> FirstMissing(const ParameterServer& server,
+                                           const WaitingPull& pull) {
+    const int64_t version = pull.request().version();
+    if (!server.HasVersion(0)) return kAnyChunk;
+    if (pull.ids().empty()) {
+      if (server.HasChunks(version, {})) return std::nullopt;
+      return kAnyChunk;
+    }
+    for (const ChunkId& id : pull.ids()) {
+      if (!server.HasChunks(version, absl::MakeConstSpan(&id, 1))) {
+        return Watch{id.key, id.chunk};
+      }
+    }
+    return std::nullopt;
+  }
+
+  void Unwatch(uint64_t seq, const Watch& watch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = by_chunk_.find(watch);
+    it->second.erase(seq);
+    if (it->second.empty()) by_chunk_.erase(it);
+  }
+
+  void EraseLocked(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = pulls_.find(seq);
+    Unwatch(seq, it->second.watch);
+    by_deadline_.erase({it->second.pull->deadline(), seq});
+    seq_of_.erase(it->second.pull);
+    pulls_.erase(it);
+  }
+
+  const int64_t max_pulls_;
+  mutable absl::Mutex mu_;
+  absl::CondVar deadline_changed_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, Entry> pulls_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<const WaitingPull*, uint64_t> seq_of_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Watch, absl::flat_hash_set<uint64_t>> by_chunk_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, uint64_t>> by_deadline_ ABSL_GUARDED_BY(mu_);
+};
+
+void WaitingPull::OnCancel() {
+  // Answered already when someone else took it; else nobody will hear the
+  // answer, so it is dropped at once.
+  if (registry_->Take(this)) {
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the pull"));
+  }
+}
+
+}  // namespace internal
+
+ParameterServerService::ParameterServerService(ParameterServer* server,
+                                               int64_t max_waiting_pulls)
+    : server_(server), waiting_(std::make_shared<internal::WaitingPulls>(max_waiting_pulls)) {
+  absl::MutexLock lock(&shutdown_mu_);
+  deadline_thread_ = std::thread([this] { AnswerAtDeadlines(); });
+}
+
+ParameterServerService::~ParameterServerService() { Shutdown(); }
+
+void ParameterServerService::Shutdown() {
+  for (internal::WaitingPull* pull : waiting_->Close()) {
+    pull->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down"));
+  }
+  absl::MutexLock lock(&shutdown_mu_);
+  if (deadline_thread_.joinable()) deadline_thread_.join();
+}
+
+int64_t ParameterServerService::waiting_pulls() const { return waiting_->size(); }
+
+void ParameterServerService::AnswerAtDeadlines() {
+  std::vector<internal::WaitingPull*> due;
+  while (waiting_->TakeDue(&due)) {
+    AnswerNow(due);
+    due.clear();
+  }
+}
+
+void ParameterServerService::AnswerNow(const std::vector<internal::WaitingPull*>& pulls) {
+  for (internal::WaitingPull* pull : pulls) {
+    // Past its deadline, PullChunkViews answers at once: with the chunks if
+    // they exist by now, else with the DEADLINE_EXCEEDED naming one missing.
+    pull->Finish(ToGrpcStatus(
+        AnswerPull(pull->request(), pull->ids(), absl::InfinitePast(), pull->mutable_reply())));
+  }
+}
+
+void ParameterServerService::AnswerReadyPulls(absl::Span<const ChunkId> sent) {
+  AnswerNow(waiting_->TakeReady(*server_, sent));
 }
 
 grpc::Status ParameterServerService::Register(grpc::ServerContext*,
@@ -109,38 +366,65 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext*,
   reply->set_version(reg->version);
   reply->set_chunk_elements(reg->chunk_elements);
   reply->set_send_initial_parameters(reg->send_initial_parameters);
+  // Adopting the signature may complete version 0 (a server given values).
+  AnswerReadyPulls({});
   return grpc::Status::OK;
 }
 
-absl::Status ParameterServerService::DoInitialize(const grpc::ByteBuffer& request) {
+namespace {
+
+std::vector<ChunkId> IdsOf(absl::Span<const ParameterServer::ChunkBytes> chunks) {
+  std::vector<ChunkId> ids;
+  ids.reserve(chunks.size());
+  for (const ParameterServer::ChunkBytes& chunk : chunks) ids.push_back({chunk.key, chunk.chunk});
+  return ids;
+}
+
+}  // namespace
+
+absl::Status ParameterServerService::DoInitialize(const grpc::ByteBuffer& request,
+                                                  std::vector<ChunkId>* sent) {
   proto::InitializeRequest header;
   PS_ASSIGN_OR_RETURN(proto::FrameReader frame,
                       proto::FrameReader::Open(request, "initial parameters", &header));
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
                       ChunksOf(header.chunks(), frame, "initial value"));
+  *sent = IdsOf(chunks);
   return server_->InitializeChunkBytes(header.rank(), chunks);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServerContext* context,
                                                              const grpc::ByteBuffer* request,
                                                              grpc::ByteBuffer* reply) {
-  return FinishWithoutData(context, DoInitialize(*request), reply);
+  std::vector<ChunkId> sent;
+  const absl::Status status = DoInitialize(*request, &sent);
+  grpc::ServerUnaryReactor* reactor = FinishWithoutData(context, status, reply);
+  // The reply is on its way; then the pulls this call made ready.
+  if (status.ok()) AnswerReadyPulls(sent);
+  return reactor;
 }
 
-absl::Status ParameterServerService::DoPush(const grpc::ByteBuffer& request) {
+absl::Status ParameterServerService::DoPush(const grpc::ByteBuffer& request,
+                                            std::vector<ChunkId>* sent) {
   proto::PushRequest header;
   PS_ASSIGN_OR_RETURN(proto::FrameReader frame, proto::FrameReader::Open(request, "push", &header));
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
                       ChunksOf(header.chunks(), frame, "push"));
+  *sent = IdsOf(chunks);
   return server_->PushChunkBytes(header.rank(), header.iteration(), header.num_samples(), chunks);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* reply) {
-  return FinishWithoutData(context, DoPush(*request), reply);
+  std::vector<ChunkId> sent;
+  const absl::Status status = DoPush(*request, &sent);
+  grpc::ServerUnaryReactor* reactor = FinishWithoutData(context, status, reply);
+  // The reply is on its way; then the pulls whose chunks this push applied.
+  if (status.ok()) AnswerReadyPulls(sent);
+  return reactor;
 }
 
 grpc::Status ParameterServerService::Wait(grpc::ServerContext* context,
@@ -181,65 +465,47 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
 grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* reply) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   proto::PullRequest pull;
   if (absl::Status s = proto::ParseMessage(*request, "pull request", &pull); !s.ok()) {
-    reactor->Finish(ToGrpcStatus(s));
-    return reactor;
+    return FinishAtOnce(context, s);
   }
   // Size the reply first: every chunk must exist, and the reply must stay
   // within one message's bound.
   const int64_t max_elements = server_->options().chunk_elements;
   int64_t total = 0;
-  std::vector<ParameterServer::ChunkId> ids;
+  std::vector<ChunkId> ids;
   ids.reserve(pull.chunks_size());
   for (const proto::ChunkId& id : pull.chunks()) {
     const int64_t length = server_->ChunkLength(id.key(), id.chunk());
     if (length < 0) {
-      reactor->Finish(ToGrpcStatus(absl::OutOfRangeError(
-          absl::StrCat("chunk ", id.chunk(), " of key ", id.key(), " out of range"))));
-      return reactor;
+      return FinishAtOnce(context, absl::OutOfRangeError(absl::StrCat(
+                                       "chunk ", id.chunk(), " of key ", id.key(), " out of range")));
     }
     total += length;
     if (total > max_elements) {
-      reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-          "pull asks for more than ", max_elements, " elements in one message; split it"))));
-      return reactor;
+      return FinishAtOnce(context, absl::InvalidArgumentError(absl::StrCat(
+                                       "pull asks for more than ", max_elements,
+                                       " elements in one message; split it")));
     }
     ids.push_back({id.key(), id.chunk()});
   }
   const absl::Time deadline = WaitDeadline(context, pull.timeout_ms());
-  if (server_->HasChunks(pull.version(), ids)) {
-    // The common case (after Wait, or once these chunks are applied): no
-    // waiting, answered on gRPC's thread.
+  if (deadline <= absl::Now() || server_->HasChunks(pull.version(), ids)) {
+    // The common case (after Wait, or once these chunks are applied), or
+    // no time to wait: answered on gRPC's thread.
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(ToGrpcStatus(AnswerPull(pull, ids, deadline, reply)));
     return reactor;
   }
-  // It would wait: not on gRPC's thread.
-  absl::MutexLock lock(&waiters_mu_);
-  int waiting = 0;
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (it->done) {
-      it->thread.join();
-      it = waiters_.erase(it);
-    } else {
-      ++waiting;
-      ++it;
-    }
+  // It would wait: recorded, pinning no thread (see the class comment).
+  auto* waiting = new internal::WaitingPull(waiting_, std::move(pull), std::move(ids), deadline, reply);
+  const absl::StatusOr<bool> filed = waiting_->File(*server_, waiting);
+  if (!filed.ok()) {
+    waiting->Finish(ToGrpcStatus(filed.status()));
+  } else if (!*filed) {
+    AnswerNow({waiting});  // its chunks came meanwhile
   }
-  if (waiting >= kMaxWaitingPulls) {
-    reactor->Finish(ToGrpcStatus(absl::ResourceExhaustedError(
-        absl::StrCat(waiting, " pulls already wait for a version; try again later"))));
-    return reactor;
-  }
-  auto waiter = waiters_.emplace(waiters_.end());
-  waiter->thread = std::thread([this, reactor, reply, waiter, deadline, pull = std::move(pull),
-                                ids = std::move(ids)] {
-    reactor->Finish(ToGrpcStatus(AnswerPull(pull, ids, deadline, reply)));
-    absl::MutexLock lock(&waiters_mu_);
-    waiter->done = true;
-  });
-  return reactor;
+  return waiting;
 }
 
 }  // namespace ps::server

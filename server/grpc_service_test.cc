@@ -3,8 +3,10 @@
 
 #include "server/grpc_service.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,7 +16,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/wire_format.h"
@@ -24,9 +28,54 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// A number field of /proc/self/status ("Threads:", "VmRSS:" in kB), -1 if
+// unreadable.
+int64_t ProcStatus(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(field.size()));
+  }
+  return -1;
+}
+int ThreadCount() { return static_cast<int>(ProcStatus("Threads:")); }
+
+// Counts completed calls; a test waits for a number of them.
+class Completions {
+ public:
+  void Add() {
+    absl::MutexLock lock(&mu_);
+    ++done_;
+  }
+  // Whether `n` calls complete within `timeout`.
+  bool WaitFor(int n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
+  int done() {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int done_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A pull in flight, made without a thread of its own.
+struct AsyncPull {
+  grpc::ClientContext context;
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer frame;
+  grpc::Status status;
+};
+
 class GrpcServiceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartServer(ParameterServerService::kMaxWaitingPulls); }
+
+  void StartServer(int64_t max_waiting_pulls) {
     ParameterServerOptions options;
     options.num_workers = 1;
     options.chunk_elements = 4;
@@ -36,7 +85,7 @@ class GrpcServiceTest : public ::testing::Test {
         {1, 2, 3, 4, 5, 6, 7, 8}, &device_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();
-    service_ = std::make_unique<ParameterServerService>(server_.get());
+    service_ = std::make_unique<ParameterServerService>(server_.get(), max_waiting_pulls);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -48,7 +97,12 @@ class GrpcServiceTest : public ::testing::Test {
     stub_ = proto::ParameterServer::NewStub(channel);
     raw_stub_ = std::make_unique<grpc::GenericStub>(channel);
   }
-  void TearDown() override { grpc_server_->Shutdown(); }
+  void TearDown() override {
+    // Waiting pulls are answered first: the server's Shutdown waits for
+    // every call in flight.
+    service_->Shutdown();
+    grpc_server_->Shutdown();
+  }
 
   grpc::Status Register(const std::string& id, std::vector<int64_t> w_shape = {6}) {
     proto::RegisterRequest request;
@@ -134,8 +188,8 @@ class GrpcServiceTest : public ::testing::Test {
     return PushMany({{key, chunk, std::move(values), dtype, extra_bytes}}, iteration);
   }
 
-  grpc::Status Pull(const std::vector<std::pair<int, int64_t>>& ids, proto::PullReply* reply,
-                    int64_t version = 0, int64_t timeout_ms = 1000) {
+  static grpc::ByteBuffer PullRequestBytes(const std::vector<std::pair<int, int64_t>>& ids,
+                                           int64_t version, int64_t timeout_ms) {
     proto::PullRequest request;
     request.set_version(version);
     request.set_timeout_ms(timeout_ms);
@@ -144,10 +198,43 @@ class GrpcServiceTest : public ::testing::Test {
       id->set_key(key);
       id->set_chunk(chunk);
     }
+    return proto::SerializeMessage(request);
+  }
+
+  grpc::Status Pull(const std::vector<std::pair<int, int64_t>>& ids, proto::PullReply* reply,
+                    int64_t version = 0, int64_t timeout_ms = 1000) {
     grpc::ByteBuffer frame;
-    grpc::Status status = RawCall(proto::kPullMethod, proto::SerializeMessage(request), &frame);
+    grpc::Status status =
+        RawCall(proto::kPullMethod, PullRequestBytes(ids, version, timeout_ms), &frame);
     if (!status.ok()) return status;
-    // Back to a PullReply with its data inside, for the checks.
+    return ParsePullReply(frame, reply);
+  }
+
+  // Starts a pull (client deadline 60 s) and returns without waiting;
+  // `done` counts it once it completes.
+  void StartPull(AsyncPull* pull, const std::vector<std::pair<int, int64_t>>& ids,
+                 int64_t version, int64_t timeout_ms, Completions* done) {
+    pull->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    pull->request = PullRequestBytes(ids, version, timeout_ms);
+    raw_stub_->UnaryCall(&pull->context, proto::kPullMethod, grpc::StubOptions(), &pull->request,
+                         &pull->frame, [pull, done](grpc::Status s) {
+                           pull->status = std::move(s);
+                           done->Add();
+                         });
+  }
+
+  // Whether `n` pulls wait in the service within 10 s.
+  bool AwaitWaitingPulls(int64_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (service_->waiting_pulls() != n) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
+
+  // Back to a PullReply with its data inside, for the checks.
+  static grpc::Status ParsePullReply(const grpc::ByteBuffer& frame, proto::PullReply* reply) {
     auto reader = proto::FrameReader::Open(frame, "pull reply", reply);
     EXPECT_TRUE(reader.ok()) << reader.status();
     if (!reader.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "bad frame");
@@ -156,7 +243,14 @@ class GrpcServiceTest : public ::testing::Test {
       std::string* data = reply->mutable_chunks(c)->mutable_data();
       for (absl::string_view piece : reader->pieces(c)) data->append(piece.data(), piece.size());
     }
-    return status;
+    return grpc::Status::OK;
+  }
+
+  // The F32 values of a pulled chunk.
+  static std::vector<float> Values(const proto::TensorChunk& chunk) {
+    std::vector<float> values(chunk.data().size() / sizeof(float));
+    std::memcpy(values.data(), chunk.data().data(), values.size() * sizeof(float));
+    return values;
   }
 
   std::vector<float> PullAll() {
@@ -308,6 +402,179 @@ TEST_F(GrpcServiceTest, APullForAFutureVersionWaitsOffGrpcsThreadsAndGetsIt) {
   std::memcpy(values, reply.chunks(0).data().data(), 8);
   EXPECT_EQ(values[0], 6.f);
   EXPECT_EQ(values[1], 7.f);
+}
+
+TEST_F(GrpcServiceTest, ManyWaitingPullsPinNoThreadAndAllCompleteOnceTheirChunksArrive) {
+  ASSERT_TRUE(Register("a").ok());
+  const int baseline_threads = ThreadCount();
+  const int64_t baseline_kb = ProcStatus("VmRSS:");
+  ASSERT_GT(baseline_threads, 0);
+  // 1000 pulls from one client, each for version 1 or 2 of one of four sets
+  // of chunks: 125 pulls per (version, set).
+  const std::vector<std::vector<std::pair<int, int64_t>>> sets = {
+      {{0, 0}}, {{0, 1}}, {{1, 0}}, {{0, 1}, {1, 0}}};
+  constexpr int kPulls = 1000;
+  std::vector<std::unique_ptr<AsyncPull>> pulls;
+  Completions done;
+  for (int i = 0; i < kPulls; ++i) {
+    pulls.push_back(std::make_unique<AsyncPull>());
+    StartPull(pulls.back().get(), sets[(i / 2) % 4], /*version=*/1 + i % 2,
+              /*timeout_ms=*/60000, &done);
+  }
+  ASSERT_TRUE(AwaitWaitingPulls(kPulls)) << service_->waiting_pulls() << " pulls wait";
+  const int waiting_threads = ThreadCount();
+  std::printf("threads: %d before the pulls, %d while %d pulls wait; resident memory +%lld kB "
+              "(client and server)\n",
+              baseline_threads, waiting_threads, kPulls,
+              static_cast<long long>(ProcStatus("VmRSS:") - baseline_kb));
+  EXPECT_LT(waiting_threads, baseline_threads + 50);
+  EXPECT_EQ(done.done(), 0);
+
+  // Each push completes exactly the pulls of the chunks it applies: the
+  // version-1 pulls of (0, 0), then of (0, 1), then of (1, 0) and of both.
+  ASSERT_TRUE(Push(0, 0, {1, 1, 1, 1}).ok());
+  ASSERT_TRUE(done.WaitFor(125, absl::Seconds(10)));
+  ASSERT_TRUE(Push(0, 1, {1, 1}).ok());
+  ASSERT_TRUE(done.WaitFor(250, absl::Seconds(10)));
+  EXPECT_EQ(service_->waiting_pulls(), 750);
+  ASSERT_TRUE(Push(1, 0, {1, 1}).ok());
+  ASSERT_TRUE(done.WaitFor(kPulls / 2, absl::Seconds(10)));
+  EXPECT_EQ(service_->waiting_pulls(), kPulls / 2);
+  // Then one message of iteration 1 completes the version-2 pulls.
+  ASSERT_TRUE(PushMany({{0, 0, {1, 1, 1, 1}}, {0, 1, {1, 1}}, {1, 0, {1, 1}}}, 1).ok());
+  ASSERT_TRUE(done.WaitFor(kPulls, absl::Seconds(10)));
+  EXPECT_EQ(service_->waiting_pulls(), 0);
+
+  // Version v of (w, b) = {1, ..., 8} - v.
+  for (int i = 0; i < kPulls; ++i) {
+    ASSERT_TRUE(pulls[i]->status.ok()) << i << ": " << pulls[i]->status.error_message();
+    proto::PullReply reply;
+    ASSERT_TRUE(ParsePullReply(pulls[i]->frame, &reply).ok());
+    const int64_t version = 1 + i % 2;
+    EXPECT_EQ(reply.version(), version) << i;
+    const auto& ids = sets[(i / 2) % 4];
+    ASSERT_EQ(reply.chunks_size(), static_cast<int>(ids.size())) << i;
+    for (size_t c = 0; c < ids.size(); ++c) {
+      const int64_t first = ids[c].first == 0 ? ids[c].second * 4 : 6;
+      const std::vector<float> values = Values(reply.chunks(c));
+      for (size_t e = 0; e < values.size(); ++e) {
+        EXPECT_EQ(values[e], static_cast<float>(first + static_cast<int64_t>(e) + 1 - version)) << i;
+      }
+    }
+  }
+}
+
+TEST_F(GrpcServiceTest, AWaitingPullPastItsTimeoutGetsDeadlineExceededNamingTheChunk) {
+  ASSERT_TRUE(Register("a").ok());
+  // The later pull has the nearer deadline: the deadline thread wakes for it.
+  AsyncPull patient, hasty;
+  Completions patient_done, hasty_done;
+  StartPull(&patient, {{0, 0}}, 1, /*timeout_ms=*/30000, &patient_done);
+  ASSERT_TRUE(AwaitWaitingPulls(1));
+  const absl::Time start = absl::Now();
+  StartPull(&hasty, {{1, 0}}, 1, /*timeout_ms=*/200, &hasty_done);
+  ASSERT_TRUE(hasty_done.WaitFor(1, absl::Seconds(10)));
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_EQ(hasty.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(hasty.status.error_message(),
+              HasSubstr("version 1 of chunk 0 of 'b' not reached before the deadline; the chunk "
+                        "is at version 0"));
+  EXPECT_GE(waited, absl::Milliseconds(190));
+  EXPECT_LT(waited, absl::Seconds(5));
+  EXPECT_EQ(service_->waiting_pulls(), 1);
+  EXPECT_EQ(patient_done.done(), 0);
+
+  // The other still waits and gets its chunk once it is pushed.
+  ASSERT_TRUE(Push(0, 0, {1, 1, 1, 1}).ok());
+  ASSERT_TRUE(patient_done.WaitFor(1, absl::Seconds(10)));
+  ASSERT_TRUE(patient.status.ok()) << patient.status.error_message();
+  proto::PullReply reply;
+  ASSERT_TRUE(ParsePullReply(patient.frame, &reply).ok());
+  EXPECT_EQ(Values(reply.chunks(0)), (std::vector<float>{0, 1, 2, 3}));
+}
+
+TEST_F(GrpcServiceTest, ShutdownAnswersEveryWaitingPullPromptly) {
+  ASSERT_TRUE(Register("a").ok());
+  constexpr int kPulls = 50;
+  std::vector<std::unique_ptr<AsyncPull>> pulls;
+  Completions done;
+  for (int i = 0; i < kPulls; ++i) {
+    pulls.push_back(std::make_unique<AsyncPull>());
+    StartPull(pulls.back().get(), {{1, 0}}, 1, /*timeout_ms=*/60000, &done);
+  }
+  ASSERT_TRUE(AwaitWaitingPulls(kPulls));
+  const absl::Time start = absl::Now();
+  service_->Shutdown();
+  ASSERT_TRUE(done.WaitFor(kPulls, absl::Seconds(5)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  for (const auto& pull : pulls) {
+    EXPECT_EQ(pull->status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(pull->status.error_message(), HasSubstr("server shutting down"));
+  }
+  EXPECT_EQ(service_->waiting_pulls(), 0);
+  // A pull that would wait is refused at once; one that need not is answered.
+  proto::PullReply reply;
+  grpc::Status s = Pull({{1, 0}}, &reply, 1, 60000);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(Pull({{1, 0}}, &reply, 0).ok());
+  service_->Shutdown();  // idempotent; TearDown's server shutdown then returns at once
+}
+
+TEST_F(GrpcServiceTest, AServerShutdownWithADeadlineCancelsWaitingPulls) {
+  // As the daemon shuts down: no service Shutdown first; the server's
+  // cancellations at its deadline reach the waiting pulls through OnCancel.
+  ASSERT_TRUE(Register("a").ok());
+  constexpr int kPulls = 20;
+  std::vector<std::unique_ptr<AsyncPull>> pulls;
+  Completions done;
+  for (int i = 0; i < kPulls; ++i) {
+    pulls.push_back(std::make_unique<AsyncPull>());
+    StartPull(pulls.back().get(), {{0, i % 2}}, 1, /*timeout_ms=*/60000, &done);
+  }
+  ASSERT_TRUE(AwaitWaitingPulls(kPulls));
+  const absl::Time start = absl::Now();
+  grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_TRUE(done.WaitFor(kPulls, absl::Seconds(5)));
+  for (const auto& pull : pulls) EXPECT_FALSE(pull->status.ok());
+  EXPECT_EQ(service_->waiting_pulls(), 0);
+}
+
+TEST_F(GrpcServiceTest, ACancelledPullIsDroppedAtOnce) {
+  ASSERT_TRUE(Register("a").ok());
+  AsyncPull pull;
+  Completions done;
+  StartPull(&pull, {{1, 0}}, 1, /*timeout_ms=*/60000, &done);
+  ASSERT_TRUE(AwaitWaitingPulls(1));
+  pull.context.TryCancel();
+  ASSERT_TRUE(done.WaitFor(1, absl::Seconds(5)));
+  EXPECT_EQ(pull.status.error_code(), grpc::StatusCode::CANCELLED);
+  // The server drops it (OnCancel), long before its deadline.
+  ASSERT_TRUE(AwaitWaitingPulls(0));
+  // And the chunk's push afterwards answers nobody, harmlessly.
+  ASSERT_TRUE(Push(1, 0, {1, 1}).ok());
+}
+
+class GrpcServiceCapTest : public GrpcServiceTest {
+ protected:
+  void SetUp() override { StartServer(/*max_waiting_pulls=*/3); }
+};
+
+TEST_F(GrpcServiceCapTest, PullsBeyondTheCapAreRefusedNamingIt) {
+  ASSERT_TRUE(Register("a").ok());
+  AsyncPull pulls[3];
+  Completions done;
+  for (AsyncPull& pull : pulls) StartPull(&pull, {{1, 0}}, 1, 60000, &done);
+  ASSERT_TRUE(AwaitWaitingPulls(3));
+  proto::PullReply reply;
+  grpc::Status s = Pull({{0, 0}}, &reply, 1, 60000);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("max_waiting_pulls = 3"));
+  // Pulls answered at once are not capped.
+  EXPECT_TRUE(Pull({{0, 0}}, &reply, 0).ok());
+  ASSERT_TRUE(Push(1, 0, {1, 1}).ok());
+  ASSERT_TRUE(done.WaitFor(3, absl::Seconds(10)));
+  for (const AsyncPull& pull : pulls) EXPECT_TRUE(pull.status.ok()) << pull.status.error_message();
 }
 
 }  // namespace

@@ -27,6 +27,8 @@ absl::StatusOr<std::unique_ptr<InProcessServer>> InProcessServer::Start(
 }
 
 InProcessServer::~InProcessServer() {
+  // Waiting pulls first: the server's Shutdown waits for every call in flight.
+  if (service_ != nullptr) service_->Shutdown();
   if (grpc_server_ != nullptr) grpc_server_->Shutdown();
 }
 
