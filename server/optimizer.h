@@ -43,8 +43,11 @@ absl::Status ValidateOptimizerOptions(const OptimizerOptions& options);
 // SGD over one flat parameter vector in host memory: the update the server
 // applies to the sum of all workers' gradients, to the whole vector at once
 // (Apply) or to one range of it at a time (ApplyRange, as each chunk's sum
-// completes). Holds the momentum buffer. Not thread-safe; the caller
-// serialises Apply and ApplyRange calls.
+// completes). Holds the momentum buffer. ApplyRange calls over disjoint
+// ranges may run at once, each touching only its range, as far as the
+// device allows: a CpuDevice of several threads runs one ParallelFor at a
+// time, so the caller serialises kernels on it; Apply, and calls over
+// overlapping ranges, the caller serialises.
 class SgdOptimizer {
  public:
   // `device` runs the update kernel (a CPU device; its threads split the

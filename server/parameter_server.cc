@@ -58,7 +58,7 @@ std::vector<ParameterServer::ChunkBytes> AsChunkBytes(
 }  // namespace
 
 ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevice* device)
-    : options_(options), device_(device) {}
+    : options_(options), device_(device), workers_(options.num_workers) {}
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     const ParameterServerOptions& options, CpuDevice* device) {
@@ -74,9 +74,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     return absl::InvalidArgumentError("an event observer needs a clock");
   }
   PS_RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
-  std::unique_ptr<ParameterServer> server(new ParameterServer(options, device));
-  server->workers_.resize(options.num_workers);
-  return server;
+  return std::unique_ptr<ParameterServer>(new ParameterServer(options, device));
 }
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
@@ -128,9 +126,18 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromName
   return server;
 }
 
+int64_t ParameterServer::Layout::GlobalChunk(int key, int64_t chunk) const {
+  if (key < 0 || key >= static_cast<int>(signature.size())) return -1;
+  const int64_t first = key_first_chunk[key];
+  const int64_t end =
+      key + 1 < static_cast<int>(signature.size()) ? key_first_chunk[key + 1] : total_chunks;
+  if (chunk < 0 || chunk >= end - first) return -1;
+  return first + chunk;
+}
+
 absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>& signature) {
   if (signature.empty()) return absl::InvalidArgumentError("the signature is empty");
-  std::vector<int64_t> offsets, first_chunks;
+  auto layout = std::make_unique<Layout>();
   int64_t total = 0, chunks = 0;
   for (const ParamSpec& spec : signature) {
     if (spec.dtype != DType::kF32) {
@@ -138,8 +145,8 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
                                                      DTypeName(spec.dtype),
                                                      "; the server stores F32 only"));
     }
-    offsets.push_back(total);
-    first_chunks.push_back(chunks);
+    layout->key_offset.push_back(total);
+    layout->key_first_chunk.push_back(chunks);
     const int64_t n = NumElements(spec.shape);
     total += n;
     chunks += ChunkCount(n, options_.chunk_elements);
@@ -162,44 +169,39 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
             "parameter '", spec.name, "' has shape ", ShapeToString(it->shape),
             " on the server but ", ShapeToString(spec.shape), " on the worker"));
       }
-      std::copy(it->values.begin(), it->values.end(), params.begin() + offsets[key]);
+      std::copy(it->values.begin(), it->values.end(), params.begin() + layout->key_offset[key]);
     }
   }
-  // One buffer per chunk (see chunk_params_), cut from the flat values.
-  std::vector<int> chunk_key;
-  std::vector<int64_t> chunk_offset;
-  std::vector<std::shared_ptr<std::vector<float>>> chunk_params;
-  chunk_key.reserve(chunks);
-  chunk_offset.reserve(chunks);
-  chunk_params.reserve(chunks);
+  layout->signature = signature;
+  layout->total_chunks = chunks;
+  layout->num_parameters = total;
+  layout->chunk_key.reserve(chunks);
+  layout->chunk_offset.reserve(chunks);
+  layout->chunk_length.reserve(chunks);
+  layout->chunks = std::make_unique<Chunk[]>(chunks);
   for (size_t key = 0; key < signature.size(); ++key) {
     const int64_t n = NumElements(signature[key].shape);
     for (int64_t begin = 0, c = 0; c < ChunkCount(n, options_.chunk_elements);
          ++c, begin += options_.chunk_elements) {
       const int64_t length = std::min(options_.chunk_elements, n - begin);
-      const int64_t offset = offsets[key] + begin;
-      chunk_key.push_back(static_cast<int>(key));
-      chunk_offset.push_back(offset);
-      chunk_params.push_back(
-          given ? std::make_shared<std::vector<float>>(params.begin() + offset,
-                                                       params.begin() + offset + length)
-                : std::make_shared<std::vector<float>>(length, 0.f));
+      const int64_t offset = layout->key_offset[key] + begin;
+      Chunk& chunk = layout->chunks[layout->chunk_key.size()];
+      layout->chunk_key.push_back(static_cast<int>(key));
+      layout->chunk_offset.push_back(offset);
+      layout->chunk_length.push_back(length);
+      // Nobody else sees the new layout yet; the lock is for the annotations.
+      absl::MutexLock lock(&chunk.mu);
+      // One buffer per chunk (see Chunk::params), cut from the flat values.
+      chunk.params = given ? std::make_shared<std::vector<float>>(params.begin() + offset,
+                                                                  params.begin() + offset + length)
+                           : std::make_shared<std::vector<float>>(length, 0.f);
+      chunk.grad_sum.assign(length, 0.f);
+      chunk.early.resize(workers_.size());
     }
   }
-  signature_ = signature;
-  key_offset_ = std::move(offsets);
-  key_first_chunk_ = std::move(first_chunks);
-  total_chunks_ = chunks;
-  num_parameters_ = total;
-  chunk_key_ = std::move(chunk_key);
-  chunk_offset_ = std::move(chunk_offset);
-  chunk_params_ = std::move(chunk_params);
+  layout_ = std::move(layout);
   chunk_version_.assign(chunks, 0);
-  grad_sum_.assign(total, 0.f);
-  chunk_pushes_.assign(chunks, 0);
-  ranks_summed_.assign(chunks, 0);
   chunks_applied_ = 0;
-  early_.assign(chunks, std::vector<std::vector<float>>(workers_.size()));
   early_elements_ = 0;
   initialized_ = given;
   named_initial_.clear();
@@ -237,25 +239,25 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
     const std::string& worker_id, const std::vector<ParamSpec>& signature, int requested_rank,
     int64_t steps_per_epoch) {
   if (worker_id.empty()) return absl::InvalidArgumentError("worker id is empty");
-  if (requested_rank >= static_cast<int>(workers_.size())) {
+  if (requested_rank >= options_.num_workers) {
     return absl::InvalidArgumentError(absl::StrCat("worker '", worker_id, "' asks for rank ",
                                                    requested_rank, " but the job has ",
-                                                   workers_.size(), " workers"));
+                                                   options_.num_workers, " workers"));
   }
   absl::MutexLock lock(&mu_);
   // The model first (the most telling difference), then the data's steps
   // per epoch; the first worker's signature is adopted only once both pass.
-  if (signature_.empty()) {
+  if (layout_ == nullptr) {
     if (signature.empty()) return absl::InvalidArgumentError("worker sent an empty signature");
   } else {
-    const std::string diff = SignatureDifference(signature_, signature);
+    const std::string diff = SignatureDifference(layout_->signature, signature);
     if (!diff.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat("worker '", worker_id, "' has a different model: ", diff));
     }
   }
   PS_RETURN_IF_ERROR(CheckStepsPerEpochLocked(worker_id, steps_per_epoch));
-  if (signature_.empty()) PS_RETURN_IF_ERROR(AdoptSignatureLocked(signature));
+  if (layout_ == nullptr) PS_RETURN_IF_ERROR(AdoptSignatureLocked(signature));
   int rank = -1;
   for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {
     if (workers_[r].id == worker_id) rank = r;
@@ -289,7 +291,8 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   if (optimizer_ == nullptr) {
     OptimizerOptions optimizer = options_.optimizer;
     optimizer.schedule.steps_per_epoch = std::max<int64_t>(1, steps_per_epoch);
-    PS_ASSIGN_OR_RETURN(optimizer_, SgdOptimizer::Create(optimizer, num_parameters_, device_));
+    PS_ASSIGN_OR_RETURN(optimizer_,
+                        SgdOptimizer::Create(optimizer, layout_->num_parameters, device_));
   }
   steps_per_epoch_ = steps_per_epoch;
   workers_[rank].id = worker_id;
@@ -309,15 +312,16 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
 
 absl::Status ParameterServer::CheckKeyChunkLocked(int key, int64_t chunk, int64_t* offset,
                                                   int64_t* length) const {
-  if (signature_.empty()) return absl::FailedPreconditionError("no model registered yet");
-  if (key < 0 || key >= static_cast<int>(signature_.size())) {
+  if (layout_ == nullptr) return absl::FailedPreconditionError("no model registered yet");
+  const std::vector<ParamSpec>& signature = layout_->signature;
+  if (key < 0 || key >= static_cast<int>(signature.size())) {
     return absl::OutOfRangeError(
-        absl::StrCat("key ", key, " out of range: the model has ", signature_.size(), " keys"));
+        absl::StrCat("key ", key, " out of range: the model has ", signature.size(), " keys"));
   }
-  const int64_t n = NumElements(signature_[key].shape);
+  const int64_t n = NumElements(signature[key].shape);
   const int64_t chunks = ChunkCount(n, options_.chunk_elements);
   if (chunk < 0 || chunk >= chunks) {
-    return absl::OutOfRangeError(absl::StrCat("chunk ", chunk, " of key '", signature_[key].name,
+    return absl::OutOfRangeError(absl::StrCat("chunk ", chunk, " of key '", signature[key].name,
                                               "' out of range: it has ", chunks, " chunks"));
   }
   *offset = chunk * options_.chunk_elements;
@@ -326,48 +330,52 @@ absl::Status ParameterServer::CheckKeyChunkLocked(int key, int64_t chunk, int64_
 }
 
 int64_t ParameterServer::GlobalChunkLocked(int key, int64_t chunk) const {
-  if (key < 0 || key >= static_cast<int>(signature_.size())) return -1;
-  const int64_t first = key_first_chunk_[key];
-  const int64_t end =
-      key + 1 < static_cast<int>(signature_.size()) ? key_first_chunk_[key + 1] : total_chunks_;
-  if (chunk < 0 || chunk >= end - first) return -1;
-  return first + chunk;
+  return layout_ == nullptr ? -1 : layout_->GlobalChunk(key, chunk);
 }
 
-absl::StatusOr<std::vector<ParameterServer::CheckedChunk>> ParameterServer::CheckChunksLocked(
-    absl::Span<const ChunkBytes> chunks, const std::vector<bool>& received,
-    absl::string_view what) const {
-  std::vector<CheckedChunk> checked(chunks.size());
+absl::Status ParameterServer::AlreadyError(const Layout& layout, const ChunkBytes& chunk,
+                                           absl::string_view what) {
+  return absl::AlreadyExistsError(absl::StrCat("chunk ", chunk.chunk, " of '",
+                                               layout.signature[chunk.key].name, "' already ",
+                                               what));
+}
+
+absl::Status ParameterServer::CheckChunkShapesLocked(absl::Span<const ChunkBytes> chunks,
+                                                     const std::vector<bool>& received,
+                                                     absl::string_view what,
+                                                     std::vector<int64_t>* global_chunks) const {
   for (size_t c = 0; c < chunks.size(); ++c) {
     const ChunkBytes& chunk = chunks[c];
     int64_t offset, length;
     PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
-    const std::string& name = signature_[chunk.key].name;
     const int64_t bytes = PiecesBytes(chunk.pieces);
     if (bytes != length * static_cast<int64_t>(sizeof(float))) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", chunk.chunk, " of '", name, "' needs ", length, " elements, got ",
+          "chunk ", chunk.chunk, " of '", layout_->signature[chunk.key].name, "' needs ", length,
+          " elements, got ",
           bytes % sizeof(float) == 0 ? absl::StrCat(bytes / sizeof(float))
                                      : absl::StrCat(bytes, " bytes")));
     }
-    const int64_t global_chunk = key_first_chunk_[chunk.key] + chunk.chunk;
+    const int64_t global_chunk = layout_->key_first_chunk[chunk.key] + chunk.chunk;
     bool repeated = received[global_chunk];
-    for (size_t earlier = 0; earlier < c; ++earlier) {
-      repeated |= checked[earlier].global_chunk == global_chunk;
-    }
-    if (repeated) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("chunk ", chunk.chunk, " of '", name, "' already ", what));
-    }
-    float bad = 0.f;
-    if (const int64_t i = FirstNonFinite(chunk.pieces, &bad); i >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("element ", offset + i, " of '", name,
-                                                     "' is ", bad,
-                                                     "; refusing a non-finite value"));
-    }
-    checked[c] = {key_offset_[chunk.key] + offset, global_chunk};
+    for (const int64_t earlier : *global_chunks) repeated |= earlier == global_chunk;
+    if (repeated) return AlreadyError(*layout_, chunk, what);
+    global_chunks->push_back(global_chunk);
   }
-  return checked;
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::CheckChunkValues(const Layout& layout, int64_t chunk_elements,
+                                               absl::Span<const ChunkBytes> chunks, size_t count) {
+  for (size_t c = 0; c < count; ++c) {
+    float bad = 0.f;
+    if (const int64_t i = FirstNonFinite(chunks[c].pieces, &bad); i >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "element ", chunks[c].chunk * chunk_elements + i, " of '",
+          layout.signature[chunks[c].key].name, "' is ", bad, "; refusing a non-finite value"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParameterServer::Push(int rank, int64_t iteration, int key, int64_t chunk,
@@ -382,15 +390,11 @@ absl::Status ParameterServer::PushChunks(int rank, int64_t iteration, int64_t nu
   return PushChunkBytes(rank, iteration, num_samples, AsChunkBytes(chunks, &pieces));
 }
 
-absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
-                                             absl::Span<const ChunkBytes> chunks) {
-  absl::MutexLock lock(&mu_);
-  const int64_t start_ns = EventStartNanos();
+absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
+                                              int64_t num_samples) const {
   if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
     return absl::NotFoundError(absl::StrCat("push from unregistered worker rank ", rank));
   }
-  WorkerState& worker = workers_[rank];
-  // 1. Check every chunk; nothing changes until all pass.
   if (!initialized_) {
     return absl::FailedPreconditionError(
         "push before the initial parameters are complete (version 0 does not exist yet)");
@@ -399,51 +403,90 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     return absl::FailedPreconditionError(absl::StrCat(
         "push for iteration ", iteration, " but the server is at iteration ", version_));
   }
+  const WorkerState& worker = workers_[rank];
   if (num_samples < 0 || (worker.num_samples >= 0 && num_samples != worker.num_samples)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "push claims ", num_samples, " samples but worker rank ", rank, " claimed ",
         worker.num_samples, " earlier in iteration ", iteration));
   }
-  PS_ASSIGN_OR_RETURN(
-      std::vector<CheckedChunk> checked,
-      CheckChunksLocked(chunks, worker.pushed,
-                        absl::StrCat("pushed by worker rank ", rank, " in iteration ", iteration)));
-  // 2. All valid: add them, in rank order (see SumInRankOrderLocked).
-  if (!chunks.empty()) worker.num_samples = num_samples;
-  const int num_workers = static_cast<int>(workers_.size());
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
+                                             absl::Span<const ChunkBytes> chunks) {
+  const std::string what = absl::StrCat("pushed by worker rank ", rank, " in iteration ", iteration);
+  int64_t start_ns = 0;
+  const Layout* layout = nullptr;
+  std::vector<int64_t> global_chunks;
+  global_chunks.reserve(chunks.size());
+  absl::Status shapes;
+  // 1. Check the message against the bookkeeping, under mu_: everything
+  //    but its values, which it does not read.
+  {
+    absl::MutexLock lock(&mu_);
+    start_ns = EventStartNanos();
+    PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
+    layout = layout_.get();
+    shapes = CheckChunkShapesLocked(chunks, workers_[rank].pushed, what, &global_chunks);
+  }
+  // 2. Check the values, under no lock (they are the message's own), of
+  //    the chunks before any that failed step 1: errors come in chunk order.
+  PS_RETURN_IF_ERROR(
+      CheckChunkValues(*layout, options_.chunk_elements, chunks, global_chunks.size()));
+  PS_RETURN_IF_ERROR(shapes);
+  // 3. Claim the chunks, under mu_, after checking again what a concurrent
+  //    message of this worker may have changed meanwhile (the iteration,
+  //    its samples, its chunks): of two messages with a chunk in common
+  //    one is refused here, having added nothing. From here on the message
+  //    is added whole.
+  SgdOptimizer* optimizer = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
+    WorkerState& worker = workers_[rank];
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      if (worker.pushed[global_chunks[c]]) return AlreadyError(*layout, chunks[c], what);
+    }
+    for (const int64_t gc : global_chunks) worker.pushed[gc] = true;
+    if (!chunks.empty()) worker.num_samples = num_samples;
+    optimizer = optimizer_.get();
+  }
+  // 4. Add each chunk to its sum, in rank order (see SumInRankOrderLocked),
+  //    under the chunk's lock alone: pushes of different chunks run at once.
+  const int num_workers = options_.num_workers;
   std::vector<int64_t> complete;  // the chunks every worker has now pushed
   for (size_t c = 0; c < chunks.size(); ++c) {
-    const int64_t gc = checked[c].global_chunk;
-    SumInRankOrderLocked(rank, checked[c], chunks[c].pieces);
-    worker.pushed[gc] = true;
-    if (++chunk_pushes_[gc] == num_workers) complete.push_back(gc);
+    Chunk& chunk = layout->chunks[global_chunks[c]];
+    absl::MutexLock lock(&chunk.mu);
+    SumInRankOrderLocked(rank, chunk, chunks[c].pieces);
+    chunk.samples += num_samples;
+    if (++chunk.pushes == num_workers) complete.push_back(global_chunks[c]);
   }
   if (options_.observer != nullptr) {
     int64_t bytes = 0;
     for (const ChunkBytes& chunk : chunks) bytes += PiecesBytes(chunk.pieces);
     ReportEvent(EventKind::kServerPush, ServerPushLane(rank), iteration,
-                chunks.empty() ? absl::string_view() : signature_[chunks[0].key].name, bytes,
-                start_ns);
+                chunks.empty() ? absl::string_view() : layout->signature[chunks[0].key].name,
+                bytes, start_ns);
   }
-  // 3. Apply and publish each chunk this message completed, in message
+  // 5. Apply and publish each chunk this message completed, in message
   //    order; the last chunk of the iteration also publishes the version.
-  for (const int64_t gc : complete) PS_RETURN_IF_ERROR(ApplyChunkLocked(gc));
+  for (const int64_t gc : complete) PS_RETURN_IF_ERROR(ApplyChunk(*layout, optimizer, iteration, gc));
   return absl::OkStatus();
 }
 
-void ParameterServer::SumInRankOrderLocked(int rank, const CheckedChunk& chunk,
+void ParameterServer::SumInRankOrderLocked(int rank, Chunk& chunk,
                                            absl::Span<const absl::string_view> data) {
   const int64_t n = PiecesBytes(data) / static_cast<int64_t>(sizeof(float));
   if (n == 0) return;  // an empty tensor: nothing to sum, in any order
-  const int64_t gc = chunk.global_chunk;
-  if (ranks_summed_[gc] != rank) {
-    // A lower rank's chunk is still missing: hold this one until its turn.
-    early_[gc][rank].resize(n);
-    CopyPiecesTo(data, early_[gc][rank].data());
+  if (chunk.ranks_summed != rank) {
+    // A lower rank's part is still missing: hold this one until its turn.
+    chunk.early[rank].resize(n);
+    CopyPiecesTo(data, chunk.early[rank].data());
     early_elements_ += n;
     return;
   }
-  float* sum = grad_sum_.data() + chunk.offset;
+  float* sum = chunk.grad_sum.data();
   // Rank 0 starts the sum: 0 + g_0 written without reading the old sum, so
   // the sum needs no zeroing between iterations.
   if (rank == 0) {
@@ -451,15 +494,15 @@ void ParameterServer::SumInRankOrderLocked(int rank, const CheckedChunk& chunk,
   } else {
     AddPiecesTo(data, sum);
   }
-  ++ranks_summed_[gc];
-  // Then every held chunk whose turn has come.
-  const int num_workers = static_cast<int>(workers_.size());
-  while (ranks_summed_[gc] < num_workers && !early_[gc][ranks_summed_[gc]].empty()) {
-    std::vector<float> held = std::move(early_[gc][ranks_summed_[gc]]);
-    early_[gc][ranks_summed_[gc]] = std::vector<float>();
+  ++chunk.ranks_summed;
+  // Then every held part whose turn has come.
+  const int num_workers = static_cast<int>(chunk.early.size());
+  while (chunk.ranks_summed < num_workers && !chunk.early[chunk.ranks_summed].empty()) {
+    std::vector<float> held = std::move(chunk.early[chunk.ranks_summed]);
+    chunk.early[chunk.ranks_summed] = std::vector<float>();
     for (int64_t i = 0; i < n; ++i) sum[i] += held[i];
     early_elements_ -= n;
-    ++ranks_summed_[gc];
+    ++chunk.ranks_summed;
   }
 }
 
@@ -469,6 +512,7 @@ absl::Status ParameterServer::InitializeChunks(int rank, absl::Span<const ChunkD
 }
 
 absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const ChunkBytes> chunks) {
+  // Once per job, and before anyone may push or pull: all of it under mu_.
   absl::MutexLock lock(&mu_);
   if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
     return absl::NotFoundError(
@@ -481,47 +525,62 @@ absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const Ch
     return absl::FailedPreconditionError(absl::StrCat(
         "worker rank ", rank, " sent initial parameters; only rank 0 is asked to"));
   }
-  PS_ASSIGN_OR_RETURN(std::vector<CheckedChunk> checked,
-                      CheckChunksLocked(chunks, initial_received_, "sent as an initial value"));
+  std::vector<int64_t> global_chunks;
+  const absl::Status shapes =
+      CheckChunkShapesLocked(chunks, initial_received_, "sent as an initial value", &global_chunks);
+  PS_RETURN_IF_ERROR(
+      CheckChunkValues(*layout_, options_.chunk_elements, chunks, global_chunks.size()));
+  PS_RETURN_IF_ERROR(shapes);
   for (size_t c = 0; c < chunks.size(); ++c) {
-    CopyPiecesTo(chunks[c].pieces, MutableChunkLocked(checked[c].global_chunk).data());
-    initial_received_[checked[c].global_chunk] = true;
+    Chunk& chunk = layout_->chunks[global_chunks[c]];
+    absl::MutexLock chunk_lock(&chunk.mu);
+    CopyPiecesTo(chunks[c].pieces, MutableParamsLocked(chunk).data());
+    initial_received_[global_chunks[c]] = true;
     ++initial_chunks_received_;
   }
-  if (initial_chunks_received_ == total_chunks_) {
+  if (initial_chunks_received_ == layout_->total_chunks) {
     initialized_ = true;
     initial_received_.clear();
   }
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::ApplyChunkLocked(int64_t global_chunk) {
+absl::Status ParameterServer::ApplyChunk(const Layout& layout, SgdOptimizer* optimizer,
+                                         int64_t iteration, int64_t global_chunk) {
   const int64_t start_ns = EventStartNanos();
-  // Every worker has pushed this chunk, so every worker's sample count for
-  // the iteration is known.
-  int64_t samples = 0;
-  for (const WorkerState& w : workers_) samples += w.num_samples;
-  const int64_t offset = chunk_offset_[global_chunk];
-  const int64_t length = static_cast<int64_t>(chunk_params_[global_chunk]->size());
-  if (samples > 0) {
-    PS_RETURN_IF_ERROR(optimizer_->ApplyRange(
-        version_, samples, offset, absl::MakeConstSpan(grad_sum_).subspan(offset, length),
-        absl::MakeSpan(MutableChunkLocked(global_chunk))));
+  const int64_t length = layout.chunk_length[global_chunk];
+  {
+    Chunk& chunk = layout.chunks[global_chunk];
+    absl::MutexLock lock(&chunk.mu);
+    // Every worker has pushed this chunk, so `samples` covers all of them.
+    if (chunk.samples > 0) {
+      absl::MutexLockMaybe device_lock(device_->num_threads() > 1 ? &device_mu_ : nullptr);
+      PS_RETURN_IF_ERROR(optimizer->ApplyRange(iteration, chunk.samples,
+                                               layout.chunk_offset[global_chunk], chunk.grad_sum,
+                                               absl::MakeSpan(MutableParamsLocked(chunk))));
+    }
+    chunk.version = iteration + 1;
+    chunk.pushes = 0;
+    chunk.ranks_summed = 0;
+    chunk.samples = 0;
   }
-  chunk_version_[global_chunk] = version_ + 1;
-  chunk_pushes_[global_chunk] = 0;
-  ranks_summed_[global_chunk] = 0;
-  ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, version_,
-              signature_[chunk_key_[global_chunk]].name,
+  // Publish it; the event is reported under mu_ too, so that once a
+  // version is visible every update event of it is in.
+  absl::MutexLock lock(&mu_);
+  chunk_version_[global_chunk] = iteration + 1;
+  const bool last = ++chunks_applied_ == layout.total_chunks;
+  if (last) {
+    // The iteration's last chunk: every worker's pushes are all in.
+    chunks_applied_ = 0;
+    for (WorkerState& w : workers_) {
+      std::fill(w.pushed.begin(), w.pushed.end(), false);
+      w.num_samples = -1;
+    }
+    ++version_;
+  }
+  ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, iteration,
+              layout.signature[layout.chunk_key[global_chunk]].name,
               length * static_cast<int64_t>(sizeof(float)), start_ns);
-  if (++chunks_applied_ < total_chunks_) return absl::OkStatus();
-  // The iteration's last chunk: every worker's pushes are all in.
-  chunks_applied_ = 0;
-  for (WorkerState& w : workers_) {
-    std::fill(w.pushed.begin(), w.pushed.end(), false);
-    w.num_samples = -1;
-  }
-  ++version_;
   return absl::OkStatus();
 }
 
@@ -539,7 +598,7 @@ absl::Status ParameterServer::VersionMissingErrorLocked(int64_t version) const {
   if (!initialized_) {
     return absl::DeadlineExceededError(absl::StrCat(
         "version ", version, " not reached before the deadline: the initial parameters are ",
-        signature_.empty() ? "not known (no worker has registered)"
+        layout_ == nullptr ? "not known (no worker has registered)"
                            : "incomplete (rank 0 has not sent them all)"));
   }
   return absl::DeadlineExceededError(absl::StrCat("version ", version,
@@ -558,13 +617,6 @@ bool ParameterServer::ChunksReadyLocked(int64_t version,
   return true;
 }
 
-int64_t ParameterServer::OldestChunkVersionLocked(absl::Span<const int64_t> global_chunks) const {
-  if (global_chunks.empty()) return version_;
-  int64_t oldest = chunk_version_[global_chunks[0]];
-  for (const int64_t gc : global_chunks) oldest = std::min(oldest, chunk_version_[gc]);
-  return oldest;
-}
-
 absl::StatusOr<std::vector<int64_t>> ParameterServer::AwaitChunksLocked(
     int64_t version, absl::Time deadline, absl::Span<const ChunkId> chunks) {
   // A chunk that does not exist is refused before any wait; without a
@@ -577,7 +629,7 @@ absl::StatusOr<std::vector<int64_t>> ParameterServer::AwaitChunksLocked(
     }
     return absl::OkStatus();
   };
-  if (!signature_.empty()) PS_RETURN_IF_ERROR(check());
+  if (layout_ != nullptr) PS_RETURN_IF_ERROR(check());
   auto ready = [this, version, chunks]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return initialized_ && ChunksReadyLocked(version, chunks);
   };
@@ -588,7 +640,8 @@ absl::StatusOr<std::vector<int64_t>> ParameterServer::AwaitChunksLocked(
       const int64_t gc = GlobalChunkLocked(chunk.key, chunk.chunk);
       if (gc >= 0 && chunk_version_[gc] < version) {
         return absl::DeadlineExceededError(absl::StrCat(
-            "version ", version, " of chunk ", chunk.chunk, " of '", signature_[chunk.key].name,
+            "version ", version, " of chunk ", chunk.chunk, " of '",
+            layout_->signature[chunk.key].name,
             "' not reached before the deadline; the chunk is at version ", chunk_version_[gc],
             ", the server at version ", version_));
       }
@@ -609,27 +662,35 @@ absl::StatusOr<int64_t> ParameterServer::PullChunks(int64_t version, absl::Time 
   std::vector<ChunkId> ids;
   ids.reserve(chunks.size());
   for (const ChunkOut& chunk : chunks) ids.push_back({chunk.key, chunk.chunk});
-  absl::MutexLock lock(&mu_);
-  PS_ASSIGN_OR_RETURN(std::vector<int64_t> global_chunks,
-                      AwaitChunksLocked(version, deadline, ids));
+  const Layout* layout = nullptr;
+  std::vector<int64_t> global_chunks;
+  int64_t pulled = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    PS_ASSIGN_OR_RETURN(global_chunks, AwaitChunksLocked(version, deadline, ids));
+    layout = layout_.get();
+    pulled = version_;  // an empty request's answer
+  }
   const int64_t start_ns = EventStartNanos();
   for (size_t c = 0; c < chunks.size(); ++c) {
-    const std::vector<float>& params = *chunk_params_[global_chunks[c]];
-    if (chunks[c].out.size() != params.size()) {
+    const int64_t length = layout->chunk_length[global_chunks[c]];
+    if (static_cast<int64_t>(chunks[c].out.size()) != length) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", chunks[c].chunk, " of '", signature_[chunks[c].key].name, "' has ",
-          params.size(), " elements, buffer ", chunks[c].out.size()));
+          "chunk ", chunks[c].chunk, " of '", layout->signature[chunks[c].key].name, "' has ",
+          length, " elements, buffer ", chunks[c].out.size()));
     }
   }
+  // Each chunk copied under its own lock, at its version then.
   int64_t elements = 0;
   for (size_t c = 0; c < chunks.size(); ++c) {
-    const std::vector<float>& params = *chunk_params_[global_chunks[c]];
-    std::memcpy(chunks[c].out.data(), params.data(), params.size() * sizeof(float));
-    elements += static_cast<int64_t>(params.size());
+    Chunk& chunk = layout->chunks[global_chunks[c]];
+    absl::MutexLock lock(&chunk.mu);
+    std::memcpy(chunks[c].out.data(), chunk.params->data(), chunk.params->size() * sizeof(float));
+    elements += static_cast<int64_t>(chunk.params->size());
+    pulled = c == 0 ? chunk.version : std::min(pulled, chunk.version);
   }
-  const int64_t pulled = OldestChunkVersionLocked(global_chunks);
   ReportEvent(EventKind::kServerPull, kServerPullLane, pulled,
-              chunks.empty() ? absl::string_view() : signature_[chunks[0].key].name,
+              chunks.empty() ? absl::string_view() : layout->signature[chunks[0].key].name,
               elements * static_cast<int64_t>(sizeof(float)), start_ns);
   return pulled;
 }
@@ -642,53 +703,69 @@ absl::StatusOr<int64_t> ParameterServer::WaitForVersion(int64_t version, absl::T
 
 absl::StatusOr<int64_t> ParameterServer::Pull(int64_t version, absl::Time deadline,
                                               absl::Span<float> out) {
-  absl::MutexLock lock(&mu_);
-  PS_RETURN_IF_ERROR(AwaitVersionLocked(version, deadline));
+  const Layout* layout = nullptr;
+  int64_t pulled = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    PS_RETURN_IF_ERROR(AwaitVersionLocked(version, deadline));
+    layout = layout_.get();
+    pulled = version_;
+  }
   const int64_t start_ns = EventStartNanos();
-  if (static_cast<int64_t>(out.size()) != num_parameters_) {
+  if (static_cast<int64_t>(out.size()) != layout->num_parameters) {
     return absl::InvalidArgumentError(absl::StrCat("pull into ", out.size(),
-                                                   " elements; the model has ", num_parameters_));
+                                                   " elements; the model has ",
+                                                   layout->num_parameters));
   }
-  for (int64_t gc = 0; gc < total_chunks_; ++gc) {
-    const std::vector<float>& params = *chunk_params_[gc];
-    std::memcpy(out.data() + chunk_offset_[gc], params.data(), params.size() * sizeof(float));
+  // Each chunk at least version `pulled` (one may be newer by now).
+  for (int64_t gc = 0; gc < layout->total_chunks; ++gc) {
+    Chunk& chunk = layout->chunks[gc];
+    absl::MutexLock lock(&chunk.mu);
+    std::memcpy(out.data() + layout->chunk_offset[gc], chunk.params->data(),
+                chunk.params->size() * sizeof(float));
   }
-  ReportEvent(EventKind::kServerPull, kServerPullLane, version_,
-              signature_.empty() ? absl::string_view() : signature_[0].name,
-              num_parameters_ * static_cast<int64_t>(sizeof(float)), start_ns);
-  return version_;
+  ReportEvent(EventKind::kServerPull, kServerPullLane, pulled, layout->signature[0].name,
+              layout->num_parameters * static_cast<int64_t>(sizeof(float)), start_ns);
+  return pulled;
 }
 
 absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
     int64_t version, absl::Time deadline, absl::Span<const ChunkId> chunks) {
-  absl::MutexLock lock(&mu_);
-  PS_ASSIGN_OR_RETURN(std::vector<int64_t> global_chunks,
-                      AwaitChunksLocked(version, deadline, chunks));
+  const Layout* layout = nullptr;
+  std::vector<int64_t> global_chunks;
+  ChunkViews views;
+  {
+    absl::MutexLock lock(&mu_);
+    PS_ASSIGN_OR_RETURN(global_chunks, AwaitChunksLocked(version, deadline, chunks));
+    layout = layout_.get();
+    views.version = version_;  // an empty request's answer
+  }
   const int64_t start_ns = EventStartNanos();
   // The views keep exactly the chunks they view alive: an update of any
-  // other chunk writes in place.
+  // other chunk writes in place. Each is taken under its chunk's lock, at
+  // its version then.
   auto held = std::make_shared<std::vector<std::shared_ptr<const std::vector<float>>>>();
   held->reserve(chunks.size());
-  ChunkViews views;
-  views.version = OldestChunkVersionLocked(global_chunks);
   views.chunks.reserve(chunks.size());
   int64_t elements = 0;
-  for (const int64_t gc : global_chunks) {
-    const std::shared_ptr<std::vector<float>>& params = chunk_params_[gc];
-    views.chunks.push_back(absl::MakeConstSpan(*params));
-    held->push_back(params);
-    elements += static_cast<int64_t>(params->size());
+  for (size_t c = 0; c < global_chunks.size(); ++c) {
+    Chunk& chunk = layout->chunks[global_chunks[c]];
+    absl::MutexLock lock(&chunk.mu);
+    views.chunks.push_back(absl::MakeConstSpan(*chunk.params));
+    held->push_back(chunk.params);
+    elements += static_cast<int64_t>(chunk.params->size());
+    views.version = c == 0 ? chunk.version : std::min(views.version, chunk.version);
   }
   views.keep_alive = std::move(held);
   ReportEvent(EventKind::kServerPull, kServerPullLane, views.version,
-              chunks.empty() ? absl::string_view() : signature_[chunks[0].key].name,
+              chunks.empty() ? absl::string_view() : layout->signature[chunks[0].key].name,
               elements * static_cast<int64_t>(sizeof(float)), start_ns);
   return views;
 }
 
 bool ParameterServer::HasChunks(int64_t version, absl::Span<const ChunkId> chunks) const {
   absl::MutexLock lock(&mu_);
-  if (!signature_.empty()) {
+  if (layout_ != nullptr) {
     for (const ChunkId& chunk : chunks) {
       if (GlobalChunkLocked(chunk.key, chunk.chunk) < 0) return true;  // refused at once
     }
@@ -701,21 +778,21 @@ bool ParameterServer::HasVersion(int64_t version) const {
   return initialized_ && version_ >= version;
 }
 
-std::vector<float>& ParameterServer::MutableChunkLocked(int64_t global_chunk) {
-  // Views are taken only under mu_, so a count of one (ours) cannot grow
-  // while we write. The acquire fence pairs with the release in the last
-  // holder's decrement: its reads of the old values happen before our writes.
-  std::shared_ptr<std::vector<float>>& params = chunk_params_[global_chunk];
-  if (params.use_count() > 1) {
-    params = std::make_shared<std::vector<float>>(*params);
+std::vector<float>& ParameterServer::MutableParamsLocked(Chunk& chunk) {
+  // Views are taken only under the chunk's lock, so a count of one (ours)
+  // cannot grow while we write. The acquire fence pairs with the release in
+  // the last holder's decrement: its reads of the old values happen before
+  // our writes.
+  if (chunk.params.use_count() > 1) {
+    chunk.params = std::make_shared<std::vector<float>>(*chunk.params);
   }
   std::atomic_thread_fence(std::memory_order_acquire);
-  return *params;
+  return *chunk.params;
 }
 
 std::vector<ParamSpec> ParameterServer::signature() const {
   absl::MutexLock lock(&mu_);
-  return signature_;
+  return layout_ == nullptr ? std::vector<ParamSpec>() : layout_->signature;
 }
 
 int64_t ParameterServer::version() const {
@@ -741,10 +818,7 @@ void ParameterServer::ReportEvent(EventKind kind, int32_t lane, int64_t step,
   options_.observer->OnEvent(event);
 }
 
-int64_t ParameterServer::held_elements() const {
-  absl::MutexLock lock(&mu_);
-  return early_elements_;
-}
+int64_t ParameterServer::held_elements() const { return early_elements_.load(); }
 
 bool ParameterServer::initialized() const {
   absl::MutexLock lock(&mu_);
@@ -753,7 +827,7 @@ bool ParameterServer::initialized() const {
 
 int64_t ParameterServer::num_parameters() const {
   absl::MutexLock lock(&mu_);
-  return num_parameters_;
+  return layout_ == nullptr ? 0 : layout_->num_parameters;
 }
 
 int64_t ParameterServer::ChunkLength(int key, int64_t chunk) const {
@@ -765,8 +839,10 @@ int64_t ParameterServer::ChunkLength(int key, int64_t chunk) const {
 
 int64_t ParameterServer::NumChunks(int key) const {
   absl::MutexLock lock(&mu_);
-  if (key < 0 || key >= static_cast<int>(signature_.size())) return 0;
-  return ChunkCount(NumElements(signature_[key].shape), options_.chunk_elements);
+  if (layout_ == nullptr || key < 0 || key >= static_cast<int>(layout_->signature.size())) {
+    return 0;
+  }
+  return ChunkCount(NumElements(layout_->signature[key].shape), options_.chunk_elements);
 }
 
 }  // namespace ps::server

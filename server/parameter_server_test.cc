@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/fake_observer.h"
 #include "common/timed_event.h"
@@ -788,6 +793,385 @@ TEST_F(ParameterServerTest, PerChunkUpdatesEqualOneWholeModelUpdateBitForBit) {
     }
   }
   EXPECT_NE(expected, initial);
+}
+
+// A gradient element that depends on the iteration, the rank and the
+// element, of magnitudes from 1/2 to 64, so that a sum's bits depend on
+// the order its terms are added in.
+float GradientElement(int64_t iteration, int rank, int64_t element) {
+  uint64_t h = static_cast<uint64_t>(iteration) * 0x9E3779B97F4A7C15ull ^
+               static_cast<uint64_t>(rank) * 0xC2B2AE3D27D4EB4Full ^
+               static_cast<uint64_t>(element) * 0x165667B19E3779F9ull;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  const float unit = static_cast<float>(h >> 40) / static_cast<float>(1 << 24) - 0.5f;
+  return unit * static_cast<float>(1 << (h % 8));
+}
+
+// A model for the concurrency tests, the chunks of its layout and its
+// messages (runs of 1 to 3 consecutive chunks, as a worker's buckets).
+struct ConcurrencyCase {
+  std::vector<ParamSpec> signature;
+  int64_t chunk_elements = 0;
+  int device_threads = 1;
+  int64_t iterations = 0;
+
+  struct ChunkRef {
+    int key;
+    int64_t chunk;
+    int64_t offset;  // in the flat layout
+    int64_t length;
+  };
+  std::vector<ChunkRef> Chunks() const {
+    std::vector<ChunkRef> out;
+    int64_t offset = 0;
+    for (size_t key = 0; key < signature.size(); ++key) {
+      const int64_t n = NumElements(signature[key].shape);
+      for (int64_t c = 0; c < ChunkCount(n, chunk_elements); ++c) {
+        const int64_t length = std::min(chunk_elements, n - c * chunk_elements);
+        out.push_back({static_cast<int>(key), c, offset + c * chunk_elements, length});
+      }
+      offset += n;
+    }
+    return out;
+  }
+  std::vector<std::vector<ChunkRef>> Messages() const {
+    std::vector<std::vector<ChunkRef>> out;
+    const std::vector<ChunkRef> chunks = Chunks();
+    for (size_t c = 0; c < chunks.size();) {
+      const size_t n = std::min(chunks.size() - c, 1 + out.size() % 3);
+      out.emplace_back(chunks.begin() + c, chunks.begin() + c + n);
+      c += n;
+    }
+    return out;
+  }
+  int64_t NumParameters() const {
+    int64_t n = 0;
+    for (const ParamSpec& spec : signature) n += NumElements(spec.shape);
+    return n;
+  }
+};
+
+constexpr int kConcurrentWorkers = 4;
+
+ParameterServerOptions ConcurrencyOptions(const ConcurrencyCase& c) {
+  ParameterServerOptions options;
+  options.num_workers = kConcurrentWorkers;
+  options.chunk_elements = c.chunk_elements;
+  options.optimizer.sgd.lr = 0.01f;
+  options.optimizer.sgd.momentum = 0.9f;
+  options.optimizer.sgd.weight_decay = 1e-3f;
+  options.optimizer.sgd.nesterov = true;
+  return options;
+}
+
+std::unique_ptr<ParameterServer> MakeConcurrencyServer(const ConcurrencyCase& c,
+                                                       CpuDevice* device) {
+  std::vector<float> initial(c.NumParameters());
+  for (size_t i = 0; i < initial.size(); ++i) initial[i] = GradientElement(-1, 0, i);
+  auto server = ParameterServer::Create(ConcurrencyOptions(c), c.signature, initial, device);
+  EXPECT_TRUE(server.ok()) << server.status();
+  for (int rank = 0; rank < kConcurrentWorkers; ++rank) {
+    EXPECT_TRUE((*server)->Register(absl::StrCat("w", rank), c.signature, rank).ok());
+  }
+  return std::move(server).value();
+}
+
+// Worker `rank`'s gradient of `iteration`, flat.
+std::vector<float> WorkerGradient(const ConcurrencyCase& c, int64_t iteration, int rank) {
+  std::vector<float> g(c.NumParameters());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = GradientElement(iteration, rank, i);
+  return g;
+}
+
+absl::Status PushMessage(ParameterServer& server, int rank, int64_t iteration,
+                         const std::vector<float>& gradient,
+                         const std::vector<ConcurrencyCase::ChunkRef>& message) {
+  std::vector<ParameterServer::ChunkData> chunks;
+  for (const ConcurrencyCase::ChunkRef& ref : message) {
+    chunks.push_back(
+        {ref.key, ref.chunk, absl::MakeConstSpan(gradient).subspan(ref.offset, ref.length)});
+  }
+  return server.PushChunks(rank, iteration, /*num_samples=*/rank + 1, chunks);
+}
+
+std::vector<float> AllParams(ParameterServer& server) {
+  std::vector<float> out(server.num_parameters());
+  EXPECT_TRUE(server.Pull(0, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
+  return out;
+}
+
+// Whether two float vectors are equal bit for bit; names the first element
+// that differs.
+::testing::AssertionResult BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) {
+    return ::testing::AssertionFailure() << a.size() << " vs " << b.size() << " elements";
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs " << b[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// One thread per worker pushing its messages in a random order each
+// iteration, and pullers taking views (some held across later updates) of
+// random chunks at each next version, all at once.
+std::vector<float> TrainConcurrently(const ConcurrencyCase& c, uint32_t seed) {
+  CpuDevice device(0, c.device_threads);
+  std::unique_ptr<ParameterServer> server = MakeConcurrencyServer(c, &device);
+  const std::vector<std::vector<ConcurrencyCase::ChunkRef>> messages = c.Messages();
+  const std::vector<ConcurrencyCase::ChunkRef> all_chunks = c.Chunks();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kConcurrentWorkers; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::mt19937 rng(seed * 131 + rank);
+      std::vector<size_t> order(messages.size());
+      for (int64_t it = 0; it < c.iterations; ++it) {
+        const std::vector<float> gradient = WorkerGradient(c, it, rank);
+        for (size_t m = 0; m < order.size(); ++m) order[m] = m;
+        std::shuffle(order.begin(), order.end(), rng);
+        for (const size_t m : order) {
+          const absl::Status s = PushMessage(*server, rank, it, gradient, messages[m]);
+          EXPECT_TRUE(s.ok()) << "rank " << rank << " iteration " << it << ": " << s;
+          if (!s.ok()) return;
+        }
+        EXPECT_TRUE(server->WaitForVersion(it + 1, absl::Now() + absl::Seconds(60)).ok());
+      }
+    });
+  }
+  constexpr int kPullers = 2;
+  for (int p = 0; p < kPullers; ++p) {
+    threads.emplace_back([&, p] {
+      std::mt19937 rng(seed * 977 + p);
+      struct Held {
+        ParameterServer::ChunkViews views;
+        std::vector<std::vector<float>> copies;
+      };
+      std::vector<Held> held;
+      for (int64_t v = 1; v <= c.iterations; ++v) {
+        std::vector<ParameterServer::ChunkId> ids;
+        for (int i = 0; i < 3; ++i) {
+          const ConcurrencyCase::ChunkRef& ref = all_chunks[rng() % all_chunks.size()];
+          ids.push_back({ref.key, ref.chunk});
+        }
+        auto views = server->PullChunkViews(v, absl::Now() + absl::Seconds(60), ids);
+        EXPECT_TRUE(views.ok()) << views.status();
+        if (!views.ok()) return;
+        EXPECT_GE(views->version, v);
+        if (v % 4 == p) {
+          Held h;
+          for (absl::Span<const float> view : views->chunks) {
+            h.copies.emplace_back(view.begin(), view.end());
+          }
+          h.views = std::move(views).value();
+          held.push_back(std::move(h));
+        }
+      }
+      // Held across every later update: still unchanged (copy on write).
+      for (const Held& h : held) {
+        for (size_t i = 0; i < h.copies.size(); ++i) {
+          const std::vector<float> now(h.views.chunks[i].begin(), h.views.chunks[i].end());
+          EXPECT_TRUE(BitIdentical(now, h.copies[i]));
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(server->version(), c.iterations);
+  EXPECT_EQ(server->held_elements(), 0);
+  return AllParams(*server);
+}
+
+// The same pushes one at a time: each iteration rank 0's messages in order,
+// then rank 1's, ...
+std::vector<float> TrainSerially(const ConcurrencyCase& c) {
+  CpuDevice device(0, 1);
+  std::unique_ptr<ParameterServer> server = MakeConcurrencyServer(c, &device);
+  for (int64_t it = 0; it < c.iterations; ++it) {
+    for (int rank = 0; rank < kConcurrentWorkers; ++rank) {
+      const std::vector<float> gradient = WorkerGradient(c, it, rank);
+      for (const auto& message : c.Messages()) {
+        EXPECT_TRUE(PushMessage(*server, rank, it, gradient, message).ok());
+      }
+    }
+  }
+  EXPECT_EQ(server->version(), c.iterations);
+  return AllParams(*server);
+}
+
+TEST(ParameterServerConcurrencyTest, ConcurrentPushesAndPullsEqualOneThreadBitForBit) {
+  // Small chunks (17 of them, one of an empty tensor): many messages per
+  // iteration, so pushes of different chunks and of the same chunk from
+  // different workers interleave in every way.
+  ConcurrencyCase small;
+  small.signature = {{"w1", {16, 40}, DType::kF32},
+                     {"b1", {40}, DType::kF32},
+                     {"empty", {0}, DType::kF32},
+                     {"w2", {7, 33}, DType::kF32},
+                     {"b2", {7}, DType::kF32}};
+  small.chunk_elements = 64;
+  small.iterations = 40;
+  const std::vector<float> reference = TrainSerially(small);
+  for (uint32_t seed = 1; seed <= 3; ++seed) {
+    EXPECT_TRUE(BitIdentical(TrainConcurrently(small, seed), reference)) << "seed " << seed;
+  }
+}
+
+TEST(ParameterServerConcurrencyTest, ChunksBigEnoughToSplitOverTheDevicesThreads) {
+  // Chunks of 2^16 elements on a device of two threads: the SGD kernel
+  // splits each chunk's update, one chunk's at a time.
+  ConcurrencyCase big;
+  big.signature = {{"w", {3, 70000}, DType::kF32}, {"b", {3}, DType::kF32}};
+  big.chunk_elements = 1 << 16;
+  big.device_threads = 2;
+  big.iterations = 6;
+  EXPECT_TRUE(BitIdentical(TrainConcurrently(big, 7), TrainSerially(big)));
+}
+
+TEST(ParameterServerConcurrencyTest, ConcurrentMessagesOfOneWorkerAreAllOrNothing) {
+  // One worker, chunks c0, c1, c2; each round two messages race: with a
+  // chunk in common (exactly one is refused kAlreadyExists) or with
+  // different sample counts (exactly one is refused kFailedPrecondition);
+  // the winner's chunks are added whole, the loser's not at all, as a
+  // serial replay of the winners shows bit for bit.
+  // Chunks of 2^15 elements: checking a message's values takes long
+  // enough that both messages often pass the first check before either
+  // claims its chunks.
+  constexpr int64_t kChunk = 1 << 15;
+  const std::vector<ParamSpec> signature = {{"w", {3 * kChunk}, DType::kF32}};
+  ParameterServerOptions options;
+  options.chunk_elements = kChunk;
+  options.optimizer.sgd.lr = 0.1f;
+  options.optimizer.sgd.momentum = 0.5f;
+  const std::vector<float> initial(3 * kChunk, 1.f);
+  CpuDevice device(0, 1);
+  auto raced = ParameterServer::Create(options, signature, initial, &device);
+  auto replay = ParameterServer::Create(options, signature, initial, &device);
+  ASSERT_TRUE(raced.ok() && replay.ok());
+  ASSERT_TRUE((*raced)->Register("w", signature).ok());
+  ASSERT_TRUE((*replay)->Register("w", signature).ok());
+  struct Message {
+    std::vector<int64_t> chunks;
+    int64_t samples;
+  };
+  auto push = [&](ParameterServer& server, int64_t it, const Message& m, float value) {
+    std::vector<float> data(kChunk * m.chunks.size(), value);
+    std::vector<ParameterServer::ChunkData> chunks;
+    for (size_t i = 0; i < m.chunks.size(); ++i) {
+      chunks.push_back({0, m.chunks[i], absl::MakeConstSpan(data).subspan(kChunk * i, kChunk)});
+    }
+    return server.PushChunks(0, it, m.samples, chunks);
+  };
+  constexpr int kRounds = 200;
+  int first_won = 0;
+  for (int64_t it = 0; it < kRounds; ++it) {
+    const bool common_chunk = it % 2 == 0;
+    const Message a = common_chunk ? Message{{0, 1}, 2} : Message{{0}, 2};
+    const Message b = common_chunk ? Message{{1, 2}, 2} : Message{{1, 2}, 3};
+    const float a_value = 0.25f + 0.001f * it, b_value = -0.5f - 0.002f * it;
+    absl::Status sa, sb;
+    absl::Notification go;
+    std::thread ta([&] {
+      go.WaitForNotification();
+      sa = push(**raced, it, a, a_value);
+    });
+    std::thread tb([&] {
+      go.WaitForNotification();
+      sb = push(**raced, it, b, b_value);
+    });
+    go.Notify();
+    ta.join();
+    tb.join();
+    ASSERT_NE(sa.ok(), sb.ok()) << "round " << it << ": " << sa << " / " << sb;
+    const absl::Status& lost = sa.ok() ? sb : sa;
+    EXPECT_EQ(lost.code(), common_chunk ? absl::StatusCode::kAlreadyExists
+                                        : absl::StatusCode::kFailedPrecondition)
+        << lost;
+    const Message& won = sa.ok() ? a : b;
+    first_won += sa.ok();
+    Message rest{{}, won.samples};
+    for (int64_t c = 0; c < 3; ++c) {
+      if (std::find(won.chunks.begin(), won.chunks.end(), c) == won.chunks.end()) {
+        rest.chunks.push_back(c);
+      }
+    }
+    const float won_value = sa.ok() ? a_value : b_value;
+    ASSERT_TRUE(push(**raced, it, rest, 1.f).ok());
+    ASSERT_TRUE(push(**replay, it, won, won_value).ok());
+    ASSERT_TRUE(push(**replay, it, rest, 1.f).ok());
+    ASSERT_EQ((*raced)->version(), it + 1);
+  }
+  std::printf("the first message won %d of %d races\n", first_won, kRounds);
+  EXPECT_TRUE(BitIdentical(AllParams(**raced), AllParams(**replay)));
+}
+
+// Whether two push events of different workers ever overlapped in time.
+class PushOverlapObserver final : public EventObserver {
+ public:
+  void OnEvent(const TimedEvent& event) override {
+    if (event.kind != EventKind::kServerPush) return;
+    absl::MutexLock lock(&mu_);
+    const int lane = event.lane == ServerPushLane(0) ? 0 : 1;
+    for (const auto& [start, end] : recent_[1 - lane]) {
+      overlapped_ |= start < event.end_ns && event.start_ns < end;
+    }
+    // An event that overlaps this one ends after it starts, so is reported
+    // within the next iteration's pushes or sees this one itself.
+    recent_[lane].push_back({event.start_ns, event.end_ns});
+    if (recent_[lane].size() > 64) recent_[lane].erase(recent_[lane].begin());
+  }
+  bool overlapped() const {
+    absl::MutexLock lock(&mu_);
+    return overlapped_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::pair<int64_t, int64_t>> recent_[2] ABSL_GUARDED_BY(mu_);
+  bool overlapped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+TEST(ParameterServerConcurrencyTest, PushesOfDifferentChunksRunAtOnce) {
+  // Two workers push a model of 16 chunks from two threads, in opposite
+  // orders, so at most moments they push different chunks. Each push event
+  // is timed on the real clock from holding the bookkeeping lock to the
+  // end of its sum; under one server-wide lock no two could overlap. On a
+  // loaded machine the two threads may not run at once for a while, so
+  // iterations go on (up to 20 s) until two pushes overlap.
+  PushOverlapObserver observer;
+  ParameterServerOptions options;
+  options.num_workers = 2;
+  options.chunk_elements = 1 << 16;
+  options.observer = &observer;
+  options.clock = Clock::Real();
+  constexpr int64_t kChunks = 16;
+  const std::vector<ParamSpec> signature = {{"w", {kChunks, 1 << 16}, DType::kF32}};
+  CpuDevice device(0, 1);
+  auto server =
+      ParameterServer::Create(options, signature, std::vector<float>(kChunks << 16, 0.f), &device);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*server)->Register("a", signature, 0).ok());
+  ASSERT_TRUE((*server)->Register("b", signature, 1).ok());
+  const std::vector<float> gradient(1 << 16, 1e-3f);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  int64_t it = 0;
+  for (; !observer.overlapped() && absl::Now() < deadline; ++it) {
+    auto pusher = [&](int rank) {
+      for (int64_t i = 0; i < kChunks; ++i) {
+        const int64_t c = rank == 0 ? i : kChunks - 1 - i;
+        EXPECT_TRUE((*server)->Push(rank, it, 0, c, 1, gradient).ok());
+      }
+    };
+    std::thread t0(pusher, 0), t1(pusher, 1);
+    t0.join();
+    t1.join();
+    ASSERT_EQ((*server)->version(), it + 1);
+  }
+  std::printf("two pushes overlapped after %lld iterations\n", static_cast<long long>(it));
+  EXPECT_TRUE(observer.overlapped());
 }
 
 }  // namespace
