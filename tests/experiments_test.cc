@@ -209,6 +209,16 @@ TEST_F(ExperimentsTest, TwoWorkersBehindShapedLinksWriteResults) {
       EXPECT_NEAR(utilisation, bytes * 8 / (window * 1e9), 1e-9) << dir;
       // tbf lets a bucket's worth (at most 4 ms at the rate) above it.
       EXPECT_LE(utilisation, 1.0 + 0.004 / window) << dir;
+      // While busy (intervals above half the rate) the link runs at least
+      // at half its rate, and over the whole window at most that.
+      const double busy = h[absl::StrCat(dir, "_busy_utilisation")];
+      const double busy_fraction = h[absl::StrCat(dir, "_busy_fraction")];
+      EXPECT_GE(busy_fraction, 0) << dir;
+      EXPECT_LE(busy_fraction, 1) << dir;
+      if (busy_fraction > 0) {
+        EXPECT_GT(busy, 0.5) << dir;
+        EXPECT_LT(busy, 1.5) << dir;
+      }
     }
   }
   EXPECT_GE(r["cpu_busy"].get<double>(), 0);

@@ -12,8 +12,10 @@ host, each direction), one-way delay d:
             same model, compute mode and batch rule, the least disturbed)
             split over W workers of their own CPUs; c1 itself when the
             global batch grows with W (sweep.py --batch_per_worker: each
-            worker's compute is fixed). `shared` uses W x that instead: W
-            workers on this machine's cores share them.
+            worker's compute is fixed). Replayed compute (run.sh --compute=
+            replay) is the run's own replay_step_s, the pass its workers
+            sleep through. `shared` uses W x that instead: W workers on
+            this machine's cores share them.
   push      2d + max(0, wire(max(M, W M / S)) - b) x 8 / R: every worker
             sends M, each server receives W M / S of it, so the busier end
             (a worker's uplink or a server's downlink) sets the time; one
@@ -115,19 +117,30 @@ def why(r, pred, pred_shared, c1):
     measured = row["step_time_s"]
     if row["cpu_bound"] in (True, "True"):
         reasons.append(f"CPU-bound ({100 * row['cpu_busy']:.0f} % busy)")
+    replayed = row.get("compute") == "replay"
     per_worker = c1 if weak(r) else c1 / r["workers"]
-    if r["workers"] > 1 and row["compute_s"] > 1.3 * per_worker:
+    if r["workers"] > 1 and row["compute_s"] > 1.3 * per_worker and not replayed:
         reasons.append(f"compute shared: {r['workers']} workers on {CORES} cores took "
                        f"{1000 * row['compute_s']:.1f} ms/step, not "
                        f"{1000 * per_worker:.1f} ms")
     if r["workers"] > 1 and row["wait_s"] > 0.1 * measured:
-        reasons.append(f"waiting {1000 * row['wait_s']:.1f} ms/step for the slowest worker "
-                       "(the workers share the cores, so their steps drift)")
+        if replayed:
+            reasons.append(f"waiting {1000 * row['wait_s']:.1f} ms/step for communication and "
+                           "the slowest worker (each replays the pass it timed itself; the "
+                           "slowest sets the pace)")
+        else:
+            reasons.append(f"waiting {1000 * row['wait_s']:.1f} ms/step for the slowest worker "
+                           "(the workers share the cores, so their steps drift)")
     if r["rate"] == "unshaped":
         reasons.append("unshaped: serialisation and copies, not the link, take the time")
     elif measured < pred:
-        reasons.append("faster than predicted: compute overlapped communication (pushes "
-                       "start during backward, the next forward waits layer by layer)")
+        if row["model_bytes"] <= MESSAGE_BYTES and r["workers"] > 1:
+            reasons.append("faster than predicted: the workers' steps drift apart, so some "
+                           "pull while others still push, and the server link carries both "
+                           "directions at once (the model has them take turns)")
+        else:
+            reasons.append("faster than predicted: compute overlapped communication (pushes "
+                           "start during backward, the next forward waits layer by layer)")
     if not reasons:
         reasons.append(f"{1000 * row['other_s']:.1f} ms/step outside the split"
                        if row["other_s"] > 0.1 * measured else "not explained")
@@ -146,6 +159,10 @@ def predict(doc):
         comm = pipelined_comm_s(row["model_bytes"], r["workers"], r["servers"],
                                 rate_bps(r["rate"]), r["delay_ms"])
         compute = c1 if weak(r) else c1 / r["workers"]
+        if row.get("compute") == "replay" and r.get("results", {}).get("replay_step_s"):
+            # A replaying worker's compute is the pass it replays, which each
+            # run times anew (alone, before its workers start).
+            compute = r["results"]["replay_step_s"]
         pred, pred_shared = compute + comm, compute * r["workers"] + comm
         measured = row["step_time_s"]
         p = {

@@ -15,7 +15,10 @@ backend (no display; Debian's python3-matplotlib, packages.sh).
                    the rest of the measured step; | marks the model's
                    prediction; * marks CPU-bound runs
   utilisation.png  the server's link (received, sent) and the busiest
-                   worker link over the measured window, shaped runs only
+                   worker link over the measured window, and the server's
+                   busier direction while it carried traffic (the sample
+                   intervals above half the rate: its communication
+                   phases), shaped runs only
 """
 
 import json
@@ -27,7 +30,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"100mbit": "tab:red", "1gbit": "tab:blue", "unshaped": "tab:green"}
+COLORS = {"100mbit": "tab:red", "1gbit": "tab:blue", "10gbit": "tab:purple", "unshaped": "tab:green"}
 DPI = 72
 
 
@@ -72,9 +75,9 @@ def series_name(key):
 
 
 def speedup(runs, predictions, path):
-    """Samples/s of W workers over those of one (the same as the step-time
-    ratio when the global batch is fixed; with a batch per worker, what
-    weak scaling gains)."""
+    """Samples/s of W workers over those of one worker on one server (the
+    same as the step-time ratio when the global batch is fixed; with a batch
+    per worker, what weak scaling gains)."""
     groups = by_model(runs)
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 3.8), squeeze=False)
     pred_by_config = {p["config"]: p["predicted_step_s"] for p in predictions}
@@ -84,7 +87,12 @@ def speedup(runs, predictions, path):
         styles = ["-", "-.", "--", ":"]
         for i, key in enumerate(dict.fromkeys(series(r) for r in rs)):
             line = sorted((r for r in rs if series(r) == key), key=lambda r: r["workers"])
-            base = [r for r in line if r["workers"] == 1]
+            # One worker on one server is every line's baseline (a shard
+            # line's own single worker gains nothing from more shards, and
+            # replayed passes differ a little from run to run).
+            base = ([r for r in rs if r["workers"] == 1 and series(r)[:2] == key[:2]
+                     and series(r)[3] == key[3] and r.get("servers", 1) == 1]
+                    or [r for r in line if r["workers"] == 1])
             if not base:
                 continue
             b = base[0]
@@ -95,7 +103,7 @@ def speedup(runs, predictions, path):
                 return (r["row"]["batch_size"] / b["row"]["batch_size"]
                         * steps[b["config"]] / steps[r["config"]])
 
-            measured = {r["config"]: r["row"]["step_time_s"] for r in line}
+            measured = {r["config"]: r["row"]["step_time_s"] for r in line + [b]}
             xs = [r["workers"] for r in line]
             ys = [gain(measured, r) for r in line]
             ax.plot(xs, ys, "-", color=c, alpha=0.5)
@@ -103,7 +111,7 @@ def speedup(runs, predictions, path):
                 bound = r["row"]["cpu_bound"] in (True, "True")
                 ax.plot([x], [y], "o", color=c, markerfacecolor="none" if bound else c)
             ax.plot([], [], "o-", color=c, label=f"{series_name(key)} measured")
-            if all(r["config"] in pred_by_config for r in line):
+            if all(r["config"] in pred_by_config for r in line + [b]):
                 ax.plot(xs, [gain(pred_by_config, r) for r in line], "--", color=c,
                         label=f"{series_name(key)} model")
         ax.set_title(f"{m} (hollow: CPU-bound)", fontsize=9)
@@ -156,11 +164,14 @@ def utilisation(runs, path):
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 3.5), squeeze=False)
     bars = [("server_rx_utilisation", "server received", "tab:blue"),
             ("server_tx_utilisation", "server sent", "tab:orange"),
-            ("worker_max_utilisation", "busiest worker", "tab:green")]
+            ("worker_max_utilisation", "busiest worker", "tab:green"),
+            ("server_busy_utilisation", "server, while busy", "tab:gray")]
+    width = 0.8 / len(bars)
     for ax, (m, rs) in zip(axes[0], groups):
         for i, (key, name, c) in enumerate(bars):
-            xs = [j + (i - 1) * 0.27 for j in range(len(rs))]
-            ax.bar(xs, [float(r["row"][key] or 0) for r in rs], width=0.27, color=c, label=name)
+            xs = [j + (i - (len(bars) - 1) / 2) * width for j in range(len(rs))]
+            ax.bar(xs, [float(r["row"].get(key) or 0) for r in rs], width=width, color=c,
+                   label=name)
         ax.set_xticks(range(len(rs)))
         ax.set_xticklabels([label(r) for r in rs], rotation=30, ha="right", fontsize=7)
         ax.set_ylim(0, 1.1)

@@ -20,6 +20,10 @@ Definitions:
                         (trace: start of step W to end of the last step,
                         divided by the steps)
   tx/rx_bytes           each host's bytes sent and received in the window
+  tx/rx_busy_utilisation  the same over the window's sample intervals in
+                        which that direction ran above half the rate (its
+                        communication phases); tx/rx_busy_fraction: their
+                        share of the window
   tx/rx_utilisation     bytes x 8 / (window_s x rate), per host and
                         direction; null when unshaped
   cpu_busy              1 - (idle + iowait) / total over the window, all cores
@@ -94,6 +98,32 @@ def bracket(samples, start_ns, end_ns):
     return (before[-1] if before else samples[0]), (after[0] if after else samples[-1])
 
 
+BUSY = 0.5  # an interval counts as busy above this fraction of the rate
+
+
+def busy(samples, start_ns, end_ns, index, bps):
+    """(busy_utilisation, busy_fraction) of counter `index` over the window:
+    the sample intervals inside it in which the link ran at more than BUSY
+    of its rate (its communication phases), their bytes x 8 / (their time x
+    rate), and their share of the window's time. (None, None) unshaped."""
+    if not bps:
+        return None, None
+    inside = [s for s in samples if start_ns <= s[0] <= end_ns]
+    busy_bytes = busy_ns = total_ns = 0
+    for a, b in zip(inside, inside[1:]):
+        dt = b[0] - a[0]
+        if dt <= 0:
+            continue
+        moved = b[3][index] - a[3][index]
+        total_ns += dt
+        if moved * 8 > BUSY * bps * dt / 1e9:
+            busy_bytes += moved
+            busy_ns += dt
+    if busy_ns == 0:
+        return 0.0, 0.0
+    return busy_bytes * 8 / (busy_ns / 1e9 * bps), busy_ns / total_ns
+
+
 def main():
     p = argparse.ArgumentParser()
     for name in ("out", "prefix", "rate", "delay_method", "model", "dataset", "subnet", "compute"):
@@ -129,6 +159,8 @@ def main():
         # Host i's link ends on the bridge as vi: its sends are vi's receives.
         tx = s1[3][2 * i] - s0[3][2 * i]
         rx = s1[3][2 * i + 1] - s0[3][2 * i + 1]
+        tx_busy, tx_busy_fraction = busy(samples, s0[0], s1[0], 2 * i, bps)
+        rx_busy, rx_busy_fraction = busy(samples, s0[0], s1[0], 2 * i + 1, bps)
         hosts.append({
             "host": host,
             "address": f"{a.subnet}.{i + 2}",
@@ -136,6 +168,10 @@ def main():
             "rx_bytes": rx,
             "tx_utilisation": tx * 8 / (window_s * bps) if bps else None,
             "rx_utilisation": rx * 8 / (window_s * bps) if bps else None,
+            "tx_busy_utilisation": tx_busy,
+            "rx_busy_utilisation": rx_busy,
+            "tx_busy_fraction": tx_busy_fraction,
+            "rx_busy_fraction": rx_busy_fraction,
         })
     cpu_busy = 1 - (s1[2] - s0[2]) / max(1, s1[1] - s0[1])
     utilisations = [h[k] for h in hosts for k in ("tx_utilisation", "rx_utilisation")
@@ -172,6 +208,9 @@ def main():
         "run_window_s": a.run_window_ns / 1e9,
         "hosts": hosts,
         "max_link_utilisation": max(utilisations) if utilisations else None,
+        "max_busy_utilisation": max(
+            (h[k] for h in hosts for k in ("tx_busy_utilisation", "rx_busy_utilisation")
+             if h[k] is not None), default=None),
         "cpu_busy": cpu_busy,
         "cpu_bound": cpu_busy > CPU_BOUND,
         "trace": os.path.join(a.out, "trace.json"),

@@ -19,7 +19,7 @@
 #   --batch_size=B [256, global] --epochs=N [1] --max_steps=N [0: whole epochs]
 #   --warmup_steps=N [1]        worker 0's first N steps are left out of the measured window
 #   --sample_ms=MS [10]         period of the link and CPU counter samples
-#   --lr=X [0.9] --devices=SPEC [cpu:1] --threads=N [cores/W]
+#   --lr=X [0.9] --devices=SPEC [cpu:1] --threads=N [cores/W; replay: cores]
 #   --compute=real|replay [real]  replay: each worker times its real pass alone
 #                               (workers start one after another, each once the
 #                               one before has measured), then sleeps through it
@@ -92,7 +92,15 @@ fail() { echo "run: $*" >&2; exit 1; }
 [[ "$ping_count" =~ ^[1-9][0-9]{0,2}$ ]] || fail "--ping_count is 1..999"
 netns_valid_prefix "$prefix" || fail "--prefix must match [a-z][a-z0-9]{2,15}"
 ((EUID == 0)) || fail "needs root (network namespaces)"
-[[ -z "$threads" ]] && threads=$(( $(nproc) / workers > 0 ? $(nproc) / workers : 1 ))
+# Real compute shares the machine's cores among the workers; a replaying
+# worker times its pass alone, with all of them (an emulated host's CPU).
+if [[ -z "$threads" ]]; then
+  if [[ "$compute" == replay ]]; then
+    threads=$(nproc)
+  else
+    threads=$(( $(nproc) / workers > 0 ? $(nproc) / workers : 1 ))
+  fi
+fi
 [[ -z "$out" ]] && out=$(mktemp -d /tmp/ps-experiment.XXXXXX)
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"

@@ -57,16 +57,20 @@ DEFAULTS = {
     "overlaps": ["on"],
 }
 
-# The default sweep: the DEFAULTS grid (real compute: LeNet gains nothing
-# from more workers, the 20 M MLP scales where the link is fast), then the
-# scaling part (compute replayed, so 16 emulated hosts fit on two cores:
-# LeNet at 512 samples a worker behind 1 Gbit/s, where one server's link
-# saturates between 8 and 16 workers and more shards win it back).
+# The default sweep: the DEFAULTS grid (real compute on the two cores the
+# workers share), then two parts with compute replayed (each emulated host
+# times its pass alone, so 16 of them fit on two cores): LeNet at 512
+# samples a worker behind 1 Gbit/s, where one server's link saturates
+# between 8 and 16 workers and more shards win it back; and the 20 M MLP at
+# 2048 a worker, which scales behind 10 Gbit/s and not behind 1 Gbit/s.
 DEFAULT_PARTS = [
     {"part": "models"},
     {"part": "scaling", "models": ["lenet"], "computes": ["replay"], "rates": ["1gbit"],
      "servers": [1, 2, 4], "workers": [1, 2, 4, 8, 16], "batch_per_worker": 512,
      "min_steps": 20, "max_steps": 30, "warmup_steps": 3},
+    {"part": "mlp replayed", "models": ["mlp:4096x4096"], "computes": ["replay"],
+     "rates": ["1gbit", "10gbit"], "workers": [1, 2, 4], "batch_per_worker": 2048,
+     "min_steps": 6, "max_steps": 6, "warmup_steps": 2},
 ]
 
 COLUMNS = [
@@ -75,6 +79,7 @@ COLUMNS = [
     "model_bytes", "samples_per_second", "step_time_s",
     "compute_s", "push_s", "wait_s", "pull_s", "other_s",
     "server_rx_utilisation", "server_tx_utilisation", "worker_max_utilisation",
+    "server_busy_utilisation",
     "cpu_busy", "cpu_bound", "load_before", "wall_s", "out",
 ]
 
@@ -159,6 +164,7 @@ def row_of(g, name, r, wall_s, load_before, out, batch):
         "server_rx_utilisation": most(servers, ["rx_utilisation"]),
         "server_tx_utilisation": most(servers, ["tx_utilisation"]),
         "worker_max_utilisation": most(workers, ["tx_utilisation", "rx_utilisation"]),
+        "server_busy_utilisation": most(servers, ["tx_busy_utilisation", "rx_busy_utilisation"]),
         "cpu_busy": round(r["cpu_busy"], 3), "cpu_bound": r["cpu_bound"],
         "load_before": load_before, "wall_s": round(wall_s, 1), "out": out,
     }
