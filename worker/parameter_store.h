@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
 #include "common/param_spec.h"
 
@@ -96,6 +97,19 @@ class ParameterStore {
   virtual void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
                             Done done) = 0;
 };
+
+// Runs an asynchronous call to completion: start(done) begins it, and this
+// returns done's status once it has run, on whichever thread.
+inline absl::Status AwaitDone(const std::function<void(ParameterStore::Done)>& start) {
+  absl::Notification finished;
+  absl::Status status;
+  start([&](absl::Status s) {
+    status = std::move(s);
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return status;
+}
 
 }  // namespace ps::worker
 

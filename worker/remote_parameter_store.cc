@@ -19,18 +19,6 @@ std::chrono::system_clock::time_point DeadlineAfter(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
 }
 
-// Runs a blocking call over an asynchronous one.
-absl::Status AwaitDone(const std::function<void(ParameterStore::Done)>& start) {
-  absl::Notification finished;
-  absl::Status status;
-  start([&](absl::Status s) {
-    status = std::move(s);
-    finished.Notify();
-  });
-  finished.WaitForNotification();
-  return status;
-}
-
 }  // namespace
 
 RemoteParameterStore::RemoteParameterStore(const RemoteStoreOptions& options)

@@ -87,12 +87,28 @@ std::unique_ptr<ShardedParameterStore> MakeSharded(const std::vector<std::string
   return store.ok() ? std::move(store).value() : nullptr;
 }
 
+// One iteration of a worker: push `grad` for iteration t and bring the
+// parameters of version t + 1 into `params`.
+using Step = std::function<void(ParameterStore& store, int64_t t, int rank,
+                                const std::vector<float>& grad, std::vector<float>& params)>;
+
+// The blocking calls: push, wait, pull.
+void WholeModelStep(ParameterStore& store, int64_t t, int rank, const std::vector<float>& grad,
+                    std::vector<float>& params) {
+  ASSERT_TRUE(store.Push(t, rank + 2, grad).ok());
+  ASSERT_TRUE(store.WaitForVersion(t + 1).ok());
+  auto pulled = store.Pull(t + 1, absl::MakeSpan(params));
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(*pulled, t + 1);
+}
+
 // Two workers train kIterations steps of a made-up gradient that depends on
 // the parameters, so any difference in any update shows in the end. Each
 // worker's store comes from `make(w)` and must ask for rank w (whose
 // initial parameters are Initial(w)); returns each worker's parameters.
 std::vector<std::vector<float>> Train(
-    const std::function<std::unique_ptr<ParameterStore>(int)>& make, int workers) {
+    const std::function<std::unique_ptr<ParameterStore>(int)>& make, int workers,
+    const Step& step = WholeModelStep) {
   std::vector<std::vector<float>> results(workers);
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
@@ -109,11 +125,7 @@ std::vector<std::vector<float>> Train(
           grad[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(t + reg->rank)) +
                     0.1f * params[i];
         }
-        ASSERT_TRUE(store->Push(t, reg->rank + 2, grad).ok());
-        ASSERT_TRUE(store->WaitForVersion(t + 1).ok());
-        auto pulled = store->Pull(t + 1, absl::MakeSpan(params));
-        ASSERT_TRUE(pulled.ok()) << pulled.status();
-        EXPECT_EQ(*pulled, t + 1);
+        step(*store, t, reg->rank, grad, params);
       }
       results[w] = params;
     });
@@ -163,67 +175,33 @@ TEST(ShardedParameterStoreTest, TwoAndThreeShardsEqualOneServerBitForBit) {
   }
 }
 
-// Runs an asynchronous call and waits for its done.
-absl::Status Await(const std::function<void(ParameterStore::Done)>& start) {
-  absl::Notification finished;
-  absl::Status status;
-  start([&](absl::Status s) {
-    status = std::move(s);
-    finished.Notify();
-  });
-  finished.WaitForNotification();
-  return status;
-}
-
-// Train's job, but each iteration pushes segment by segment from the back
-// (as backward produces them), each segment's pull started as soon as its
-// push is accepted, all of them in flight together.
-std::vector<std::vector<float>> TrainBySegments(
-    const std::function<std::unique_ptr<ParameterStore>(int)>& make, int workers) {
-  std::vector<std::vector<float>> results(workers);
-  std::vector<std::thread> threads;
-  for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&, w] {
-      std::unique_ptr<ParameterStore> store = make(w);
-      ASSERT_NE(store, nullptr);
-      auto reg = store->Register(Signature(), Initial(w));
-      ASSERT_TRUE(reg.ok()) << reg.status();
-      const std::vector<int64_t> ends = store->SegmentEnds();
-      ASSERT_FALSE(ends.empty());
-      EXPECT_EQ(ends.back(), kElements);
-      EXPECT_TRUE(std::is_sorted(ends.begin(), ends.end()));
-      const int segments = static_cast<int>(ends.size());
-      std::vector<float> params(kElements), grad(kElements);
-      ASSERT_TRUE(store->Pull(reg->version, absl::MakeSpan(params)).ok());
-      for (int64_t t = 0; t < kIterations; ++t) {
-        for (int64_t i = 0; i < kElements; ++i) {
-          grad[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(t + reg->rank)) +
-                    0.1f * params[i];
-        }
-        absl::Mutex mu;
-        int pending = segments;
-        absl::Status first_error;
-        auto finished = [&](absl::Status s) {
-          absl::MutexLock lock(&mu);
-          if (!s.ok() && first_error.ok()) first_error = s;
-          --pending;
-        };
-        for (int seg = segments; seg-- > 0;) {
-          ASSERT_TRUE(Await([&](ParameterStore::Done done) {
-                        store->PushSegments(t, reg->rank + 2, seg, seg + 1, grad,
-                                            std::move(done));
-                      }).ok());
-          store->PullSegments(t + 1, seg, seg + 1, absl::MakeSpan(params), finished);
-        }
-        absl::MutexLock lock(&mu);
-        mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &pending));
-        ASSERT_TRUE(first_error.ok()) << first_error;
-      }
-      results[w] = params;
-    });
+// Train's step segment by segment from the back (as backward produces
+// them), each segment's pull started as soon as its push is accepted, all
+// of them in flight together.
+void SegmentBySegmentStep(ParameterStore& store, int64_t t, int rank,
+                          const std::vector<float>& grad, std::vector<float>& params) {
+  const std::vector<int64_t> ends = store.SegmentEnds();
+  ASSERT_FALSE(ends.empty());
+  EXPECT_EQ(ends.back(), kElements);
+  EXPECT_TRUE(std::is_sorted(ends.begin(), ends.end()));
+  const int segments = static_cast<int>(ends.size());
+  absl::Mutex mu;
+  int pending = segments;
+  absl::Status first_error;
+  auto finished = [&](absl::Status s) {
+    absl::MutexLock lock(&mu);
+    if (!s.ok() && first_error.ok()) first_error = s;
+    --pending;
+  };
+  for (int seg = segments; seg-- > 0;) {
+    ASSERT_TRUE(AwaitDone([&](ParameterStore::Done done) {
+                  store.PushSegments(t, rank + 2, seg, seg + 1, grad, std::move(done));
+                }).ok());
+    store.PullSegments(t + 1, seg, seg + 1, absl::MakeSpan(params), finished);
   }
-  for (std::thread& t : threads) t.join();
-  return results;
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &pending));
+  ASSERT_TRUE(first_error.ok()) << first_error;
 }
 
 TEST(ShardedParameterStoreTest, SegmentBySegmentEqualsWholeModelCallsBitForBit) {
@@ -232,7 +210,7 @@ TEST(ShardedParameterStoreTest, SegmentBySegmentEqualsWholeModelCallsBitForBit) 
     SCOPED_TRACE(absl::StrCat(shards, " shards"));
     auto servers = StartServers(shards, 2);
     const auto addresses = Addresses(servers);
-    auto results = TrainBySegments(
+    auto results = Train(
         [&](int w) -> std::unique_ptr<ParameterStore> {
           if (shards == 1) {
             RemoteStoreOptions options = Remote(absl::StrCat("w", w), nullptr, w);
@@ -243,7 +221,7 @@ TEST(ShardedParameterStoreTest, SegmentBySegmentEqualsWholeModelCallsBitForBit) 
           }
           return MakeSharded(addresses, absl::StrCat("w", w), nullptr, w);
         },
-        2);
+        2, SegmentBySegmentStep);
     EXPECT_EQ(results[0], reference);
     EXPECT_EQ(results[1], reference);
   }
@@ -267,14 +245,14 @@ TEST(ShardedParameterStoreTest, ShardSegmentsFollowOneAnotherAndBadRangesAreRefu
   std::vector<float> buffer(kElements);
   const int n = static_cast<int>(ends.size());
   for (auto [first, last] : std::vector<std::pair<int, int>>{{-1, 1}, {2, 1}, {0, n + 1}}) {
-    EXPECT_EQ(Await([&](ParameterStore::Done done) {
+    EXPECT_EQ(AwaitDone([&](ParameterStore::Done done) {
                 store->PushSegments(0, 1, first, last, buffer, std::move(done));
               }).code(),
               absl::StatusCode::kInvalidArgument)
         << first << ", " << last;
   }
   std::vector<float> short_buffer(kElements - 1);
-  const absl::Status s = Await([&](ParameterStore::Done done) {
+  const absl::Status s = AwaitDone([&](ParameterStore::Done done) {
     store->PullSegments(1, 0, 1, absl::MakeSpan(short_buffer), std::move(done));
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
