@@ -194,12 +194,12 @@ absl::Status PushPullScheduler::AwaitParameters(int64_t begin, int64_t end) {
   return error_;
 }
 
-absl::Status PushPullScheduler::AwaitPushes() {
+absl::Status PushPullScheduler::AwaitNoBucketIn(std::initializer_list<State> states) {
   absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!error_.ok()) return true;
     for (State s : state_) {
-      if (s == State::kPushQueued || s == State::kPushing) return false;
+      if (std::find(states.begin(), states.end(), s) != states.end()) return false;
     }
     return true;
   };
@@ -207,17 +207,13 @@ absl::Status PushPullScheduler::AwaitPushes() {
   return error_;
 }
 
+absl::Status PushPullScheduler::AwaitPushes() {
+  return AwaitNoBucketIn({State::kPushQueued, State::kPushing});
+}
+
 absl::Status PushPullScheduler::AwaitAll() {
-  absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!error_.ok()) return true;
-    for (State s : state_) {
-      if (s != State::kHeld) return false;
-    }
-    return true;
-  };
-  mu_.Await(absl::Condition(&done));
-  return error_;
+  return AwaitNoBucketIn(
+      {State::kPushQueued, State::kPushing, State::kPullQueued, State::kPulling});
 }
 
 }  // namespace ps::worker

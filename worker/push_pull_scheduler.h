@@ -2,6 +2,7 @@
 #define PS_WORKER_PUSH_PULL_SCHEDULER_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -135,6 +136,8 @@ class PushPullScheduler {
   // The next operation to issue, marked in flight; bucket -1 for none.
   Operation NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnDone(Operation op, absl::Status status);
+  // Blocks until no bucket is in one of `states`, or there is an error.
+  absl::Status AwaitNoBucketIn(std::initializer_list<State> states);
   // AwaitParameters' condition.
   bool HasParametersLocked(int64_t begin, int64_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
