@@ -20,6 +20,7 @@
 #   --warmup_steps=N [1]        worker 0's first N steps are left out of the measured window
 #   --sample_ms=MS [10]         period of the link and CPU counter samples
 #   --lr=X [0.9] --devices=SPEC [cpu:1] --threads=N [cores/W; replay: cores]
+#   --chunk_bytes=B [the server's 4 MiB]  the servers' chunk (message) size
 #   --compute=real|replay [real]  replay: each worker times its real pass alone
 #                               (workers start one after another, each once the
 #                               one before has measured), then sleeps through it
@@ -45,7 +46,7 @@ source "$here/netns.sh"
 
 workers=2 servers=1 warmup_steps=1 sample_ms=10 rate=1gbit delay=0 model=lenet dataset=fashion_mnist
 data_dir=/usr/share/datasets/fashion-mnist batch_size=256 epochs=1 max_steps=0 lr=0.9
-devices=cpu:1 compute=real threads="" out="" csv="" prefix="psx$$" time_limit=1800 bin="" check=0
+devices=cpu:1 compute=real chunk_bytes="" threads="" out="" csv="" prefix="psx$$" time_limit=1800 bin="" check=0
 check_seconds=5 ping_count=20
 extra=()
 while (($#)); do
@@ -65,6 +66,7 @@ while (($#)); do
     --lr=*) lr="${1#*=}" ;;
     --devices=*) devices="${1#*=}" ;;
     --compute=*) compute="${1#*=}" ;;
+    --chunk_bytes=*) chunk_bytes="${1#*=}" ;;
     --threads=*) threads="${1#*=}" ;;
     --out=*) out="${1#*=}" ;;
     --csv=*) csv="${1#*=}" ;;
@@ -88,6 +90,7 @@ fail() { echo "run: $*" >&2; exit 1; }
 [[ "$delay" =~ ^[0-9]+$ ]] || fail "--delay is whole milliseconds"
 [[ "$time_limit" =~ ^[1-9][0-9]*$ ]] || fail "--time_limit is whole seconds"
 [[ "$compute" == real || "$compute" == replay ]] || fail "--compute is real or replay"
+[[ -z "$chunk_bytes" || "$chunk_bytes" =~ ^[1-9][0-9]*$ ]] || fail "--chunk_bytes is a byte count"
 [[ "$check_seconds" =~ ^[1-9][0-9]?$ ]] || fail "--check_seconds is 1..99"
 [[ "$ping_count" =~ ^[1-9][0-9]{0,2}$ ]] || fail "--ping_count is 1..999"
 netns_valid_prefix "$prefix" || fail "--prefix must match [a-z][a-z0-9]{2,15}"
@@ -204,7 +207,7 @@ for ((s = 0; s < servers; s++)); do
   ip netns exec "$prefix-s$s" timeout -k 10 "$time_limit" "$bin/server/server" \
     --bind_address="$address" --port="$port" --port_file="$out/port-s$s" \
     --num_workers="$workers" --lr="$lr" --trace="$out/trace-s$s.json" \
-    >"$out/server-s$s.log" 2>&1 &
+    ${chunk_bytes:+--chunk_bytes="$chunk_bytes"} >"$out/server-s$s.log" 2>&1 &
   server_pids+=($!)
   daemon_pids+=($!)
   server_list+="${server_list:+,}$address:$port"
