@@ -378,7 +378,7 @@ TEST_F(ExperimentsTest, ShortSweepWritesRowsPredictionsAndPlots) {
 }
 
 // The emulated link against its settings: one iperf3 stream within 85-101 %
-// of the tbf rate, ping RTT within 5 % (+0.3 ms) of twice the delay.
+// of the tbf rate, ping RTT within 10 % of twice the delay.
 TEST_F(ExperimentsTest, BenchmarkLinkCheckMatchesRateAndDelay) {
   for (const auto& [rate, bps, delay] :
        std::vector<std::tuple<std::string, double, int>>{{"100mbit", 1e8, 5}, {"1gbit", 1e9, 1}}) {
@@ -393,8 +393,10 @@ TEST_F(ExperimentsTest, BenchmarkLinkCheckMatchesRateAndDelay) {
     EXPECT_EQ(c["rate_bits_per_second"].get<double>(), bps);
     EXPECT_GT(c["throughput_ratio"].get<double>(), 0.85) << c.dump();
     EXPECT_LT(c["throughput_ratio"].get<double>(), 1.01) << c.dump();
-    EXPECT_NEAR(c["ping_rtt_avg_ms"].get<double>(), 2 * delay, 0.05 * 2 * delay + 0.3)
-        << c.dump();
+    // Within 10 % of the configured round trip: the delayers hold each
+    // packet that much less than the delay as their own path costs
+    // (netns.sh measures it at set-up).
+    EXPECT_NEAR(c["ping_rtt_avg_ms"].get<double>(), 2 * delay, 0.10 * 2 * delay) << c.dump();
     EXPECT_EQ(Sh("ip netns list | grep " + prefix_), "");
   }
 }

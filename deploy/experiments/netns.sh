@@ -153,21 +153,60 @@ netns_up() {
       # The delayer first, bound to its queue, then the rule that feeds it
       # (without --queue-bypass: if the delayer dies, traffic stops rather
       # than flowing undelayed).
-      local log="$workdir/nfq_delay-$host.log"
-      ip netns exec "$ns" timeout -k 5 "$time_limit" "$delayer" -q 0 -d "$((delay_ms * 1000))" \
-        -t "$time_limit" >"$log" 2>&1 &
-      local bound=0
-      for _ in $(seq 50); do
-        grep -q "^nfq_delay: queue" "$log" 2>/dev/null && { bound=1; break; }
-        sleep 0.1
-      done
-      if ((!bound)); then netns_log "the delayer of $host did not start:"; cat "$log" >&2; return 1; fi
+      netns_start_delayer "$ns" "$delayer" "$((delay_ms * 1000))" "$time_limit" \
+        "$workdir/nfq_delay-$host.log" || return 1
       if ! ip netns exec "$ns" iptables-legacy -t mangle -A PREROUTING -i eth0 -j NFQUEUE --queue-num 0; then
         netns_log "cannot add the NFQUEUE rule in $ns: cannot emulate --delay=$delay_ms; refusing to run"
         return 1
       fi
     fi
     i=$((i + 1))
+  done
+  if [[ "$NETNS_DELAY_METHOD" == nfqueue && $# -ge 2 ]]; then
+    netns_compensate_delayers "$prefix" "$delayer" "$delay_ms" "$time_limit" "$workdir" "$@" ||
+      return 1
+  fi
+}
+
+# netns_start_delayer NS DELAYER DELAY_US TIME_LIMIT LOG: starts the delayer
+# in NS bound to queue 0 and waits until it is.
+netns_start_delayer() {
+  local ns="$1" delayer="$2" delay_us="$3" time_limit="$4" log="$5" bound=0
+  ip netns exec "$ns" timeout -k 5 "$time_limit" "$delayer" -q 0 -d "$delay_us" \
+    -t "$time_limit" >"$log" 2>&1 &
+  for _ in $(seq 50); do
+    grep -q "^nfq_delay: queue" "$log" 2>/dev/null && { bound=1; break; }
+    sleep 0.1
+  done
+  ((bound)) || { netns_log "the delayer in $ns did not start:"; cat "$log" >&2; return 1; }
+}
+
+# netns_compensate_delayers PREFIX DELAYER DELAY_MS TIME_LIMIT WORKDIR HOSTS...:
+# the delayer's own path (the trip to user space and back, its wake-up)
+# adds to every packet's delay: measured here as the ping RTT between the
+# first two hosts beyond 2 x DELAY_MS, and taken off again by restarting
+# each delayer with that much less (half each way). Before any daemon runs,
+# so only the delayers are stopped; the NFQUEUE rules stay (no bypass:
+# packets wait for the new delayers). Says what it measured in
+# WORKDIR/delay_compensation.txt.
+netns_compensate_delayers() {
+  local prefix="$1" delayer="$2" delay_ms="$3" time_limit="$4" workdir="$5"
+  shift 5
+  local rtt excess_us host ns p
+  rtt=$(ip netns exec "$prefix-$1" ping -q -U -c 20 -i 0.01 -W 1 "$(netns_address 1)" 2>/dev/null |
+        sed -n 's|.*= [0-9.]*/\([0-9.]*\)/.*|\1|p')
+  [[ -n "$rtt" ]] || { netns_log "cannot ping between the hosts to measure the delayer's path"; return 1; }
+  excess_us=$(awk -v r="$rtt" -v d="$delay_ms" 'BEGIN { e = (r - 2 * d) * 1000; print (e > 0 ? int(e / 2) : 0) }')
+  echo "ping RTT $rtt ms for 2 x $delay_ms ms; each delayer holds $excess_us us less" \
+    >"$workdir/delay_compensation.txt"
+  ((excess_us > 0)) || return 0
+  ((excess_us < delay_ms * 1000)) || excess_us=$((delay_ms * 1000 - 1))
+  for host in "$@"; do
+    ns="$prefix-$host"
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -TERM "$p" 2>/dev/null || true; done
+    for _ in $(seq 50); do [[ -z "$(ip netns pids "$ns" 2>/dev/null)" ]] && break; sleep 0.05; done
+    netns_start_delayer "$ns" "$delayer" "$((delay_ms * 1000 - excess_us))" "$time_limit" \
+      "$workdir/nfq_delay-$host.log" || return 1
   done
 }
 
