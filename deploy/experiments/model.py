@@ -119,6 +119,10 @@ def why(r, pred, pred_shared, c1):
         reasons.append(f"CPU-bound ({100 * row['cpu_busy']:.0f} % busy)")
     replayed = row.get("compute") == "replay"
     per_worker = c1 if weak(r) else c1 / r["workers"]
+    if r["workers"] == 1 and not replayed and row["compute_s"] > 1.3 * c1:
+        reasons.append(f"compute took {1000 * row['compute_s']:.1f} ms/step, "
+                       f"{row['compute_s'] / c1:.1f} x the least single-worker run's "
+                       f"{1000 * c1:.1f} ms (the same work: this machine's speed varied)")
     if r["workers"] > 1 and row["compute_s"] > 1.3 * per_worker and not replayed:
         reasons.append(f"compute shared: {r['workers']} workers on {CORES} cores took "
                        f"{1000 * row['compute_s']:.1f} ms/step, not "
