@@ -61,10 +61,8 @@ absl::Status LinearBackward(Device& device, int64_t batch, int64_t in_features,
                             int64_t out_features, const float* x, const float* weight,
                             const float* dy, float* dx, float* dweight, float* dbias) {
   PS_RETURN_IF_ERROR(CheckSizes("LinearBackward", batch, in_features, out_features));
-  if (out_features * in_features > 0 && dweight == nullptr) {
-    return absl::InvalidArgumentError("LinearBackward: dweight is null");
-  }
-  if (batch > 0 && ((out_features > 0 && dy == nullptr) || (in_features > 0 && x == nullptr) ||
+  if (batch > 0 && ((out_features > 0 && dy == nullptr) ||
+                    (dweight != nullptr && in_features > 0 && x == nullptr) ||
                     (dx != nullptr && in_features > 0 && out_features > 0 && weight == nullptr))) {
     return absl::InvalidArgumentError("LinearBackward: null x, weight or dy");
   }
@@ -78,8 +76,10 @@ absl::Status LinearBackward(Device& device, int64_t batch, int64_t in_features,
     PS_RETURN_IF_ERROR(
         Gemm(device, false, false, batch, in_features, out_features, 1.f, dy, weight, 0.f, dx));
   }
-  PS_RETURN_IF_ERROR(
-      Gemm(device, true, false, out_features, in_features, batch, 1.f, dy, x, 0.f, dweight));
+  if (dweight != nullptr) {
+    PS_RETURN_IF_ERROR(
+        Gemm(device, true, false, out_features, in_features, batch, 1.f, dy, x, 0.f, dweight));
+  }
   if (dbias != nullptr) {
     PS_RETURN_IF_ERROR(AsCuda(device).MakeCurrent());
     PS_CUDA_RETURN_IF_ERROR(

@@ -17,8 +17,10 @@ absl::Status LinearForward(Device& device, int64_t batch, int64_t in_features,
                            int64_t out_features, const float* x, const float* weight,
                            const float* bias, float* y);
 
-// Given dy [N, out]: dx [N, in] (skipped when null), dweight [out, in] and
-// dbias [out] (skipped when null). All three are overwritten, not accumulated.
+// Given dy [N, out]: dx [N, in], dweight [out, in] and dbias [out], each
+// skipped when null (so a caller can take the parameter gradients first and
+// dx in a second call, with the same results). All three are overwritten,
+// not accumulated.
 absl::Status LinearBackward(Device& device, int64_t batch, int64_t in_features,
                             int64_t out_features, const float* x, const float* weight,
                             const float* dy, float* dx, float* dweight, float* dbias);

@@ -64,10 +64,12 @@ void LinearBackwardCpu(CpuDevice& device, int64_t batch, int64_t in_features, in
   // dweight [out x in] = dy^T * x, sliced by output features: slice [b, e)
   // is columns [b, e) of dy. With an empty batch BLAS scales C by beta = 0,
   // so dweight becomes zero.
-  Slices(device, out_features, [=](int64_t begin, int64_t end) {
-    GemmCpu(true, false, end - begin, in_features, batch, 1.f, dy + begin, ld_out, x, ld_in, 0.f,
-            dweight + begin * in_features, ld_in);
-  });
+  if (dweight != nullptr) {
+    Slices(device, out_features, [=](int64_t begin, int64_t end) {
+      GemmCpu(true, false, end - begin, in_features, batch, 1.f, dy + begin, ld_out, x, ld_in,
+              0.f, dweight + begin * in_features, ld_in);
+    });
+  }
   // dbias = column sums of dy, split by columns so each thread owns its
   // outputs; the rows are added in order, so results do not depend on the
   // thread count.

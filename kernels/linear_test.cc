@@ -178,8 +178,35 @@ TEST(LinearCpuTest, RejectsBadSizes) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LinearForward(cpu, 2, 2, 2, nullptr, p, p, p).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LinearBackward(cpu, 2, 2, 2, p, p, p, p, nullptr, p).code(),
+  // Null inputs a wanted output needs: x for dweight, weight for dx.
+  EXPECT_EQ(LinearBackward(cpu, 2, 2, 2, nullptr, p, p, nullptr, p, p).code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LinearBackward(cpu, 2, 2, 2, p, nullptr, p, p, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The parameter gradients in one call and dx in another (what a layer does
+// to hand its gradients over before computing dx) give the bits of one call.
+TEST(LinearCpuTest, ParameterGradientsThenDxEqualOneCall) {
+  for (int threads : {1, 2}) {
+    CpuDevice cpu(0, threads);
+    const int64_t n = 37, in = 300, out = 129;
+    uint64_t seed = 7;
+    const std::vector<float> x = testing::RandomVector(n * in, seed++);
+    const std::vector<float> w = testing::RandomVector(out * in, seed++);
+    const std::vector<float> dy = testing::RandomVector(n * out, seed++);
+    std::vector<float> dx1(n * in), dw1(out * in), db1(out);
+    std::vector<float> dx2(n * in), dw2(out * in), db2(out);
+    ASSERT_TRUE(LinearBackward(cpu, n, in, out, x.data(), w.data(), dy.data(), dx1.data(),
+                               dw1.data(), db1.data()).ok());
+    ASSERT_TRUE(LinearBackward(cpu, n, in, out, x.data(), w.data(), dy.data(), nullptr,
+                               dw2.data(), db2.data()).ok());
+    ASSERT_TRUE(LinearBackward(cpu, n, in, out, x.data(), w.data(), dy.data(), dx2.data(),
+                               nullptr, nullptr).ok());
+    EXPECT_EQ(dx1, dx2) << threads;
+    EXPECT_EQ(dw1, dw2) << threads;
+    EXPECT_EQ(db1, db2) << threads;
+  }
 }
 
 TEST(LinearCudaTest, MatchesCpu) {
