@@ -1,6 +1,7 @@
 #include "worker/push_pull_scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -81,26 +82,40 @@ absl::Status PushPullScheduler::BeginIteration(int64_t num_samples) {
   std::fill(pushed_.begin(), pushed_.end(), false);
   num_samples_ = num_samples;
   ++version_;
+  released_from_ = std::numeric_limits<int64_t>::max();
   return absl::OkStatus();
+}
+
+void PushPullScheduler::QueuePushesLocked(int64_t offset) {
+  // Buckets are in offset order: walk down from the back.
+  for (int b = static_cast<int>(buckets_.size()); b-- > 0;) {
+    if (buckets_[b].begin < offset) break;
+    if (pushed_[b]) continue;
+    if (state_[b] != State::kHeld && error_.ok()) {
+      // Its previous pull is still out: the forward did not wait for it.
+      error_ = absl::FailedPreconditionError(absl::StrCat(
+          "bucket ", b, "'s gradient is ready before its parameters of version ", version_ - 1,
+          " arrived"));
+    }
+    pushed_[b] = true;
+    iteration_of_[b] = version_ - 1;
+    state_[b] = State::kPushQueued;
+  }
 }
 
 void PushPullScheduler::GradientsReadyFrom(int64_t offset) {
   {
     absl::MutexLock lock(&mu_);
-    // Buckets are in offset order: walk down from the back.
-    for (int b = static_cast<int>(buckets_.size()); b-- > 0;) {
-      if (buckets_[b].begin < offset) break;
-      if (pushed_[b]) continue;
-      if (state_[b] != State::kHeld && error_.ok()) {
-        // Its previous pull is still out: the forward did not wait for it.
-        error_ = absl::FailedPreconditionError(absl::StrCat(
-            "bucket ", b, "'s gradient is ready before its parameters of version ",
-            version_ - 1, " arrived"));
-      }
-      pushed_[b] = true;
-      iteration_of_[b] = version_ - 1;
-      state_[b] = State::kPushQueued;
-    }
+    QueuePushesLocked(offset);
+    released_from_ = std::min(released_from_, offset);
+  }
+  Pump();
+}
+
+void PushPullScheduler::EarlyGradientsFrom(int64_t offset) {
+  {
+    absl::MutexLock lock(&mu_);
+    QueuePushesLocked(offset);
   }
   Pump();
 }
@@ -116,6 +131,11 @@ PushPullScheduler::Operation PushPullScheduler::NextLocked() {
     const bool push = pass == 0;
     for (size_t b = 0; b < buckets_.size(); ++b) {
       if (state_[b] != (push ? State::kPushQueued : State::kPullQueued)) continue;
+      // A pull of this iteration may not land where the caller still reads
+      // the parameters (a previous iteration's, queued behind the bound, may).
+      if (!push && iteration_of_[b] == version_ - 1 && buckets_[b].begin < released_from_) {
+        continue;
+      }
       int64_t& in_flight = push ? push_bytes_in_flight_ : pull_bytes_in_flight_;
       if (!fits(in_flight, buckets_[b].bytes())) break;  // nothing behind it jumps the queue
       in_flight += buckets_[b].bytes();

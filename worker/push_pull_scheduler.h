@@ -83,11 +83,16 @@ class PushPullScheduler {
   // iteration; or the kept error.
   absl::Status BeginIteration(int64_t num_samples);
 
-  // Gradient elements [offset, end of buffer) are final for the iteration:
-  // every bucket that lies wholly inside and was not pushed yet is queued,
-  // and what may go is issued. Offsets only decrease within an iteration;
-  // GradientsReadyFrom(0) queues the rest.
+  // Gradient elements [offset, end of buffer) are final for the iteration,
+  // and the caller reads the parameters there no more in it: every bucket
+  // that lies wholly inside and was not pushed yet is queued, its pull may
+  // follow its push, and what may go is issued. Offsets only decrease within
+  // an iteration; GradientsReadyFrom(0) queues the rest.
   void GradientsReadyFrom(int64_t offset);
+  // The same, but the caller still reads the parameters there (a layer that
+  // has its weight gradients and computes its input gradient next): the
+  // buckets' pushes may go, their pulls wait for GradientsReadyFrom.
+  void EarlyGradientsFrom(int64_t offset);
 
   // Blocks until no bucket meeting [begin, end) has a push or pull in flight
   // or queued: each holds the version the current iteration started from
@@ -136,6 +141,8 @@ class PushPullScheduler {
   // The next operation to issue, marked in flight; bucket -1 for none.
   Operation NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnDone(Operation op, absl::Status status);
+  // Queues the pushes of the buckets wholly at or above `offset`.
+  void QueuePushesLocked(int64_t offset) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks until no bucket is in one of `states`, or there is an error.
   absl::Status AwaitNoBucketIn(std::initializer_list<State> states);
   // AwaitParameters' condition.
@@ -154,6 +161,9 @@ class PushPullScheduler {
   std::vector<bool> pushed_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> iteration_of_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_);  // version() above
+  // Pulls may land at and above this offset in the current iteration (the
+  // caller no longer reads the parameters there).
+  int64_t released_from_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t num_samples_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t push_bytes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pull_bytes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;

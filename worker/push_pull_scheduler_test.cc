@@ -184,6 +184,54 @@ TEST(PushPullSchedulerTest, PushesAsLayersFinishAndPullsEachBucketAfterItsPush) 
   EXPECT_TRUE(s.AwaitAll().ok());
 }
 
+// A layer that has its weight gradients but still reads its weights (it
+// computes its input gradient next): its buckets are pushed at once, but
+// their pulls wait until the layer lets go of the parameters.
+TEST(PushPullSchedulerTest, EarlyGradientsArePushedButNotPulledUntilReleased) {
+  Rig rig(kEnds, Buckets(0));
+  PushPullScheduler& s = *rig.scheduler;
+  ASSERT_TRUE(s.BeginIteration(8).ok());
+  s.EarlyGradientsFrom(200);
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 2-3@5", "push 3-4@5"}));
+  rig.store.Complete("push 3-4@5");
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 2-3@5"}));  // no pull yet
+  s.GradientsReadyFrom(300);  // bucket 3's parameters are free, bucket 2's not yet
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 2-3@5", "pull 3-4@6"}));
+  rig.store.Complete("push 2-3@5");
+  EXPECT_EQ(rig.store.Pending(), Strings({"pull 3-4@6"}));
+  s.GradientsReadyFrom(0);
+  EXPECT_EQ(rig.store.Pending(),
+            Strings({"pull 3-4@6", "push 0-1@5", "push 1-2@5", "pull 2-3@6"}));
+  rig.store.Complete("push 0-1@5");
+  rig.store.Complete("push 1-2@5");
+  for (int b = 0; b < 4; ++b) rig.store.Complete(absl::StrCat("pull ", b, "-", b + 1, "@6"));
+  EXPECT_TRUE(s.AwaitAll().ok());
+}
+
+// The next iteration's release starts afresh, but a previous iteration's
+// pull still queued behind the bound is not held back by it (the next
+// forward waits for it).
+TEST(PushPullSchedulerTest, AQueuedPullOfThePreviousIterationStillGoes) {
+  Rig rig(kEnds, Buckets(0, /*in_flight=*/400));
+  PushPullScheduler& s = *rig.scheduler;
+  ASSERT_TRUE(s.BeginIteration(8).ok());
+  s.GradientsReadyFrom(200);
+  rig.store.Complete("push 2-3@5");
+  rig.store.Complete("push 3-4@5");  // pull 3 waits behind pull 2
+  EXPECT_EQ(rig.store.Pending(), Strings({"pull 2-3@6"}));
+  s.GradientsReadyFrom(0);
+  rig.store.Complete("push 0-1@5");
+  rig.store.Complete("push 1-2@5");
+  rig.store.Complete("pull 2-3@6");
+  rig.store.Complete("pull 0-1@6");
+  rig.store.Complete("pull 1-2@6");
+  ASSERT_TRUE(s.HasParameters(0, 300));
+  ASSERT_TRUE(s.BeginIteration(8).ok());  // the next step's forward is under way
+  EXPECT_EQ(rig.store.Pending(), Strings({"pull 3-4@6"}));
+  rig.store.Complete("pull 3-4@6");
+  EXPECT_TRUE(s.AwaitParameters(300, 400).ok());
+}
+
 TEST(PushPullSchedulerTest, BoundsBytesInFlightAndLetsFrontBucketsGoFirst) {
   // Room for two buckets each way.
   Rig rig(kEnds, Buckets(0, /*in_flight=*/800));

@@ -298,6 +298,9 @@ class Trainer::OverlapHooks final : public model::ParameterHooks {
     phases_->Begin(EventKind::kCompute);
     return status;
   }
+  void GradientsReady(int64_t begin, int64_t end) override {
+    scheduler_->EarlyGradientsFrom(begin);
+  }
   void AfterBackward(int64_t begin, int64_t end) override {
     scheduler_->GradientsReadyFrom(begin);
   }

@@ -21,6 +21,7 @@
 // thread-safe: one thread drives a layer tree.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -109,12 +110,26 @@ class Layer {
   // statistics); FailedPrecondition if no Forward ran. dy is not modified.
   virtual absl::StatusOr<Tensor> Backward(const Tensor& dy, bool need_dx) = 0;
 
+  // Called by a layer inside Backward as soon as its parameter gradients are
+  // final, before it computes dx (Linear does: their communication can start
+  // while dx is computed; the layer still reads its parameters until
+  // Backward returns); a layer that does not call it has them final when
+  // Backward returns. Null (the default): nothing. Set by the sequence
+  // around one Backward; must outlive it.
+  void set_gradients_ready(const std::function<void()>* ready) { gradients_ready_ = ready; }
+
  protected:
   explicit Layer(Device* device) : device_(device) {}
   Device* device() const { return device_; }
+  // The notice above, if one is set.
+  void GradientsReady() const {
+    if (gradients_ready_ != nullptr) (*gradients_ready_)();
+  }
+  bool wants_gradients_ready() const { return gradients_ready_ != nullptr; }
 
  private:
   Device* device_;
+  const std::function<void()>* gradients_ready_ = nullptr;
 };
 
 // For the layers' implementations: errors that name the layer, checks of the

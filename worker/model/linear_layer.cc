@@ -52,6 +52,20 @@ absl::StatusOr<Tensor> Linear::Backward(const Tensor& dy, bool need_dx) {
   if (need_dx) {
     PS_ASSIGN_OR_RETURN(dx, dx_.Get(device(), x_.shape()));
   }
+  if (need_dx && wants_gradients_ready()) {
+    // The parameter gradients first, handed over, then dx: the same kernels
+    // on the same slices as the one call below, so the same results.
+    PS_RETURN_IF_ERROR(kernels::LinearBackward(*device(), x_.dim(0), in_features_, out_features_,
+                                               x_.data<float>(), weight_.data<float>(),
+                                               dy.data<float>(), /*dx=*/nullptr,
+                                               MutableF32(weight_grad_), MutableF32(bias_grad_)));
+    GradientsReady();
+    PS_RETURN_IF_ERROR(kernels::LinearBackward(*device(), x_.dim(0), in_features_, out_features_,
+                                               x_.data<float>(), weight_.data<float>(),
+                                               dy.data<float>(), MutableF32(dx),
+                                               /*dweight=*/nullptr, /*dbias=*/nullptr));
+    return dx;
+  }
   PS_RETURN_IF_ERROR(kernels::LinearBackward(*device(), x_.dim(0), in_features_, out_features_,
                                              x_.data<float>(), weight_.data<float>(),
                                              dy.data<float>(), need_dx ? MutableF32(dx) : nullptr,

@@ -22,6 +22,11 @@ class ParameterHooks {
   // pass and is ForwardBackward's result.
   virtual absl::Status BeforeForward(int64_t begin, int64_t end) = 0;
 
+  // Inside the layer's backward pass, for layers that say so (Linear):
+  // gradient elements [begin, end) are final, but the layer still reads its
+  // parameters (it computes its input gradient next). AfterBackward follows.
+  virtual void GradientsReady(int64_t begin, int64_t end) {}
+
   // After the layer's backward pass: gradient elements [begin, end) are
   // final for this pass (on CUDA devices: enqueued, not necessarily
   // computed), and the layer will not read its parameters again in it.

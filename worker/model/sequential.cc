@@ -58,14 +58,26 @@ absl::StatusOr<Tensor> Sequential::Backward(const Tensor& dy, bool need_dx) {
   const LayerEvents events = events_ != nullptr ? *events_ : LayerEvents();
   Tensor g = dy;
   for (size_t i = layers_.size(); i-- > 0;) {
+    Layer& layer = *layers_[i].second;
+    const bool hooked = events.hooks != nullptr && i < child_parameters_.size() &&
+                        child_parameters_[i].first < child_parameters_[i].second;
+    // A layer that has its gradients before it is done (Linear, before dx)
+    // says so, and the hooks hear it at once.
+    const std::function<void()> ready = [&] {
+      events.hooks->GradientsReady(child_parameters_[i].first, child_parameters_[i].second);
+    };
+    if (hooked) layer.set_gradients_ready(&ready);
+    absl::StatusOr<Tensor> next;
     {
       ScopedEvent event(events.observer, events.clock, EventKind::kBackward, events.lane,
                         events.step, event_names_[i]);
       // Every layer but the first needs its input gradient for the one below.
-      PS_ASSIGN_OR_RETURN(g, layers_[i].second->Backward(g, i > 0 || need_dx));
+      next = layer.Backward(g, i > 0 || need_dx);
     }
-    if (events.hooks != nullptr && i < child_parameters_.size() &&
-        child_parameters_[i].first < child_parameters_[i].second) {
+    layer.set_gradients_ready(nullptr);
+    PS_RETURN_IF_ERROR(next.status());
+    g = *std::move(next);
+    if (hooked) {
       events.hooks->AfterBackward(child_parameters_[i].first, child_parameters_[i].second);
     }
   }
