@@ -53,14 +53,18 @@ struct PushPullOptions {
 //   AwaitParameters(begin, end)   -> (the forward pass, layer by layer) the
 //                                    range holds the previous iteration's
 //                                    result
+//   EarlyGradientsFrom(offset)    -> (inside a layer's backward, optional)
+//                                    push the buckets wholly above offset,
+//                                    hold their pulls
 //   GradientsReadyFrom(offset)    -> (the backward pass, layer by layer)
-//                                    push the buckets wholly above offset
+//                                    push the buckets wholly above offset,
+//                                    and let their pulls land
 //   AwaitAll()                    -> (optional) every bucket holds version()
-// The gradient buffer's bucket must not change from GradientsReadyFrom
+// The gradient buffer's bucket must not change from its first ...From call
 // until its push is done, and the parameter buffer's bucket must not be
-// read between its push and AwaitParameters returning for it: the caller's
-// forward waits, and backward writes a bucket's gradients only after the
-// forward that waited for it.
+// read between GradientsReadyFrom covering it and AwaitParameters returning
+// for it: the caller's forward waits, and backward writes a bucket's
+// gradients only after the forward that waited for it.
 //
 // Errors: the first failing push or pull is kept; every later Await returns
 // it and nothing more is issued.
