@@ -258,15 +258,21 @@ absl::Status Trainer::AccumulateMetrics(Device& device, const model::DeviceMetri
   return kernels::Axpy(device, 1, 1.f, metrics.correct, sums + 1);
 }
 
+int64_t Trainer::GlobalBatchSize(int64_t step) const {
+  return std::min<int64_t>(options_.batch_size, train_->size() - step * options_.batch_size);
+}
+
+Part Trainer::WorkerPart(int64_t step) const {
+  return SplitEvenly(GlobalBatchSize(step), registration_.num_workers, registration_.rank);
+}
+
 absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_t>* shard_sizes) {
   if (order_epoch_ != epoch) {
     order_ = data::EpochOrder(train_->size(), options_.seed, epoch, options_.shuffle);
     order_epoch_ = epoch;
   }
   const int64_t batch_begin = step * options_.batch_size;
-  const int64_t batch_size =
-      std::min<int64_t>(options_.batch_size, train_->size() - batch_begin);
-  const Part worker = SplitEvenly(batch_size, registration_.num_workers, registration_.rank);
+  const Part worker = WorkerPart(step);
   shard_sizes->assign(devices_.size(), 0);
   for (size_t d = 0; d < devices_.size(); ++d) {
     const Part shard = SplitEvenly(worker.size, static_cast<int>(devices_.size()),
@@ -382,18 +388,17 @@ absl::Status Trainer::Compute(int64_t iteration, const std::vector<int64_t>& sha
 
 absl::Status Trainer::ReplayCompute(int64_t iteration, StepPhases& phases) {
   // The measured pass, point by point: sleep through each gap, then do what
-  // the pass did there (real time: the replay stands in for real work).
+  // the pass did there, through the hooks a real pass would call (real
+  // time: the replay stands in for real work).
   ScopedEvent event(options_.observer, clock_, EventKind::kCompute, DeviceLane(0), iteration);
+  OverlapHooks hooks(scheduler_.get(), &phases);
   for (const ComputeProfile::Point& point : replay_profile_.points) {
     absl::SleepFor(absl::Nanoseconds(point.gap_ns));
     if (!overlapping_) continue;
-    if (point.kind == ComputeProfile::Point::kNeedParameters &&
-        !scheduler_->HasParameters(point.begin, point.end)) {
-      phases.Begin(EventKind::kWait);
-      PS_RETURN_IF_ERROR(scheduler_->AwaitParameters(point.begin, point.end));
-      phases.Begin(EventKind::kCompute);
+    if (point.kind == ComputeProfile::Point::kNeedParameters) {
+      PS_RETURN_IF_ERROR(hooks.BeforeForward(point.begin, point.end));
     } else if (point.kind == ComputeProfile::Point::kGradientsReady) {
-      scheduler_->GradientsReadyFrom(point.begin);
+      hooks.AfterBackward(point.begin, point.end);
     }
   }
   return absl::OkStatus();
@@ -408,10 +413,8 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   phases.Begin(EventKind::kData);
   std::vector<int64_t> shard_sizes;
   if (options_.replay_compute) {
-    // Only the sizes: nothing reads the samples.
-    const int64_t batch =
-        std::min<int64_t>(options_.batch_size, train_->size() - step * options_.batch_size);
-    shard_sizes = {SplitEvenly(batch, registration_.num_workers, registration_.rank).size};
+    // Only the size (one device): nothing reads the samples.
+    shard_sizes = {WorkerPart(step).size};
   } else {
     PS_RETURN_IF_ERROR(LoadShards(epoch, step, &shard_sizes));
   }
@@ -558,10 +561,8 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
       }
       ++total_steps;
       ++stats.steps;
-      const int64_t batch_begin = step * options_.batch_size;
-      const int64_t batch = std::min<int64_t>(options_.batch_size, train_->size() - batch_begin);
-      stats.samples += SplitEvenly(batch, registration_.num_workers, registration_.rank).size;
-      global_samples += batch;
+      stats.samples += WorkerPart(step).size;
+      global_samples += GlobalBatchSize(step);
       if (on_step_) {
         StepProgress p;
         p.epoch = epoch + 1;

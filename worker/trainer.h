@@ -20,6 +20,7 @@
 #include "worker/model/model.h"
 #include "worker/parameter_store.h"
 #include "worker/push_pull_scheduler.h"
+#include "worker/split_batch.h"
 #include "worker/time_split.h"
 #include "worker/training_report.h"
 
@@ -194,6 +195,10 @@ class Trainer {
                        StepPhases& phases);
   absl::Status ReplayCompute(int64_t iteration, StepPhases& phases);
   absl::Status LoadShards(int64_t epoch, int64_t step, std::vector<int64_t>* shard_sizes);
+  // The samples of global batch `step` (the last of an epoch may be short),
+  // and this worker's part of them.
+  int64_t GlobalBatchSize(int64_t step) const;
+  Part WorkerPart(int64_t step) const;
   // Gathers samples `indices` of `data` into replica r's input tensors (via
   // its pinned staging buffers when its memory is not host memory).
   absl::Status StageBatch(Replica& r, const data::Dataset& data,
