@@ -239,10 +239,9 @@ absl::Status ShardedParameterStore::Push(int64_t iteration, int64_t num_samples,
     return absl::InvalidArgumentError(absl::StrCat("gradient has ", gradient.size(),
                                                    " elements, the model ", num_parameters_));
   }
-  return OnEveryShard([&](Shard& shard) {
-    const ShardPart& part = plan_.shards[shard.index];
-    return shard.store->Push(iteration, num_samples,
-                             gradient.subspan(part.flat_begin, part.elements()));
+  // Every shard's segments at once: the pipeline's call, waited for.
+  return AwaitDone([&](Done done) {
+    PushSegments(iteration, num_samples, 0, first_segment_.back(), gradient, std::move(done));
   });
 }
 

@@ -32,8 +32,9 @@ struct ShardedStoreOptions {
 // element range of the flat buffer, as whole tensors and 1-D range pieces)
 // and registers each shard's sub-signature with it; Push and Pull hand each
 // shard's RemoteParameterStore its span of the caller's buffer and run the
-// shards concurrently, one long-lived thread per shard, each store sending
-// its own messages concurrently too. No tensor bytes are copied beyond what
+// shards concurrently (Push through PushSegments, with no thread of its
+// own; Pull, WaitForVersion and Register on one long-lived thread per
+// shard), each store sending its own messages concurrently too. No tensor bytes are copied beyond what
 // RemoteParameterStore copies (a pull reply out of gRPC's slices), since a
 // shard's flat buffer is a slice of the worker's.
 //
