@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "common/fake_observer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
