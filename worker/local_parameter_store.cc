@@ -28,6 +28,12 @@ absl::StatusOr<ParameterStore::Registration> LocalParameterStore::Register(
                       server_->Register("local", signature, /*requested_rank=*/-1,
                                         steps_per_epoch_));
   signature_ = signature;
+  key_ends_.clear();
+  int64_t offset = 0;
+  for (const ParamSpec& spec : signature_) {
+    offset += NumElements(spec.shape);
+    key_ends_.push_back(offset);
+  }
   rank_ = reg.rank;
   if (reg.send_initial_parameters) {
     PS_ASSIGN_OR_RETURN(std::vector<server::ParameterServer::ChunkData> chunks,
@@ -78,15 +84,7 @@ absl::StatusOr<int64_t> LocalParameterStore::Pull(int64_t version, absl::Span<fl
   return server_->Pull(version, absl::Now(), params);
 }
 
-std::vector<int64_t> LocalParameterStore::SegmentEnds() const {
-  std::vector<int64_t> ends;
-  int64_t offset = 0;
-  for (const ParamSpec& spec : signature_) {
-    offset += NumElements(spec.shape);
-    ends.push_back(offset);
-  }
-  return ends;
-}
+std::vector<int64_t> LocalParameterStore::SegmentEnds() const { return key_ends_; }
 
 absl::Status LocalParameterStore::CheckSegments(int first, int last, size_t flat_size) const {
   if (first < 0 || last < first || last > static_cast<int>(signature_.size())) {
@@ -94,11 +92,10 @@ absl::Status LocalParameterStore::CheckSegments(int first, int last, size_t flat
                                                    ") out of range: the model has ",
                                                    signature_.size()));
   }
-  const std::vector<int64_t> ends = SegmentEnds();
-  if (static_cast<int64_t>(flat_size) != (ends.empty() ? 0 : ends.back())) {
-    return absl::InvalidArgumentError(absl::StrCat("a buffer of ", flat_size,
-                                                   " elements for a model of ",
-                                                   ends.empty() ? 0 : ends.back()));
+  const int64_t size = key_ends_.empty() ? 0 : key_ends_.back();
+  if (static_cast<int64_t>(flat_size) != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a buffer of ", flat_size, " elements for a model of ", size));
   }
   return absl::OkStatus();
 }
@@ -120,11 +117,10 @@ void LocalParameterStore::PushSegments(int64_t iteration, int64_t num_samples, i
 void LocalParameterStore::PullSegments(int64_t version, int first, int last,
                                        absl::Span<float> params, Done done) {
   if (absl::Status s = CheckSegments(first, last, params.size()); !s.ok()) return done(s);
-  const std::vector<int64_t> ends = SegmentEnds();
   std::vector<server::ParameterServer::ChunkOut> outs;
   for (int key = first; key < last; ++key) {
-    const int64_t begin = key == 0 ? 0 : ends[key - 1];
-    outs.push_back({key, /*chunk=*/0, params.subspan(begin, ends[key] - begin)});
+    const int64_t begin = key == 0 ? 0 : key_ends_[key - 1];
+    outs.push_back({key, /*chunk=*/0, params.subspan(begin, key_ends_[key] - begin)});
   }
   absl::StatusOr<int64_t> got = server_->PullChunks(version, absl::Now(), outs);
   if (got.ok() && *got != version) {

@@ -55,6 +55,7 @@ class LocalParameterStore final : public ParameterStore {
   std::unique_ptr<CpuDevice> device_;
   std::unique_ptr<server::ParameterServer> server_;
   std::vector<ParamSpec> signature_;
+  std::vector<int64_t> key_ends_;  // SegmentEnds(): each key's end, flat
   int rank_ = 0;
   int64_t steps_per_epoch_ = 0;
 };
