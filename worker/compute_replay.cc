@@ -31,6 +31,10 @@ absl::Status ProfilingHooks::BeforeForward(int64_t begin, int64_t end) {
   return absl::OkStatus();
 }
 
+void ProfilingHooks::GradientsReady(int64_t begin, int64_t end) {
+  Mark(ComputeProfile::Point::kGradientsEarly, begin, end);
+}
+
 void ProfilingHooks::AfterBackward(int64_t begin, int64_t end) {
   Mark(ComputeProfile::Point::kGradientsReady, begin, end);
 }

@@ -21,6 +21,8 @@ struct ComputeProfile {
   struct Point {
     enum Kind {
       kNeedParameters,  // a layer's forward is about to read [begin, end)
+      kGradientsEarly,  // inside a layer's backward, [begin, end) is final
+                        // but the layer still reads its parameters
       kGradientsReady,  // a layer's backward has made [begin, end) final
       kEnd,             // the pass has returned
     };
@@ -47,6 +49,7 @@ class ProfilingHooks final : public model::ParameterHooks {
 
   void BeginPass();
   absl::Status BeforeForward(int64_t begin, int64_t end) override;
+  void GradientsReady(int64_t begin, int64_t end) override;
   void AfterBackward(int64_t begin, int64_t end) override;
   absl::Status EndPass();
 

@@ -397,6 +397,8 @@ absl::Status Trainer::ReplayCompute(int64_t iteration, StepPhases& phases) {
     if (!overlapping_) continue;
     if (point.kind == ComputeProfile::Point::kNeedParameters) {
       PS_RETURN_IF_ERROR(hooks.BeforeForward(point.begin, point.end));
+    } else if (point.kind == ComputeProfile::Point::kGradientsEarly) {
+      hooks.GradientsReady(point.begin, point.end);
     } else if (point.kind == ComputeProfile::Point::kGradientsReady) {
       hooks.AfterBackward(point.begin, point.end);
     }

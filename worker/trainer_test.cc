@@ -367,14 +367,17 @@ TEST(TrainerTest, ReplayedComputeTakesTheMeasuredTimeAndPushesRealGradients) {
     ASSERT_NE(profile, nullptr);
     EXPECT_EQ(profile->passes, 3);
     EXPECT_GT(profile->step_ns(), 0);
-    // LeNet's five layers with parameters, each needed and each ready.
-    int needs = 0, readies = 0;
+    // LeNet's five layers with parameters, each needed and each ready; its
+    // three Linear layers hand their gradients over early too.
+    int needs = 0, readies = 0, early = 0;
     for (const auto& p : profile->points) {
       needs += p.kind == ComputeProfile::Point::kNeedParameters;
+      early += p.kind == ComputeProfile::Point::kGradientsEarly;
       readies += p.kind == ComputeProfile::Point::kGradientsReady;
     }
     EXPECT_EQ(needs, 5);
     EXPECT_EQ(readies, 5);
+    EXPECT_EQ(early, 3);
     const std::vector<float> before = *(*trainer)->model().flat_parameters().ToVector();
     auto report = (*trainer)->Run();
     ASSERT_TRUE(report.ok()) << report.status();
