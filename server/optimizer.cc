@@ -1,6 +1,8 @@
 #include "server/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -94,6 +96,17 @@ absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t
   return kernels::SgdUpdateCpu(*device_, n, hyper, 1.f / static_cast<float>(num_samples),
                                grad_sum.data(), params.data(),
                                momentum_.empty() ? nullptr : momentum_.data() + offset);
+}
+
+absl::Status SgdOptimizer::RestoreMomentum(absl::Span<const float> momentum) {
+  if (momentum.size() != momentum_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a momentum buffer of ", momentum.size(), " elements for an optimizer ",
+        momentum_.empty() ? std::string("without momentum")
+                          : absl::StrCat("with momentum over ", momentum_.size(), " parameters")));
+  }
+  std::copy(momentum.begin(), momentum.end(), momentum_.begin());
+  return absl::OkStatus();
 }
 
 }  // namespace ps::server

@@ -77,6 +77,11 @@ class SgdOptimizer {
   int64_t num_parameters() const { return num_parameters_; }
   // The momentum buffer (empty without momentum), for checkpoints.
   absl::Span<const float> momentum() const { return momentum_; }
+  // Sets the momentum buffer from a checkpoint: `momentum` must have
+  // num_parameters() elements with momentum, none without
+  // (kInvalidArgument otherwise, changing nothing). Not concurrent with
+  // updates.
+  absl::Status RestoreMomentum(absl::Span<const float> momentum);
 
  private:
   SgdOptimizer(const OptimizerOptions& options, int64_t num_parameters, CpuDevice* device);

@@ -4,7 +4,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <random>
 
+#include <sys/random.h>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/f32_pieces.h"
@@ -55,10 +60,32 @@ std::vector<ParameterServer::ChunkBytes> AsChunkBytes(
   return out;
 }
 
+// `bytes` random bytes from the kernel's generator, in hex: unguessable, so
+// a session names its holder. (std::random_device only where getrandom
+// cannot serve, which on Linux >= 3.17 it always can.)
+std::string RandomHex(int bytes) {
+  std::string raw(bytes, '\0');
+  ssize_t got = 0;
+  while (got < bytes) {
+    const ssize_t n = getrandom(raw.data() + got, bytes - got, 0);
+    if (n <= 0) break;
+    got += n;
+  }
+  if (got < bytes) {
+    std::random_device device;
+    for (char& c : raw) c = static_cast<char>(device());
+  }
+  return absl::BytesToHexString(raw);
+}
+
 }  // namespace
 
-ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevice* device)
-    : options_(options), device_(device), workers_(options.num_workers) {}
+ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevice* device,
+                                 std::string incarnation)
+    : options_(options),
+      device_(device),
+      workers_(options.num_workers),
+      incarnation_(std::move(incarnation)) {}
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     const ParameterServerOptions& options, CpuDevice* device) {
@@ -74,7 +101,55 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     return absl::InvalidArgumentError("an event observer needs a clock");
   }
   PS_RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
-  return std::unique_ptr<ParameterServer>(new ParameterServer(options, device));
+  return std::unique_ptr<ParameterServer>(new ParameterServer(options, device, RandomHex(8)));
+}
+
+absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromState(
+    const ParameterServerOptions& options, State state, CpuDevice* device) {
+  if (state.version < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a saved state of version ", state.version));
+  }
+  if (state.steps_per_epoch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a saved state of ", state.steps_per_epoch, " steps per epoch"));
+  }
+  const bool with_momentum = options.optimizer.sgd.momentum != 0;
+  if (!state.momentum.empty() && state.momentum.size() != state.parameters.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the saved momentum has ",
+                                                   state.momentum.size(), " elements, the "
+                                                   "parameters ", state.parameters.size()));
+  }
+  if (with_momentum != !state.momentum.empty()) {
+    return absl::InvalidArgumentError(
+        with_momentum ? "the saved state has no momentum buffer, but this server's optimizer "
+                        "uses momentum"
+                      : "the saved state has a momentum buffer, but this server's optimizer "
+                        "uses none (--momentum=0)");
+  }
+  for (size_t i = 0; i < state.momentum.size(); ++i) {
+    if (!std::isfinite(state.momentum[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("saved momentum element ", i, " is not finite"));
+    }
+  }
+  std::vector<float> momentum = std::move(state.momentum);
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server,
+                      Create(options, state.signature, std::move(state.parameters), device));
+  absl::MutexLock lock(&server->mu_);
+  OptimizerOptions optimizer = options.optimizer;
+  optimizer.schedule.steps_per_epoch = std::max<int64_t>(1, state.steps_per_epoch);
+  PS_ASSIGN_OR_RETURN(server->optimizer_, SgdOptimizer::Create(
+                                              optimizer, server->layout_->num_parameters, device));
+  PS_RETURN_IF_ERROR(server->optimizer_->RestoreMomentum(momentum));
+  server->steps_per_epoch_ = state.steps_per_epoch;
+  server->version_ = state.version;
+  std::fill(server->chunk_version_.begin(), server->chunk_version_.end(), state.version);
+  for (int64_t gc = 0; gc < server->layout_->total_chunks; ++gc) {
+    Chunk& chunk = server->layout_->chunks[gc];
+    absl::MutexLock chunk_lock(&chunk.mu);
+    chunk.version = state.version;
+  }
+  return server;
 }
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
@@ -209,8 +284,11 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
   initial_chunks_received_ = 0;
   for (WorkerState& w : workers_) {
     w.pushed.assign(chunks, false);
+    w.carried.assign(chunks, false);
     w.num_samples = -1;
   }
+  claims_.assign(chunks, 0);
+  chunks_completed_ = 0;
   return absl::OkStatus();
 }
 
@@ -295,19 +373,57 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
                         SgdOptimizer::Create(optimizer, layout_->num_parameters, device_));
   }
   steps_per_epoch_ = steps_per_epoch;
-  workers_[rank].id = worker_id;
+  WorkerState& worker = workers_[rank];
+  if (worker.id == worker_id && initialized_) {
+    // A previous process of this worker: what it pushed of the iteration
+    // in progress is in the sums already (see Register in the header).
+    for (size_t gc = 0; gc < worker.pushed.size(); ++gc) {
+      if (worker.pushed[gc]) worker.carried[gc] = true;
+      worker.pushed[gc] = false;
+    }
+  }
+  worker.id = worker_id;
+  worker.session = absl::StrCat(incarnation_, "-", RandomHex(16));
   Registration reg;
   reg.rank = rank;
   reg.num_workers = static_cast<int>(workers_.size());
   reg.version = version_;
   reg.chunk_elements = options_.chunk_elements;
   reg.send_initial_parameters = !initialized_ && rank == 0;
+  reg.session = worker.session;
   if (reg.send_initial_parameters) {
     // A restarted rank 0 sends everything again.
     std::fill(initial_received_.begin(), initial_received_.end(), false);
     initial_chunks_received_ = 0;
   }
   return reg;
+}
+
+absl::Status ParameterServer::CheckSession(int rank, absl::string_view session) const {
+  const absl::string_view ours = incarnation_;
+  if (session.size() <= ours.size() || !absl::StartsWith(session, ours) ||
+      session[ours.size()] != '-') {
+    return absl::AbortedError(absl::StrCat(
+        session.empty() ? "no session credential"
+                        : "a session of another server process (this one restarted since)",
+        ": register again and resume from the server's version"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
+    return absl::NotFoundError(absl::StrCat("no worker holds rank ", rank));
+  }
+  // Compared in constant time: how far a guess matches must not show.
+  const std::string& expected = workers_[rank].session;
+  unsigned char diff = expected.size() != session.size();
+  for (size_t i = 0; i < std::min(expected.size(), session.size()); ++i) {
+    diff |= static_cast<unsigned char>(expected[i] ^ session[i]);
+  }
+  if (diff != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the session credential is not rank ", rank, "'s (worker '", workers_[rank].id,
+        "' registered it since, or it is another worker's)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParameterServer::CheckKeyChunkLocked(int key, int64_t chunk, int64_t* offset,
@@ -439,7 +555,10 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   //    its samples, its chunks): of two messages with a chunk in common
   //    one is refused here, having added nothing. From here on the message
   //    is added whole.
+  //    A chunk a previous process of this worker pushed (carried) is
+  //    claimed but not summed again.
   SgdOptimizer* optimizer = nullptr;
+  std::vector<bool> carried(chunks.size(), false);
   {
     absl::MutexLock lock(&mu_);
     PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
@@ -447,7 +566,16 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     for (size_t c = 0; c < chunks.size(); ++c) {
       if (worker.pushed[global_chunks[c]]) return AlreadyError(*layout, chunks[c], what);
     }
-    for (const int64_t gc : global_chunks) worker.pushed[gc] = true;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const int64_t gc = global_chunks[c];
+      worker.pushed[gc] = true;
+      if (worker.carried[gc]) {
+        worker.carried[gc] = false;
+        carried[c] = true;
+      } else if (++claims_[gc] == options_.num_workers) {
+        ++chunks_completed_;
+      }
+    }
     if (!chunks.empty()) worker.num_samples = num_samples;
     optimizer = optimizer_.get();
   }
@@ -456,6 +584,7 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   const int num_workers = options_.num_workers;
   std::vector<int64_t> complete;  // the chunks every worker has now pushed
   for (size_t c = 0; c < chunks.size(); ++c) {
+    if (carried[c]) continue;
     Chunk& chunk = layout->chunks[global_chunks[c]];
     absl::MutexLock lock(&chunk.mu);
     SumInRankOrderLocked(rank, chunk, chunks[c].pieces);
@@ -555,9 +684,17 @@ absl::Status ParameterServer::ApplyChunk(const Layout& layout, SgdOptimizer* opt
     // Every worker has pushed this chunk, so `samples` covers all of them.
     if (chunk.samples > 0) {
       absl::MutexLockMaybe device_lock(device_->num_threads() > 1 ? &device_mu_ : nullptr);
+      // Into the next buffer, keeping these parameters as the previous
+      // ones for exact pulls (see PullChunkViews).
+      std::shared_ptr<std::vector<float>> next = NextParamsLocked(chunk);
       PS_RETURN_IF_ERROR(optimizer->ApplyRange(iteration, chunk.samples,
                                                layout.chunk_offset[global_chunk], chunk.grad_sum,
-                                               absl::MakeSpan(MutableParamsLocked(chunk))));
+                                               absl::MakeSpan(*next)));
+      chunk.previous = std::move(chunk.params);
+      chunk.params = std::move(next);
+    } else {
+      // No samples: the parameters stay; version - 1's are the same.
+      chunk.previous = chunk.params;
     }
     chunk.version = iteration + 1;
     chunk.pushes = 0;
@@ -566,22 +703,80 @@ absl::Status ParameterServer::ApplyChunk(const Layout& layout, SgdOptimizer* opt
   }
   // Publish it; the event is reported under mu_ too, so that once a
   // version is visible every update event of it is in.
-  absl::MutexLock lock(&mu_);
-  chunk_version_[global_chunk] = iteration + 1;
-  const bool last = ++chunks_applied_ == layout.total_chunks;
-  if (last) {
-    // The iteration's last chunk: every worker's pushes are all in.
-    chunks_applied_ = 0;
-    for (WorkerState& w : workers_) {
-      std::fill(w.pushed.begin(), w.pushed.end(), false);
-      w.num_samples = -1;
+  std::vector<std::function<void(State)>> captures;
+  State state;
+  {
+    absl::MutexLock lock(&mu_);
+    chunk_version_[global_chunk] = iteration + 1;
+    const bool last = ++chunks_applied_ == layout.total_chunks;
+    if (last) {
+      // The iteration's last chunk: every worker's pushes are all in.
+      chunks_applied_ = 0;
+      chunks_completed_ = 0;
+      std::fill(claims_.begin(), claims_.end(), 0);
+      for (WorkerState& w : workers_) {
+        std::fill(w.pushed.begin(), w.pushed.end(), false);
+        std::fill(w.carried.begin(), w.carried.end(), false);
+        w.num_samples = -1;
+      }
+      ++version_;
+      // The boundary: no push of the next iteration can have been
+      // accepted yet (it needed this version), so nothing moves while the
+      // state is copied.
+      if (!captures_.empty()) captures = TakeCapturesLocked(&state);
     }
-    ++version_;
+    ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, iteration,
+                layout.signature[layout.chunk_key[global_chunk]].name,
+                length * static_cast<int64_t>(sizeof(float)), start_ns);
   }
-  ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, iteration,
-              layout.signature[layout.chunk_key[global_chunk]].name,
-              length * static_cast<int64_t>(sizeof(float)), start_ns);
+  for (auto& done : captures) done(state);
   return absl::OkStatus();
+}
+
+std::vector<std::function<void(ParameterServer::State)>> ParameterServer::TakeCapturesLocked(
+    State* state) {
+  state->version = version_;
+  state->steps_per_epoch = std::max<int64_t>(0, steps_per_epoch_);
+  state->signature = layout_->signature;
+  state->parameters.resize(layout_->num_parameters);
+  for (int64_t gc = 0; gc < layout_->total_chunks; ++gc) {
+    Chunk& chunk = layout_->chunks[gc];
+    absl::MutexLock chunk_lock(&chunk.mu);
+    std::copy(chunk.params->begin(), chunk.params->end(),
+              state->parameters.begin() + layout_->chunk_offset[gc]);
+  }
+  state->momentum.clear();
+  if (optimizer_ != nullptr) {
+    const absl::Span<const float> momentum = optimizer_->momentum();
+    state->momentum.assign(momentum.begin(), momentum.end());
+  } else if (options_.optimizer.sgd.momentum != 0) {
+    state->momentum.assign(layout_->num_parameters, 0.f);  // no update yet
+  }
+  std::vector<std::function<void(State)>> captures;
+  captures.swap(captures_);
+  return captures;
+}
+
+void ParameterServer::CaptureState(std::function<void(State)> done) {
+  std::vector<std::function<void(State)>> captures;
+  State state;
+  {
+    absl::MutexLock lock(&mu_);
+    captures_.push_back(std::move(done));
+    // At a boundary now (version 0 exists, no chunk of the iteration in
+    // progress completed): served here. Otherwise by the push that ends
+    // the iteration, or, before version 0, by this check once it exists.
+    if (!initialized_ || chunks_completed_ > 0) return;
+    captures = TakeCapturesLocked(&state);
+  }
+  for (auto& capture : captures) capture(state);
+}
+
+int ParameterServer::CancelCaptures() {
+  absl::MutexLock lock(&mu_);
+  const int n = static_cast<int>(captures_.size());
+  captures_.clear();
+  return n;
 }
 
 absl::Status ParameterServer::AwaitVersionLocked(int64_t version, absl::Time deadline) {
@@ -730,7 +925,7 @@ absl::StatusOr<int64_t> ParameterServer::Pull(int64_t version, absl::Time deadli
 }
 
 absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
-    int64_t version, absl::Time deadline, absl::Span<const ChunkId> chunks) {
+    int64_t version, absl::Time deadline, absl::Span<const ChunkId> chunks, bool exact) {
   const Layout* layout = nullptr;
   std::vector<int64_t> global_chunks;
   ChunkViews views;
@@ -751,10 +946,21 @@ absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
   for (size_t c = 0; c < global_chunks.size(); ++c) {
     Chunk& chunk = layout->chunks[global_chunks[c]];
     absl::MutexLock lock(&chunk.mu);
-    views.chunks.push_back(absl::MakeConstSpan(*chunk.params));
-    held->push_back(chunk.params);
-    elements += static_cast<int64_t>(chunk.params->size());
-    views.version = c == 0 ? chunk.version : std::min(views.version, chunk.version);
+    std::shared_ptr<std::vector<float>> params = chunk.params;
+    if (exact && chunk.version != version) {
+      if (chunk.version != version + 1 || chunk.previous == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "version ", version, " of chunk ", chunks[c].chunk, " of '",
+            layout->signature[chunks[c].key].name, "' is gone: the chunk is at version ",
+            chunk.version));
+      }
+      params = chunk.previous;
+    }
+    views.chunks.push_back(absl::MakeConstSpan(*params));
+    elements += static_cast<int64_t>(params->size());
+    held->push_back(std::move(params));
+    views.version = exact ? version
+                          : (c == 0 ? chunk.version : std::min(views.version, chunk.version));
   }
   views.keep_alive = std::move(held);
   ReportEvent(EventKind::kServerPull, kServerPullLane, views.version,
@@ -776,6 +982,23 @@ bool ParameterServer::HasChunks(int64_t version, absl::Span<const ChunkId> chunk
 bool ParameterServer::HasVersion(int64_t version) const {
   absl::MutexLock lock(&mu_);
   return initialized_ && version_ >= version;
+}
+
+std::shared_ptr<std::vector<float>> ParameterServer::NextParamsLocked(Chunk& chunk) {
+  // Reuse the previous parameters' buffer unless an exact pull's view still
+  // holds it (the count cannot grow: views are taken under the chunk's
+  // lock). The acquire fence pairs with the last holder's release.
+  std::shared_ptr<std::vector<float>> next;
+  if (chunk.previous != nullptr && chunk.previous.use_count() == 1 &&
+      chunk.previous != chunk.params) {
+    next = std::move(chunk.previous);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    std::copy(chunk.params->begin(), chunk.params->end(), next->begin());
+  } else {
+    chunk.previous.reset();
+    next = std::make_shared<std::vector<float>>(*chunk.params);
+  }
+  return next;
 }
 
 std::vector<float>& ParameterServer::MutableParamsLocked(Chunk& chunk) {

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,7 +87,9 @@ struct NamedTensor {
 // PullChunkViews wait for chunk versions; Pull, WaitForVersion and
 // HasVersion for the server's version (every chunk).
 //
-// Memory: the parameters, the momentum buffer (with momentum), one gradient
+// Memory: the parameters, their previous version (for exact pulls; each
+// update writes the other buffer instead of updating in place, a copy of
+// the chunk per update), the momentum buffer (with momentum), one gradient
 // sum (a model's worth each), plus the chunks held early for their rank's
 // turn (see below: at most num_workers - 1 models when pushes arrive in
 // reverse rank order), plus one chunk's copy for each chunk that a
@@ -152,6 +155,39 @@ class ParameterServer {
       const ParameterServerOptions& options, std::vector<NamedTensor> initial,
       CpuDevice* device);
 
+  // The server's whole state at a version boundary (between two
+  // iterations), as a checkpoint holds it.
+  struct State {
+    int64_t version = 0;          // parameters after this many updates
+    int64_t steps_per_epoch = 0;  // the learning-rate schedule's epoch length
+    std::vector<ParamSpec> signature;
+    std::vector<float> parameters;  // flat, in signature order
+    std::vector<float> momentum;    // flat; empty without momentum
+  };
+  // A server resumed from `state` (a checkpoint): version `state.version`
+  // exists at once, with the learning-rate schedule at that update and the
+  // momentum buffer restored, so the next updates are bit for bit those
+  // the saved server would have made. Workers must state the same signature
+  // and steps per epoch. kInvalidArgument for sizes that do not match the
+  // signature, a momentum buffer without momentum (or none with it), a
+  // non-finite value or a negative version.
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> CreateFromState(
+      const ParameterServerOptions& options, State state, CpuDevice* device);
+
+  // Calls `done` exactly once with the state at the first version boundary
+  // from now: on this thread at once when the iteration in progress has
+  // completed no chunk yet (nothing of it has been applied), otherwise on
+  // the thread of the push that completes the iteration, just before the
+  // new version is published (so no update can run meanwhile). Copies the
+  // parameters and momentum (two models of memory, a few milliseconds per
+  // 10M parameters) under the bookkeeping lock. Before version 0 exists the
+  // request waits for version 1. `done` must not call back into the server.
+  // Requests made before one is served are served together.
+  void CaptureState(std::function<void(State)> done);
+  // Drops the CaptureState requests not yet served (their `done` is never
+  // called); returns how many.
+  int CancelCaptures();
+
   struct Registration {
     int rank = 0;
     int num_workers = 1;
@@ -161,6 +197,9 @@ class ParameterServer {
     // before anyone can pull version 0: it has rank 0 and the server has
     // none yet.
     bool send_initial_parameters = false;
+    // The worker's credential for acting as `rank` (CheckSession): this
+    // server's incarnation and a random secret, new at every registration.
+    std::string session;
   };
 
   // Registers worker `worker_id` with its model's signature. The worker gets
@@ -169,6 +208,16 @@ class ParameterServer {
   // `steps_per_epoch` is the number of iterations in one epoch of the
   // workers' data (0: not stated); all workers must state the same, and a
   // schedule in epochs needs it.
+  //
+  // Rejoining: a worker that registers again while an iteration is in
+  // progress (its process restarted) resumes at that iteration (the
+  // version returned; pull it exactly, see PullChunkViews). What its
+  // previous process already pushed of the iteration is counted once: the
+  // same chunks pushed again are accepted and dropped, since a worker's
+  // gradient is a function of the version and the step (same parameters,
+  // same data), so the sum is bit for bit that of a run without the
+  // restart. The previous process's session stops working.
+  //
   // Errors: kFailedPrecondition when the signature differs (the message names
   // the first difference), when the named initial tensors lack one of its
   // parameters or disagree on a shape, when steps_per_epoch differs from
@@ -180,6 +229,17 @@ class ParameterServer {
   absl::StatusOr<Registration> Register(const std::string& worker_id,
                                         const std::vector<ParamSpec>& signature,
                                         int requested_rank = -1, int64_t steps_per_epoch = 0);
+
+  // Whether `session` is the credential the last registration of `rank`
+  // returned. kAborted when it comes from another incarnation of the
+  // server (this process restarted since: the worker must register again
+  // and resume from the server's version) or is empty; kPermissionDenied
+  // when it is this incarnation's but not `rank`'s (another worker's, or a
+  // previous process of this one); kNotFound for a rank no worker holds.
+  // The transport checks it before a push or initial value is applied.
+  absl::Status CheckSession(int rank, absl::string_view session) const;
+  // This server process's random identity, the prefix of its sessions.
+  const std::string& incarnation() const { return incarnation_; }
 
   // Adds chunk `chunk` of key `key` (elements [chunk * chunk_elements, ...)
   // of that parameter) of the gradient of worker `rank`, computed at
@@ -269,8 +329,17 @@ class ParameterServer {
     std::shared_ptr<const void> keep_alive;
     std::vector<absl::Span<const float>> chunks;  // in request order
   };
+  //
+  // `exact`: every chunk exactly at `version`, even one whose update of
+  // iteration `version` is already applied (its previous parameters are
+  // kept until its next update: one model's memory, and a copy of each
+  // chunk per update instead of updating in place): what a worker that
+  // rejoins mid-iteration needs to recompute that iteration. The views'
+  // version is then `version`; kFailedPrecondition, after the wait, for a
+  // chunk more than one update ahead.
   absl::StatusOr<ChunkViews> PullChunkViews(int64_t version, absl::Time deadline,
-                                            absl::Span<const ChunkId> chunks);
+                                            absl::Span<const ChunkId> chunks,
+                                            bool exact = false);
   // Whether PullChunkViews(version, ..., chunks) would return without
   // waiting: every chunk has its version (or the request is empty and the
   // server has it), or some chunk does not exist (the pull answers with
@@ -315,6 +384,10 @@ class ParameterServer {
     // ChunkViews still holds. Shared with the ChunkViews handed out;
     // written only through MutableParamsLocked.
     std::shared_ptr<std::vector<float>> params ABSL_GUARDED_BY(mu);
+    // The parameters before the last update (version - 1), kept for exact
+    // pulls; null before the first update. The next update writes into it
+    // (unless a view still holds it) and makes the current ones previous.
+    std::shared_ptr<std::vector<float>> previous ABSL_GUARDED_BY(mu);
     // Updates applied to params (published to chunk_version_ just after).
     int64_t version ABSL_GUARDED_BY(mu) = 0;
     // This iteration: the sum of ranks 0 .. ranks_summed - 1's gradients,
@@ -351,7 +424,8 @@ class ParameterServer {
     int64_t GlobalChunk(int key, int64_t chunk) const;
   };
 
-  ParameterServer(const ParameterServerOptions& options, CpuDevice* device);
+  ParameterServer(const ParameterServerOptions& options, CpuDevice* device,
+                  std::string incarnation);
 
   // Takes `signature` as the job's: lays out keys and chunks, and the
   // initial values when the server was given some. State is unchanged on
@@ -390,6 +464,16 @@ class ParameterServer {
   // still holds its current buffer (copy on write).
   static std::vector<float>& MutableParamsLocked(Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // The buffer an update writes: the previous parameters' (or a fresh one
+  // when a view still holds it) with a copy of the current ones in it;
+  // CommitUpdateLocked then makes it current and the current previous.
+  static std::shared_ptr<std::vector<float>> NextParamsLocked(Chunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Copies the current state at the boundary (every chunk at version_,
+  // nothing of the iteration applied) and hands it to the pending
+  // CaptureState requests, which it returns to be run outside mu_.
+  std::vector<std::function<void(State)>> TakeCapturesLocked(State* state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies iteration `iteration`'s update to global chunk `global_chunk`,
   // which every worker has pushed, under the chunk's lock, then publishes
   // it under mu_; after the iteration's last chunk, publishes version + 1
@@ -459,12 +543,26 @@ class ParameterServer {
 
   struct WorkerState {
     std::string id;
+    std::string session;  // the last registration's credential
     // Per global chunk, this iteration: claimed by a message that passed
     // every check (its sum may still be under way).
     std::vector<bool> pushed;
+    // Per global chunk, this iteration: pushed by a previous process of
+    // this worker, which registered again since; a push of it is accepted
+    // and dropped (see Register).
+    std::vector<bool> carried;
     int64_t num_samples = -1;  // this iteration; -1 before the first chunk
   };
   std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
+
+  const std::string incarnation_;
+  // Per global chunk, this iteration: how many workers have claimed it
+  // (PushChunkBytes step 3); chunks_completed_ counts those all have, whose
+  // update may be under way. None completed: nothing of the iteration is
+  // applied, the state is at a boundary.
+  std::vector<int> claims_ ABSL_GUARDED_BY(mu_);
+  int64_t chunks_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::function<void(State)>> captures_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ps::server

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -491,8 +492,16 @@ TEST_F(ParameterServerTest, PullChunkViewsStayUnchangedWhileHeld) {
   PushAll(*server, 0, 1, 1.f, 1);
   views = server->PullChunkViews(2, absl::InfiniteFuture(), ids);
   ASSERT_TRUE(views.ok());
-  EXPECT_EQ(views->chunks[0].data(), current);  // in place: nobody held it
+  // Into the buffer of two versions ago, which nobody holds: no allocation.
+  EXPECT_EQ(views->chunks[0].data(), held);
   EXPECT_EQ(views->chunks[0][0], -1.5f);
+  // Version 1 is still there for an exact pull, in its own buffer.
+  auto exact = server->PullChunkViews(1, absl::InfiniteFuture(), ids, /*exact=*/true);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(exact->version, 1);
+  EXPECT_EQ(exact->chunks[0].data(), current);
+  EXPECT_EQ(exact->chunks[0][0], -0.5f);
+  EXPECT_EQ(exact->chunks[1][1], 5.f);
 
   const ParameterServer::ChunkId bad[] = {{1, 1}};
   EXPECT_EQ(server->PullChunkViews(0, absl::InfiniteFuture(), bad).status().code(),
@@ -656,8 +665,8 @@ TEST_F(ParameterServerTest, AnUpdateCopiesOnlyTheChunksStillViewed) {
   const float* const b0 = held.chunks[1].data();
   const float* const c0 = pull(0, c).chunks[0].data();  // let go at once
 
-  // 1. A's update, with A viewed: A is copied, B (viewed, not updated) and
-  //    C (updated, not viewed) are not.
+  // 1. A's and C's first updates write fresh buffers (there is no
+  //    previous one yet); B (viewed, not updated) stays where it is.
   push_both(0, a[0]);
   push_both(0, c[0]);
   EXPECT_EQ(Values(held.chunks[0]), (std::vector<float>{1, 2, 3, 4}));
@@ -666,7 +675,7 @@ TEST_F(ParameterServerTest, AnUpdateCopiesOnlyTheChunksStillViewed) {
   EXPECT_EQ(Values(fresh.chunks[0]), (std::vector<float>{0, 1, 2, 3}));
   EXPECT_EQ(pull(0, b).chunks[0].data(), b0);
   ParameterServer::ChunkViews c1 = pull(1, c);
-  EXPECT_EQ(c1.chunks[0].data(), c0);
+  EXPECT_NE(c1.chunks[0].data(), c0);
   EXPECT_EQ(Values(c1.chunks[0]), (std::vector<float>{4, 5}));
 
   // 2. B's update, B still viewed: the view keeps B's old values, a new
@@ -679,19 +688,209 @@ TEST_F(ParameterServerTest, AnUpdateCopiesOnlyTheChunksStillViewed) {
   EXPECT_EQ(Values(b1.chunks[0]), (std::vector<float>{-0.5f, -1.5f}));
   EXPECT_EQ(Params(*server), (std::vector<float>{0, 1, 2, 3, 4, 5, -0.5f, -1.5f}));
 
-  // 3. Once every view is let go, the next updates write in place; a copy of
-  //    the keep_alive alone keeps its chunks as they were.
-  const float* const a1 = fresh.chunks[0].data();
+  // 3. Once every view is let go, the next updates write into the buffers
+  //    of two versions ago (no allocation); a copy of the keep_alive alone
+  //    keeps its chunks as they were. An exact view of a previous version
+  //    held across the next update makes that update allocate.
   const float* const b1_data = b1.chunks[0].data();
   std::shared_ptr<const void> only_b1 = b1.keep_alive;
   held = fresh = b1 = c1 = ParameterServer::ChunkViews();
   for (const auto& id : {a[0], b[0], c[0]}) push_both(1, id);
   EXPECT_EQ(server->version(), 2);
-  EXPECT_EQ(pull(2, a).chunks[0].data(), a1);
+  EXPECT_EQ(pull(2, a).chunks[0].data(), a0);
+  EXPECT_EQ(pull(2, c).chunks[0].data(), c0);
   EXPECT_EQ(b1_data[0], -0.5f);  // still held through the copied keep_alive
-  EXPECT_NE(pull(2, b).chunks[0].data(), b1_data);
+  EXPECT_EQ(pull(2, b).chunks[0].data(), b0);
   EXPECT_EQ(Params(*server), (std::vector<float>{-1, 0, 1, 2, 3, 4, -1.5f, -2.5f}));
   only_b1.reset();
+}
+
+// A session is the credential of one registration of one rank: another
+// rank's, an older registration's and another server process's are each
+// refused with their own code.
+TEST_F(ParameterServerTest, SessionsNameTheirRankAndRegistration) {
+  auto server = MakeServer(2);
+  auto a = server->Register("a", Signature());
+  auto b = server->Register("b", Signature());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(absl::StartsWith(a->session, server->incarnation()));
+  EXPECT_NE(a->session, b->session);
+  EXPECT_TRUE(server->CheckSession(a->rank, a->session).ok());
+  EXPECT_TRUE(server->CheckSession(b->rank, b->session).ok());
+  EXPECT_EQ(server->CheckSession(a->rank, b->session).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(server->CheckSession(a->rank, "").code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(server->CheckSession(a->rank, "0123456789abcdef-00").code(),
+            absl::StatusCode::kAborted);
+  // The same incarnation with a guessed secret is somebody else.
+  EXPECT_EQ(server->CheckSession(a->rank, absl::StrCat(server->incarnation(), "-00")).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(server->CheckSession(7, a->session).code(), absl::StatusCode::kNotFound);
+  // Registering again (a restarted process) retires the old session.
+  auto again = server->Register("a", Signature());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->rank, a->rank);
+  EXPECT_EQ(server->CheckSession(a->rank, a->session).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(server->CheckSession(a->rank, again->session).ok());
+  // Another server process has another incarnation.
+  EXPECT_NE(MakeServer(2)->incarnation(), server->incarnation());
+}
+
+// Gradients of two workers for iteration `it`, chunk by chunk: worker r's
+// value for element i is a function of (it, r, i), as a real worker's is of
+// (version, step), so a restarted worker recomputes the same bits.
+float GradientOf(int64_t it, int rank, int64_t i) {
+  return 0.1f * static_cast<float>(it + 1) + 0.01f * static_cast<float>(rank) -
+         0.003f * static_cast<float>(i);
+}
+void PushChunkOf(ParameterServer& server, int rank, int64_t it, int key, int64_t chunk,
+                 absl::StatusCode expected = absl::StatusCode::kOk) {
+  const int64_t n = server.ChunkLength(key, chunk);
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i) g[i] = GradientOf(it, rank, key * 100 + chunk * 10 + i);
+  EXPECT_EQ(server.Push(rank, it, key, chunk, 3 + rank, g).code(), expected)
+      << "rank " << rank << " key " << key << " chunk " << chunk;
+}
+
+// A worker that registers again mid-iteration (its process restarted after
+// pushing part of the iteration) pulls that iteration's version exactly,
+// even the chunks already updated, pushes everything again, and the server
+// counts its earlier chunks once: the parameters are bit for bit those of a
+// run without the restart.
+TEST_F(ParameterServerTest, AWorkerRejoiningMidIterationChangesNoBit) {
+  auto reference = MakeServer(2);
+  auto server = MakeServer(2);
+  for (auto* s : {reference.get(), server.get()}) {
+    ASSERT_TRUE(s->Register("w0", Signature(), 0).ok());
+    ASSERT_TRUE(s->Register("w1", Signature(), 1).ok());
+  }
+  const std::vector<std::pair<int, int64_t>> chunks = {{1, 0}, {0, 1}, {0, 0}};  // backward order
+  for (int64_t it = 0; it < 3; ++it) {
+    for (const auto& [key, chunk] : chunks) {
+      for (int rank = 0; rank < 2; ++rank) PushChunkOf(*reference, rank, it, key, chunk);
+    }
+  }
+  // Iteration 0 whole; in iteration 1 worker 1 pushes two chunks (one of
+  // which worker 0 pushes too, so it is applied) and dies.
+  for (const auto& [key, chunk] : chunks) {
+    for (int rank = 0; rank < 2; ++rank) PushChunkOf(*server, rank, 0, key, chunk);
+  }
+  std::vector<float> version1 = Params(*server);
+  PushChunkOf(*server, 1, 1, 1, 0);
+  PushChunkOf(*server, 1, 1, 0, 1);
+  PushChunkOf(*server, 0, 1, 1, 0);  // chunk (1, 0) of iteration 1 applied
+  auto rejoined = server->Register("w1", Signature());
+  ASSERT_TRUE(rejoined.ok());
+  EXPECT_EQ(rejoined->rank, 1);
+  EXPECT_EQ(rejoined->version, 1);
+  // Exactly version 1, though chunk (1, 0) is at version 2 already.
+  const ParameterServer::ChunkId all[] = {{0, 0}, {0, 1}, {1, 0}};
+  auto views = server->PullChunkViews(1, absl::InfinitePast(), all, /*exact=*/true);
+  ASSERT_TRUE(views.ok()) << views.status();
+  EXPECT_EQ(views->version, 1);
+  EXPECT_EQ(Values(views->chunks[2]), std::vector<float>(version1.begin() + 6, version1.end()));
+  auto loose = server->PullChunkViews(1, absl::InfinitePast(), all);
+  ASSERT_TRUE(loose.ok());
+  EXPECT_EQ(loose->version, 1);
+  EXPECT_NE(Values(loose->chunks[2]), Values(views->chunks[2]));  // the newer bias
+  // The rejoined worker pushes the whole iteration again.
+  for (const auto& [key, chunk] : chunks) PushChunkOf(*server, 1, 1, key, chunk);
+  PushChunkOf(*server, 1, 1, 0, 0, absl::StatusCode::kAlreadyExists);  // once is all
+  PushChunkOf(*server, 0, 1, 0, 1);
+  PushChunkOf(*server, 0, 1, 0, 0);
+  EXPECT_EQ(server->version(), 2);
+  for (const auto& [key, chunk] : chunks) {
+    for (int rank = 0; rank < 2; ++rank) PushChunkOf(*server, rank, 2, key, chunk);
+  }
+  EXPECT_EQ(Params(*server), Params(*reference));
+  // Two updates ahead, a version is gone.
+  EXPECT_EQ(server->PullChunkViews(1, absl::InfinitePast(), all, true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// The state is captured at a version boundary: at once between iterations,
+// else by the push that ends the iteration in progress; a server created
+// from it continues bit for bit (momentum, learning-rate schedule).
+TEST_F(ParameterServerTest, CapturedStateResumesBitForBit) {
+  ParameterServerOptions options;
+  options.num_workers = 2;
+  options.chunk_elements = 4;
+  options.optimizer.sgd.lr = 0.5f;
+  options.optimizer.sgd.momentum = 0.9f;
+  options.optimizer.sgd.weight_decay = 0.01f;
+  options.optimizer.schedule.unit = LrSchedule::Unit::kEpochs;
+  options.optimizer.schedule.step_size = 1;
+  options.optimizer.schedule.gamma = 0.5f;
+  auto make = [&] {
+    auto s = ParameterServer::Create(options, Signature(), Initial(), &device_);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return std::move(s).value();
+  };
+  const std::vector<std::pair<int, int64_t>> chunks = {{1, 0}, {0, 1}, {0, 0}};
+  auto run = [&](ParameterServer& s, int64_t from, int64_t to) {
+    for (int64_t it = from; it < to; ++it) {
+      for (const auto& [key, chunk] : chunks) {
+        for (int rank = 0; rank < 2; ++rank) PushChunkOf(s, rank, it, key, chunk);
+      }
+    }
+  };
+  auto reference = make();
+  auto server = make();
+  for (auto* s : {reference.get(), server.get()}) {
+    ASSERT_TRUE(s->Register("w0", Signature(), 0, /*steps_per_epoch=*/2).ok());
+    ASSERT_TRUE(s->Register("w1", Signature(), 1, 2).ok());
+  }
+  run(*reference, 0, 6);
+  run(*server, 0, 3);
+  // Mid-iteration 3 with a chunk applied: served when version 4 exists.
+  PushChunkOf(*server, 0, 3, 1, 0);
+  PushChunkOf(*server, 1, 3, 1, 0);
+  std::vector<ParameterServer::State> captured;
+  server->CaptureState([&](ParameterServer::State s) { captured.push_back(std::move(s)); });
+  EXPECT_TRUE(captured.empty());
+  for (const auto& [key, chunk] : {std::pair<int, int64_t>{0, 1}, {0, 0}}) {
+    for (int rank = 0; rank < 2; ++rank) PushChunkOf(*server, rank, 3, key, chunk);
+  }
+  ASSERT_EQ(captured.size(), 1u);
+  EXPECT_EQ(captured[0].version, 4);
+  EXPECT_EQ(captured[0].steps_per_epoch, 2);
+  EXPECT_EQ(captured[0].parameters, Params(*server));
+  EXPECT_EQ(captured[0].momentum.size(), 8u);
+  // Between iterations: at once.
+  server->CaptureState([&](ParameterServer::State s) { captured.push_back(std::move(s)); });
+  ASSERT_EQ(captured.size(), 2u);
+  EXPECT_EQ(captured[1].version, 4);
+  EXPECT_EQ(server->CancelCaptures(), 0);
+
+  auto resumed = ParameterServer::CreateFromState(options, captured[0], &device_);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->version(), 4);
+  EXPECT_TRUE((*resumed)->initialized());
+  // Workers state the same model and steps per epoch...
+  EXPECT_EQ((*resumed)->Register("w0", Signature(), 0, 3).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto w0 = (*resumed)->Register("w0", Signature(), 0, 2);
+  ASSERT_TRUE(w0.ok());
+  EXPECT_EQ(w0->version, 4);
+  EXPECT_FALSE(w0->send_initial_parameters);
+  ASSERT_TRUE((*resumed)->Register("w1", Signature(), 1, 2).ok());
+  // ... and the updates go on as if nothing had happened.
+  run(**resumed, 4, 6);
+  EXPECT_EQ(Params(**resumed), Params(*reference));
+
+  // A state that does not fit the options is refused.
+  ParameterServer::State no_momentum = captured[0];
+  no_momentum.momentum.clear();
+  EXPECT_EQ(ParameterServer::CreateFromState(options, no_momentum, &device_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ParameterServer::State short_params = captured[0];
+  short_params.parameters.pop_back();
+  EXPECT_EQ(ParameterServer::CreateFromState(options, short_params, &device_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Pending captures can be dropped (a server stopping mid-iteration).
+  PushChunkOf(*server, 0, 4, 1, 0);
+  PushChunkOf(*server, 1, 4, 1, 0);
+  server->CaptureState([&](ParameterServer::State) { ADD_FAILURE() << "not at a boundary"; });
+  EXPECT_EQ(server->CancelCaptures(), 1);
 }
 
 // Per-chunk updates give the bits of one SgdOptimizer::Apply of the whole
