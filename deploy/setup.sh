@@ -14,6 +14,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev
   zlib1g-dev
+  openssl                # deploy/tls/make_test_certs.sh: test CAs and certificates
   dataset-fashion-mnist  # real data: /usr/share/datasets/fashion-mnist
   python3 python3-numpy python3-torch  # PyTorch serves as a test oracle
 )
