@@ -36,6 +36,9 @@ namespace ps::proto {
 inline constexpr char kInitializeMethod[] = "/ps.proto.ParameterServer/Initialize";
 inline constexpr char kPushMethod[] = "/ps.proto.ParameterServer/Push";
 inline constexpr char kPullMethod[] = "/ps.proto.ParameterServer/Pull";
+// The metadata key of a worker's session credential (RegisterReply.session;
+// parameter_server.proto, "Credentials").
+inline constexpr char kSessionMetadataKey[] = "ps-session";
 
 // Bytes of the header-length prefix.
 inline constexpr size_t kFrameLengthBytes = 4;

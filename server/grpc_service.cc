@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/job_token.h"
 #include "common/status_macros.h"
 #include "proto/wire_format.h"
 
@@ -292,9 +293,10 @@ void WaitingPull::OnCancel() {
 
 }  // namespace internal
 
-ParameterServerService::ParameterServerService(ParameterServer* server,
-                                               int64_t max_waiting_pulls)
-    : server_(server), waiting_(std::make_shared<internal::WaitingPulls>(max_waiting_pulls)) {
+ParameterServerService::ParameterServerService(ParameterServer* server, ServiceOptions options)
+    : server_(server),
+      options_(std::move(options)),
+      waiting_(std::make_shared<internal::WaitingPulls>(options_.max_waiting_pulls)) {
   absl::MutexLock lock(&shutdown_mu_);
   deadline_thread_ = std::thread([this] { AnswerAtDeadlines(); });
 }
@@ -310,6 +312,56 @@ void ParameterServerService::Shutdown() {
 }
 
 int64_t ParameterServerService::waiting_pulls() const { return waiting_->size(); }
+
+void ParameterServerService::StopServing(const std::string& reason) {
+  absl::MutexLock lock(&stop_mu_);
+  if (stop_reason_.empty()) stop_reason_ = reason.empty() ? "stopped" : reason;
+  stopping_ = true;
+}
+
+namespace {
+
+// The value of metadata `key` on a call ("" when absent).
+absl::string_view MetadataOf(const grpc::ServerContextBase& context, absl::string_view key) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
+  if (it == metadata.end()) return {};
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
+}  // namespace
+
+absl::Status ParameterServerService::CheckCall(const grpc::ServerContextBase& context) const {
+  if (stopping_) {
+    absl::MutexLock lock(&stop_mu_);
+    return absl::UnavailableError(absl::StrCat("server shutting down: ", stop_reason_));
+  }
+  if (options_.job_token.empty()) return absl::OkStatus();
+  const absl::string_view token = MetadataOf(context, kJobTokenMetadataKey);
+  if (token.empty()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("this server needs the job token (metadata ", kJobTokenMetadataKey,
+                     "; --job_token_file or $", kJobTokenEnvVar, " on the client)"));
+  }
+  if (!TokensEqual(token, options_.job_token)) {
+    return absl::UnauthenticatedError("wrong job token");
+  }
+  return absl::OkStatus();
+}
+
+std::string ParameterServerService::SessionOf(const grpc::ServerContextBase& context) {
+  return std::string(MetadataOf(context, proto::kSessionMetadataKey));
+}
+
+absl::Status ParameterServerService::CheckOptionalSession(
+    const grpc::ServerContextBase& context) const {
+  const std::string session = SessionOf(context);
+  if (session.empty()) return absl::OkStatus();
+  // The rank does not matter to a pull: any rank's check tells whether the
+  // session is this incarnation's (kAborted) before it looks at the rank.
+  const absl::Status status = server_->CheckSession(-1, session);
+  return status.code() == absl::StatusCode::kAborted ? status : absl::OkStatus();
+}
 
 void ParameterServerService::AnswerAtDeadlines() {
   std::vector<internal::WaitingPull*> due;
@@ -332,9 +384,10 @@ void ParameterServerService::AnswerReadyPulls(absl::Span<const ChunkId> sent) {
   AnswerNow(waiting_->TakeReady(*server_, sent));
 }
 
-grpc::Status ParameterServerService::Register(grpc::ServerContext*,
+grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
                                               const proto::RegisterRequest* request,
                                               proto::RegisterReply* reply) {
+  if (absl::Status s = CheckCall(*context); !s.ok()) return ToGrpcStatus(s);
   std::vector<ParamSpec> signature;
   for (const proto::TensorSpec& t : request->signature()) {
     if (t.dtype() != proto::DTYPE_F32) {
@@ -366,6 +419,7 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext*,
   reply->set_version(reg->version);
   reply->set_chunk_elements(reg->chunk_elements);
   reply->set_send_initial_parameters(reg->send_initial_parameters);
+  reply->set_session(reg->session);
   // Adopting the signature may complete version 0 (a server given values).
   AnswerReadyPulls({});
   return grpc::Status::OK;
@@ -382,14 +436,17 @@ std::vector<ChunkId> IdsOf(absl::Span<const ParameterServer::ChunkBytes> chunks)
 
 }  // namespace
 
-absl::Status ParameterServerService::DoInitialize(const grpc::ByteBuffer& request,
+absl::Status ParameterServerService::DoInitialize(const grpc::ServerContextBase& context,
+                                                  const grpc::ByteBuffer& request,
                                                   std::vector<ChunkId>* sent) {
+  PS_RETURN_IF_ERROR(CheckCall(context));
   proto::InitializeRequest header;
   PS_ASSIGN_OR_RETURN(proto::FrameReader frame,
                       proto::FrameReader::Open(request, "initial parameters", &header));
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
                       ChunksOf(header.chunks(), frame, "initial value"));
+  PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   *sent = IdsOf(chunks);
   return server_->InitializeChunkBytes(header.rank(), chunks);
 }
@@ -398,20 +455,23 @@ grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServe
                                                              const grpc::ByteBuffer* request,
                                                              grpc::ByteBuffer* reply) {
   std::vector<ChunkId> sent;
-  const absl::Status status = DoInitialize(*request, &sent);
+  const absl::Status status = DoInitialize(*context, *request, &sent);
   grpc::ServerUnaryReactor* reactor = FinishWithoutData(context, status, reply);
   // The reply is on its way; then the pulls this call made ready.
   if (status.ok()) AnswerReadyPulls(sent);
   return reactor;
 }
 
-absl::Status ParameterServerService::DoPush(const grpc::ByteBuffer& request,
+absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& context,
+                                            const grpc::ByteBuffer& request,
                                             std::vector<ChunkId>* sent) {
+  PS_RETURN_IF_ERROR(CheckCall(context));
   proto::PushRequest header;
   PS_ASSIGN_OR_RETURN(proto::FrameReader frame, proto::FrameReader::Open(request, "push", &header));
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
                       ChunksOf(header.chunks(), frame, "push"));
+  PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   *sent = IdsOf(chunks);
   return server_->PushChunkBytes(header.rank(), header.iteration(), header.num_samples(), chunks);
 }
@@ -420,7 +480,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* reply) {
   std::vector<ChunkId> sent;
-  const absl::Status status = DoPush(*request, &sent);
+  const absl::Status status = DoPush(*context, *request, &sent);
   grpc::ServerUnaryReactor* reactor = FinishWithoutData(context, status, reply);
   // The reply is on its way; then the pulls whose chunks this push applied.
   if (status.ok()) AnswerReadyPulls(sent);
@@ -430,6 +490,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
 grpc::Status ParameterServerService::Wait(grpc::ServerContext* context,
                                           const proto::WaitRequest* request,
                                           proto::WaitReply* reply) {
+  if (absl::Status s = CheckCall(*context); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CheckOptionalSession(*context); !s.ok()) return ToGrpcStatus(s);
   const absl::Time deadline = WaitDeadline(context, request->timeout_ms());
   auto version = server_->WaitForVersion(request->version(), deadline);
   if (!version.ok()) return ToGrpcStatus(version.status());
@@ -441,7 +503,7 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
                                                 const std::vector<ParameterServer::ChunkId>& ids,
                                                 absl::Time deadline, grpc::ByteBuffer* reply) {
   PS_ASSIGN_OR_RETURN(ParameterServer::ChunkViews views,
-                      server_->PullChunkViews(request.version(), deadline, ids));
+                      server_->PullChunkViews(request.version(), deadline, ids, request.exact()));
   proto::PullReply header;
   header.set_version(views.version);
   std::vector<grpc::Slice> data;
@@ -465,6 +527,8 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
 grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* reply) {
+  if (absl::Status s = CheckCall(*context); !s.ok()) return FinishAtOnce(context, s);
+  if (absl::Status s = CheckOptionalSession(*context); !s.ok()) return FinishAtOnce(context, s);
   proto::PullRequest pull;
   if (absl::Status s = proto::ParseMessage(*request, "pull request", &pull); !s.ok()) {
     return FinishAtOnce(context, s);

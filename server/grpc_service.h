@@ -1,8 +1,10 @@
 #ifndef PS_SERVER_GRPC_SERVICE_H_
 #define PS_SERVER_GRPC_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -52,31 +54,47 @@ class WaitingPulls;
 // Exactly one of them answers each waiting pull. Pulls made ready by calls
 // on the ParameterServer directly, not through this service, are answered
 // at their deadline. At most max_waiting_pulls pulls wait at once
-// (RESOURCE_EXHAUSTED, naming the cap, beyond), so a hostile client cannot
-// grow the server's memory without bound.
+// (ServiceOptions::max_waiting_pulls).
+//
+// Credentials (parameter_server.proto, "Credentials"): every call is
+// checked for the job token first, when there is one; Initialize and Push
+// for their rank's session credential (ParameterServer::CheckSession), Pull
+// and Wait for the server's incarnation when they carry a session.
 //
 // Shutting down: grpc::Server::Shutdown() without a deadline waits for every
 // call in flight, waiting pulls included, so call Shutdown() on the service
 // first (or give the server's Shutdown a deadline: its cancellations answer
 // the waiting pulls through OnCancel); destroy the service after the
 // grpc::Server has shut down.
+struct ServiceOptions {
+  // At most this many pulls wait at once (RESOURCE_EXHAUSTED, naming the
+  // cap, beyond), so a hostile client cannot grow the server's memory
+  // without bound. 16 workers x 21 messages wait 336. Each holds its
+  // request, its reactor and a few index entries (a few hundred bytes)
+  // besides gRPC's own state for the call: 1000 waiting pulls raised the
+  // test's resident memory (client and server in one process) by 39 MB, so
+  // the cap bounds the server's share to about 1-2 GB.
+  int64_t max_waiting_pulls = 65536;
+  // The job's shared secret (common/job_token.h): every call must carry it
+  // as the metadata "ps-job-token" (UNAUTHENTICATED otherwise, before
+  // anything is read). Empty: no token needed.
+  std::string job_token;
+};
+
 class ParameterServerService final
     : public proto::ParameterServer::WithRawCallbackMethod_Initialize<
           proto::ParameterServer::WithRawCallbackMethod_Push<
               proto::ParameterServer::WithRawCallbackMethod_Pull<
                   proto::ParameterServer::Service>>> {
  public:
-  // The default cap on waiting pulls: 16 workers x 21 messages wait 336.
-  // Each holds its request, its reactor and a few index entries (a few
-  // hundred bytes) besides gRPC's own state for the call: 1000 waiting
-  // pulls raised the test's resident memory (client and server in one
-  // process) by 39 MB, so the cap bounds the server's share to about 1-2 GB.
-  static constexpr int64_t kMaxWaitingPulls = 65536;
-
-  explicit ParameterServerService(ParameterServer* server,
-                                  int64_t max_waiting_pulls = kMaxWaitingPulls);
+  explicit ParameterServerService(ParameterServer* server, ServiceOptions options = {});
   // Calls Shutdown().
   ~ParameterServerService() override;
+
+  // From now on every call is answered UNAVAILABLE "server shutting down:
+  // <reason>" at once, before it is read (workers take it as a reason to
+  // reconnect, not to fail); waiting pulls are left to Shutdown. Idempotent.
+  void StopServing(const std::string& reason);
 
   // Answers every waiting pull with UNAVAILABLE "server shutting down", and
   // from now on every pull that would wait too (pulls that can be answered
@@ -103,9 +121,10 @@ class ParameterServerService final
 
  private:
   // Each returns the chunks it sent (which may have published some).
-  absl::Status DoInitialize(const grpc::ByteBuffer& request,
+  absl::Status DoInitialize(const grpc::ServerContextBase& context,
+                            const grpc::ByteBuffer& request,
                             std::vector<ParameterServer::ChunkId>* sent);
-  absl::Status DoPush(const grpc::ByteBuffer& request,
+  absl::Status DoPush(const grpc::ServerContextBase& context, const grpc::ByteBuffer& request,
                       std::vector<ParameterServer::ChunkId>* sent);
   // Takes views of the chunks `ids` (checked: they exist and fit one
   // message) from the version `request` asks for, waiting until `deadline`,
@@ -122,7 +141,20 @@ class ParameterServerService final
   // The deadline thread's loop: answers each waiting pull at its deadline.
   void AnswerAtDeadlines();
 
+  // OK, or why the call must be refused before it is read: the service is
+  // stopping, or the job token is missing or wrong.
+  absl::Status CheckCall(const grpc::ServerContextBase& context) const;
+  // The ps-session metadata of a call ("" when absent).
+  static std::string SessionOf(const grpc::ServerContextBase& context);
+  // A session given on a Pull or Wait must be this incarnation's (kAborted
+  // otherwise: the worker must learn that the server restarted).
+  absl::Status CheckOptionalSession(const grpc::ServerContextBase& context) const;
+
   ParameterServer* const server_;
+  const ServiceOptions options_;
+  mutable absl::Mutex stop_mu_;
+  std::string stop_reason_ ABSL_GUARDED_BY(stop_mu_);  // non-empty once stopping
+  std::atomic<bool> stopping_{false};
   // Shared with the waiting reactors, whose OnCancel may come after the
   // service has answered them.
   const std::shared_ptr<internal::WaitingPulls> waiting_;

@@ -73,7 +73,7 @@ struct AsyncPull {
 
 class GrpcServiceTest : public ::testing::Test {
  protected:
-  void SetUp() override { StartServer(ParameterServerService::kMaxWaitingPulls); }
+  void SetUp() override { StartServer(ServiceOptions().max_waiting_pulls); }
 
   void StartServer(int64_t max_waiting_pulls) {
     ParameterServerOptions options;
@@ -85,7 +85,9 @@ class GrpcServiceTest : public ::testing::Test {
         {1, 2, 3, 4, 5, 6, 7, 8}, &device_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();
-    service_ = std::make_unique<ParameterServerService>(server_.get(), max_waiting_pulls);
+    ServiceOptions service_options;
+    service_options.max_waiting_pulls = max_waiting_pulls;
+    service_ = std::make_unique<ParameterServerService>(server_.get(), service_options);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -115,7 +117,9 @@ class GrpcServiceTest : public ::testing::Test {
     b->add_shape(2);
     grpc::ClientContext context;
     proto::RegisterReply reply;
-    return stub_->Register(&context, request, &reply);
+    grpc::Status status = stub_->Register(&context, request, &reply);
+    if (status.ok()) session_ = reply.session();
+    return status;
   }
 
   struct ChunkSpec {
@@ -130,6 +134,8 @@ class GrpcServiceTest : public ::testing::Test {
   grpc::Status RawCall(const char* method, const grpc::ByteBuffer& request,
                        grpc::ByteBuffer* reply) {
     grpc::ClientContext context;
+    // The last registration's credential, as a worker's store sends it.
+    if (!session_.empty()) context.AddMetadata(proto::kSessionMetadataKey, session_);
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     grpc::Status status;
     absl::Notification done;
@@ -265,6 +271,7 @@ class GrpcServiceTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<proto::ParameterServer::Stub> stub_;
   std::unique_ptr<grpc::GenericStub> raw_stub_;
+  std::string session_;  // from the last successful Register
 };
 
 TEST_F(GrpcServiceTest, MalformedAndHostileCallsGetSpecificStatuses) {

@@ -10,6 +10,9 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,11 +24,16 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/chrome_trace.h"
 #include "common/cpu_device.h"
 #include "common/malloc_tuning.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "common/job_token.h"
+#include "common/tls_credentials.h"
+#include "server/checkpoint.h"
+#include "server/checkpointer.h"
 #include "server/grpc_service.h"
 #include "server/optimizer_flags.h"
 #include "server/parameter_server.h"
@@ -43,6 +51,26 @@ ABSL_FLAG(std::string, init_weights, "",
 ABSL_FLAG(int64_t, chunk_bytes, ps::server::ParameterServerOptions::kDefaultChunkElements * 4,
           "largest tensor chunk per message, in bytes");
 ABSL_FLAG(int, threads, 1, "CPU threads for the optimizer");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "write checkpoints here, and resume from the newest valid one at start");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 100,
+          "with --checkpoint_dir: a checkpoint every this many versions (0: not by steps)");
+ABSL_FLAG(absl::Duration, checkpoint_every, absl::ZeroDuration(),
+          "with --checkpoint_dir: a checkpoint this often, e.g. 60s (0: not by time)");
+ABSL_FLAG(int, checkpoint_keep, 3, "checkpoints kept (the newest)");
+ABSL_FLAG(absl::Duration, stop_timeout, absl::Seconds(10),
+          "on SIGTERM, how long to wait for the iteration in progress to end, for a final "
+          "checkpoint at a version boundary");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate: serve TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA: mutual TLS, every client must present a certificate it signed");
+ABSL_FLAG(std::string, job_token_file, "",
+          "file holding the job's shared token, required on every call (default: "
+          "$PS_JOB_TOKEN; never a flag value, which `ps` would show)");
+ABSL_FLAG(bool, insecure, false,
+          "allow plaintext on an address other than loopback (anyone who reaches the port can "
+          "then read and change the model)");
 ABSL_FLAG(std::string, trace, "",
           "write a Chrome trace-event timeline (Perfetto, chrome://tracing) of every push, "
           "update and pull here when stopped");
@@ -69,6 +97,17 @@ absl::StatusOr<std::vector<NamedTensor>> ReadInitialTensors(const std::string& p
     return absl::InvalidArgumentError(absl::StrCat(path, " holds no F32 tensor"));
   }
   return tensors;
+}
+
+// Whether `address` (host or host:port) is a loopback one.
+bool IsLoopback(const std::string& address) {
+  return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1" ||
+         address == "[::1]";
+}
+
+void Log(const std::string& line) {
+  std::printf("server: %s\n", line.c_str());
+  std::fflush(stdout);
 }
 
 absl::Status Main() {
@@ -98,7 +137,40 @@ absl::Status Main() {
   options.observer = trace.get();
   std::unique_ptr<ParameterServer> server;
   std::string initial_from = "worker rank 0";
-  if (absl::GetFlag(FLAGS_init_weights).empty()) {
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  const std::map<std::string, std::string> job = JobSettings(options.num_workers, options.optimizer);
+  int64_t resumed_version = -1;
+  if (!checkpoint_dir.empty()) {
+    std::vector<std::string> refused;
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(checkpoint_dir, &refused);
+    for (const std::string& why : refused) Log(absl::StrCat("refused checkpoint: ", why));
+    if (loaded.ok()) {
+      const std::string differences = JobDifferences(loaded->contents.job, job);
+      if (!differences.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            loaded->manifest_path, " is of another job (", differences,
+            "): start with the same settings, or another --checkpoint_dir"));
+      }
+      ParameterServer::State state;
+      state.version = loaded->contents.version;
+      state.steps_per_epoch = loaded->contents.steps_per_epoch;
+      state.signature = std::move(loaded->contents.signature);
+      state.parameters = std::move(loaded->contents.parameters);
+      state.momentum = std::move(loaded->contents.momentum);
+      PS_ASSIGN_OR_RETURN(server, ParameterServer::CreateFromState(options, std::move(state),
+                                                                   &device));
+      resumed_version = server->version();
+      initial_from = absl::StrCat(loaded->manifest_path, " (resumed at version ", resumed_version,
+                                  ")");
+    } else if (loaded.status().code() != absl::StatusCode::kNotFound) {
+      // Checkpoints exist but none is valid: starting afresh would throw
+      // the job away, so say so and stop.
+      return loaded.status();
+    }
+  }
+  if (server != nullptr) {
+    // Resumed from a checkpoint.
+  } else if (absl::GetFlag(FLAGS_init_weights).empty()) {
     PS_ASSIGN_OR_RETURN(server, ParameterServer::Create(options, &device));
   } else {
     PS_ASSIGN_OR_RETURN(std::vector<NamedTensor> initial,
@@ -109,13 +181,29 @@ absl::Status Main() {
                                     options, std::move(initial), &device));
   }
 
-  ParameterServerService service(server.get());
+  ServerTlsOptions tls;
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      MakeServerCredentials(tls));
+  const std::string bind_address = absl::GetFlag(FLAGS_bind_address);
+  if (!UsesTls(tls) && !IsLoopback(bind_address) && !absl::GetFlag(FLAGS_insecure)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to serve plaintext on ", bind_address,
+        ": give --tls_cert/--tls_key (and --tls_client_ca for mutual TLS), or --insecure on a "
+        "network you trust"));
+  }
+  ServiceOptions service_options;
+  PS_ASSIGN_OR_RETURN(service_options.job_token,
+                      ReadJobToken(absl::GetFlag(FLAGS_job_token_file),
+                                   std::getenv(kJobTokenEnvVar)));
+  ParameterServerService service(server.get(), service_options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(
-      absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_port)),
-      grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(bind_address, ":", absl::GetFlag(FLAGS_port)),
+                           credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (grpc_server == nullptr || port == 0) {
@@ -127,9 +215,26 @@ absl::Status Main() {
   const std::string advertised = absl::GetFlag(FLAGS_advertise_address).empty()
                                      ? absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", port)
                                      : absl::GetFlag(FLAGS_advertise_address);
-  std::printf("parameter server for %d workers at %s, initial parameters from %s\n",
-              options.num_workers, advertised.c_str(), initial_from.c_str());
+  const std::string security =
+      UsesTls(tls) ? (tls.client_ca_file.empty() ? "TLS" : "mutual TLS")
+                   : (IsLoopback(bind_address) ? "plaintext (loopback)"
+                                               : "INSECURE plaintext (--insecure)");
+  std::printf("parameter server for %d workers at %s, %s%s, initial parameters from %s\n",
+              options.num_workers, advertised.c_str(), security.c_str(),
+              service_options.job_token.empty() ? "" : ", job token required",
+              initial_from.c_str());
   std::fflush(stdout);
+  std::unique_ptr<Checkpointer> checkpointer;
+  if (!checkpoint_dir.empty()) {
+    CheckpointerOptions checkpoints;
+    checkpoints.files.directory = checkpoint_dir;
+    checkpoints.files.keep = absl::GetFlag(FLAGS_checkpoint_keep);
+    checkpoints.every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
+    checkpoints.every = absl::GetFlag(FLAGS_checkpoint_every);
+    checkpoints.job = job;
+    checkpoints.log = Log;
+    checkpointer = std::make_unique<Checkpointer>(server.get(), checkpoints, resumed_version);
+  }
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     FILE* f = std::fopen(absl::GetFlag(FLAGS_port_file).c_str(), "w");
     if (f == nullptr) return absl::UnavailableError("cannot write --port_file");
@@ -139,8 +244,24 @@ absl::Status Main() {
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  std::printf("parameter server stopping at version %lld\n",
+  std::printf("parameter server stopping (%s) at version %lld\n", strsignal(signal_number),
               static_cast<long long>(server->version()));
+  std::fflush(stdout);
+  // 1. A final checkpoint at the next version boundary: the workers go on
+  //    until the iteration in progress ends (bounded by --stop_timeout).
+  if (checkpointer != nullptr) {
+    const absl::Status final_checkpoint =
+        checkpointer->WriteFinal(absl::Now() + absl::GetFlag(FLAGS_stop_timeout));
+    if (!final_checkpoint.ok()) {
+      Log(absl::StrCat("no final checkpoint (the newest is of version ",
+                       checkpointer->last_version(), "): ", final_checkpoint.message()));
+    }
+  }
+  // 2. Refuse everything from now on with UNAVAILABLE "shutting down", which
+  //    workers take as a reason to reconnect, then answer the waiting pulls
+  //    and stop within 2 s whatever the clients do.
+  service.StopServing(absl::StrCat("received ", strsignal(signal_number)));
+  service.Shutdown();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (trace != nullptr) {
     // After Shutdown no call is in flight: every event is in.

@@ -63,7 +63,8 @@ class ParameterStore {
   virtual absl::Status WaitForVersion(int64_t version) = 0;
 
   // Copies version `version` (or a newer one) into `params`; returns the
-  // version copied.
+  // version copied. Remote stores copy exactly `version` (after Register
+  // or Reconnect: the version a worker resumes from).
   virtual absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) = 0;
 
   // The segments, as ascending (non-decreasing: a segment may be empty) end
@@ -96,7 +97,29 @@ class ParameterStore {
   // thread; they must not overlap the blocking calls above.
   virtual void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
                             Done done) = 0;
+
+  // Registers again after the store lost its server (a call failed with a
+  // status IsServerLost accepts: the server process restarted, or shut
+  // down and came back), waiting for it within the store's bounds, with
+  // the same signature and `proposed` as Register. Returns the new
+  // registration: the worker resumes at its version (pulling it with
+  // Pull), which may be older than where it was (the server restarted
+  // from a checkpoint) or the same. No call may be in flight. Default:
+  // kUnimplemented, for stores that cannot lose their server.
+  virtual absl::StatusOr<Registration> Reconnect(const std::vector<ParamSpec>& signature,
+                                                 absl::Span<const float> proposed) {
+    return absl::UnimplementedError("this parameter store cannot reconnect");
+  }
 };
+
+// Whether a store call's error means the server went away or restarted, so
+// that Reconnect (rather than failing) is the answer: UNAVAILABLE (not
+// reachable, or shutting down) and ABORTED (a server process that does not
+// know this worker's session: it restarted).
+inline bool IsServerLost(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kAborted;
+}
 
 // Runs an asynchronous call to completion: start(done) begins it, and this
 // returns done's status once it has run, on whichever thread.

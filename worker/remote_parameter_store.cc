@@ -7,7 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/job_token.h"
 #include "common/status_macros.h"
 #include "proto/wire_format.h"
 #include "server/f32_pieces.h"
@@ -48,11 +50,18 @@ absl::StatusOr<std::unique_ptr<RemoteParameterStore>> RemoteParameterStore::Crea
   // behind a shaped 1 Gbit/s link: each pull of a 4 MiB message took 3x its
   // wire time while pushes ran). A local subchannel pool per channel keeps
   // gRPC from sharing one connection between them.
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                      MakeChannelCredentials(options.tls));
   auto own_connection = [&] {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    return grpc::CreateCustomChannel(options.server_address, grpc::InsecureChannelCredentials(),
-                                     args);
+    // A server that restarts is reconnected to within 2 s of coming back
+    // (gRPC's default back-off grows to 2 minutes).
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    AddTlsChannelArgs(options.tls, &args);
+    return grpc::CreateCustomChannel(options.server_address, credentials, args);
   };
   for (int c = 0; c < options.connections; ++c) {
     store->push_channels_.push_back(own_connection());
@@ -181,6 +190,7 @@ void RemoteParameterStore::StartMessages(
     Batch::Call& call = batch->call(static_cast<size_t>(m - first));
     batch->ExpectReply();
     call.context.set_deadline(DeadlineAfter(timeout));
+    AddCredentials(&call.context);
     call.request = fill(static_cast<size_t>(m), lend);
     if (options_.observer != nullptr) call.start_ns = options_.clock->NowNanos();
     // Message m always takes the same connection of its direction.
@@ -241,8 +251,59 @@ void RemoteParameterStore::SendFrames(const char* what, const char* method, int6
       {}, std::move(done));
 }
 
+void RemoteParameterStore::AddCredentials(grpc::ClientContext* context) const {
+  if (!options_.job_token.empty()) context->AddMetadata(kJobTokenMetadataKey, options_.job_token);
+  if (!session_.empty()) context->AddMetadata(proto::kSessionMetadataKey, session_);
+}
+
 absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Register(
     const std::vector<ParamSpec>& signature, absl::Span<const float> proposed) {
+  return RegisterOnce(signature, proposed, absl::Now() + options_.connect_timeout);
+}
+
+absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Reconnect(
+    const std::vector<ParamSpec>& signature, absl::Span<const float> proposed) {
+  const absl::Time start = absl::Now();
+  const absl::Time give_up = start + options_.reconnect_timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  session_.clear();  // the lost server's, if it restarted
+  for (int attempt = 1;; ++attempt) {
+    // Each attempt waits up to 2 s for the channel to connect.
+    const absl::Time deadline = std::min(give_up, absl::Now() + absl::Seconds(2));
+    absl::StatusOr<Registration> registration = RegisterOnce(signature, proposed, deadline);
+    if (registration.ok() || !(IsServerLost(registration.status()) ||
+                               registration.status().code() ==
+                                   absl::StatusCode::kDeadlineExceeded)) {
+      if (registration.ok() && options_.log) {
+        options_.log(absl::StrCat("reconnected to the parameter server at ",
+                                  options_.server_address, " after ",
+                                  absl::FormatDuration(absl::Trunc(absl::Now() - start,
+                                                                   absl::Milliseconds(100))),
+                                  " (attempt ", attempt, "): resuming at version ",
+                                  registration->version));
+      }
+      return registration;
+    }
+    if (absl::Now() >= give_up) {
+      return absl::UnavailableError(absl::StrCat(
+          "the parameter server at ", options_.server_address, " did not come back within ",
+          absl::FormatDuration(options_.reconnect_timeout), " (", attempt,
+          " attempts); last error: ", registration.status().message()));
+    }
+    if (options_.log) {
+      options_.log(absl::StrCat(
+          "waiting for the parameter server at ", options_.server_address, " (",
+          absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100))),
+          ", attempt ", attempt, "): ", registration.status().message()));
+    }
+    absl::SleepFor(std::min(backoff, give_up - absl::Now()));
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
+    const std::vector<ParamSpec>& signature, absl::Span<const float> proposed,
+    absl::Time deadline) {
   proto::RegisterRequest request;
   request.set_worker_id(options_.worker_id);
   if (options_.rank >= 0) request.set_requested_rank(options_.rank);
@@ -256,7 +317,8 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Register(
   grpc::ClientContext context;
   // The server may still be starting: wait for the channel, within bounds.
   context.set_wait_for_ready(true);
-  context.set_deadline(DeadlineAfter(options_.connect_timeout));
+  context.set_deadline(absl::ToChronoTime(deadline));
+  if (!options_.job_token.empty()) context.AddMetadata(kJobTokenMetadataKey, options_.job_token);
   proto::RegisterReply reply;
   PS_RETURN_IF_ERROR(FromGrpcStatus(stub_->Register(&context, request, &reply),
                                     absl::StrCat("Register with ", options_.server_address)));
@@ -266,6 +328,7 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Register(
                                             " sent a malformed registration reply"));
   }
   rank_ = reply.rank();
+  session_ = reply.session();
   messages_.clear();
   message_elements_.clear();
   key_names_.clear();
@@ -374,6 +437,7 @@ absl::Status RemoteParameterStore::Push(int64_t iteration, int64_t num_samples,
 absl::Status RemoteParameterStore::WaitForVersion(int64_t version) {
   grpc::ClientContext context;
   context.set_deadline(DeadlineAfter(options_.wait_timeout + absl::Seconds(5)));
+  AddCredentials(&context);
   proto::WaitRequest request;
   request.set_version(version);
   request.set_timeout_ms(absl::ToInt64Milliseconds(options_.wait_timeout));
@@ -396,10 +460,11 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
   for (int m = first; m < last; ++m) elements += message_elements_[m];
   StartMessages(
       "Pull", proto::kPullMethod, EventKind::kPullMessage, version - 1, first, last,
-      timeout + absl::Seconds(5), [this, version, timeout_ms](size_t m, const Lend&) {
+      timeout + absl::Seconds(5), [this, version, timeout_ms, exact](size_t m, const Lend&) {
         proto::PullRequest request;
         request.set_version(version);
         request.set_timeout_ms(timeout_ms);
+        request.set_exact(exact);
         for (const Chunk& chunk : messages_[m]) {
           proto::ChunkId* id = request.add_chunks();
           id->set_key(chunk.key);

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/timed_event.h"
+#include "common/tls_credentials.h"
 #include "proto/parameter_server.grpc.pb.h"
 #include "worker/parameter_store.h"
 
@@ -39,6 +40,17 @@ struct RemoteStoreOptions {
   absl::Duration rpc_timeout = absl::Seconds(60);
   // How long WaitForVersion waits for the slowest worker.
   absl::Duration wait_timeout = absl::Seconds(600);
+  // How long Reconnect keeps trying (bounded exponential back-off, 100 ms
+  // doubling to 2 s between attempts) before it gives up.
+  absl::Duration reconnect_timeout = absl::Seconds(300);
+  // Called with a line saying what Reconnect waits for, at most once per
+  // attempt (the worker prints it). May be empty.
+  std::function<void(const std::string&)> log;
+  // The job token sent on every call (common/job_token.h); empty: none.
+  std::string job_token;
+  // TLS or mutual TLS to the server (common/tls_credentials.h); default:
+  // plaintext.
+  ClientTlsOptions tls;
   // Receives one kPushMessage / kPullMessage event per RPC, on RpcLane(m)
   // for message m (stable for the store's life), from gRPC's completion
   // threads. May be null. Both must outlive the store.
@@ -51,6 +63,10 @@ struct RemoteStoreOptions {
 // small chunks together into messages of at most one chunk's size, and send
 // all messages concurrently (gRPC callback API), waiting for every reply;
 // the first error is returned naming the message's first key and chunk.
+// Every call carries the job token and, once registered, this worker's
+// session credential (parameter_server.proto, "Credentials"); a server
+// that restarted answers ABORTED, one that went away UNAVAILABLE, and
+// Reconnect registers again.
 // Register sends `proposed` only when the server asks for it (this worker
 // has rank 0 and the server has no initial parameters of its own).
 //
@@ -75,6 +91,8 @@ class RemoteParameterStore final : public ParameterStore {
                     absl::Span<const float> gradient) override;
   absl::Status WaitForVersion(int64_t version) override;
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override;
+  absl::StatusOr<Registration> Reconnect(const std::vector<ParamSpec>& signature,
+                                         absl::Span<const float> proposed) override;
 
   // The messages' ends. Push/PullSegments start their messages' calls at
   // once and return; done runs on a gRPC thread.
@@ -135,6 +153,12 @@ class RemoteParameterStore final : public ParameterStore {
   // is the model's.
   absl::Status CheckSegments(const char* what, int first, int last, size_t size) const;
   absl::Status SendInitialParameters(absl::Span<const float> proposed);
+  // Register's call, waiting for the server to be reachable until `deadline`.
+  absl::StatusOr<Registration> RegisterOnce(const std::vector<ParamSpec>& signature,
+                                            absl::Span<const float> proposed,
+                                            absl::Time deadline);
+  // The job token and (after Register) the session, on every call.
+  void AddCredentials(grpc::ClientContext* context) const;
 
   RemoteStoreOptions options_;
   // options_.connections connections each for pushes (and Initialize) and
@@ -149,6 +173,7 @@ class RemoteParameterStore final : public ParameterStore {
   std::vector<std::string> key_names_;     // the signature's, for events
   int64_t num_parameters_ = 0;
   int rank_ = -1;
+  std::string session_;  // the last registration's credential
   std::atomic<int64_t> bytes_pushed_{0};
   std::atomic<int64_t> bytes_pulled_{0};
   bool sent_initial_parameters_ = false;

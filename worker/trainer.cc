@@ -192,10 +192,31 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
     parameters = host_parameters_;
   }
 
-  // Start from the store's parameters: into device 0, then broadcast.
-  PS_ASSIGN_OR_RETURN(const int64_t version,
-                      store_->Pull(registration_.version,
-                                   absl::MakeSpan(parameters, num_parameters_)));
+  wire_gradients_ = absl::MakeConstSpan(gradients, num_parameters_);
+  wire_parameters_ = absl::MakeSpan(parameters, num_parameters_);
+  // Rank 0 may have to send its initial parameters again to a server that
+  // restarted without a checkpoint (see Recover).
+  if (options_.recover_from_server_loss && registration_.rank == 0) {
+    initial_parameters_ = std::move(proposed);
+  }
+  PS_RETURN_IF_ERROR(StartFrom(registration_.version));
+  // Overlap needs each layer's gradients as backward makes them, in memory
+  // the pushes can read: one CPU device (several would need a reduction per
+  // layer between their threads; a CUDA device, events per layer).
+  overlapping_ = options_.overlap && devices_.size() == 1 && devices_[0]->is_cpu();
+  if (options_.replay_compute) PS_RETURN_IF_ERROR(CalibrateReplay());
+  for (Device* device : devices_) device->ResetCounters();
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::StartFrom(int64_t version) {
+  // Exactly `version`: a worker that rejoins mid-iteration must recompute
+  // that iteration from its parameters, even where the others' pushes have
+  // already updated some.
+  const int segments = static_cast<int>(store_->SegmentEnds().size());
+  PS_RETURN_IF_ERROR(AwaitDone([&](ParameterStore::Done done) {
+    store_->PullSegments(version, 0, segments, wire_parameters_, std::move(done));
+  }));
   if (host_parameters_ != nullptr) {
     PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
         replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_,
@@ -206,18 +227,28 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   std::vector<Tensor*> params;
   for (auto& m : replicas_) params.push_back(&m->flat_parameters());
   PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
-  PS_ASSIGN_OR_RETURN(scheduler_,
-                      PushPullScheduler::Create(options_.push_pull, store_,
-                                                absl::MakeConstSpan(gradients, num_parameters_),
-                                                absl::MakeSpan(parameters, num_parameters_),
-                                                version));
-  // Overlap needs each layer's gradients as backward makes them, in memory
-  // the pushes can read: one CPU device (several would need a reduction per
-  // layer between their threads; a CUDA device, events per layer).
-  overlapping_ = options_.overlap && devices_.size() == 1 && devices_[0]->is_cpu();
-  if (options_.replay_compute) PS_RETURN_IF_ERROR(CalibrateReplay());
-  for (Device* device : devices_) device->ResetCounters();
+  PS_ASSIGN_OR_RETURN(scheduler_, PushPullScheduler::Create(options_.push_pull, store_,
+                                                            wire_gradients_, wire_parameters_,
+                                                            version));
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& cause) {
+  // The calls in flight fail (or finish) on their own: the scheduler waits
+  // for them, since they hold the buffers.
+  scheduler_.reset();
+  const int num_workers = registration_.num_workers;
+  std::vector<float> proposed = initial_parameters_;
+  if (proposed.empty()) proposed.assign(num_parameters_, 0.f);  // not asked for: not rank 0
+  PS_ASSIGN_OR_RETURN(registration_,
+                      store_->Reconnect(replicas_[0]->parameters(), proposed));
+  if (registration_.num_workers != num_workers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the parameter server came back with ", registration_.num_workers,
+        " workers, the job had ", num_workers, " (", cause.message(), ")"));
+  }
+  PS_RETURN_IF_ERROR(StartFrom(registration_.version));
+  return registration_.version;
 }
 
 int64_t Trainer::steps_per_epoch() const {
@@ -543,38 +574,75 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
   for (auto& r : replica_state_) PS_RETURN_IF_ERROR(r->metrics.SetZero());
   for (Device* d : devices_) d->ResetCounters();
   const int64_t steps_per_epoch = this->steps_per_epoch();
+  int64_t end = options_.epochs * steps_per_epoch;
+  if (options_.max_steps > 0) end = std::min(end, options_.max_steps);
+  // The loop runs over global iterations, from the version the store gave
+  // (0 for a new job; later for a server resumed from a checkpoint or a
+  // worker rejoining): the data of iteration t is a function of the seed
+  // and t, so any worker can start, or start again, anywhere.
+  int64_t iteration = registration_.version;
   int64_t total_steps = 0;
   double later_samples = 0, later_seconds = 0, later_global_samples = 0;
-  for (int64_t epoch = 0; epoch < options_.epochs; ++epoch) {
-    if (options_.max_steps > 0 && total_steps >= options_.max_steps) break;
-    EpochStats stats;
+  EpochStats stats;
+  int64_t global_samples = 0;
+  int64_t start_ns = 0;
+  auto begin_epoch = [&](int64_t epoch) {
+    stats = EpochStats();
     stats.epoch = epoch + 1;
-    int64_t global_samples = 0;
+    global_samples = 0;
     split_observer_.Reset();
-    const int64_t start_ns = clock_->NowNanos();
-    for (int64_t step = 0; step < steps_per_epoch; ++step) {
-      if (options_.max_steps > 0 && total_steps >= options_.max_steps) break;
-      PS_RETURN_IF_ERROR(TrainStep(epoch, step));
-      // The last step of the epoch: its parameters must be in before the
-      // epoch ends (evaluation, weights, the next epoch's stats).
-      if (step + 1 == steps_per_epoch ||
-          (options_.max_steps > 0 && total_steps + 1 >= options_.max_steps)) {
-        PS_RETURN_IF_ERROR(FinishCommunication());
-      }
-      ++total_steps;
-      ++stats.steps;
-      stats.samples += WorkerPart(step).size;
-      global_samples += GlobalBatchSize(step);
-      if (on_step_) {
-        StepProgress p;
-        p.epoch = epoch + 1;
-        p.step_in_epoch = step + 1;
-        p.steps_in_epoch = steps_per_epoch;
-        p.samples = stats.samples;
-        p.seconds = SecondsSince(*clock_, start_ns);
-        on_step_(p);
-      }
+    start_ns = clock_->NowNanos();
+  };
+  if (iteration < end) begin_epoch(iteration / steps_per_epoch);
+  while (iteration < end) {
+    const int64_t epoch = iteration / steps_per_epoch;
+    const int64_t step = iteration % steps_per_epoch;
+    absl::Status status = TrainStep(epoch, step);
+    // The last step of the epoch: its parameters must be in before the
+    // epoch ends (evaluation, weights, the next epoch's stats).
+    if (status.ok() && (step + 1 == steps_per_epoch || iteration + 1 == end)) {
+      status = FinishCommunication();
     }
+    if (!status.ok()) {
+      if (!options_.recover_from_server_loss || !IsServerLost(status)) return status;
+      // The server went away or restarted: register again and resume from
+      // its version, which may be older (a checkpoint). The epoch resumed
+      // into counts the steps trained since; an epoch reported already and
+      // rolled back into is reported again when it ends.
+      const int64_t recover_start_ns = clock_->NowNanos();
+      TrainingReport::Recovery recovery;
+      recovery.failed_iteration = iteration;
+      recovery.error = std::string(status.message());
+      PS_ASSIGN_OR_RETURN(const int64_t resume, Recover(status));
+      recovery.resumed_version = resume;
+      recovery.seconds = SecondsSince(*clock_, recover_start_ns);
+      report.recoveries.push_back(recovery);
+      if (on_recovery_) on_recovery_(recovery);
+      while (!report.epochs.empty() && report.epochs.back().epoch > resume / steps_per_epoch) {
+        report.epochs.pop_back();
+      }
+      double loss_sum, correct;
+      PS_RETURN_IF_ERROR(ReadAndResetMetrics(&loss_sum, &correct));
+      iteration = resume;
+      if (iteration < end) begin_epoch(iteration / steps_per_epoch);
+      continue;
+    }
+    ++total_steps;
+    ++stats.steps;
+    stats.samples += WorkerPart(step).size;
+    global_samples += GlobalBatchSize(step);
+    if (on_step_) {
+      StepProgress p;
+      p.epoch = epoch + 1;
+      p.step_in_epoch = step + 1;
+      p.steps_in_epoch = steps_per_epoch;
+      p.samples = stats.samples;
+      p.seconds = SecondsSince(*clock_, start_ns);
+      on_step_(p);
+    }
+    ++iteration;
+    if (step + 1 != steps_per_epoch && iteration != end) continue;
+    // The epoch ends (or training does).
     stats.train_seconds = SecondsSince(*clock_, start_ns);
     stats.split = split_observer_.split();
     AddSplit(&report.split, stats.split);
@@ -593,6 +661,7 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     }
     report.epochs.push_back(stats);
     if (on_epoch_) on_epoch_(stats);
+    if (iteration < end) begin_epoch(iteration / steps_per_epoch);
   }
   if (later_seconds == 0 && !report.epochs.empty()) {  // stopped inside epoch 1
     later_samples = report.epochs[0].samples;

@@ -66,6 +66,16 @@ struct TrainerOptions {
   bool replay_compute = false;
   int64_t replay_calibration_steps = 5;
 
+  // When a step fails because the store lost its server (IsServerLost: it
+  // went away, shut down or restarted), Run reconnects (the store waits
+  // within its bounds), rolls back to the version the server has (a
+  // checkpoint's, perhaps older than this worker's), and trains on from
+  // there: the data of a step is a function of the seed and the step, so
+  // with the server's deterministic sums the parameters end bit for bit as
+  // without the loss. Each recovery is in the report. False: the error
+  // ends Run.
+  bool recover_from_server_loss = true;
+
   // Receives every timed event of the training steps (common/timed_event.h),
   // each with step = the global iteration (epoch * steps_per_epoch() + the
   // batch's index in the epoch):
@@ -145,6 +155,10 @@ class Trainer {
   // Called with each finished epoch, and after each step.
   void set_epoch_callback(std::function<void(const EpochStats&)> fn) { on_epoch_ = std::move(fn); }
   void set_step_callback(std::function<void(const StepProgress&)> fn) { on_step_ = std::move(fn); }
+  // Called after each recovery from a lost server (recover_from_server_loss).
+  void set_recovery_callback(std::function<void(const TrainingReport::Recovery&)> fn) {
+    on_recovery_ = std::move(fn);
+  }
 
   absl::StatusOr<TrainingReport> Run();
 
@@ -186,6 +200,12 @@ class Trainer {
           const data::Dataset* train, const data::Dataset* test);
 
   absl::Status Init(const model::ModelConfig& model);
+  // Pulls exactly `version` into every replica and starts a scheduler that
+  // holds it.
+  absl::Status StartFrom(int64_t version);
+  // Reconnects after `cause` (a lost server), and StartFrom the server's
+  // version, which it returns.
+  absl::StatusOr<int64_t> Recover(const absl::Status& cause);
   // Measures replay_profile_ (replay_compute).
   absl::Status CalibrateReplay();
   // A step's forward/backward on every device, or the replay of the
@@ -234,7 +254,14 @@ class Trainer {
   // 0 is a CPU device (the scheduler reads and writes its memory).
   float* host_gradients_ = nullptr;
   float* host_parameters_ = nullptr;
+  // The buffers the scheduler pushes from and pulls into: those, or device
+  // 0's own.
+  absl::Span<const float> wire_gradients_;
+  absl::Span<float> wire_parameters_;
   std::unique_ptr<PushPullScheduler> scheduler_;  // over those buffers
+  // Rank 0's proposed initial parameters, kept for a server that restarts
+  // without a checkpoint and asks for them again (recover_from_server_loss).
+  std::vector<float> initial_parameters_;
   bool overlapping_ = false;
   int64_t last_iteration_ = -1;  // of the last TrainStep
   ComputeProfile replay_profile_;
@@ -246,6 +273,7 @@ class Trainer {
 
   std::function<void(const EpochStats&)> on_epoch_;
   std::function<void(const StepProgress&)> on_step_;
+  std::function<void(const TrainingReport::Recovery&)> on_recovery_;
 };
 
 }  // namespace ps::worker

@@ -56,6 +56,16 @@ std::string TrainingReportToJson(const TrainingReport& r) {
   j["compute"] = r.compute;
   j["replay_step_s"] = r.replay_step_seconds;
   j["time_split"] = SplitToJson(r.split);
+  Json recoveries = Json::array();
+  for (const TrainingReport::Recovery& recovery : r.recoveries) {
+    Json one;
+    one["failed_iteration"] = recovery.failed_iteration;
+    one["resumed_version"] = recovery.resumed_version;
+    one["seconds"] = recovery.seconds;
+    one["error"] = recovery.error;
+    recoveries.push_back(std::move(one));
+  }
+  j["recoveries"] = std::move(recoveries);
   Json epochs = Json::array();
   for (const EpochStats& e : r.epochs) epochs.push_back(EpochToJson(e));
   j["epochs"] = std::move(epochs);

@@ -50,13 +50,23 @@ struct TrainingReport {
   std::string compute = "real";
   double replay_step_seconds = 0;
   TimeSplit split;  // all epochs
+  // Each time the worker lost its server and trained on after reconnecting
+  // (TrainerOptions::recover_from_server_loss).
+  struct Recovery {
+    int64_t failed_iteration = 0;  // the step that failed
+    int64_t resumed_version = 0;   // the server's version it resumed from
+    double seconds = 0;            // from the failure to training again
+    std::string error;             // what the failing call said
+  };
+  std::vector<Recovery> recoveries;
 };
 
 // The report as one JSON object, indented by two spaces, ending in a newline.
 // Keys, in this order: model, devices, rank, num_workers, global_batch_size,
 // model_parameters, steps, final_train_loss, final_test_accuracy,
 // samples_per_second, global_samples_per_second, model_bytes_to_host_per_step,
-// model_bytes_to_device_per_step, compute, replay_step_s, time_split, epochs. Each epoch: epoch,
+// model_bytes_to_device_per_step, compute, replay_step_s, time_split, recoveries
+// (each: failed_iteration, resumed_version, seconds, error), epochs. Each epoch: epoch,
 // steps, samples, train_loss, train_accuracy, test_loss, test_accuracy,
 // train_seconds, samples_per_second, time_split. A time_split: data_s,
 // compute_s, reduce_s, copy_s, push_s, wait_s, pull_s (seconds).

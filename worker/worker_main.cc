@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -31,6 +32,7 @@
 #include "common/malloc_tuning.h"
 #include "common/devices.h"
 #include "common/int_list.h"
+#include "common/job_token.h"
 #include "common/status_macros.h"
 #include "kernels/gemm.h"
 #include "worker/data/loader.h"
@@ -84,6 +86,20 @@ ABSL_FLAG(int64_t, replay_calibration_steps, 5, "passes --compute=replay times")
 ABSL_FLAG(int, connections, ps::worker::RemoteStoreOptions().connections,
           "TCP connections to each server shard for pushes, and as many for pulls (more can "
           "fill a fast link one stream cannot)");
+ABSL_FLAG(bool, recover, true,
+          "when the server goes away or restarts, reconnect and resume from its version "
+          "(a checkpoint's) instead of failing");
+ABSL_FLAG(absl::Duration, reconnect_timeout, absl::Minutes(5),
+          "how long to wait for a lost server to come back");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed the server's certificate: connect with TLS (default plaintext)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "name the server's certificate carries, when it is not the host in --server");
+ABSL_FLAG(std::string, job_token_file, "",
+          "file holding the job's shared token (default: $PS_JOB_TOKEN; never a flag value, "
+          "which `ps` would show)");
 ABSL_FLAG(std::string, trace, "",
           "write a Chrome trace-event timeline (Perfetto, chrome://tracing) here at the end");
 ABSL_FLAG(int64_t, trace_max_events, 1000000,
@@ -194,6 +210,18 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     remote_options.observer = trace;
     remote_options.clock = clock;
     remote_options.connections = absl::GetFlag(FLAGS_connections);
+    remote_options.reconnect_timeout = absl::GetFlag(FLAGS_reconnect_timeout);
+    remote_options.log = [](const std::string& line) {
+      std::printf("worker: %s\n", line.c_str());
+      std::fflush(stdout);
+    };
+    PS_ASSIGN_OR_RETURN(remote_options.job_token,
+                        ReadJobToken(absl::GetFlag(FLAGS_job_token_file),
+                                     std::getenv(kJobTokenEnvVar)));
+    remote_options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+    remote_options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+    remote_options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+    remote_options.tls.server_name_override = absl::GetFlag(FLAGS_tls_server_name);
     if (shards.size() <= 1) {
       PS_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterStore> r,
                           RemoteParameterStore::Create(remote_options));
@@ -213,6 +241,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   }
   const bool remote = static_cast<bool>(bytes_pushed);
   options.evaluate = absl::GetFlag(FLAGS_evaluate);
+  options.recover_from_server_loss = remote && absl::GetFlag(FLAGS_recover);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(options, model, devices, store.get(), &train, &test));
   const int rank = trainer->registration().rank;
@@ -265,6 +294,13 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     std::fflush(stdout);
   });
 
+  trainer->set_recovery_callback([rank](const TrainingReport::Recovery& r) {
+    std::printf("worker %d: the server was lost at step %lld (%s); resumed at version %lld "
+                "after %.1f s\n",
+                rank, static_cast<long long>(r.failed_iteration), r.error.c_str(),
+                static_cast<long long>(r.resumed_version), r.seconds);
+    std::fflush(stdout);
+  });
   PS_ASSIGN_OR_RETURN(TrainingReport report, trainer->Run());
   const std::string final_test =
       report.final_test_accuracy >= 0

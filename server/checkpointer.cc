@@ -1,0 +1,169 @@
+#include "server/checkpointer.h"
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace ps::server {
+
+Checkpointer::Checkpointer(ParameterServer* server, CheckpointerOptions options,
+                           int64_t last_version)
+    : server_(server),
+      options_(std::move(options)),
+      last_version_(last_version),
+      last_time_(absl::Now()) {
+  if (options_.every_steps > 0 || options_.every > absl::ZeroDuration()) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+}
+
+Checkpointer::~Checkpointer() { Stop(); }
+
+void Checkpointer::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t Checkpointer::last_version() const {
+  absl::MutexLock lock(&mu_);
+  return last_version_;
+}
+
+void Checkpointer::Log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+void Checkpointer::Loop() {
+  // Checks the stop flag at least every 200 ms; otherwise waits on the
+  // server's version (a condition, not a poll of it).
+  constexpr absl::Duration kTick = absl::Milliseconds(200);
+  for (;;) {
+    int64_t last;
+    absl::Time last_time;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      last = last_version_;
+      last_time = last_time_;
+    }
+    bool due = false;
+    if (options_.every_steps > 0) {
+      due = server_->WaitForVersion(last + options_.every_steps, absl::Now() + kTick).ok();
+    } else {
+      absl::SleepFor(kTick);
+    }
+    if (!due && options_.every > absl::ZeroDuration()) {
+      due = absl::Now() - last_time >= options_.every && server_->initialized() &&
+            server_->version() > last;
+    }
+    if (!due) continue;
+    const absl::Status status = CaptureAndWrite(absl::InfiniteFuture());
+    if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {
+      Log(absl::StrCat("checkpoint failed (will try again): ", status.ToString()));
+      absl::MutexLock lock(&mu_);
+      last_time_ = absl::Now();  // not again at once
+    }
+  }
+}
+
+absl::Status Checkpointer::CaptureAndWrite(absl::Time deadline) {
+  // The capture may be served on a push thread after this call gives up
+  // waiting: the slot outlives both.
+  struct Slot {
+    absl::Mutex mu;
+    bool ready ABSL_GUARDED_BY(mu) = false;
+    ParameterServer::State state ABSL_GUARDED_BY(mu);
+  };
+  auto slot = std::make_shared<Slot>();
+  server_->CaptureState([slot](ParameterServer::State state) {
+    absl::MutexLock lock(&slot->mu);
+    slot->state = std::move(state);
+    slot->ready = true;
+  });
+  ParameterServer::State state;
+  {
+    absl::MutexLock lock(&slot->mu);
+    // Wake up for Stop too (checked every 200 ms: Stop sets the flag under
+    // another lock).
+    for (;;) {
+      const absl::Time until = std::min(deadline, absl::Now() + absl::Milliseconds(200));
+      if (slot->mu.AwaitWithDeadline(absl::Condition(&slot->ready), until)) break;
+      if (absl::Now() >= deadline) {
+        server_->CancelCaptures();
+        return absl::DeadlineExceededError(
+            "the iteration in progress did not complete before the deadline, so there is no "
+            "version boundary to save");
+      }
+      bool stopping;
+      {
+        absl::MutexLock stop_lock(&mu_);
+        stopping = stopping_;
+      }
+      if (stopping && deadline == absl::InfiniteFuture()) {
+        server_->CancelCaptures();
+        return absl::CancelledError("stopping");
+      }
+    }
+    state = std::move(slot->state);
+  }
+  const absl::Time start = absl::Now();
+  CheckpointContents contents;
+  contents.version = state.version;
+  contents.steps_per_epoch = state.steps_per_epoch;
+  contents.job = options_.job;
+  contents.signature = std::move(state.signature);
+  contents.parameters = std::move(state.parameters);
+  contents.momentum = std::move(state.momentum);
+  PS_ASSIGN_OR_RETURN(const std::string manifest, WriteCheckpoint(options_.files, contents));
+  {
+    absl::MutexLock lock(&mu_);
+    last_version_ = contents.version;
+    last_time_ = absl::Now();
+  }
+  Log(absl::StrCat("checkpoint of version ", contents.version, " written to ", manifest, " in ",
+                   absl::ToInt64Milliseconds(absl::Now() - start), " ms"));
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointer::WriteFinal(absl::Time deadline) {
+  Stop();
+  if (!server_->initialized()) return absl::OkStatus();  // nothing trained yet
+  if (server_->version() == last_version() && last_version() >= 0) return absl::OkStatus();
+  return CaptureAndWrite(deadline);
+}
+
+std::map<std::string, std::string> JobSettings(int num_workers,
+                                               const OptimizerOptions& optimizer) {
+  const LrSchedule& schedule = optimizer.schedule;
+  return {
+      {"num_workers", absl::StrCat(num_workers)},
+      {"lr", absl::StrCat(optimizer.sgd.lr)},
+      {"momentum", absl::StrCat(optimizer.sgd.momentum)},
+      {"weight_decay", absl::StrCat(optimizer.sgd.weight_decay)},
+      {"nesterov", optimizer.sgd.nesterov ? "true" : "false"},
+      {"lr_decay_every", absl::StrCat(schedule.step_size)},
+      {"lr_decay_gamma", absl::StrCat(schedule.gamma)},
+      {"lr_decay_unit", schedule.unit == LrSchedule::Unit::kEpochs ? "epochs" : "steps"},
+  };
+}
+
+std::string JobDifferences(const std::map<std::string, std::string>& saved,
+                           const std::map<std::string, std::string>& current) {
+  std::vector<std::string> differences;
+  for (const auto& [key, value] : current) {
+    auto it = saved.find(key);
+    const std::string was = it == saved.end() ? "(none)" : it->second;
+    if (was != value) differences.push_back(absl::StrCat(key, " ", was, " in the checkpoint, ", value, " now"));
+  }
+  return absl::StrJoin(differences, "; ");
+}
+
+}  // namespace ps::server
