@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <grpcpp/generic/generic_stub.h>
@@ -582,6 +583,302 @@ TEST_F(GrpcServiceCapTest, PullsBeyondTheCapAreRefusedNamingIt) {
   ASSERT_TRUE(Push(1, 0, {1, 1}).ok());
   ASSERT_TRUE(done.WaitFor(3, absl::Seconds(10)));
   for (const AsyncPull& pull : pulls) EXPECT_TRUE(pull.status.ok()) << pull.status.error_message();
+}
+
+// The credentials (parameter_server.proto, "Credentials"): a server of two
+// workers with a job token. Each call states its token and session itself.
+class GrpcServiceCredentialsTest : public GrpcServiceTest {
+ protected:
+  // The wire's metadata key, spelled out: the test checks the contract, not
+  // a constant shared with the server.
+  static constexpr char kTokenKey[] = "ps-job-token";
+  static constexpr char kToken[] = "job-token-0123456789abcdef";
+
+  struct Credentials {
+    std::string token;    // "": no ps-job-token metadata
+    std::string session;  // "": no ps-session metadata
+  };
+
+  void SetUp() override {
+    ParameterServerOptions options = Options();
+    auto server = ParameterServer::Create(options, Signature(), {1, 2, 3, 4, 5, 6, 7, 8}, &device_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server).value();
+    ServiceOptions service_options;
+    service_options.job_token = kToken;
+    service_ = std::make_unique<ParameterServerService>(server_.get(), service_options);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    grpc_server_ = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                       grpc::InsecureChannelCredentials());
+    stub_ = proto::ParameterServer::NewStub(channel);
+    raw_stub_ = std::make_unique<grpc::GenericStub>(channel);
+  }
+
+  static ParameterServerOptions Options() {
+    ParameterServerOptions options;
+    options.num_workers = 2;
+    options.chunk_elements = 4;
+    options.optimizer.sgd.lr = 1.f;
+    return options;
+  }
+  static std::vector<ParamSpec> Signature() {
+    return {{"w", {6}, DType::kF32}, {"b", {2}, DType::kF32}};
+  }
+
+  static void AddCredentials(const Credentials& c, grpc::ClientContext* context) {
+    if (!c.token.empty()) context->AddMetadata(kTokenKey, c.token);
+    if (!c.session.empty()) context->AddMetadata(proto::kSessionMetadataKey, c.session);
+  }
+
+  grpc::Status RegisterWith(const Credentials& c, const std::string& id,
+                            proto::RegisterReply* reply) {
+    proto::RegisterRequest request;
+    request.set_worker_id(id);
+    for (const ParamSpec& spec : Signature()) {
+      proto::TensorSpec* t = request.add_signature();
+      t->set_name(spec.name);
+      for (int64_t d : spec.shape) t->add_shape(d);
+    }
+    grpc::ClientContext context;
+    AddCredentials(c, &context);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub_->Register(&context, request, reply);
+  }
+
+  grpc::Status WaitWith(const Credentials& c, int64_t version) {
+    proto::WaitRequest request;
+    request.set_version(version);
+    request.set_timeout_ms(1000);
+    grpc::ClientContext context;
+    AddCredentials(c, &context);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    proto::WaitReply reply;
+    return stub_->Wait(&context, request, &reply);
+  }
+
+  grpc::Status RawCallWith(const Credentials& c, const char* method,
+                           const grpc::ByteBuffer& request, grpc::ByteBuffer* reply) {
+    grpc::ClientContext context;
+    AddCredentials(c, &context);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::Status status;
+    absl::Notification done;
+    raw_stub_->UnaryCall(&context, method, grpc::StubOptions(), &request, reply,
+                         [&](grpc::Status s) {
+                           status = std::move(s);
+                           done.Notify();
+                         });
+    done.WaitForNotification();
+    return status;
+  }
+
+  // Rank `rank`'s whole gradient of `iteration` (one sample), every element
+  // `value`, in the two messages the 4-element chunks need.
+  grpc::Status PushAllWith(const Credentials& c, int rank, int64_t iteration, float value) {
+    const std::vector<std::vector<ChunkSpec>> messages = {
+        {{0, 0, std::vector<float>(4, value)}},
+        {{0, 1, std::vector<float>(2, value)}, {1, 0, std::vector<float>(2, value)}}};
+    for (const std::vector<ChunkSpec>& chunks : messages) {
+      grpc::ByteBuffer reply;
+      grpc::Status s = RawCallWith(c, proto::kPushMethod, RankFrame<proto::PushRequest>(
+                                                              chunks, rank, iteration), &reply);
+      if (!s.ok()) return s;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status InitializeWith(const Credentials& c, int rank) {
+    grpc::ByteBuffer reply;
+    return RawCallWith(c, proto::kInitializeMethod,
+                       RankFrame<proto::InitializeRequest>({{1, 0, {9, 9}}}, rank, 0), &reply);
+  }
+
+  grpc::Status PullWith(const Credentials& c, int64_t version, proto::PullReply* reply) {
+    grpc::ByteBuffer frame;
+    grpc::Status s = RawCallWith(c, proto::kPullMethod,
+                                 PullRequestBytes({{0, 1}, {1, 0}}, version, 1000), &frame);
+    if (!s.ok()) return s;
+    return ParsePullReply(frame, reply);
+  }
+
+  // A push or initial-value frame of `rank` (PushRequest's iteration and
+  // sample count set for a push).
+  template <typename Header>
+  static grpc::ByteBuffer RankFrame(const std::vector<ChunkSpec>& chunks, int rank,
+                                    int64_t iteration) {
+    Header header;
+    header.set_rank(rank);
+    if constexpr (std::is_same_v<Header, proto::PushRequest>) {
+      header.set_iteration(iteration);
+      header.set_num_samples(1);
+    }
+    std::vector<grpc::Slice> data;
+    for (const ChunkSpec& c : chunks) {
+      proto::TensorChunk* chunk = header.add_chunks();
+      chunk->set_key(c.key);
+      chunk->set_chunk(c.chunk);
+      chunk->set_dtype(c.dtype);
+      chunk->set_data_bytes(static_cast<int64_t>(c.values.size() * sizeof(float)));
+      data.emplace_back(c.values.data(), c.values.size() * sizeof(float));
+    }
+    return proto::MakeFrame(header, data);
+  }
+
+  // Version `version`'s parameters, read from the domain object directly.
+  std::vector<float> ParametersAt(int64_t version) {
+    std::vector<float> out(8);
+    EXPECT_TRUE(server_->Pull(version, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
+    return out;
+  }
+};
+
+TEST_F(GrpcServiceCredentialsTest, EveryMethodRefusesAMissingOrWrongJobTokenAndChangesNothing) {
+  const std::vector<float> initial = {1, 2, 3, 4, 5, 6, 7, 8};
+  struct Case {
+    const char* what;
+    Credentials credentials;
+    const char* message;
+  };
+  const std::vector<Case> strangers = {
+      {"no token", {"", ""}, "this server needs the job token (metadata ps-job-token"},
+      {"wrong token", {"job-token-0123456789abcdeX", ""}, "wrong job token"},
+  };
+  auto expect_refused = [](const grpc::Status& s, const Case& c, const char* method) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << c.what << ", " << method;
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.what << ", " << method;
+  };
+
+  // 1. Before anyone has registered: every method, "x" and "a" registering.
+  for (const Case& c : strangers) {
+    proto::RegisterReply registered;
+    expect_refused(RegisterWith(c.credentials, "x", &registered), c, "Register x");
+    expect_refused(RegisterWith(c.credentials, "a", &registered), c, "Register a");
+    expect_refused(InitializeWith(c.credentials, 0), c, "Initialize");
+    expect_refused(PushAllWith(c.credentials, 0, 0, 100), c, "Push");
+    expect_refused(WaitWith(c.credentials, 0), c, "Wait");
+    proto::PullReply pulled;
+    expect_refused(PullWith(c.credentials, 0, &pulled), c, "Pull");
+  }
+  EXPECT_EQ(server_->version(), 0);
+  EXPECT_EQ(ParametersAt(0), initial);
+
+  // 2. With the right token "a" registers as the first worker: neither
+  //    refused Register took a rank. Then "b", and no third.
+  proto::RegisterReply a, b, c;
+  ASSERT_TRUE(RegisterWith({kToken, ""}, "a", &a).ok());
+  EXPECT_EQ(a.rank(), 0);
+  EXPECT_EQ(a.num_workers(), 2);
+  ASSERT_TRUE(RegisterWith({kToken, ""}, "b", &b).ok());
+  EXPECT_EQ(b.rank(), 1);
+  EXPECT_EQ(RegisterWith({kToken, ""}, "c", &c).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  // 3. A valid session without the token is refused just the same, before
+  //    the session is looked at, and a re-registration without the token
+  //    does not replace "a"'s session.
+  for (const Case& stranger : strangers) {
+    const Credentials with_session{stranger.credentials.token, a.session()};
+    proto::RegisterReply registered;
+    expect_refused(RegisterWith(with_session, "a", &registered), stranger, "Register a again");
+    expect_refused(InitializeWith(with_session, 0), stranger, "Initialize (registered)");
+    expect_refused(PushAllWith(with_session, 0, 0, 100), stranger, "Push (registered)");
+    expect_refused(WaitWith(with_session, 0), stranger, "Wait (registered)");
+    proto::PullReply pulled;
+    expect_refused(PullWith(with_session, 0, &pulled), stranger, "Pull (registered)");
+  }
+  EXPECT_EQ(server_->version(), 0);
+  EXPECT_EQ(ParametersAt(0), initial);
+
+  // 4. With the token every method works, and the update holds only the
+  //    two workers' gradients (1 and 3 per element over 2 samples: 2).
+  EXPECT_TRUE(WaitWith({kToken, a.session()}, 0).ok());
+  proto::PullReply pulled;
+  ASSERT_TRUE(PullWith({kToken, a.session()}, 0, &pulled).ok());
+  EXPECT_EQ(pulled.version(), 0);
+  EXPECT_EQ(Values(pulled.chunks(0)), (std::vector<float>{5, 6}));
+  // The server has its initial parameters: a valid Initialize gets past the
+  // credentials to the domain's refusal.
+  EXPECT_EQ(InitializeWith({kToken, a.session()}, 0).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(PushAllWith({kToken, a.session()}, 0, 0, 1).ok());
+  ASSERT_TRUE(PushAllWith({kToken, b.session()}, 1, 0, 3).ok());
+  EXPECT_TRUE(WaitWith({kToken, b.session()}, 1).ok());
+  EXPECT_EQ(server_->version(), 1);
+  EXPECT_EQ(ParametersAt(1), (std::vector<float>{-1, 0, 1, 2, 3, 4, 5, 6}));
+  ASSERT_TRUE(PullWith({kToken, b.session()}, 1, &pulled).ok());
+  EXPECT_EQ(pulled.version(), 1);
+  EXPECT_EQ(Values(pulled.chunks(1)), (std::vector<float>{5, 6}));
+}
+
+TEST_F(GrpcServiceCredentialsTest, EachWorkerActsOnlyWithItsOwnSessionOfThisServer) {
+  proto::RegisterReply a, b;
+  ASSERT_TRUE(RegisterWith({kToken, ""}, "a", &a).ok());
+  ASSERT_TRUE(RegisterWith({kToken, ""}, "b", &b).ok());
+  ASSERT_EQ(a.rank(), 0);
+  ASSERT_EQ(b.rank(), 1);
+  EXPECT_NE(a.session(), b.session());
+  // A session of another server process: a second ParameterServer's
+  // registration of the same worker.
+  CpuDevice other_device{0, 1};
+  auto other =
+      ParameterServer::Create(Options(), Signature(), {1, 2, 3, 4, 5, 6, 7, 8}, &other_device);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto elsewhere = (*other)->Register("a", Signature());
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.status();
+  ASSERT_NE(elsewhere->session, a.session());
+
+  // 1. Worker 0 pushing with worker 1's session, with none, with another
+  //    server's: refused, nothing summed.
+  grpc::Status s = PushAllWith({kToken, b.session()}, 0, 0, 100);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(), HasSubstr("the session credential is not rank 0's"));
+  EXPECT_EQ(InitializeWith({kToken, b.session()}, 0).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  s = PushAllWith({kToken, ""}, 0, 0, 100);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("no session credential"));
+  s = PushAllWith({kToken, elsewhere->session}, 0, 0, 100);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("a session of another server process"));
+  EXPECT_EQ(server_->version(), 0);
+
+  // 2. The iteration finished legitimately holds only the workers' own
+  //    gradients: (1 + 3) / 2 samples = 2 per element.
+  ASSERT_TRUE(PushAllWith({kToken, a.session()}, 0, 0, 1).ok());
+  ASSERT_TRUE(PushAllWith({kToken, b.session()}, 1, 0, 3).ok());
+  EXPECT_EQ(server_->version(), 1);
+  EXPECT_EQ(ParametersAt(1), (std::vector<float>{-1, 0, 1, 2, 3, 4, 5, 6}));
+
+  // 3. Pulls (and waits) check only the incarnation: another server's
+  //    session is ABORTED, none is fine.
+  proto::PullReply pulled;
+  s = PullWith({kToken, elsewhere->session}, 1, &pulled);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("a session of another server process"));
+  EXPECT_EQ(WaitWith({kToken, elsewhere->session}, 1).error_code(), grpc::StatusCode::ABORTED);
+  ASSERT_TRUE(PullWith({kToken, ""}, 1, &pulled).ok());
+  EXPECT_EQ(pulled.version(), 1);
+  EXPECT_EQ(Values(pulled.chunks(0)), (std::vector<float>{3, 4}));
+  EXPECT_TRUE(WaitWith({kToken, ""}, 1).ok());
+
+  // 4. A worker that registers again gets a new session, and its old one
+  //    stops working.
+  proto::RegisterReply b_again;
+  ASSERT_TRUE(RegisterWith({kToken, ""}, "b", &b_again).ok());
+  EXPECT_EQ(b_again.rank(), 1);
+  EXPECT_NE(b_again.session(), b.session());
+  s = PushAllWith({kToken, b.session()}, 1, 1, 100);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(), HasSubstr("worker 'b' registered it since"));
+  ASSERT_TRUE(PushAllWith({kToken, b_again.session()}, 1, 1, 3).ok());
+  ASSERT_TRUE(PushAllWith({kToken, a.session()}, 0, 1, 1).ok());
+  EXPECT_EQ(server_->version(), 2);
+  EXPECT_EQ(ParametersAt(2), (std::vector<float>{-3, -2, -1, 0, 1, 2, 3, 4}));
 }
 
 }  // namespace
