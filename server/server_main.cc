@@ -244,8 +244,8 @@ absl::Status Main() {
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  std::printf("parameter server stopping (%s) at version %lld\n", strsignal(signal_number),
-              static_cast<long long>(server->version()));
+  std::printf("parameter server stopping at version %lld (%s)\n",
+              static_cast<long long>(server->version()), strsignal(signal_number));
   std::fflush(stdout);
   // 1. A final checkpoint at the next version boundary: the workers go on
   //    until the iteration in progress ends (bounded by --stop_timeout).

@@ -114,10 +114,13 @@ class ParameterStore {
 
 // Whether a store call's error means the server went away or restarted, so
 // that Reconnect (rather than failing) is the answer: UNAVAILABLE (not
-// reachable, or shutting down) and ABORTED (a server process that does not
-// know this worker's session: it restarted).
+// reachable, or refusing calls while it shuts down), CANCELLED (a call the
+// server cancelled as it shut down: workers never cancel their own) and
+// ABORTED (a server process that does not know this worker's session: it
+// restarted).
 inline bool IsServerLost(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kCancelled ||
          status.code() == absl::StatusCode::kAborted;
 }
 
