@@ -1,0 +1,216 @@
+// The daemons' security end to end: a server with mutual TLS and a job token
+// trains with the job's two workers and refuses every other kind of client,
+// each within a bounded time, while they train; a server on a non-loopback
+// address refuses to serve plaintext unless told --insecure.
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "common/testing/subprocess.h"
+#include "tests/process.h"
+
+namespace ps {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using tests::Process;
+using tests::WaitForLog;
+using tests::WaitForPortFile;
+
+constexpr char kToken[] = "security-test-job-token-0123456789";
+
+// Writes `contents` to `name` in the test's directory, readable by its owner
+// only (as a secret should be); returns the path.
+std::string WriteSecret(const std::string& name, const std::string& contents) {
+  const std::string path = testing::TestTmpPath(name);
+  std::ofstream(path) << contents;
+  chmod(path.c_str(), 0600);
+  return path;
+}
+
+// A throwaway PKI (deploy/tls/make_test_certs.sh) in the test's directory.
+std::string MakeCerts() {
+  const std::string dir = testing::TestTmpPath("certs");
+  std::string output;
+  const int rc = testing::RunCommand(
+      absl::StrCat(testing::ShellQuote(testing::RunfilePath("deploy/tls/make_test_certs.sh")),
+                   " ", testing::ShellQuote(dir)),
+      &output);
+  EXPECT_EQ(rc, 0) << output;
+  return dir;
+}
+
+// Worker arguments that keep a training run to a few seconds on one core.
+std::vector<std::string> WorkerArgs(const std::string& address, const std::string& id) {
+  return {"--server=" + address, "--worker_id=" + id, "--model=mlp", "--mlp_hidden=32",
+          "--dataset=synthetic", "--batch_size=64", "--max_steps=20", "--epochs=1",
+          "--evaluate=false", "--progress=false", "--devices=cpu", "--threads=1"};
+}
+
+// A worker that must be refused, waited for on its own thread so that all of
+// them run at once and each one's exit is timed.
+struct Refused {
+  std::string name;
+  std::vector<std::string> flags;
+  std::unique_ptr<Process> process;
+  std::thread waiter;
+  int exit_code = -1;
+  double seconds = 0;
+};
+
+TEST(SecurityTest, MutualTlsAndAJobTokenAdmitTheJobsWorkersAndRefuseEveryOtherClient) {
+  unsetenv("PS_JOB_TOKEN");  // the refused workers must not find one there
+  const std::string certs = MakeCerts();
+  const std::string ca = certs + "/ca.pem";
+  const std::vector<std::string> client_cert = {"--tls_cert=" + certs + "/worker.pem",
+                                                "--tls_key=" + certs + "/worker.key"};
+  const std::string token_file = WriteSecret("token", absl::StrCat(kToken, "\n"));
+  const std::string wrong_token_file =
+      WriteSecret("wrong-token", "security-test-job-token-0123456789-not-it\n");
+  const std::string port_file = testing::TestTmpPath("port");
+  Process server(testing::RunfilePath("server/server"),
+                 {"--port=0", "--port_file=" + port_file, "--num_workers=2", "--lr=0.1",
+                  "--tls_cert=" + certs + "/server.pem", "--tls_key=" + certs + "/server.key",
+                  "--tls_client_ca=" + ca, "--job_token_file=" + token_file},
+                 testing::TestTmpPath("server.log"));
+  const int port = WaitForPortFile(port_file);
+  ASSERT_GT(port, 0) << server.Log();
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  EXPECT_THAT(server.Log(), HasSubstr("mutual TLS, job token required")) << server.Log();
+
+  // 1. The job's two workers: one reads the token from a file, the other
+  //    from $PS_JOB_TOKEN.
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> args = WorkerArgs(address, absl::StrCat("w", r));
+    args.push_back(absl::StrCat("--rank=", r));
+    args.push_back("--tls_ca=" + ca);
+    args.insert(args.end(), client_cert.begin(), client_cert.end());
+    if (r == 0) args.push_back("--job_token_file=" + token_file);
+    if (r == 1) setenv("PS_JOB_TOKEN", kToken, /*overwrite=*/1);
+    workers.push_back(std::make_unique<Process>(
+        testing::RunfilePath("worker/worker"), args,
+        testing::TestTmpPath(absl::StrCat("worker", r, ".log"))));
+    unsetenv("PS_JOB_TOKEN");
+  }
+
+  // 2. Meanwhile every kind of stranger, all at once.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> strangers = {
+      {"plaintext", {"--job_token_file=" + token_file}},
+      {"no_client_cert", {"--tls_ca=" + ca, "--job_token_file=" + token_file}},
+      {"other_ca_cert",
+       {"--tls_ca=" + ca, "--tls_cert=" + certs + "/other-worker.pem",
+        "--tls_key=" + certs + "/other-worker.key", "--job_token_file=" + token_file}},
+      {"wrong_token", {"--tls_ca=" + ca, client_cert[0], client_cert[1],
+                       "--job_token_file=" + wrong_token_file}},
+      {"no_token", {"--tls_ca=" + ca, client_cert[0], client_cert[1]}},
+  };
+  // Sized once: the waiters hold references into it.
+  std::vector<Refused> refused(strangers.size());
+  for (size_t i = 0; i < strangers.size(); ++i) {
+    refused[i].name = strangers[i].first;
+    refused[i].flags = strangers[i].second;
+  }
+  for (Refused& r : refused) {
+    std::vector<std::string> args = WorkerArgs(address, r.name);
+    args.insert(args.end(), r.flags.begin(), r.flags.end());
+    r.process = std::make_unique<Process>(testing::RunfilePath("worker/worker"), args,
+                                          testing::TestTmpPath(r.name + ".log"));
+    r.waiter = std::thread([&r] {
+      const auto start = std::chrono::steady_clock::now();
+      r.exit_code = r.process->Wait(std::chrono::seconds(120));
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  }
+
+  // 3. The job's workers train to the end, the strangers notwithstanding.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(workers[r]->Wait(std::chrono::seconds(120)), 0) << workers[r]->Log();
+    EXPECT_THAT(workers[r]->Log(), HasSubstr(absl::StrCat("worker ", r, "/2: training")));
+    EXPECT_THAT(workers[r]->Log(), HasSubstr("pushed 101800 and pulled 101800 bytes per step"));
+  }
+
+  // 4. Every stranger fails to register and exits non-zero. A wrong or
+  //    missing token is refused at once, UNAUTHENTICATED and named in the
+  //    worker's log. A failed handshake never reaches the service: the
+  //    worker's Register waits for the channel to become ready until its
+  //    connect timeout (60 s, not a worker flag) and then says only
+  //    DEADLINE_EXCEEDED; the reason is in the server's log, one line per
+  //    handshake the worker's back-off retries.
+  for (Refused& r : refused) {
+    r.waiter.join();
+    const std::string log = r.process->Log();
+    std::printf("%s: exit %d after %.1f s: %s", r.name.c_str(), r.exit_code, r.seconds,
+                log.substr(log.rfind('\n', log.size() - 2) + 1).c_str());
+    EXPECT_GT(r.exit_code, 0) << r.name << ": " << log;
+    EXPECT_LT(r.seconds, 90) << r.name;
+    EXPECT_THAT(log, HasSubstr("Register with " + address)) << r.name;
+    EXPECT_THAT(log, Not(HasSubstr("training"))) << r.name;
+  }
+  EXPECT_THAT(refused[3].process->Log(), HasSubstr("UNAUTHENTICATED"));
+  EXPECT_THAT(refused[3].process->Log(), HasSubstr("wrong job token"));
+  EXPECT_THAT(refused[4].process->Log(), HasSubstr("UNAUTHENTICATED"));
+  EXPECT_THAT(refused[4].process->Log(), HasSubstr("this server needs the job token"));
+  EXPECT_LT(refused[3].seconds, 30);
+  EXPECT_LT(refused[4].seconds, 30);
+  const std::string server_log = server.Log();
+  EXPECT_THAT(server_log, HasSubstr("wrong version number"));               // plaintext
+  EXPECT_THAT(server_log, HasSubstr("peer did not return a certificate"));  // no client cert
+  EXPECT_THAT(server_log, HasSubstr("certificate verify failed"));          // other CA's
+
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(std::chrono::seconds(20)), 0) << server_log;
+  EXPECT_THAT(server.Log(), HasSubstr("stopping at version 20"));
+}
+
+TEST(SecurityTest, PlaintextOnANonLoopbackAddressNeedsInsecure) {
+  const std::string server_binary = testing::RunfilePath("server/server");
+  // Refused before it listens: no port file.
+  const std::string refused_port = testing::TestTmpPath("refused.port");
+  Process refused(server_binary,
+                  {"--bind_address=0.0.0.0", "--port=0", "--port_file=" + refused_port},
+                  testing::TestTmpPath("refused.log"));
+  EXPECT_EQ(refused.Wait(std::chrono::seconds(30)), 1) << refused.Log();
+  EXPECT_THAT(refused.Log(), HasSubstr("refusing to serve plaintext on 0.0.0.0"));
+  EXPECT_FALSE(std::ifstream(refused_port).good());
+
+  // With --insecure it serves, and says so.
+  const std::string insecure_port = testing::TestTmpPath("insecure.port");
+  Process insecure(server_binary,
+                   {"--bind_address=0.0.0.0", "--port=0", "--port_file=" + insecure_port,
+                    "--insecure"},
+                   testing::TestTmpPath("insecure.log"));
+  ASSERT_GT(WaitForPortFile(insecure_port), 0) << insecure.Log();
+  EXPECT_THAT(insecure.Log(), HasSubstr("INSECURE plaintext (--insecure)"));
+  insecure.Signal(SIGTERM);
+  EXPECT_EQ(insecure.Wait(std::chrono::seconds(20)), 0) << insecure.Log();
+
+  // TLS on the same address needs no --insecure.
+  const std::string certs = MakeCerts();
+  const std::string tls_port = testing::TestTmpPath("tls.port");
+  Process tls(server_binary,
+              {"--bind_address=0.0.0.0", "--port=0", "--port_file=" + tls_port,
+               "--tls_cert=" + certs + "/server.pem", "--tls_key=" + certs + "/server.key"},
+              testing::TestTmpPath("tls.log"));
+  ASSERT_GT(WaitForPortFile(tls_port), 0) << tls.Log();
+  EXPECT_THAT(tls.Log(), HasSubstr(", TLS, "));
+  tls.Signal(SIGTERM);
+  EXPECT_EQ(tls.Wait(std::chrono::seconds(20)), 0) << tls.Log();
+}
+
+}  // namespace
+}  // namespace ps
