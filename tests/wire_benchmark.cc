@@ -6,9 +6,14 @@
 // test. With
 // --servers=S the model is cut over S servers (worker/shard_plan.h) and the
 // worker talks to all of them at once through ShardedParameterStore; a list
-// (--servers=1,2,4) measures each in turn.
+// (--servers=1,2,4) measures each in turn. With --security=plaintext,tls,mtls
+// each server count is measured over plaintext, TLS and mutual TLS with the
+// job token (as a secured job runs), certificates from --tls_dir (made by
+// deploy/tls/make_test_certs.sh), and the figures compared at the end.
 //
 //   bazel run //tests:wire_benchmark -- --model_mib=64 --rounds=10 --servers=1,2,4
+//   deploy/tls/make_test_certs.sh /tmp/certs
+//   bazel run //tests:wire_benchmark -- --security=plaintext,tls,mtls --tls_dir=/tmp/certs
 
 #include <chrono>
 #include <cstdio>
@@ -21,9 +26,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/cpu_device.h"
 #include "common/malloc_tuning.h"
 #include "common/timed_event.h"
-#include "server/in_process_server.h"
+#include "common/tls_credentials.h"
+#include "server/grpc_service.h"
+#include "server/parameter_server.h"
 #include "worker/push_pull_scheduler.h"
 #include "worker/remote_parameter_store.h"
 #include "worker/sharded_parameter_store.h"
@@ -38,6 +46,12 @@ ABSL_FLAG(int, connections, 1, "connections per direction to each server");
 ABSL_FLAG(std::string, servers, "1",
           "server shards (in-process servers) the model is cut over; a comma-separated list "
           "measures each");
+ABSL_FLAG(std::string, security, "plaintext",
+          "plaintext, tls (server certificate) or mtls (mutual TLS and the job token); a "
+          "comma-separated list measures each");
+ABSL_FLAG(std::string, tls_dir, "",
+          "certificates for --security=tls/mtls: ca.pem, server.pem/.key, worker.pem/.key "
+          "(deploy/tls/make_test_certs.sh DIR)");
 
 namespace ps {
 namespace {
@@ -70,11 +84,66 @@ class ServerTime : public EventObserver {
   double push_s_ = 0, update_s_ = 0;
 };
 
+// A parameter server on a free loopback port of this process, as
+// server/in_process_server.h makes one, with the daemon's credentials.
+class BenchServer {
+ public:
+  static std::unique_ptr<BenchServer> Start(const server::ParameterServerOptions& options,
+                                            std::vector<ParamSpec> signature,
+                                            std::vector<float> initial,
+                                            const ServerTlsOptions& tls,
+                                            const std::string& job_token) {
+    std::unique_ptr<BenchServer> s(new BenchServer());
+    auto server = server::ParameterServer::Create(options, std::move(signature),
+                                                  std::move(initial), &s->device_);
+    auto credentials = MakeServerCredentials(tls);
+    if (!server.ok() || !credentials.ok()) {
+      std::fprintf(stderr, "%s\n",
+                   (server.ok() ? credentials.status() : server.status()).ToString().c_str());
+      return nullptr;
+    }
+    s->server_ = std::move(server).value();
+    server::ServiceOptions service_options;
+    service_options.job_token = job_token;
+    s->service_ = std::make_unique<server::ParameterServerService>(s->server_.get(),
+                                                                   service_options);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", *credentials, &s->port_);
+    builder.RegisterService(s->service_.get());
+    s->grpc_server_ = builder.BuildAndStart();
+    if (s->grpc_server_ == nullptr || s->port_ == 0) {
+      std::fprintf(stderr, "cannot listen on a loopback port\n");
+      return nullptr;
+    }
+    return s;
+  }
+  ~BenchServer() {
+    // Waiting pulls first: the server's Shutdown waits for every call in flight.
+    if (service_ != nullptr) service_->Shutdown();
+    if (grpc_server_ != nullptr) grpc_server_->Shutdown();
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  BenchServer() = default;
+  CpuDevice device_{0, 1};
+  std::unique_ptr<server::ParameterServer> server_;
+  std::unique_ptr<server::ParameterServerService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int port_ = 0;
+};
+
+// Goodput of one run, in GB/s of tensor payload.
+struct Figures {
+  double push = 0, pull = 0, pipelined = 0;
+};
+
 double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-int Run(int shards) {
+// `security`: "plaintext", "tls" or "mtls" (checked by main()).
+int Run(int shards, const std::string& security, Figures* figures) {
   const int64_t elements = absl::GetFlag(FLAGS_model_mib) * (int64_t{1} << 20) / 4;
   const int64_t tensors = absl::GetFlag(FLAGS_tensors);
   std::vector<ParamSpec> signature;
@@ -95,20 +164,33 @@ int Run(int shards) {
     std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
     return 1;
   }
-  std::vector<std::unique_ptr<server::InProcessServer>> servers;
+  const std::string dir = absl::GetFlag(FLAGS_tls_dir) + "/";
+  ServerTlsOptions server_tls;
+  worker::RemoteStoreOptions store_options;
+  std::string job_token;
+  if (security != "plaintext") {
+    server_tls.cert_file = dir + "server.pem";
+    server_tls.key_file = dir + "server.key";
+    store_options.tls.ca_file = dir + "ca.pem";
+  }
+  if (security == "mtls") {
+    server_tls.client_ca_file = dir + "ca.pem";
+    store_options.tls.cert_file = dir + "worker.pem";
+    store_options.tls.key_file = dir + "worker.key";
+    job_token = "wire-benchmark-job-token";
+    store_options.job_token = job_token;
+  }
+  std::vector<std::unique_ptr<BenchServer>> servers;
   std::vector<std::string> addresses;
   for (const worker::ShardPart& part : plan->shards) {
-    auto server = server::InProcessServer::Start(options, part.signature(),
-                                                 std::vector<float>(part.elements(), 0.5f));
-    if (!server.ok()) {
-      std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
-      return 1;
-    }
-    addresses.push_back((*server)->address());
-    servers.push_back(std::move(server).value());
+    auto server = BenchServer::Start(options, part.signature(),
+                                     std::vector<float>(part.elements(), 0.5f), server_tls,
+                                     job_token);
+    if (server == nullptr) return 1;
+    addresses.push_back(server->address());
+    servers.push_back(std::move(server));
   }
 
-  worker::RemoteStoreOptions store_options;
   store_options.server_address = addresses[0];
   store_options.worker_id = "bench";
   store_options.connections = absl::GetFlag(FLAGS_connections);
@@ -116,6 +198,7 @@ int Run(int shards) {
   if (shards == 1) {
     auto remote = worker::RemoteParameterStore::Create(store_options);
     if (remote.ok()) store = std::move(remote).value();
+    if (!remote.ok()) std::fprintf(stderr, "%s\n", remote.status().ToString().c_str());
   } else {
     worker::ShardedStoreOptions sharded;
     sharded.shard_addresses = addresses;
@@ -190,11 +273,15 @@ int Run(int shards) {
     if (r > 0) pipelined_s += Since(t);
   }
   const double bytes = static_cast<double>(n) * 4;
+  figures->push = bytes * rounds / push_s / 1e9;
+  figures->pull = bytes * rounds / pull_s / 1e9;
+  figures->pipelined = bytes * rounds / pipelined_s / 1e9;
   std::printf("model %.1f MiB in %lld tensors on %d server%s (%d connection%s each way), chunks "
-              "of %lld bytes, %lld rounds on loopback\n",
+              "of %lld bytes, %lld rounds on loopback, %s\n",
               bytes / (1 << 20), static_cast<long long>(tensors), shards, shards > 1 ? "s" : "",
               store_options.connections, store_options.connections > 1 ? "s" : "",
-              static_cast<long long>(options.chunk_elements * 4), static_cast<long long>(rounds));
+              static_cast<long long>(options.chunk_elements * 4), static_cast<long long>(rounds),
+              security.c_str());
   std::printf("push: %8.2f ms  %6.2f GB/s (includes the server summing the gradient and, in\n"
               "                           the last chunk's call, the SGD update)\n",
               1e3 * push_s / rounds, bytes * rounds / push_s / 1e9);
@@ -216,13 +303,39 @@ int Run(int shards) {
 int main(int argc, char** argv) {
   ps::TuneMallocForLargeMessages();
   absl::ParseCommandLine(argc, argv);
+  const std::vector<std::string> securities =
+      absl::StrSplit(absl::GetFlag(FLAGS_security), ',');
+  for (const std::string& security : securities) {
+    if (security != "plaintext" && security != "tls" && security != "mtls") {
+      std::fprintf(stderr, "--security: '%s' is not plaintext, tls or mtls\n", security.c_str());
+      return 2;
+    }
+    if (security != "plaintext" && absl::GetFlag(FLAGS_tls_dir).empty()) {
+      std::fprintf(stderr, "--security=%s needs --tls_dir\n", security.c_str());
+      return 2;
+    }
+  }
   for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_servers), ',')) {
     int shards = 0;
     if (!absl::SimpleAtoi(text, &shards) || shards < 1) {
       std::fprintf(stderr, "--servers: '%s' is not a positive number\n", std::string(text).c_str());
       return 2;
     }
-    if (const int rc = ps::Run(shards); rc != 0) return rc;
+    std::vector<ps::Figures> figures(securities.size());
+    for (size_t i = 0; i < securities.size(); ++i) {
+      if (const int rc = ps::Run(shards, securities[i], &figures[i]); rc != 0) return rc;
+    }
+    if (securities.size() < 2) continue;
+    // Side by side, each against the first.
+    std::printf("%d server%s, GB/s (x the %s figure):\n", shards, shards > 1 ? "s" : "",
+                securities[0].c_str());
+    for (size_t i = 0; i < securities.size(); ++i) {
+      const ps::Figures& f = figures[i];
+      const ps::Figures& base = figures[0];
+      std::printf("  %-9s  push %6.2f (%.2f)  pull %6.2f (%.2f)  pipelined %6.2f (%.2f)\n",
+                  securities[i].c_str(), f.push, f.push / base.push, f.pull, f.pull / base.pull,
+                  f.pipelined, f.pipelined / base.pipelined);
+    }
   }
   return 0;
 }
