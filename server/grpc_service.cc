@@ -16,6 +16,7 @@
 #include "common/job_token.h"
 #include "common/status_macros.h"
 #include "proto/wire_format.h"
+#include "server/stall_report.h"
 
 namespace ps::server {
 namespace {
@@ -331,9 +332,20 @@ absl::string_view MetadataOf(const grpc::ServerContextBase& context, absl::strin
 
 }  // namespace
 
+void ParameterServerService::FailJob(const absl::Status& status) {
+  {
+    absl::MutexLock lock(&stop_mu_);
+    if (!failure_.ok()) return;
+    failure_ = status;
+    stopping_ = true;
+  }
+  for (internal::WaitingPull* pull : waiting_->Close()) pull->Finish(ToGrpcStatus(status));
+}
+
 absl::Status ParameterServerService::CheckCall(const grpc::ServerContextBase& context) const {
   if (stopping_) {
     absl::MutexLock lock(&stop_mu_);
+    if (!failure_.ok()) return failure_;
     return absl::UnavailableError(absl::StrCat("server shutting down: ", stop_reason_));
   }
   if (options_.job_token.empty()) return absl::OkStatus();
@@ -496,6 +508,25 @@ grpc::Status ParameterServerService::Wait(grpc::ServerContext* context,
   auto version = server_->WaitForVersion(request->version(), deadline);
   if (!version.ok()) return ToGrpcStatus(version.status());
   reply->set_version(*version);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
+                                               const proto::HeartbeatRequest* request,
+                                               proto::HeartbeatReply* reply) {
+  if (absl::Status s = CheckCall(*context); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = server_->Heartbeat(request->rank(), SessionOf(*context)); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  const ParameterServer::Progress progress = server_->progress();
+  reply->set_version(progress.version);
+  const Clock* clock = server_->options().clock;
+  if (clock != nullptr) {
+    const Stall stall = FindStall(progress, clock->NowNanos(), options_.stall_report_after,
+                                  options_.liveness_timeout);
+    reply->set_stall_report(stall.report);
+    for (int rank : stall.missing) reply->add_missing_ranks(rank);
+  }
   return grpc::Status::OK;
 }
 

@@ -79,6 +79,11 @@ struct ServiceOptions {
   // as the metadata "ps-job-token" (UNAUTHENTICATED otherwise, before
   // anything is read). Empty: no token needed.
   std::string job_token;
+  // Heartbeat replies carry the stall report (server/stall_report.h) once
+  // an iteration has waited this long; a rank is lost after this long
+  // without a sign of life.
+  absl::Duration stall_report_after = absl::Seconds(5);
+  absl::Duration liveness_timeout = absl::Seconds(10);
 };
 
 class ParameterServerService final
@@ -95,6 +100,11 @@ class ParameterServerService final
   // <reason>" at once, before it is read (workers take it as a reason to
   // reconnect, not to fail); waiting pulls are left to Shutdown. Idempotent.
   void StopServing(const std::string& reason);
+  // The job cannot go on (a worker lost for good under the wait policy):
+  // every waiting pull and every later call is answered with `status`
+  // (which must not be a code workers reconnect on), so the workers fail
+  // with its message instead of waiting. Idempotent: the first status stays.
+  void FailJob(const absl::Status& status);
 
   // Answers every waiting pull with UNAVAILABLE "server shutting down", and
   // from now on every pull that would wait too (pulls that can be answered
@@ -118,6 +128,8 @@ class ParameterServerService final
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
                                  const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* reply) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const proto::HeartbeatRequest* request,
+                         proto::HeartbeatReply* reply) override;
 
  private:
   // Each returns the chunks it sent (which may have published some).
@@ -154,6 +166,7 @@ class ParameterServerService final
   const ServiceOptions options_;
   mutable absl::Mutex stop_mu_;
   std::string stop_reason_ ABSL_GUARDED_BY(stop_mu_);  // non-empty once stopping
+  absl::Status failure_ ABSL_GUARDED_BY(stop_mu_);     // FailJob's
   std::atomic<bool> stopping_{false};
   // Shared with the waiting reactors, whose OnCancel may come after the
   // service has answered them.

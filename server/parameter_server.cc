@@ -85,7 +85,44 @@ ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevic
     : options_(options),
       device_(device),
       workers_(options.num_workers),
-      incarnation_(std::move(incarnation)) {}
+      incarnation_(std::move(incarnation)) {
+  absl::MutexLock lock(&mu_);
+  version_ns_ = NowNanos();
+}
+
+int64_t ParameterServer::NowNanos() const {
+  return options_.clock != nullptr ? options_.clock->NowNanos() : -1;
+}
+
+absl::Status ParameterServer::Heartbeat(int rank, absl::string_view session) {
+  PS_RETURN_IF_ERROR(CheckSession(rank, session));
+  absl::MutexLock lock(&mu_);
+  workers_[rank].heard_ns = NowNanos();
+  return absl::OkStatus();
+}
+
+ParameterServer::Progress ParameterServer::progress() const {
+  absl::MutexLock lock(&mu_);
+  Progress p;
+  p.version = version_;
+  p.initialized = initialized_;
+  p.version_ns = version_ns_;
+  p.total_chunks = layout_ == nullptr ? 0 : layout_->total_chunks;
+  for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {
+    const WorkerState& w = workers_[r];
+    WorkerProgress wp;
+    wp.rank = r;
+    wp.id = w.id;
+    wp.heard_ns = w.heard_ns;
+    wp.last_push_iteration = w.last_push_iteration;
+    wp.last_push_ns = w.last_push_ns;
+    for (size_t gc = 0; gc < w.pushed.size(); ++gc) {
+      if (w.pushed[gc] || w.carried[gc]) ++wp.pushed_chunks;
+    }
+    p.workers.push_back(std::move(wp));
+  }
+  return p;
+}
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     const ParameterServerOptions& options, CpuDevice* device) {
@@ -384,6 +421,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   }
   worker.id = worker_id;
   worker.session = absl::StrCat(incarnation_, "-", RandomHex(16));
+  worker.heard_ns = NowNanos();
   Registration reg;
   reg.rank = rank;
   reg.num_workers = static_cast<int>(workers_.size());
@@ -577,6 +615,8 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
       }
     }
     if (!chunks.empty()) worker.num_samples = num_samples;
+    worker.heard_ns = worker.last_push_ns = NowNanos();
+    worker.last_push_iteration = iteration;
     optimizer = optimizer_.get();
   }
   // 4. Add each chunk to its sum, in rank order (see SumInRankOrderLocked),
@@ -720,6 +760,7 @@ absl::Status ParameterServer::ApplyChunk(const Layout& layout, SgdOptimizer* opt
         w.num_samples = -1;
       }
       ++version_;
+      version_ns_ = NowNanos();
       // The boundary: no push of the next iteration can have been
       // accepted yet (it needed this version), so nothing moves while the
       // state is copied.

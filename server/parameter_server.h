@@ -241,6 +241,31 @@ class ParameterServer {
   // This server process's random identity, the prefix of its sessions.
   const std::string& incarnation() const { return incarnation_; }
 
+  // A sign of life from the worker of `rank` (its session checked as in
+  // CheckSession): registering and pushing count too. What the job's
+  // progress (below) says of when each worker was last heard from.
+  absl::Status Heartbeat(int rank, absl::string_view session);
+
+  // Where the job stands, for stall reports and liveness: the version, since
+  // when it exists, and per rank what it did. Times are options().clock
+  // readings in nanoseconds (-1: never).
+  struct WorkerProgress {
+    int rank = 0;
+    std::string id;              // empty: no worker holds the rank
+    int64_t heard_ns = -1;       // last Register, Push or Heartbeat
+    int64_t pushed_chunks = 0;   // of the iteration in progress
+    int64_t last_push_iteration = -1;
+    int64_t last_push_ns = -1;
+  };
+  struct Progress {
+    int64_t version = 0;
+    bool initialized = false;  // version 0 exists
+    int64_t version_ns = -1;   // when `version` was published (or the server started)
+    int64_t total_chunks = 0;  // a whole push, in chunks
+    std::vector<WorkerProgress> workers;  // by rank
+  };
+  Progress progress() const;
+
   // Adds chunk `chunk` of key `key` (elements [chunk * chunk_elements, ...)
   // of that parameter) of the gradient of worker `rank`, computed at
   // `iteration` over `num_samples` samples (the same for all of that worker's
@@ -507,6 +532,8 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // options_.clock's reading when there is an observer, else 0 (no read).
   int64_t EventStartNanos() const;
+  // options_.clock's reading (-1 without a clock).
+  int64_t NowNanos() const;
   // Reports an event from `start_ns` to now to options_.observer, if any.
   void ReportEvent(EventKind kind, int32_t lane, int64_t step, absl::string_view name,
                    int64_t bytes, int64_t start_ns) const;
@@ -544,6 +571,9 @@ class ParameterServer {
   struct WorkerState {
     std::string id;
     std::string session;  // the last registration's credential
+    int64_t heard_ns = -1;
+    int64_t last_push_iteration = -1;
+    int64_t last_push_ns = -1;
     // Per global chunk, this iteration: claimed by a message that passed
     // every check (its sum may still be under way).
     std::vector<bool> pushed;
@@ -562,6 +592,7 @@ class ParameterServer {
   // applied, the state is at a boundary.
   std::vector<int> claims_ ABSL_GUARDED_BY(mu_);
   int64_t chunks_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t version_ns_ ABSL_GUARDED_BY(mu_) = -1;  // when version_ was published
   std::vector<std::function<void(State)>> captures_ ABSL_GUARDED_BY(mu_);
 };
 

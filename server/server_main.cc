@@ -7,6 +7,9 @@
 //   bazel run -c opt //server:server -- --num_workers=2 --lr=0.9
 
 #include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
 
 #include <csignal>
 #include <cstdio>
@@ -24,7 +27,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/chrome_trace.h"
 #include "common/cpu_device.h"
 #include "common/malloc_tuning.h"
@@ -35,6 +40,7 @@
 #include "server/checkpoint.h"
 #include "server/checkpointer.h"
 #include "server/grpc_service.h"
+#include "server/stall_report.h"
 #include "server/optimizer_flags.h"
 #include "server/parameter_server.h"
 
@@ -61,6 +67,15 @@ ABSL_FLAG(int, checkpoint_keep, 3, "checkpoints kept (the newest)");
 ABSL_FLAG(absl::Duration, stop_timeout, absl::Seconds(10),
           "on SIGTERM, how long to wait for the iteration in progress to end, for a final "
           "checkpoint at a version boundary");
+ABSL_FLAG(absl::Duration, liveness_timeout, absl::Seconds(10),
+          "a worker with no heartbeat or push for this long is lost");
+ABSL_FLAG(absl::Duration, stall_report_every, absl::Seconds(5),
+          "while an iteration waits for missing workers, report which ones this often");
+ABSL_FLAG(std::string, on_worker_loss, "wait",
+          "wait: wait for a lost worker to come back (it rejoins at its rank and the current "
+          "step), up to --worker_loss_timeout, then fail the job");
+ABSL_FLAG(absl::Duration, worker_loss_timeout, absl::Minutes(10),
+          "with --on_worker_loss=wait: fail the job once a worker has been lost this long");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate: serve TLS (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -194,7 +209,14 @@ absl::Status Main() {
         ": give --tls_cert/--tls_key (and --tls_client_ca for mutual TLS), or --insecure on a "
         "network you trust"));
   }
+  if (absl::GetFlag(FLAGS_on_worker_loss) != "wait") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--on_worker_loss=", absl::GetFlag(FLAGS_on_worker_loss),
+        ": only 'wait' is implemented (shrinking the job to the live workers is not yet)"));
+  }
   ServiceOptions service_options;
+  service_options.stall_report_after = absl::GetFlag(FLAGS_stall_report_every);
+  service_options.liveness_timeout = absl::GetFlag(FLAGS_liveness_timeout);
   PS_ASSIGN_OR_RETURN(service_options.job_token,
                       ReadJobToken(absl::GetFlag(FLAGS_job_token_file),
                                    std::getenv(kJobTokenEnvVar)));
@@ -242,8 +264,52 @@ absl::Status Main() {
     std::fclose(f);
   }
 
+  // The stall inspector: while an iteration waits for missing workers, says
+  // which and what they last did; under the wait policy, fails the job once
+  // a worker has been lost for --worker_loss_timeout (then stops the server
+  // as a signal would).
+  absl::Notification stop_inspector;
+  std::atomic<bool> job_failed{false};
+  std::thread inspector([&] {
+    const Clock* clock = Clock::Real();
+    int64_t last_report_ns = -1;
+    const absl::Duration every = absl::GetFlag(FLAGS_stall_report_every);
+    const absl::Duration loss_timeout = absl::GetFlag(FLAGS_worker_loss_timeout);
+    while (!stop_inspector.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+      const ParameterServer::Progress progress = server->progress();
+      const int64_t now = clock->NowNanos();
+      const Stall stall =
+          FindStall(progress, now, every, absl::GetFlag(FLAGS_liveness_timeout));
+      if (stall.report.empty()) continue;
+      if (last_report_ns < 0 || now - last_report_ns >= absl::ToInt64Nanoseconds(every)) {
+        Log(stall.report);
+        last_report_ns = now;
+      }
+      for (const int rank : stall.lost) {
+        const ParameterServer::WorkerProgress& w = progress.workers[rank];
+        if (w.id.empty() || w.heard_ns < 0 ||
+            now - w.heard_ns < absl::ToInt64Nanoseconds(loss_timeout)) {
+          continue;
+        }
+        const absl::Status failure = absl::FailedPreconditionError(absl::StrCat(
+            "job failed: worker rank ", rank, " ('", w.id, "') lost for ",
+            absl::FormatDuration(absl::Trunc(absl::Nanoseconds(now - w.heard_ns),
+                                              absl::Milliseconds(100))),
+            " at iteration ", progress.version, " (--on_worker_loss=wait, --worker_loss_timeout=",
+            absl::FormatDuration(loss_timeout), ")"));
+        Log(std::string(failure.message()));
+        service.FailJob(failure);
+        job_failed = true;
+        kill(getpid(), SIGTERM);
+        return;
+      }
+    }
+  });
+
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
+  stop_inspector.Notify();
+  inspector.join();
   std::printf("parameter server stopping at version %lld (%s)\n",
               static_cast<long long>(server->version()), strsignal(signal_number));
   std::fflush(stdout);
@@ -270,6 +336,7 @@ absl::Status Main() {
                 static_cast<long long>(trace->size()), static_cast<long long>(trace->dropped()),
                 absl::GetFlag(FLAGS_trace).c_str());
   }
+  if (job_failed) return absl::FailedPreconditionError("the job failed: a worker was lost");
   return absl::OkStatus();
 }
 

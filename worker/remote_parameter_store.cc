@@ -26,6 +26,39 @@ std::chrono::system_clock::time_point DeadlineAfter(absl::Duration d) {
 RemoteParameterStore::RemoteParameterStore(const RemoteStoreOptions& options)
     : options_(options) {}
 
+RemoteParameterStore::~RemoteParameterStore() {
+  stop_heartbeats_.Notify();
+  if (heartbeats_.joinable()) heartbeats_.join();
+}
+
+void RemoteParameterStore::SendHeartbeats() {
+  absl::Time last_log = absl::InfinitePast();
+  while (!stop_heartbeats_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
+    proto::HeartbeatRequest request;
+    grpc::ClientContext context;
+    context.set_deadline(DeadlineAfter(options_.heartbeat_interval));
+    if (!options_.job_token.empty()) {
+      context.AddMetadata(kJobTokenMetadataKey, options_.job_token);
+    }
+    {
+      absl::MutexLock lock(&session_mu_);
+      request.set_rank(session_rank_);
+      context.AddMetadata(proto::kSessionMetadataKey, session_);
+    }
+    proto::HeartbeatReply reply;
+    // A failure says nothing the training calls will not: the server is
+    // away, restarting, or shutting down.
+    if (!stub_->Heartbeat(&context, request, &reply).ok()) continue;
+    // Waiting for others: their ranks are missing, not only ours.
+    bool others = false;
+    for (int rank : reply.missing_ranks()) others |= rank != request.rank();
+    if (!others || reply.stall_report().empty() || !options_.log) continue;
+    if (absl::Now() - last_log < options_.stall_log_every) continue;
+    last_log = absl::Now();
+    options_.log(absl::StrCat("rank ", request.rank(), " waits: ", reply.stall_report()));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<RemoteParameterStore>> RemoteParameterStore::Create(
     const RemoteStoreOptions& options) {
   if (options.server_address.empty()) return absl::InvalidArgumentError("no server address");
@@ -266,7 +299,10 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Reconnect(
   const absl::Time start = absl::Now();
   const absl::Time give_up = start + options_.reconnect_timeout;
   absl::Duration backoff = absl::Milliseconds(100);
-  session_.clear();  // the lost server's, if it restarted
+  {
+    absl::MutexLock lock(&session_mu_);
+    session_.clear();  // the lost server's, if it restarted
+  }
   for (int attempt = 1;; ++attempt) {
     // Each attempt waits up to 2 s for the channel to connect.
     const absl::Time deadline = std::min(give_up, absl::Now() + absl::Seconds(2));
@@ -328,7 +364,14 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
                                             " sent a malformed registration reply"));
   }
   rank_ = reply.rank();
-  session_ = reply.session();
+  {
+    absl::MutexLock lock(&session_mu_);
+    session_ = reply.session();
+    session_rank_ = reply.rank();
+  }
+  if (!heartbeats_.joinable() && options_.heartbeat_interval > absl::ZeroDuration()) {
+    heartbeats_ = std::thread([this] { SendHeartbeats(); });
+  }
   messages_.clear();
   message_elements_.clear();
   key_names_.clear();

@@ -5,12 +5,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/timed_event.h"
@@ -46,6 +49,12 @@ struct RemoteStoreOptions {
   // Called with a line saying what Reconnect waits for, at most once per
   // attempt (the worker prints it). May be empty.
   std::function<void(const std::string&)> log;
+  // A heartbeat (with the session) this often once registered, so the
+  // server knows this worker lives while it computes a long step; its
+  // reply's stall report goes to `log`, at most once per
+  // stall_log_every, while this worker waits for others. Zero: none.
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+  absl::Duration stall_log_every = absl::Seconds(5);
   // The job token sent on every call (common/job_token.h); empty: none.
   std::string job_token;
   // TLS or mutual TLS to the server (common/tls_credentials.h); default:
@@ -84,6 +93,8 @@ class RemoteParameterStore final : public ParameterStore {
  public:
   static absl::StatusOr<std::unique_ptr<RemoteParameterStore>> Create(
       const RemoteStoreOptions& options);
+  // Stops the heartbeats.
+  ~RemoteParameterStore() override;
 
   absl::StatusOr<Registration> Register(const std::vector<ParamSpec>& signature,
                                         absl::Span<const float> proposed) override;
@@ -159,6 +170,8 @@ class RemoteParameterStore final : public ParameterStore {
                                             absl::Time deadline);
   // The job token and (after Register) the session, on every call.
   void AddCredentials(grpc::ClientContext* context) const;
+  // The heartbeat thread's loop (started by the first registration).
+  void SendHeartbeats();
 
   RemoteStoreOptions options_;
   // options_.connections connections each for pushes (and Initialize) and
@@ -173,7 +186,14 @@ class RemoteParameterStore final : public ParameterStore {
   std::vector<std::string> key_names_;     // the signature's, for events
   int64_t num_parameters_ = 0;
   int rank_ = -1;
-  std::string session_;  // the last registration's credential
+  // The last registration's credential and rank, as the heartbeat thread
+  // reads them (the training thread writes them only in Register and
+  // Reconnect, under the lock, and reads session_ unlocked).
+  mutable absl::Mutex session_mu_;
+  std::string session_;
+  int session_rank_ ABSL_GUARDED_BY(session_mu_) = -1;
+  absl::Notification stop_heartbeats_;
+  std::thread heartbeats_;
   std::atomic<int64_t> bytes_pushed_{0};
   std::atomic<int64_t> bytes_pulled_{0};
   bool sent_initial_parameters_ = false;

@@ -1,0 +1,155 @@
+// Worker loss, as processes: a 2-worker LeNet job (Fashion-MNIST) whose
+// worker 1 is killed (SIGKILL) mid-run and restarted ends bit-identical to
+// the fault-free run (it rejoins at its rank and the server's step); one
+// whose worker 1 is killed for good gets stall reports naming the missing
+// rank from the server and the other worker within 15 s, and under the
+// wait policy with a 30 s bound fails with that message instead of hanging.
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/testing/subprocess.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/process.h"
+
+namespace ps {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using tests::Process;
+using tests::WaitForLog;
+using tests::WaitForPortFile;
+
+constexpr int kSteps = 300;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class WorkerLossTest : public ::testing::Test {
+ protected:
+  void StartServer(const std::string& name, std::vector<std::string> extra = {}) {
+    const std::string port_file = testing::TestTmpPath(name + ".port");
+    std::vector<std::string> args = {"--port=0", "--port_file=" + port_file, "--num_workers=2",
+                                     "--lr=0.1", "--momentum=0.9"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    server_ = std::make_unique<Process>(testing::RunfilePath("server/server"), args,
+                                        testing::TestTmpPath(name + ".server.log"));
+    port_ = WaitForPortFile(port_file);
+    ASSERT_GT(port_, 0) << server_->Log();
+  }
+
+  std::unique_ptr<Process> StartWorker(const std::string& name, int rank) {
+    return std::make_unique<Process>(
+        testing::RunfilePath("worker/worker"),
+        std::vector<std::string>{
+            absl::StrCat("--server=127.0.0.1:", port_), absl::StrCat("--worker_id=w", rank),
+            absl::StrCat("--rank=", rank), "--model=lenet", "--batch_size=128", "--epochs=1",
+            absl::StrCat("--max_steps=", kSteps), "--seed=7", "--devices=cpu", "--threads=1",
+            "--evaluate=false", "--progress=false",
+            "--save_weights=" + Weights(name, rank),
+            absl::StrCat("--report=", testing::TestTmpPath(absl::StrCat(name, rank, ".json")))},
+        testing::TestTmpPath(absl::StrCat(name, ".worker", rank, ".log")));
+  }
+
+  static std::string Weights(const std::string& name, int rank) {
+    return testing::TestTmpPath(absl::StrCat(name, ".weights", rank, ".safetensors"));
+  }
+
+  int port_ = 0;
+  std::unique_ptr<Process> server_;
+};
+
+TEST_F(WorkerLossTest, AWorkerKilledAndRestartedRejoinsBitIdentical) {
+  // The fault-free run.
+  StartServer("reference");
+  {
+    auto w0 = StartWorker("reference", 0);
+    auto w1 = StartWorker("reference", 1);
+    ASSERT_EQ(w0->Wait(std::chrono::seconds(300)), 0) << w0->Log();
+    ASSERT_EQ(w1->Wait(std::chrono::seconds(300)), 0) << w1->Log();
+  }
+  server_->Signal(SIGTERM);
+  ASSERT_EQ(server_->Wait(std::chrono::seconds(30)), 0);
+
+  // Worker 1 killed at a random moment once training runs, and restarted.
+  std::random_device seed_source;
+  const unsigned seed = seed_source();
+  std::printf("kill timing seed %u\n", seed);
+  std::mt19937 rng(seed);
+  StartServer("rejoin");
+  auto w0 = StartWorker("rejoin", 0);
+  auto w1 = StartWorker("rejoin", 1);
+  ASSERT_TRUE(WaitForLog(*w1, "worker 1/2: training", std::chrono::seconds(120))) << w1->Log();
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 800)(rng)));
+  w1->Signal(SIGKILL);
+  EXPECT_EQ(w1->Wait(std::chrono::seconds(10)), -1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto again = StartWorker("rejoin", 1);
+  ASSERT_EQ(w0->Wait(std::chrono::seconds(300)), 0) << w0->Log();
+  ASSERT_EQ(again->Wait(std::chrono::seconds(300)), 0) << again->Log();
+  server_->Signal(SIGTERM);
+  EXPECT_EQ(server_->Wait(std::chrono::seconds(30)), 0);
+
+  // It rejoined mid-run: it trained fewer steps than the whole job.
+  const std::string report = ReadFile(testing::TestTmpPath("rejoin1.json"));
+  EXPECT_THAT(report, Not(HasSubstr(absl::StrCat("\"steps\": ", kSteps))));
+  const size_t steps = report.find("\"steps\"");
+  ASSERT_NE(steps, std::string::npos);
+  std::printf("the restarted worker trained %s of the job's %d\n",
+              report.substr(steps, report.find(',', steps) - steps).c_str(), kSteps);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string want = ReadFile(Weights("reference", rank));
+    ASSERT_FALSE(want.empty());
+    EXPECT_TRUE(ReadFile(Weights("rejoin", rank)) == want)
+        << "worker " << rank << "'s final weights differ from the fault-free run's";
+  }
+}
+
+TEST_F(WorkerLossTest, AWorkerLostForGoodIsReportedAndFailsTheJobAtTheBound) {
+  StartServer("lost", {"--worker_loss_timeout=30s"});
+  auto w0 = StartWorker("lost", 0);
+  auto w1 = StartWorker("lost", 1);
+  ASSERT_TRUE(WaitForLog(*w1, "worker 1/2: training", std::chrono::seconds(120))) << w1->Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  w1->Signal(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  // Within 15 s both the server and the waiting worker name the missing rank.
+  EXPECT_TRUE(WaitForLog(*server_, "stall: iteration", std::chrono::seconds(15)))
+      << server_->Log();
+  EXPECT_TRUE(WaitForLog(*w0, "rank 0 waits: stall: iteration", std::chrono::seconds(15)))
+      << w0->Log();
+  const double reported_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  std::printf("both stall reports within %.1f s of the kill\n", reported_s);
+  EXPECT_THAT(server_->Log(), HasSubstr("rank 1 (worker 'w1') pushed"));
+  EXPECT_THAT(w0->Log(), HasSubstr("rank 1 (worker 'w1') pushed"));
+  // At the 30 s bound the job fails, saying why, instead of hanging.
+  EXPECT_EQ(w0->Wait(std::chrono::seconds(90)), 1) << w0->Log();
+  const double failed_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  std::printf("worker 0 failed %.1f s after the kill\n", failed_s);
+  EXPECT_GE(failed_s, 30);
+  EXPECT_THAT(w0->Log(), HasSubstr("job failed: worker rank 1 ('w1') lost for"));
+  EXPECT_EQ(server_->Wait(std::chrono::seconds(30)), 1) << server_->Log();
+  EXPECT_THAT(server_->Log(), HasSubstr("job failed: worker rank 1 ('w1') lost for"));
+}
+
+}  // namespace
+}  // namespace ps
