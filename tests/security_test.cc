@@ -146,11 +146,11 @@ TEST(SecurityTest, MutualTlsAndAJobTokenAdmitTheJobsWorkersAndRefuseEveryOtherCl
 
   // 4. Every stranger fails to register and exits non-zero. A wrong or
   //    missing token is refused at once, UNAUTHENTICATED and named in the
-  //    worker's log. A failed handshake never reaches the service: the
-  //    worker's Register waits for the channel to become ready until its
-  //    connect timeout (60 s, not a worker flag) and then says only
-  //    DEADLINE_EXCEEDED; the reason is in the server's log, one line per
-  //    handshake the worker's back-off retries.
+  //    worker's log. A failed handshake never reaches the service, and the
+  //    worker's gRPC status does not say why (the server closed the
+  //    connection: "Deadline Exceeded" or "tcp handshaker shutdown"): the
+  //    worker tries until its connect timeout (60 s, not a worker flag).
+  //    The reason is in the server's log, one line per handshake tried.
   for (Refused& r : refused) {
     r.waiter.join();
     const std::string log = r.process->Log();
