@@ -291,46 +291,62 @@ void RemoteParameterStore::AddCredentials(grpc::ClientContext* context) const {
 
 absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Register(
     const std::vector<ParamSpec>& signature, absl::Span<const float> proposed) {
-  return RegisterOnce(signature, proposed, absl::Now() + options_.connect_timeout);
+  return RegisterRetrying(signature, proposed, options_.connect_timeout, /*reconnecting=*/false);
 }
 
 absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Reconnect(
     const std::vector<ParamSpec>& signature, absl::Span<const float> proposed) {
-  const absl::Time start = absl::Now();
-  const absl::Time give_up = start + options_.reconnect_timeout;
-  absl::Duration backoff = absl::Milliseconds(100);
   {
     absl::MutexLock lock(&session_mu_);
     session_.clear();  // the lost server's, if it restarted
   }
+  return RegisterRetrying(signature, proposed, options_.reconnect_timeout, /*reconnecting=*/true);
+}
+
+absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetrying(
+    const std::vector<ParamSpec>& signature, absl::Span<const float> proposed,
+    absl::Duration timeout, bool reconnecting) {
+  const absl::Time start = absl::Now();
+  const absl::Time give_up = start + timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  auto elapsed = [&] {
+    return absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100)));
+  };
   for (int attempt = 1;; ++attempt) {
-    // Each attempt waits up to 2 s for the channel to connect.
-    const absl::Time deadline = std::min(give_up, absl::Now() + absl::Seconds(2));
+    // Not waiting for the channel: a refused connection or a failed TLS
+    // handshake comes back at once as UNAVAILABLE naming it, which the
+    // log line below shows (waiting for the channel would say only
+    // "Deadline Exceeded" at the end).
+    const absl::Time deadline = std::min(give_up, absl::Now() + absl::Seconds(10));
     absl::StatusOr<Registration> registration = RegisterOnce(signature, proposed, deadline);
-    if (registration.ok() || !(IsServerLost(registration.status()) ||
-                               registration.status().code() ==
-                                   absl::StatusCode::kDeadlineExceeded)) {
-      if (registration.ok() && options_.log) {
-        options_.log(absl::StrCat("reconnected to the parameter server at ",
-                                  options_.server_address, " after ",
-                                  absl::FormatDuration(absl::Trunc(absl::Now() - start,
-                                                                   absl::Milliseconds(100))),
-                                  " (attempt ", attempt, "): resuming at version ",
+    const bool retry = !registration.ok() &&
+                       (IsServerLost(registration.status()) ||
+                        registration.status().code() == absl::StatusCode::kDeadlineExceeded);
+    if (!retry) {
+      if (registration.ok() && options_.log && (reconnecting || attempt > 1)) {
+        options_.log(absl::StrCat(reconnecting ? "reconnected to" : "registered with",
+                                  " the parameter server at ", options_.server_address, " after ",
+                                  elapsed(), " (attempt ", attempt, "): ",
+                                  reconnecting ? "resuming at" : "starting at", " version ",
                                   registration->version));
       }
       return registration;
     }
     if (absl::Now() >= give_up) {
+      // A TLS handshake the server refuses (a plaintext client, a missing
+      // or foreign client certificate) reaches no handler: gRPC says no
+      // more than for a server that is down, so the message says both.
       return absl::UnavailableError(absl::StrCat(
-          "the parameter server at ", options_.server_address, " did not come back within ",
-          absl::FormatDuration(options_.reconnect_timeout), " (", attempt,
-          " attempts); last error: ", registration.status().message()));
+          "the parameter server at ", options_.server_address, " did not answer within ",
+          absl::FormatDuration(timeout), " (", attempt,
+          " attempts; if it is up, its TLS settings refuse this worker's: compare --tls_ca, "
+          "--tls_cert and --tls_key with its --tls_cert and --tls_client_ca); last error: ",
+          registration.status().message()));
     }
     if (options_.log) {
-      options_.log(absl::StrCat(
-          "waiting for the parameter server at ", options_.server_address, " (",
-          absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100))),
-          ", attempt ", attempt, "): ", registration.status().message()));
+      options_.log(absl::StrCat("waiting for the parameter server at ", options_.server_address,
+                                " (", elapsed(), ", attempt ", attempt,
+                                "): ", registration.status().message()));
     }
     absl::SleepFor(std::min(backoff, give_up - absl::Now()));
     backoff = std::min(backoff * 2, absl::Seconds(2));
@@ -351,8 +367,6 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
     for (int64_t d : spec.shape) t->add_shape(d);
   }
   grpc::ClientContext context;
-  // The server may still be starting: wait for the channel, within bounds.
-  context.set_wait_for_ready(true);
   context.set_deadline(absl::ToChronoTime(deadline));
   if (!options_.job_token.empty()) context.AddMetadata(kJobTokenMetadataKey, options_.job_token);
   proto::RegisterReply reply;

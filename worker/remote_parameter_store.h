@@ -30,7 +30,9 @@ struct RemoteStoreOptions {
   // Iterations in one epoch of this worker's data, stated at registration
   // (the server's epoch schedule needs it; all workers must agree). 0: none.
   int64_t steps_per_epoch = 0;
-  // How long Register waits for the server to come up.
+  // How long Register waits for the server to come up (retrying like
+  // Reconnect, each wait logged with its reason: a refused connection, a
+  // failed TLS handshake).
   absl::Duration connect_timeout = absl::Seconds(60);
   // TCP connections to the server for pushes, and as many again for pulls
   // (message m takes connection m % connections of its direction): one
@@ -164,7 +166,13 @@ class RemoteParameterStore final : public ParameterStore {
   // is the model's.
   absl::Status CheckSegments(const char* what, int first, int last, size_t size) const;
   absl::Status SendInitialParameters(absl::Span<const float> proposed);
-  // Register's call, waiting for the server to be reachable until `deadline`.
+  // Register's call, repeated with bounded exponential back-off (100 ms
+  // doubling to 2 s) while the server is unreachable, until `timeout`;
+  // each wait is logged.
+  absl::StatusOr<Registration> RegisterRetrying(const std::vector<ParamSpec>& signature,
+                                                absl::Span<const float> proposed,
+                                                absl::Duration timeout, bool reconnecting);
+  // One Register call (deadline `deadline`).
   absl::StatusOr<Registration> RegisterOnce(const std::vector<ParamSpec>& signature,
                                             absl::Span<const float> proposed,
                                             absl::Time deadline);
