@@ -20,6 +20,14 @@
 #   --port=P [0: any free port; shard s of several: P + s]
 #   --logs=DIR [a temporary directory]
 #   --report=PATH             worker 0's JSON report
+#   --checkpoint_dir=DIR      server checkpoints (resumed from at start when
+#                             it holds some) [LOGS/checkpoints with
+#                             --restart_server, else none]
+#   --checkpoint_every_steps=N [100]
+#   --restart_server          when the server dies while workers train, start
+#                             it again on its port: it resumes from its newest
+#                             checkpoint and the workers roll back to it (one
+#                             server shard only)
 # Anything after `--` goes to every worker unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +35,7 @@ cd "$(dirname "$0")/.."
 workers=2 servers=1 devices=cpu:1 threads="" model=lenet epochs=10 batch_size=256 lr=0.9
 momentum=0 weight_decay=0 seed=0 dataset=fashion_mnist
 data_dir=/usr/share/datasets/fashion-mnist port=0 logs="" report=""
+checkpoint_dir="" checkpoint_every_steps=100 restart_server=0
 extra=()
 while (($#)); do
   case "$1" in
@@ -46,8 +55,11 @@ while (($#)); do
     --port=*) port="${1#*=}" ;;
     --logs=*) logs="${1#*=}" ;;
     --report=*) report="${1#*=}" ;;
+    --checkpoint_dir=*) checkpoint_dir="${1#*=}" ;;
+    --checkpoint_every_steps=*) checkpoint_every_steps="${1#*=}" ;;
+    --restart_server) restart_server=1 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,22p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
     *) echo "local_cluster: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -55,9 +67,13 @@ done
 if ! [[ "$servers" =~ ^[1-9][0-9]*$ ]]; then
   echo "local_cluster: --servers must be a positive integer, got '$servers'" >&2; exit 2
 fi
+if ((restart_server && servers > 1)); then
+  echo "local_cluster: --restart_server takes one server shard (--servers=1)" >&2; exit 2
+fi
 [[ -z "$threads" ]] && threads=$(( $(nproc) / workers > 0 ? $(nproc) / workers : 1 ))
 [[ -z "$logs" ]] && logs=$(mktemp -d /tmp/ps-cluster.XXXXXX)
 mkdir -p "$logs"
+((restart_server)) && [[ -z "$checkpoint_dir" ]] && checkpoint_dir="$logs/checkpoints"
 
 bash deploy/setup.sh >/dev/null
 bazel build //server:server //worker:worker 2>&1 | tail -n 3
@@ -77,20 +93,31 @@ trap 'echo "local_cluster: interrupted" >&2; exit 130' INT TERM
 # per epoch. With several shards each is an ordinary server; the workers cut
 # the model over them, so every shard gets its part of the model.
 addresses=()
-for ((s = 0; s < servers; s++)); do
-  name=server port_file="$logs/port"
+server_pids=()
+server_flags=(--num_workers="$workers" --lr="$lr" --momentum="$momentum"
+              --weight_decay="$weight_decay")
+[[ -n "$checkpoint_dir" ]] && server_flags+=(--checkpoint_dir="$checkpoint_dir"
+                                             --checkpoint_every_steps="$checkpoint_every_steps")
+# start_server S PORT: starts shard S on PORT (0: any free one), appending to
+# its log, and sets started_port to the port it bound.
+start_server() {
+  local s=$1 shard_port=$2 name=server port_file="$logs/port"
   ((servers > 1)) && name="server-$s" port_file="$logs/server-$s.port"
-  shard_port=$port; ((port != 0 && servers > 1)) && shard_port=$((port + s))
   rm -f "$port_file"  # a reused --logs folder holds the last run's port
-  "$bin/server/server" --port="$shard_port" --port_file="$port_file" \
-    --num_workers="$workers" --lr="$lr" --momentum="$momentum" --weight_decay="$weight_decay" \
-    >"$logs/$name.log" 2>&1 &
+  "$bin/server/server" --port="$shard_port" --port_file="$port_file" "${server_flags[@]}" \
+    >>"$logs/$name.log" 2>&1 &
+  server_pids[s]=$!
   pids+=($!)
   for _ in $(seq 100); do [[ -s "$port_file" ]] && break; sleep 0.1; done
   if [[ ! -s "$port_file" ]]; then
     echo "local_cluster: $name did not start; its log:" >&2; cat "$logs/$name.log" >&2; exit 1
   fi
-  addresses+=("127.0.0.1:$(cat "$port_file")")
+  started_port=$(cat "$port_file")
+}
+for ((s = 0; s < servers; s++)); do
+  shard_port=$port; ((port != 0 && servers > 1)) && shard_port=$((port + s))
+  start_server "$s" "$shard_port"
+  addresses+=("127.0.0.1:$started_port")
 done
 address=$(IFS=,; echo "${addresses[*]}")
 if ((servers > 1)); then
@@ -115,12 +142,26 @@ tail -n +1 -s 0.2 -f "$logs/worker-0.log" --pid="${worker_pids[0]}" &
 tail_pid=$!
 pids+=($tail_pid)
 
-# Stop everything as soon as one worker fails; otherwise wait for all.
+# Stop everything as soon as one worker fails; otherwise wait for all. With
+# --restart_server a server that dies is started again on its port.
 status=0
 live=("${worker_pids[@]}")
 while ((${#live[@]})); do
   finished=""
-  if wait -n -p finished "${live[@]}"; then rc=0; else rc=$?; fi
+  if wait -n -p finished "${live[@]}" "${server_pids[@]}"; then rc=0; else rc=$?; fi
+  shard=-1
+  for s in "${!server_pids[@]}"; do [[ "$finished" == "${server_pids[s]}" ]] && shard=$s; done
+  if ((shard >= 0)); then
+    if ((restart_server)); then
+      echo "local_cluster: the server exited (status $rc); restarting it on port ${addresses[0]##*:}" >&2
+      start_server 0 "${addresses[0]##*:}"
+      continue
+    fi
+    status=1
+    echo "local_cluster: server shard $shard exited (status $rc); stopping the cluster." >&2
+    tail -n 5 "$logs"/server*.log >&2
+    break
+  fi
   if ((rc != 0)); then
     status=1
     echo "local_cluster: worker process $finished failed (exit $rc); stopping the cluster." >&2

@@ -56,7 +56,10 @@ void Checkpointer::Loop() {
     }
     bool due = false;
     if (options_.every_steps > 0) {
-      due = server_->WaitForVersion(last + options_.every_steps, absl::Now() + kTick).ok();
+      // Versions that are multiples of every_steps (the first after a
+      // resumed one included).
+      const int64_t next = (std::max<int64_t>(last, 0) / options_.every_steps + 1) * options_.every_steps;
+      due = server_->WaitForVersion(next, absl::Now() + kTick).ok();
     } else {
       absl::SleepFor(kTick);
     }

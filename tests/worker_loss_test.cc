@@ -67,6 +67,30 @@ class WorkerLossTest : public ::testing::Test {
         testing::TestTmpPath(absl::StrCat(name, ".worker", rank, ".log")));
   }
 
+  // The fault-free run, once per test binary (its files stay in the
+  // shared test directory).
+  void RunReferenceOnce() {
+    static bool done = false;
+    if (done) return;
+    StartServer("reference");
+    auto w0 = StartWorker("reference", 0);
+    auto w1 = StartWorker("reference", 1);
+    ASSERT_EQ(w0->Wait(std::chrono::seconds(300)), 0) << w0->Log();
+    ASSERT_EQ(w1->Wait(std::chrono::seconds(300)), 0) << w1->Log();
+    server_->Signal(SIGTERM);
+    ASSERT_EQ(server_->Wait(std::chrono::seconds(30)), 0);
+    done = true;
+  }
+
+  void ExpectReferenceWeights(const std::string& name) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string want = ReadFile(Weights("reference", rank));
+      ASSERT_FALSE(want.empty());
+      EXPECT_TRUE(ReadFile(Weights(name, rank)) == want)
+          << "worker " << rank << "'s final weights differ from the fault-free run's";
+    }
+  }
+
   static std::string Weights(const std::string& name, int rank) {
     return testing::TestTmpPath(absl::StrCat(name, ".weights", rank, ".safetensors"));
   }
@@ -76,16 +100,7 @@ class WorkerLossTest : public ::testing::Test {
 };
 
 TEST_F(WorkerLossTest, AWorkerKilledAndRestartedRejoinsBitIdentical) {
-  // The fault-free run.
-  StartServer("reference");
-  {
-    auto w0 = StartWorker("reference", 0);
-    auto w1 = StartWorker("reference", 1);
-    ASSERT_EQ(w0->Wait(std::chrono::seconds(300)), 0) << w0->Log();
-    ASSERT_EQ(w1->Wait(std::chrono::seconds(300)), 0) << w1->Log();
-  }
-  server_->Signal(SIGTERM);
-  ASSERT_EQ(server_->Wait(std::chrono::seconds(30)), 0);
+  ASSERT_NO_FATAL_FAILURE(RunReferenceOnce());
 
   // Worker 1 killed at a random moment once training runs, and restarted.
   std::random_device seed_source;
@@ -114,12 +129,27 @@ TEST_F(WorkerLossTest, AWorkerKilledAndRestartedRejoinsBitIdentical) {
   ASSERT_NE(steps, std::string::npos);
   std::printf("the restarted worker trained %s of the job's %d\n",
               report.substr(steps, report.find(',', steps) - steps).c_str(), kSteps);
-  for (int rank = 0; rank < 2; ++rank) {
-    const std::string want = ReadFile(Weights("reference", rank));
-    ASSERT_FALSE(want.empty());
-    EXPECT_TRUE(ReadFile(Weights("rejoin", rank)) == want)
-        << "worker " << rank << "'s final weights differ from the fault-free run's";
-  }
+  ExpectReferenceWeights("rejoin");
+}
+
+// SIGTERM to a worker: it finishes the step in progress (its push and pull
+// complete), says where it stopped and exits 143; restarted, it rejoins.
+TEST_F(WorkerLossTest, AWorkerStoppedWithSigtermFinishesItsStepAndRejoins) {
+  ASSERT_NO_FATAL_FAILURE(RunReferenceOnce());
+  StartServer("sigterm");
+  auto w0 = StartWorker("sigterm", 0);
+  auto w1 = StartWorker("sigterm", 1);
+  ASSERT_TRUE(WaitForLog(*w1, "worker 1/2: training", std::chrono::seconds(120))) << w1->Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  w1->Signal(SIGTERM);
+  EXPECT_EQ(w1->Wait(std::chrono::seconds(30)), 143) << w1->Log();
+  EXPECT_THAT(w1->Log(), HasSubstr("worker 1: stopped by a signal after step"));
+  auto again = StartWorker("sigterm", 1);
+  ASSERT_EQ(w0->Wait(std::chrono::seconds(300)), 0) << w0->Log();
+  ASSERT_EQ(again->Wait(std::chrono::seconds(300)), 0) << again->Log();
+  server_->Signal(SIGTERM);
+  EXPECT_EQ(server_->Wait(std::chrono::seconds(30)), 0);
+  ExpectReferenceWeights("sigterm");
 }
 
 TEST_F(WorkerLossTest, AWorkerLostForGoodIsReportedAndFailsTheJobAtTheBound) {

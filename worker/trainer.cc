@@ -641,7 +641,13 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
       on_step_(p);
     }
     ++iteration;
-    if (step + 1 != steps_per_epoch && iteration != end) continue;
+    const bool stop = options_.should_stop && options_.should_stop() && iteration != end;
+    if (stop) {
+      // Its pulls in: the replicas hold the version the step produced.
+      PS_RETURN_IF_ERROR(FinishCommunication());
+      report.stopped_at_step = iteration - 1;
+    }
+    if (!stop && step + 1 != steps_per_epoch && iteration != end) continue;
     // The epoch ends (or training does).
     stats.train_seconds = SecondsSince(*clock_, start_ns);
     stats.split = split_observer_.split();
@@ -661,6 +667,7 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     }
     report.epochs.push_back(stats);
     if (on_epoch_) on_epoch_(stats);
+    if (stop) break;
     if (iteration < end) begin_epoch(iteration / steps_per_epoch);
   }
   if (later_seconds == 0 && !report.epochs.empty()) {  // stopped inside epoch 1

@@ -76,6 +76,12 @@ struct TrainerOptions {
   // ends Run.
   bool recover_from_server_loss = true;
 
+  // Asked after every step (and its communication) has finished: true ends
+  // Run there, cleanly (the report says at which step: stopped_at_step).
+  // For SIGTERM: the step in progress finishes, nothing is left half-pushed.
+  // Empty: never.
+  std::function<bool()> should_stop;
+
   // Receives every timed event of the training steps (common/timed_event.h),
   // each with step = the global iteration (epoch * steps_per_epoch() + the
   // batch's index in the epoch):

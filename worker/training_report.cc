@@ -56,6 +56,7 @@ std::string TrainingReportToJson(const TrainingReport& r) {
   j["compute"] = r.compute;
   j["replay_step_s"] = r.replay_step_seconds;
   j["time_split"] = SplitToJson(r.split);
+  j["stopped_at_step"] = r.stopped_at_step;
   Json recoveries = Json::array();
   for (const TrainingReport::Recovery& recovery : r.recoveries) {
     Json one;

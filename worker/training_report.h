@@ -59,13 +59,16 @@ struct TrainingReport {
     std::string error;             // what the failing call said
   };
   std::vector<Recovery> recoveries;
+  // The global step after which TrainerOptions::should_stop ended training
+  // early; -1 when it ran to the end.
+  int64_t stopped_at_step = -1;
 };
 
 // The report as one JSON object, indented by two spaces, ending in a newline.
 // Keys, in this order: model, devices, rank, num_workers, global_batch_size,
 // model_parameters, steps, final_train_loss, final_test_accuracy,
 // samples_per_second, global_samples_per_second, model_bytes_to_host_per_step,
-// model_bytes_to_device_per_step, compute, replay_step_s, time_split, recoveries
+// model_bytes_to_device_per_step, compute, replay_step_s, time_split, stopped_at_step, recoveries
 // (each: failed_iteration, resumed_version, seconds, error), epochs. Each epoch: epoch,
 // steps, samples, train_loss, train_accuracy, test_loss, test_accuracy,
 // train_seconds, samples_per_second, time_split. A time_split: data_s,

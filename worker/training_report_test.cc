@@ -34,6 +34,13 @@ TrainingReport SampleReport() {
   r.model_bytes_to_host_per_step = 246824;
   r.model_bytes_to_device_per_step = 246824;
   r.split = Split(10);
+  r.stopped_at_step = 59;
+  TrainingReport::Recovery recovery;
+  recovery.failed_iteration = 17;
+  recovery.resumed_version = 15;
+  recovery.seconds = 0.25;
+  recovery.error = "Push at host:1: Connection reset by peer";
+  r.recoveries.push_back(recovery);
   for (int e = 1; e <= 2; ++e) {
     EpochStats s;
     s.epoch = e;
@@ -79,7 +86,14 @@ TEST(TrainingReportTest, JsonParsesBackToTheSameValuesInAFixedKeyOrder) {
                        "model_parameters", "steps", "final_train_loss", "final_test_accuracy",
                        "samples_per_second", "global_samples_per_second",
                        "model_bytes_to_host_per_step", "model_bytes_to_device_per_step",
-                       "compute", "replay_step_s", "time_split", "epochs"}));
+                       "compute", "replay_step_s", "time_split", "stopped_at_step",
+                       "recoveries", "epochs"}));
+  EXPECT_EQ(j["stopped_at_step"], 59);
+  ASSERT_EQ(j["recoveries"].size(), 1u);
+  EXPECT_EQ(j["recoveries"][0]["failed_iteration"], 17);
+  EXPECT_EQ(j["recoveries"][0]["resumed_version"], 15);
+  EXPECT_DOUBLE_EQ(j["recoveries"][0]["seconds"].get<double>(), 0.25);
+  EXPECT_EQ(j["recoveries"][0]["error"], "Push at host:1: Connection reset by peer");
   EXPECT_EQ(j["compute"], "real");
   EXPECT_EQ(j["replay_step_s"], 0);
   EXPECT_EQ(j["model"], "lenet");

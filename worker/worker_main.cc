@@ -10,7 +10,10 @@
 
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -107,6 +110,10 @@ ABSL_FLAG(int64_t, trace_max_events, 1000000,
 
 namespace ps::worker {
 namespace {
+
+// Set by SIGTERM/SIGINT (a signal handler can touch nothing else safely);
+// the trainer reads it after each step.
+std::atomic<bool> stop_requested{false};
 
 std::string FormatSplit(const TimeSplit& s) {
   const double total = s.data + s.compute + s.reduce + s.copy + s.push + s.wait + s.pull;
@@ -242,6 +249,13 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   const bool remote = static_cast<bool>(bytes_pushed);
   options.evaluate = absl::GetFlag(FLAGS_evaluate);
   options.recover_from_server_loss = remote && absl::GetFlag(FLAGS_recover);
+  // SIGTERM (and SIGINT) end training after the step in progress.
+  options.should_stop = [] { return stop_requested.load(); };
+  struct sigaction on_stop = {};
+  on_stop.sa_handler = [](int) { stop_requested = true; };
+  sigemptyset(&on_stop.sa_mask);
+  sigaction(SIGTERM, &on_stop, nullptr);
+  sigaction(SIGINT, &on_stop, nullptr);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(options, model, devices, store.get(), &train, &test));
   const int rank = trainer->registration().rank;
@@ -318,6 +332,11 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
                 static_cast<long long>(model_bytes));
   }
 
+  if (report.stopped_at_step >= 0) {
+    std::printf("worker %d: stopped by a signal after step %lld, its push and pull complete "
+                "(restarted with the same --worker_id it rejoins the job)\n",
+                rank, static_cast<long long>(report.stopped_at_step));
+  }
   if (!absl::GetFlag(FLAGS_save_weights).empty()) {
     PS_RETURN_IF_ERROR(SaveWeights(trainer->model(), absl::GetFlag(FLAGS_save_weights)));
     std::printf("saved weights to %s\n", absl::GetFlag(FLAGS_save_weights).c_str());
@@ -375,5 +394,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "worker: %s\n", status.ToString().c_str());
     return 1;
   }
-  return 0;
+  // Stopped by SIGTERM before the end: the conventional 128 + 15, so a
+  // restart policy that restarts failures brings it back to rejoin.
+  return ps::worker::stop_requested ? 128 + SIGTERM : 0;
 }
