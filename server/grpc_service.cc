@@ -342,6 +342,12 @@ void ParameterServerService::FailJob(const absl::Status& status) {
   for (internal::WaitingPull* pull : waiting_->Close()) pull->Finish(ToGrpcStatus(status));
 }
 
+absl::Status ParameterServerService::DropWorker(int rank) {
+  PS_ASSIGN_OR_RETURN(const std::vector<ChunkId> completed, server_->DropWorker(rank));
+  AnswerReadyPulls(completed);
+  return absl::OkStatus();
+}
+
 absl::Status ParameterServerService::CheckCall(const grpc::ServerContextBase& context) const {
   if (stopping_) {
     absl::MutexLock lock(&stop_mu_);
@@ -432,6 +438,8 @@ grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
   reply->set_chunk_elements(reg->chunk_elements);
   reply->set_send_initial_parameters(reg->send_initial_parameters);
   reply->set_session(reg->session);
+  for (int member : reg->members) reply->add_members(member);
+  reply->set_shrinks(options_.shrinks);
   // Adopting the signature may complete version 0 (a server given values).
   AnswerReadyPulls({});
   return grpc::Status::OK;
@@ -476,7 +484,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServe
 
 absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& context,
                                             const grpc::ByteBuffer& request,
-                                            std::vector<ChunkId>* sent) {
+                                            std::vector<ChunkId>* sent, proto::PushReply* reply) {
   PS_RETURN_IF_ERROR(CheckCall(context));
   proto::PushRequest header;
   PS_ASSIGN_OR_RETURN(proto::FrameReader frame, proto::FrameReader::Open(request, "push", &header));
@@ -485,15 +493,27 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
                       ChunksOf(header.chunks(), frame, "push"));
   PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   *sent = IdsOf(chunks);
-  return server_->PushChunkBytes(header.rank(), header.iteration(), header.num_samples(), chunks);
+  PS_RETURN_IF_ERROR(
+      server_->PushChunkBytes(header.rank(), header.iteration(), header.num_samples(), chunks));
+  // Announced by the first push of the iteration (this one or earlier); the
+  // version may have moved on since, and then the members are past.
+  absl::StatusOr<std::vector<int>> members = server_->Members(header.iteration() + 1);
+  if (members.ok()) {
+    reply->set_members_iteration(header.iteration() + 1);
+    for (int member : *members) reply->add_members(member);
+  }
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* reply) {
   std::vector<ChunkId> sent;
-  const absl::Status status = DoPush(*context, *request, &sent);
-  grpc::ServerUnaryReactor* reactor = FinishWithoutData(context, status, reply);
+  proto::PushReply push_reply;
+  const absl::Status status = DoPush(*context, *request, &sent, &push_reply);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (status.ok()) *reply = proto::SerializeMessage(push_reply);
+  reactor->Finish(ToGrpcStatus(status));
   // The reply is on its way; then the pulls whose chunks this push applied.
   if (status.ok()) AnswerReadyPulls(sent);
   return reactor;

@@ -84,6 +84,8 @@ struct ServiceOptions {
   // without a sign of life.
   absl::Duration stall_report_after = absl::Seconds(5);
   absl::Duration liveness_timeout = absl::Seconds(10);
+  // The job shrinks when it loses a worker (RegisterReply.shrinks).
+  bool shrinks = false;
 };
 
 class ParameterServerService final
@@ -105,6 +107,8 @@ class ParameterServerService final
   // (which must not be a code workers reconnect on), so the workers fail
   // with its message instead of waiting. Idempotent: the first status stays.
   void FailJob(const absl::Status& status);
+  // ParameterServer::DropWorker, answering the pulls it made ready.
+  absl::Status DropWorker(int rank);
 
   // Answers every waiting pull with UNAVAILABLE "server shutting down", and
   // from now on every pull that would wait too (pulls that can be answered
@@ -137,7 +141,7 @@ class ParameterServerService final
                             const grpc::ByteBuffer& request,
                             std::vector<ParameterServer::ChunkId>* sent);
   absl::Status DoPush(const grpc::ServerContextBase& context, const grpc::ByteBuffer& request,
-                      std::vector<ParameterServer::ChunkId>* sent);
+                      std::vector<ParameterServer::ChunkId>* sent, proto::PushReply* reply);
   // Takes views of the chunks `ids` (checked: they exist and fit one
   // message) from the version `request` asks for, waiting until `deadline`,
   // and frames them into `reply`.

@@ -88,6 +88,114 @@ ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevic
       incarnation_(std::move(incarnation)) {
   absl::MutexLock lock(&mu_);
   version_ns_ = NowNanos();
+  for (int r = 0; r < options.num_workers; ++r) members_.push_back(r);
+  participating_.assign(options.num_workers, true);
+  dropped_.assign(options.num_workers, false);
+}
+
+void ParameterServer::FreezeNextMembersLocked() {
+  next_members_.clear();
+  for (int r = 0; r < static_cast<int>(dropped_.size()); ++r) {
+    if (!dropped_[r]) next_members_.push_back(r);
+  }
+  next_frozen_ = true;
+}
+
+void ParameterServer::AdvanceMembershipLocked() {
+  if (!next_frozen_) FreezeNextMembersLocked();
+  members_ = next_members_;
+  next_frozen_ = false;
+  std::vector<bool> participating(dropped_.size(), false);
+  for (int r : members_) participating[r] = !dropped_[r];
+  // The chunks' waivers follow participating_ unless a drop changed some
+  // mid-iteration.
+  if ((participating == participating_ && !waivers_dirty_) || layout_ == nullptr) {
+    participating_ = std::move(participating);
+    return;
+  }
+  participating_ = std::move(participating);
+  waivers_dirty_ = false;
+  // No push of the new iteration can have been claimed (it needed this
+  // version): every chunk's waivers are set before any.
+  int waived = 0;
+  for (bool p : participating_) waived += !p;
+  for (int64_t gc = 0; gc < layout_->total_chunks; ++gc) {
+    Chunk& chunk = layout_->chunks[gc];
+    absl::MutexLock chunk_lock(&chunk.mu);
+    for (size_t r = 0; r < participating_.size(); ++r) chunk.waived[r] = !participating_[r];
+    chunk.waived_count = waived;
+  }
+}
+
+absl::StatusOr<std::vector<int>> ParameterServer::Members(int64_t iteration) const {
+  absl::MutexLock lock(&mu_);
+  if (iteration == version_) return members_;
+  if (iteration == version_ + 1 && next_frozen_) return next_members_;
+  if (iteration < version_) {
+    return absl::OutOfRangeError(absl::StrCat("iteration ", iteration, " is past (the server is at ",
+                                              version_, ")"));
+  }
+  return absl::UnavailableError(absl::StrCat("the members of iteration ", iteration,
+                                             " are not announced yet (the server is at ", version_,
+                                             ")"));
+}
+
+absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorker(int rank) {
+  std::vector<int64_t> to_waive;
+  int64_t iteration = 0;
+  const Layout* layout = nullptr;
+  SgdOptimizer* optimizer = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
+      return absl::NotFoundError(absl::StrCat("no worker holds rank ", rank));
+    }
+    if (dropped_[rank]) return std::vector<ChunkId>();
+    int others = 0;
+    for (int r = 0; r < static_cast<int>(dropped_.size()); ++r) others += r != rank && !dropped_[r];
+    if (others == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank, " is the job's last member: the job waits for it"));
+    }
+    dropped_[rank] = true;
+    waivers_dirty_ = true;
+    const bool took_part = participating_[rank];
+    participating_[rank] = false;
+    iteration = version_;
+    layout = layout_.get();
+    optimizer = optimizer_.get();
+    if (layout == nullptr || !took_part) return std::vector<ChunkId>();
+    const WorkerState& worker = workers_[rank];
+    for (int64_t gc = 0; gc < layout->total_chunks; ++gc) {
+      if (!worker.pushed[gc] && !worker.carried[gc]) to_waive.push_back(gc);
+    }
+  }
+  // Waive its parts not pushed: chunks that now have every other part are
+  // complete (none of them can have been: they lacked this rank's).
+  const int num_workers = options_.num_workers;
+  std::vector<int64_t> complete;
+  for (const int64_t gc : to_waive) {
+    Chunk& chunk = layout->chunks[gc];
+    absl::MutexLock lock(&chunk.mu);
+    if (chunk.version != iteration || chunk.waived[rank]) continue;
+    chunk.waived[rank] = true;
+    ++chunk.waived_count;
+    DrainHeldLocked(chunk);
+    if (chunk.pushes + chunk.waived_count == num_workers) complete.push_back(gc);
+  }
+  std::vector<ChunkId> ids;
+  {
+    // Counted before any is applied, as a push's completions are (so a
+    // state capture does not take the iteration for untouched).
+    absl::MutexLock lock(&mu_);
+    chunks_completed_ += static_cast<int64_t>(complete.size());
+    for (const int64_t gc : complete) {
+      const int key = layout->chunk_key[gc];
+      ids.push_back({key, gc - layout->key_first_chunk[key]});
+    }
+  }
+  for (const int64_t gc : complete) PS_RETURN_IF_ERROR(ApplyChunk(*layout, optimizer, iteration, gc));
+  return ids;
 }
 
 int64_t ParameterServer::NowNanos() const {
@@ -116,6 +224,7 @@ ParameterServer::Progress ParameterServer::progress() const {
     wp.heard_ns = w.heard_ns;
     wp.last_push_iteration = w.last_push_iteration;
     wp.last_push_ns = w.last_push_ns;
+    wp.dropped = dropped_[r] || !participating_[r];
     for (size_t gc = 0; gc < w.pushed.size(); ++gc) {
       if (w.pushed[gc] || w.carried[gc]) ++wp.pushed_chunks;
     }
@@ -309,6 +418,7 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
                            : std::make_shared<std::vector<float>>(length, 0.f);
       chunk.grad_sum.assign(length, 0.f);
       chunk.early.resize(workers_.size());
+      chunk.waived.assign(workers_.size(), false);
     }
   }
   layout_ = std::move(layout);
@@ -409,6 +519,20 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
     PS_ASSIGN_OR_RETURN(optimizer_,
                         SgdOptimizer::Create(optimizer, layout_->num_parameters, device_));
   }
+  int64_t joins_at = version_;
+  if (dropped_[rank]) {
+    // Dropped from the job: back in at the first iteration whose members
+    // are not announced yet.
+    if (next_frozen_ && std::find(next_members_.begin(), next_members_.end(), rank) ==
+                            next_members_.end()) {
+      return absl::UnavailableError(absl::StrCat(
+          "rank ", rank, " rejoins at a step boundary, and iteration ", version_ + 1,
+          "'s members are announced already: try again in a moment"));
+    }
+    dropped_[rank] = false;
+    FreezeNextMembersLocked();
+    joins_at = version_ + 1;
+  }
   steps_per_epoch_ = steps_per_epoch;
   WorkerState& worker = workers_[rank];
   if (worker.id == worker_id && initialized_) {
@@ -425,7 +549,8 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   Registration reg;
   reg.rank = rank;
   reg.num_workers = static_cast<int>(workers_.size());
-  reg.version = version_;
+  reg.version = joins_at;
+  reg.members = joins_at == version_ ? members_ : next_members_;
   reg.chunk_elements = options_.chunk_elements;
   reg.send_initial_parameters = !initialized_ && rank == 0;
   reg.session = worker.session;
@@ -557,6 +682,12 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
     return absl::FailedPreconditionError(absl::StrCat(
         "push for iteration ", iteration, " but the server is at iteration ", version_));
   }
+  if (!participating_[rank]) {
+    return absl::AbortedError(absl::StrCat(
+        "worker rank ", rank, " takes no part in iteration ", iteration,
+        ": it was dropped from the job (lost past the grace period); register again to rejoin "
+        "at a step boundary"));
+  }
   const WorkerState& worker = workers_[rank];
   if (num_samples < 0 || (worker.num_samples >= 0 && num_samples != worker.num_samples)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -615,6 +746,9 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
       }
     }
     if (!chunks.empty()) worker.num_samples = num_samples;
+    // The next iteration's members are announced with the first push of
+    // this one (workers read them from the replies to split its batch).
+    if (!next_frozen_) FreezeNextMembersLocked();
     worker.heard_ns = worker.last_push_ns = NowNanos();
     worker.last_push_iteration = iteration;
     optimizer = optimizer_.get();
@@ -629,7 +763,7 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     absl::MutexLock lock(&chunk.mu);
     SumInRankOrderLocked(rank, chunk, chunks[c].pieces);
     chunk.samples += num_samples;
-    if (++chunk.pushes == num_workers) complete.push_back(global_chunks[c]);
+    if (++chunk.pushes + chunk.waived_count == num_workers) complete.push_back(global_chunks[c]);
   }
   if (options_.observer != nullptr) {
     int64_t bytes = 0;
@@ -648,6 +782,7 @@ void ParameterServer::SumInRankOrderLocked(int rank, Chunk& chunk,
                                            absl::Span<const absl::string_view> data) {
   const int64_t n = PiecesBytes(data) / static_cast<int64_t>(sizeof(float));
   if (n == 0) return;  // an empty tensor: nothing to sum, in any order
+  SkipWaivedLocked(chunk);
   if (chunk.ranks_summed != rank) {
     // A lower rank's part is still missing: hold this one until its turn.
     chunk.early[rank].resize(n);
@@ -656,20 +791,42 @@ void ParameterServer::SumInRankOrderLocked(int rank, Chunk& chunk,
     return;
   }
   float* sum = chunk.grad_sum.data();
-  // Rank 0 starts the sum: 0 + g_0 written without reading the old sum, so
-  // the sum needs no zeroing between iterations.
-  if (rank == 0) {
+  // The first part (rank 0's, unless it is waived) starts the sum: 0 + g
+  // written without reading the old sum, so the sum needs no zeroing
+  // between iterations.
+  if (!chunk.sum_started) {
     AssignPiecesTo(data, sum);
+    chunk.sum_started = true;
   } else {
     AddPiecesTo(data, sum);
   }
   ++chunk.ranks_summed;
-  // Then every held part whose turn has come.
+  DrainHeldLocked(chunk);
+}
+
+void ParameterServer::SkipWaivedLocked(Chunk& chunk) {
+  const int num_workers = static_cast<int>(chunk.waived.size());
+  while (chunk.ranks_summed < num_workers && chunk.waived[chunk.ranks_summed]) {
+    ++chunk.ranks_summed;
+  }
+}
+
+void ParameterServer::DrainHeldLocked(Chunk& chunk) {
+  // Every held part whose turn has come, in rank order, past waived ranks.
   const int num_workers = static_cast<int>(chunk.early.size());
-  while (chunk.ranks_summed < num_workers && !chunk.early[chunk.ranks_summed].empty()) {
+  float* sum = chunk.grad_sum.data();
+  for (;;) {
+    SkipWaivedLocked(chunk);
+    if (chunk.ranks_summed >= num_workers || chunk.early[chunk.ranks_summed].empty()) return;
     std::vector<float> held = std::move(chunk.early[chunk.ranks_summed]);
     chunk.early[chunk.ranks_summed] = std::vector<float>();
-    for (int64_t i = 0; i < n; ++i) sum[i] += held[i];
+    const int64_t n = static_cast<int64_t>(held.size());
+    if (!chunk.sum_started) {
+      std::copy(held.begin(), held.end(), sum);
+      chunk.sum_started = true;
+    } else {
+      for (int64_t i = 0; i < n; ++i) sum[i] += held[i];
+    }
     early_elements_ -= n;
     ++chunk.ranks_summed;
   }
@@ -739,6 +896,7 @@ absl::Status ParameterServer::ApplyChunk(const Layout& layout, SgdOptimizer* opt
     chunk.version = iteration + 1;
     chunk.pushes = 0;
     chunk.ranks_summed = 0;
+    chunk.sum_started = false;
     chunk.samples = 0;
   }
   // Publish it; the event is reported under mu_ too, so that once a
@@ -761,6 +919,7 @@ absl::Status ParameterServer::ApplyChunk(const Layout& layout, SgdOptimizer* opt
       }
       ++version_;
       version_ns_ = NowNanos();
+      AdvanceMembershipLocked();
       // The boundary: no push of the next iteration can have been
       // accepted yet (it needed this version), so nothing moves while the
       // state is copied.

@@ -200,6 +200,8 @@ class ParameterServer {
     // The worker's credential for acting as `rank` (CheckSession): this
     // server's incarnation and a random secret, new at every registration.
     std::string session;
+    // The ranks taking part in iteration `version` (Members).
+    std::vector<int> members;
   };
 
   // Registers worker `worker_id` with its model's signature. The worker gets
@@ -256,6 +258,7 @@ class ParameterServer {
     int64_t pushed_chunks = 0;   // of the iteration in progress
     int64_t last_push_iteration = -1;
     int64_t last_push_ns = -1;
+    bool dropped = false;  // out of the job (DropWorker), not expected
   };
   struct Progress {
     int64_t version = 0;
@@ -386,6 +389,29 @@ class ParameterServer {
   // PullChunkViews).
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Time deadline, absl::Span<float> out);
 
+  // Shrinking the job (--on_worker_loss=shrink): takes `rank` out. The
+  // iteration in progress goes on without the parts the rank has not pushed
+  // (each such chunk is updated with the gradients that did arrive, scaled
+  // by the samples they cover), and so does the next one if its membership
+  // was already announced with the rank in it; from the first iteration
+  // announced after this, the rank is no member, and the workers split the
+  // global batch over the members (Members). Its pushes are refused with
+  // kAborted (register again). A worker registering again as this rank
+  // joins at the first iteration whose membership is not announced yet:
+  // Register's version is that iteration (kUnavailable "try again" while
+  // the next iteration's is announced without it). Returns the chunks the
+  // drop completed (their waiting pulls can be answered). kNotFound for a
+  // rank no worker holds; kFailedPrecondition for the last member.
+  absl::StatusOr<std::vector<ChunkId>> DropWorker(int rank);
+
+  // The ranks taking part in iteration `iteration`, ascending: a worker's
+  // part of the global batch is its index among them, of as many parts.
+  // Known for the current iteration and, once a member has pushed part of
+  // the current one (or a dropped worker rejoined), for the next: announced,
+  // it no longer changes. kUnavailable for an iteration not announced yet,
+  // kOutOfRange for a past one.
+  absl::StatusOr<std::vector<int>> Members(int64_t iteration) const;
+
   // The signature (empty until known) and current version.
   std::vector<ParamSpec> signature() const;
   int64_t version() const;
@@ -422,6 +448,12 @@ class ParameterServer {
     // cover.
     std::vector<float> grad_sum ABSL_GUARDED_BY(mu);
     int ranks_summed ABSL_GUARDED_BY(mu) = 0;
+    bool sum_started ABSL_GUARDED_BY(mu) = false;
+    // Ranks whose part of this chunk the iteration does without (dropped
+    // from the job, DropWorker): skipped in the rank order and counted as
+    // pushed.
+    std::vector<bool> waived ABSL_GUARDED_BY(mu);
+    int waived_count ABSL_GUARDED_BY(mu) = 0;
     std::vector<std::vector<float>> early ABSL_GUARDED_BY(mu);
     int pushes ABSL_GUARDED_BY(mu) = 0;
     int64_t samples ABSL_GUARDED_BY(mu) = 0;
@@ -485,6 +517,10 @@ class ParameterServer {
   // otherwise holds it.
   void SumInRankOrderLocked(int rank, Chunk& chunk, absl::Span<const absl::string_view> data)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Moves the chunk's place in the rank order past waived ranks.
+  static void SkipWaivedLocked(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Adds the held parts whose turn has come.
+  void DrainHeldLocked(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // The chunk's parameters to write: a fresh copy first when a ChunkViews
   // still holds its current buffer (copy on write).
   static std::vector<float>& MutableParamsLocked(Chunk& chunk)
@@ -594,6 +630,21 @@ class ParameterServer {
   int64_t chunks_completed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t version_ns_ ABSL_GUARDED_BY(mu_) = -1;  // when version_ was published
   std::vector<std::function<void(State)>> captures_ ABSL_GUARDED_BY(mu_);
+
+  // Membership (DropWorker): the announced members of iteration version_
+  // and, once frozen, of the next; which ranks the current iteration still
+  // expects pushes from; which ranks are out of the job.
+  std::vector<int> members_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> next_members_ ABSL_GUARDED_BY(mu_);
+  bool next_frozen_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<bool> participating_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> dropped_ ABSL_GUARDED_BY(mu_);
+  bool waivers_dirty_ ABSL_GUARDED_BY(mu_) = false;  // a drop set some mid-iteration
+  // Announces the next iteration's members: the ranks not dropped.
+  void FreezeNextMembersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At a version boundary: the next members become the current ones, and
+  // every chunk waives the ranks that take no part.
+  void AdvanceMembershipLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace ps::server

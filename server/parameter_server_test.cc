@@ -893,6 +893,82 @@ TEST_F(ParameterServerTest, CapturedStateResumesBitForBit) {
   EXPECT_EQ(server->CancelCaptures(), 1);
 }
 
+// Shrinking: a dropped rank's missing parts are waived (each chunk updated
+// with what arrived, over the samples it covers), the next announced
+// iteration still lists it (its part missing), the one after does not, its
+// pushes are refused, and it rejoins at the first unannounced iteration.
+TEST_F(ParameterServerTest, ADroppedWorkerIsWaivedAndRejoinsAtABoundary) {
+  auto server = MakeServer(3);  // lr 1, chunks of 4: keys 0 (chunks 0, 1) and 1
+  auto a = server->Register("a", Signature(), 0);
+  auto b = server->Register("b", Signature(), 1);
+  auto c = server->Register("c", Signature(), 2);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->members, (std::vector<int>{0, 1, 2}));
+  auto push = [&](int rank, int64_t it, int key, int64_t chunk, float g,
+                  absl::StatusCode code = absl::StatusCode::kOk) {
+    const int64_t n = server->ChunkLength(key, chunk);
+    EXPECT_EQ(server->Push(rank, it, key, chunk, /*samples=*/1, std::vector<float>(n, g)).code(),
+              code)
+        << "rank " << rank << " iteration " << it << " key " << key << " chunk " << chunk;
+  };
+  // Iteration 0: ranks 0 and 2 push everything (gradient 3 and 6), rank 1
+  // only key 1 (gradient 9) before it is lost.
+  push(1, 0, 1, 0, 9.f);
+  for (int rank : {2, 0}) {
+    push(rank, 0, 0, 0, rank == 0 ? 3.f : 6.f);
+    push(rank, 0, 0, 1, rank == 0 ? 3.f : 6.f);
+    push(rank, 0, 1, 0, rank == 0 ? 3.f : 6.f);
+  }
+  EXPECT_EQ(server->version(), 0);  // key 1 applied; key 0 waits for rank 1
+  auto dropped = server->DropWorker(1);
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_EQ(dropped->size(), 2u);  // key 0's two chunks
+  EXPECT_EQ(server->version(), 1);
+  // Key 0: (3 + 6) / 2 samples = 4.5; key 1: (3 + 9 + 6) / 3 = 6.
+  EXPECT_EQ(Params(*server), (std::vector<float>{1 - 4.5f, 2 - 4.5f, 3 - 4.5f, 4 - 4.5f,
+                                                 5 - 4.5f, 6 - 4.5f, 0.5f - 6, -0.5f - 6}));
+  // Iteration 1 was announced with rank 1 (at the first push of 0): the
+  // workers split its batch three ways; rank 1's part is missing.
+  EXPECT_EQ(server->Members(1).value(), (std::vector<int>{0, 1, 2}));
+  push(1, 1, 0, 0, 1.f, absl::StatusCode::kAborted);
+  for (int rank : {0, 2}) {
+    push(rank, 1, 0, 0, 1.f);
+    push(rank, 1, 0, 1, 1.f);
+    push(rank, 1, 1, 0, 1.f);
+  }
+  EXPECT_EQ(server->version(), 2);
+  EXPECT_EQ(server->Members(2).value(), (std::vector<int>{0, 2}));  // announced at iteration 1's first push
+  EXPECT_EQ(server->Members(3).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(server->Members(0).status().code(), absl::StatusCode::kOutOfRange);
+  // Rank 1 comes back before any push of iteration 2: it joins at 3.
+  auto back = server->Register("b", Signature(), 1);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->version, 3);
+  EXPECT_EQ(back->members, (std::vector<int>{0, 1, 2}));
+  for (int rank : {0, 2}) {
+    push(rank, 2, 0, 0, 1.f);
+    push(rank, 2, 0, 1, 1.f);
+    push(rank, 2, 1, 0, 1.f);
+  }
+  EXPECT_EQ(server->version(), 3);
+  // Iteration 3 needs all three again.
+  for (int rank : {0, 2}) {
+    push(rank, 3, 0, 0, 1.f);
+    push(rank, 3, 0, 1, 1.f);
+    push(rank, 3, 1, 0, 1.f);
+  }
+  EXPECT_EQ(server->version(), 3);
+  push(1, 3, 0, 0, 1.f);
+  push(1, 3, 0, 1, 1.f);
+  push(1, 3, 1, 0, 1.f);
+  EXPECT_EQ(server->version(), 4);
+  // Once iteration 4's members are announced without a dropped rank, it
+  // must wait; and the last member cannot be dropped.
+  ASSERT_TRUE(server->DropWorker(0).ok());
+  ASSERT_TRUE(server->DropWorker(1).ok());
+  EXPECT_EQ(server->DropWorker(2).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 // Per-chunk updates give the bits of one SgdOptimizer::Apply of the whole
 // model to the rank-order sum, over iterations with momentum and weight
 // decay, whatever order the chunks arrive in (reverse rank order included),

@@ -73,7 +73,9 @@ ABSL_FLAG(absl::Duration, stall_report_every, absl::Seconds(5),
           "while an iteration waits for missing workers, report which ones this often");
 ABSL_FLAG(std::string, on_worker_loss, "wait",
           "wait: wait for a lost worker to come back (it rejoins at its rank and the current "
-          "step), up to --worker_loss_timeout, then fail the job");
+          "step: bit-identical), up to --worker_loss_timeout, then fail the job; shrink: drop a "
+          "worker lost for --liveness_timeout and go on with the others, the global batch split "
+          "over them (same size); a returning worker rejoins at a step boundary");
 ABSL_FLAG(absl::Duration, worker_loss_timeout, absl::Minutes(10),
           "with --on_worker_loss=wait: fail the job once a worker has been lost this long");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate: serve TLS (with --tls_key)");
@@ -209,12 +211,14 @@ absl::Status Main() {
         ": give --tls_cert/--tls_key (and --tls_client_ca for mutual TLS), or --insecure on a "
         "network you trust"));
   }
-  if (absl::GetFlag(FLAGS_on_worker_loss) != "wait") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--on_worker_loss=", absl::GetFlag(FLAGS_on_worker_loss),
-        ": only 'wait' is implemented (shrinking the job to the live workers is not yet)"));
+  const std::string on_worker_loss = absl::GetFlag(FLAGS_on_worker_loss);
+  if (on_worker_loss != "wait" && on_worker_loss != "shrink") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--on_worker_loss=", on_worker_loss, ": use wait or shrink"));
   }
+  const bool shrink = on_worker_loss == "shrink";
   ServiceOptions service_options;
+  service_options.shrinks = shrink;
   service_options.stall_report_after = absl::GetFlag(FLAGS_stall_report_every);
   service_options.liveness_timeout = absl::GetFlag(FLAGS_liveness_timeout);
   PS_ASSIGN_OR_RETURN(service_options.job_token,
@@ -287,6 +291,19 @@ absl::Status Main() {
       }
       for (const int rank : stall.lost) {
         const ParameterServer::WorkerProgress& w = progress.workers[rank];
+        if (shrink) {
+          // Lost past the liveness timeout, which is the grace period.
+          if (w.id.empty()) continue;  // never came: the job waits for it
+          const absl::Status dropped = service.DropWorker(rank);
+          Log(dropped.ok()
+                  ? absl::StrCat("dropped rank ", rank, " ('", w.id, "'), lost at iteration ",
+                                 progress.version, ": the job goes on without it (its missing "
+                                 "part of this iteration, and of the next if already announced, "
+                                 "left out), the global batch split over the others; it rejoins "
+                                 "at a step boundary if it comes back")
+                  : absl::StrCat("cannot drop rank ", rank, ": ", dropped.message()));
+          continue;
+        }
         if (w.id.empty() || w.heard_ns < 0 ||
             now - w.heard_ns < absl::ToInt64Nanoseconds(loss_timeout)) {
           continue;

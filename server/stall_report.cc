@@ -25,6 +25,7 @@ Stall FindStall(const ParameterServer::Progress& progress, int64_t now_ns,
   std::vector<std::string> parts;
   int complete = 0;
   for (const ParameterServer::WorkerProgress& w : progress.workers) {
+    if (w.dropped) continue;  // not expected
     if (!w.id.empty() && w.pushed_chunks >= progress.total_chunks) {
       ++complete;
       continue;

@@ -54,13 +54,13 @@ class WorkerLossTest : public ::testing::Test {
     ASSERT_GT(port_, 0) << server_->Log();
   }
 
-  std::unique_ptr<Process> StartWorker(const std::string& name, int rank) {
+  std::unique_ptr<Process> StartWorker(const std::string& name, int rank, int steps = kSteps) {
     return std::make_unique<Process>(
         testing::RunfilePath("worker/worker"),
         std::vector<std::string>{
             absl::StrCat("--server=127.0.0.1:", port_), absl::StrCat("--worker_id=w", rank),
             absl::StrCat("--rank=", rank), "--model=lenet", "--batch_size=128", "--epochs=1",
-            absl::StrCat("--max_steps=", kSteps), "--seed=7", "--devices=cpu", "--threads=1",
+            absl::StrCat("--max_steps=", steps), "--seed=7", "--devices=cpu", "--threads=1",
             "--evaluate=false", "--progress=false",
             "--save_weights=" + Weights(name, rank),
             absl::StrCat("--report=", testing::TestTmpPath(absl::StrCat(name, rank, ".json")))},
@@ -179,6 +179,44 @@ TEST_F(WorkerLossTest, AWorkerLostForGoodIsReportedAndFailsTheJobAtTheBound) {
   EXPECT_THAT(w0->Log(), HasSubstr("job failed: worker rank 1 ('w1') lost for"));
   EXPECT_EQ(server_->Wait(std::chrono::seconds(30)), 1) << server_->Log();
   EXPECT_THAT(server_->Log(), HasSubstr("job failed: worker rank 1 ('w1') lost for"));
+}
+
+// --on_worker_loss=shrink: a worker lost past the liveness timeout is
+// dropped and the other trains on with the whole global batch (the report
+// lists the steps with fewer workers); restarted, the lost worker rejoins at
+// a step boundary and both finish.
+TEST_F(WorkerLossTest, UnderShrinkALostWorkerIsDroppedAndRejoinsAtAStepBoundary) {
+  constexpr int kShrinkSteps = 460;  // about one epoch: long enough to drop and rejoin
+  StartServer("shrink", {"--on_worker_loss=shrink", "--liveness_timeout=3s"});
+  auto w0 = StartWorker("shrink", 0, kShrinkSteps);
+  auto w1 = StartWorker("shrink", 1, kShrinkSteps);
+  ASSERT_TRUE(WaitForLog(*w1, "worker 1/2: training", std::chrono::seconds(120))) << w1->Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  w1->Signal(SIGKILL);
+  ASSERT_TRUE(WaitForLog(*server_, "dropped rank 1 ('w1')", std::chrono::seconds(30)))
+      << server_->Log();
+  // The job goes on without it for a while, then it comes back.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  auto again = StartWorker("shrink", 1, kShrinkSteps);
+  ASSERT_EQ(w0->Wait(std::chrono::seconds(300)), 0) << w0->Log();
+  ASSERT_EQ(again->Wait(std::chrono::seconds(300)), 0) << again->Log();
+  server_->Signal(SIGTERM);
+  EXPECT_EQ(server_->Wait(std::chrono::seconds(30)), 0);
+  EXPECT_THAT(server_->Log(), HasSubstr(absl::StrCat("stopping at version ", kShrinkSteps)));
+  // Worker 0's report lists one range of steps with fewer workers, ending
+  // before the job did (worker 1 was back); worker 1 rejoined after it.
+  const std::string report = ReadFile(testing::TestTmpPath("shrink0.json"));
+  const size_t at = report.find("\"shrunk_steps\"");
+  ASSERT_NE(at, std::string::npos);
+  const std::string shrunk = report.substr(at, report.find(']', report.find(']', at) + 1) - at + 1);
+  std::printf("worker 0: %s\n", shrunk.c_str());
+  int64_t first = -1, last = -1;
+  ASSERT_EQ(std::sscanf(shrunk.c_str(), "\"shrunk_steps\": [ [ %ld, %ld", &first, &last), 2)
+      << shrunk;
+  EXPECT_GT(first, 0);
+  EXPECT_GE(last, first);
+  EXPECT_LT(last, kShrinkSteps - 1);
+  EXPECT_THAT(ReadFile(testing::TestTmpPath("shrink1.json")), HasSubstr("\"shrunk_steps\": []"));
 }
 
 }  // namespace

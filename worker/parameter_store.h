@@ -43,6 +43,11 @@ class ParameterStore {
     int rank = 0;
     int num_workers = 1;
     int64_t version = 0;  // the version to pull first
+    // The ranks taking part in iteration `version` (empty: all of them).
+    std::vector<int> members;
+    // The members may change from one iteration to the next (the server
+    // shrinks the job when it loses a worker): read them with Members.
+    bool dynamic_members = false;
   };
 
   // Registers this worker's model signature. `proposed` holds this worker's
@@ -106,6 +111,16 @@ class ParameterStore {
   // Pull), which may be older than where it was (the server restarted
   // from a checkpoint) or the same. No call may be in flight. Default:
   // kUnimplemented, for stores that cannot lose their server.
+  // The ranks taking part in iteration `iteration` (ascending): a worker's
+  // part of the global batch is its index among them. Blocks until the store
+  // knows them: from the registration for its version, from the replies to
+  // the pushes of iteration - 1 for the others. Default: every rank, always.
+  virtual absl::StatusOr<std::vector<int>> Members(int64_t iteration, int num_workers) {
+    std::vector<int> all(num_workers);
+    for (int r = 0; r < num_workers; ++r) all[r] = r;
+    return all;
+  }
+
   virtual absl::StatusOr<Registration> Reconnect(const std::vector<ParamSpec>& signature,
                                                  absl::Span<const float> proposed) {
     return absl::UnimplementedError("this parameter store cannot reconnect");

@@ -260,9 +260,10 @@ void RemoteParameterStore::StartMessages(
 }
 
 template <typename Header>
-void RemoteParameterStore::SendFrames(const char* what, const char* method, int64_t step,
-                                      int first, int last, absl::Span<const float> flat,
-                                      std::function<void(Header*)> header, Done done) {
+void RemoteParameterStore::SendFrames(
+    const char* what, const char* method, int64_t step, int first, int last,
+    absl::Span<const float> flat, std::function<void(Header*)> header,
+    std::function<absl::Status(size_t, const grpc::ByteBuffer&)> check, Done done) {
   StartMessages(
       what, method, EventKind::kPushMessage, step, first, last, options_.rpc_timeout,
       [this, flat, header = std::move(header)](size_t m, const Lend& lend) {
@@ -281,7 +282,7 @@ void RemoteParameterStore::SendFrames(const char* what, const char* method, int6
         }
         return proto::MakeFrame(h, data);
       },
-      {}, std::move(done));
+      std::move(check), std::move(done));
 }
 
 void RemoteParameterStore::AddCredentials(grpc::ClientContext* context) const {
@@ -299,6 +300,10 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Reconnect(
   {
     absl::MutexLock lock(&session_mu_);
     session_.clear();  // the lost server's, if it restarted
+  }
+  {
+    absl::MutexLock lock(&members_mu_);
+    members_.clear();  // announced by the lost server
   }
   return RegisterRetrying(signature, proposed, options_.reconnect_timeout, /*reconnecting=*/true);
 }
@@ -415,6 +420,12 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   out.rank = reply.rank();
   out.num_workers = reply.num_workers();
   out.version = reply.version();
+  out.members.assign(reply.members().begin(), reply.members().end());
+  out.dynamic_members = reply.shrinks();
+  if (!out.members.empty()) {
+    absl::MutexLock lock(&members_mu_);
+    members_[out.version] = out.members;
+  }
   return out;
 }
 
@@ -429,7 +440,8 @@ absl::Status RemoteParameterStore::SendInitialParameters(absl::Span<const float>
     SendFrames<proto::InitializeRequest>(
         "Initialize", proto::kInitializeMethod, /*step=*/-1, 0,
         static_cast<int>(messages_.size()), proposed,
-        [rank](proto::InitializeRequest* header) { header->set_rank(rank); }, std::move(done));
+        [rank](proto::InitializeRequest* header) { header->set_rank(rank); }, {},
+        std::move(done));
   });
 }
 
@@ -472,10 +484,41 @@ void RemoteParameterStore::PushSegments(int64_t iteration, int64_t num_samples, 
         header->set_iteration(iteration);
         header->set_num_samples(num_samples);
       },
+      [this](size_t, const grpc::ByteBuffer& reply) { return ReadPushReply(reply); },
       [this, elements, done = std::move(done)](absl::Status status) {
         if (status.ok()) bytes_pushed_ += elements * static_cast<int64_t>(sizeof(float));
         done(status);
       });
+}
+
+absl::Status RemoteParameterStore::ReadPushReply(const grpc::ByteBuffer& reply) {
+  proto::PushReply message;
+  if (absl::Status s = proto::ParseMessage(reply, "push reply", &message); !s.ok()) {
+    return absl::InternalError(absl::StrCat("server sent a malformed ", s.message()));
+  }
+  if (message.members_size() == 0) return absl::OkStatus();
+  absl::MutexLock lock(&members_mu_);
+  auto [it, added] = members_.try_emplace(message.members_iteration());
+  if (added) {
+    it->second.assign(message.members().begin(), message.members().end());
+    // A few iterations back are enough: a step asks for its own.
+    while (members_.size() > 8) members_.erase(members_.begin());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int>> RemoteParameterStore::Members(int64_t iteration,
+                                                               int num_workers) {
+  absl::MutexLock lock(&members_mu_);
+  auto known = [this, iteration]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(members_mu_) {
+    return members_.count(iteration) > 0;
+  };
+  if (!members_mu_.AwaitWithTimeout(absl::Condition(&known), options_.rpc_timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no push reply from ", options_.server_address, " announced the members of iteration ",
+        iteration, " within ", absl::FormatDuration(options_.rpc_timeout)));
+  }
+  return members_.at(iteration);
 }
 
 absl::Status RemoteParameterStore::Push(int64_t iteration, int64_t num_samples,

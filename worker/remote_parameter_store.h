@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -106,6 +107,8 @@ class RemoteParameterStore final : public ParameterStore {
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override;
   absl::StatusOr<Registration> Reconnect(const std::vector<ParamSpec>& signature,
                                          absl::Span<const float> proposed) override;
+  // Waits (up to rpc_timeout) for a push reply announcing them.
+  absl::StatusOr<std::vector<int>> Members(int64_t iteration, int num_workers) override;
 
   // The messages' ends. Push/PullSegments start their messages' calls at
   // once and return; done runs on a gRPC thread.
@@ -156,7 +159,10 @@ class RemoteParameterStore final : public ParameterStore {
   // its chunks; the data slices point into `flat`.
   template <typename Header>
   void SendFrames(const char* what, const char* method, int64_t step, int first, int last,
-                  absl::Span<const float> flat, std::function<void(Header*)> header, Done done);
+                  absl::Span<const float> flat, std::function<void(Header*)> header,
+                  std::function<absl::Status(size_t, const grpc::ByteBuffer&)> check, Done done);
+  // Reads a push reply's announced members.
+  absl::Status ReadPushReply(const grpc::ByteBuffer& reply);
   // Starts pulling messages [first, last) into `params`; done gets the
   // version every reply carried (kInternal when they differ, or when
   // `exact` and it is not `version`).
@@ -200,6 +206,10 @@ class RemoteParameterStore final : public ParameterStore {
   mutable absl::Mutex session_mu_;
   std::string session_;
   int session_rank_ ABSL_GUARDED_BY(session_mu_) = -1;
+  // Announced members by iteration (Members), from registrations and push
+  // replies; the last few kept.
+  absl::Mutex members_mu_;
+  std::map<int64_t, std::vector<int>> members_ ABSL_GUARDED_BY(members_mu_);
   absl::Notification stop_heartbeats_;
   std::thread heartbeats_;
   std::atomic<int64_t> bytes_pushed_{0};

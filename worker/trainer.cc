@@ -153,8 +153,11 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   PS_RETURN_IF_ERROR(replicas_[0]->flat_parameters().CopyToHost(absl::MakeSpan(proposed)));
   PS_ASSIGN_OR_RETURN(registration_, store_->Register(replicas_[0]->parameters(), proposed));
 
+  // A job that may shrink can leave this worker the whole global batch.
   const int64_t worker_part =
-      SplitEvenly(options_.batch_size, registration_.num_workers, 0).size;
+      SplitEvenly(options_.batch_size,
+                  registration_.dynamic_members ? 1 : registration_.num_workers, 0)
+          .size;
   const int64_t shard_capacity =
       std::max<int64_t>(1, SplitEvenly(worker_part, static_cast<int>(devices_.size()), 0).size);
   for (size_t d = 0; d < devices_.size(); ++d) {
@@ -294,7 +297,13 @@ int64_t Trainer::GlobalBatchSize(int64_t step) const {
 }
 
 Part Trainer::WorkerPart(int64_t step) const {
-  return SplitEvenly(GlobalBatchSize(step), registration_.num_workers, registration_.rank);
+  // This worker's index among the step's members, of as many parts.
+  if (members_.empty()) {
+    return SplitEvenly(GlobalBatchSize(step), registration_.num_workers, registration_.rank);
+  }
+  const int part = static_cast<int>(
+      std::find(members_.begin(), members_.end(), registration_.rank) - members_.begin());
+  return SplitEvenly(GlobalBatchSize(step), static_cast<int>(members_.size()), part);
 }
 
 absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_t>* shard_sizes) {
@@ -439,6 +448,16 @@ absl::Status Trainer::ReplayCompute(int64_t iteration, StepPhases& phases) {
 
 absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   const int64_t iteration = epoch * steps_per_epoch() + step;
+  if (registration_.dynamic_members) {
+    // The step's members, announced with the previous step's first push
+    // reply (or the registration): they decide this worker's part.
+    PS_ASSIGN_OR_RETURN(members_, store_->Members(iteration, registration_.num_workers));
+    if (std::find(members_.begin(), members_.end(), registration_.rank) == members_.end()) {
+      return absl::AbortedError(absl::StrCat("worker rank ", registration_.rank,
+                                             " is no member of iteration ", iteration,
+                                             " (dropped from the job): register again"));
+    }
+  }
   StepPhases phases(&phase_observers_, clock_, iteration);
   last_iteration_ = iteration;
 
@@ -626,6 +645,14 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
       iteration = resume;
       if (iteration < end) begin_epoch(iteration / steps_per_epoch);
       continue;
+    }
+    if (!members_.empty() && static_cast<int>(members_.size()) < registration_.num_workers) {
+      // A step with fewer workers: extend the last range or start one.
+      if (!report.shrunk_steps.empty() && report.shrunk_steps.back().second + 1 == iteration) {
+        report.shrunk_steps.back().second = iteration;
+      } else {
+        report.shrunk_steps.push_back({iteration, iteration});
+      }
     }
     ++total_steps;
     ++stats.steps;

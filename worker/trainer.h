@@ -270,6 +270,9 @@ class Trainer {
   std::vector<float> initial_parameters_;
   bool overlapping_ = false;
   int64_t last_iteration_ = -1;  // of the last TrainStep
+  // The current step's members (registration_.dynamic_members; empty: all
+  // ranks, always).
+  std::vector<int> members_;
   ComputeProfile replay_profile_;
   int64_t num_parameters_ = 0;
 

@@ -57,6 +57,9 @@ std::string TrainingReportToJson(const TrainingReport& r) {
   j["replay_step_s"] = r.replay_step_seconds;
   j["time_split"] = SplitToJson(r.split);
   j["stopped_at_step"] = r.stopped_at_step;
+  Json shrunk = Json::array();
+  for (const auto& [first, last] : r.shrunk_steps) shrunk.push_back(Json::array({first, last}));
+  j["shrunk_steps"] = std::move(shrunk);
   Json recoveries = Json::array();
   for (const TrainingReport::Recovery& recovery : r.recoveries) {
     Json one;

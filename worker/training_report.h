@@ -62,13 +62,17 @@ struct TrainingReport {
   // The global step after which TrainerOptions::should_stop ended training
   // early; -1 when it ran to the end.
   int64_t stopped_at_step = -1;
+  // Ranges [first, last] of the global steps this worker trained with fewer
+  // workers than the job has (the server shrank it after losing one).
+  std::vector<std::pair<int64_t, int64_t>> shrunk_steps;
 };
 
 // The report as one JSON object, indented by two spaces, ending in a newline.
 // Keys, in this order: model, devices, rank, num_workers, global_batch_size,
 // model_parameters, steps, final_train_loss, final_test_accuracy,
 // samples_per_second, global_samples_per_second, model_bytes_to_host_per_step,
-// model_bytes_to_device_per_step, compute, replay_step_s, time_split, stopped_at_step, recoveries
+// model_bytes_to_device_per_step, compute, replay_step_s, time_split, stopped_at_step, shrunk_steps
+// ([[first, last], ...]), recoveries
 // (each: failed_iteration, resumed_version, seconds, error), epochs. Each epoch: epoch,
 // steps, samples, train_loss, train_accuracy, test_loss, test_accuracy,
 // train_seconds, samples_per_second, time_split. A time_split: data_s,
