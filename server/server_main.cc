@@ -22,6 +22,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -78,6 +79,10 @@ ABSL_FLAG(std::string, on_worker_loss, "wait",
           "over them (same size); a returning worker rejoins at a step boundary");
 ABSL_FLAG(absl::Duration, worker_loss_timeout, absl::Minutes(10),
           "with --on_worker_loss=wait: fail the job once a worker has been lost this long");
+ABSL_FLAG(int64_t, grpc_memory_limit_mb, 4096,
+          "memory gRPC may hold for calls in flight (a flood of large messages is refused "
+          "RESOURCE_EXHAUSTED beyond it instead of growing the server)");
+ABSL_FLAG(int, max_concurrent_streams, 1000, "calls in flight per client connection");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate: serve TLS (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -231,6 +236,13 @@ absl::Status Main() {
   builder.AddListeningPort(absl::StrCat(bind_address, ":", absl::GetFlag(FLAGS_port)),
                            credentials, &port);
   builder.RegisterService(&service);
+  // Bounds a hostile or broken client cannot grow past: gRPC's buffers for
+  // calls in flight, and the calls one connection may have open.
+  grpc::ResourceQuota quota("ps-server");
+  quota.Resize(static_cast<size_t>(absl::GetFlag(FLAGS_grpc_memory_limit_mb)) << 20);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             absl::GetFlag(FLAGS_max_concurrent_streams));
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (grpc_server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ",
