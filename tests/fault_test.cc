@@ -148,9 +148,28 @@ TEST_F(FaultTest, ServerKilledThreeTimesEndsBitIdentical) {
   job.StartWorkers();
   for (int kill = 0; kill < 3; ++kill) {
     job.WaitUntilTraining(&rng);
+    const auto killed = std::chrono::steady_clock::now();
     job.server().Signal(SIGKILL);
     EXPECT_EQ(job.server().Wait(std::chrono::seconds(10)), -1);  // by a signal
     job.StartServer();  // as a restart policy would, at once
+    // Training again: both workers have resumed from this kill.
+    for (int r = 0; r < 2; ++r) {
+      for (;;) {
+        const std::string log = job.worker(r).Log();
+        int resumed = 0;
+        for (size_t at = log.find("resumed at version"); at != std::string::npos;
+             at = log.find("resumed at version", at + 1)) {
+          ++resumed;
+        }
+        if (resumed > kill) break;
+        ASSERT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(120)) << log;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    std::printf("kill %d: training again %.0f ms after the SIGKILL (server restarted at once)\n",
+                kill + 1,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - killed)
+                    .count());
   }
   job.FinishAndStop();
   ExpectSameWeights(job);
