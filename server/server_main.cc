@@ -6,6 +6,7 @@
 //
 //   bazel run -c opt //server:server -- --num_workers=2 --lr=0.9
 
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -121,10 +122,18 @@ absl::StatusOr<std::vector<NamedTensor>> ReadInitialTensors(const std::string& p
   return tensors;
 }
 
-// Whether `address` (host or host:port) is a loopback one.
+// Whether the bind address is a loopback one: localhost, an IPv4 address in
+// 127.0.0.0/8, or ::1 (bracketed or not).
 bool IsLoopback(const std::string& address) {
-  return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1" ||
-         address == "[::1]";
+  if (address == "localhost" || address == "::1" || address == "[::1]") return true;
+  in_addr ipv4;
+  return inet_pton(AF_INET, address.c_str(), &ipv4) == 1 && (ntohl(ipv4.s_addr) >> 24) == 127;
+}
+
+// host:port for gRPC, an IPv6 host in brackets.
+std::string HostPort(const std::string& host, int port) {
+  const bool bare_ipv6 = host.find(':') != std::string::npos && host.front() != '[';
+  return bare_ipv6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
 }
 
 void Log(const std::string& line) {
@@ -233,8 +242,8 @@ absl::Status Main() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(bind_address, ":", absl::GetFlag(FLAGS_port)),
-                           credentials, &port);
+  builder.AddListeningPort(HostPort(bind_address, absl::GetFlag(FLAGS_port)), credentials,
+                           &port);
   builder.RegisterService(&service);
   // Bounds a hostile or broken client cannot grow past: gRPC's buffers for
   // calls in flight, and the calls one connection may have open.
@@ -251,7 +260,7 @@ absl::Status Main() {
   }
   grpc_server->GetHealthCheckService()->SetServingStatus(true);
   const std::string advertised = absl::GetFlag(FLAGS_advertise_address).empty()
-                                     ? absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", port)
+                                     ? HostPort(bind_address, port)
                                      : absl::GetFlag(FLAGS_advertise_address);
   const std::string security =
       UsesTls(tls) ? (tls.client_ca_file.empty() ? "TLS" : "mutual TLS")
@@ -261,6 +270,16 @@ absl::Status Main() {
               options.num_workers, advertised.c_str(), security.c_str(),
               service_options.job_token.empty() ? "" : ", job token required",
               initial_from.c_str());
+  if (!IsLoopback(bind_address)) {
+    // Allowed, but said: what is left open.
+    if (UsesTls(tls) && tls.client_ca_file.empty() && service_options.job_token.empty()) {
+      Log("warning: TLS without --tls_client_ca or a job token: anyone who reaches the port "
+          "can register as a worker and pull the model");
+    }
+    if (!UsesTls(tls) && !service_options.job_token.empty()) {
+      Log("warning: the job token crosses the network in plaintext (--insecure)");
+    }
+  }
   std::fflush(stdout);
   std::unique_ptr<Checkpointer> checkpointer;
   if (!checkpoint_dir.empty()) {

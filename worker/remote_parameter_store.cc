@@ -89,9 +89,10 @@ absl::StatusOr<std::unique_ptr<RemoteParameterStore>> RemoteParameterStore::Crea
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     // A server that restarts is reconnected to within 2 s of coming back
-    // (gRPC's default back-off grows to 2 minutes).
+    // (gRPC's default back-off grows to 2 minutes). Not the minimum
+    // back-off: gRPC takes it as each connection attempt's timeout too, and
+    // at 100 ms a TLS handshake on a busy machine never completed.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     AddTlsChannelArgs(options.tls, &args);
     return grpc::CreateCustomChannel(options.server_address, credentials, args);

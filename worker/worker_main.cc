@@ -390,11 +390,15 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Data-parallel training worker. See README.md.");
   absl::ParseCommandLine(argc, argv);
   const absl::Status status = ps::worker::MainWithTrace(argc, argv);
-  if (!status.ok()) {
-    std::fprintf(stderr, "worker: %s\n", status.ToString().c_str());
-    return 1;
-  }
+  if (!status.ok()) std::fprintf(stderr, "worker: %s\n", status.ToString().c_str());
   // Stopped by SIGTERM before the end: the conventional 128 + 15, so a
   // restart policy that restarts failures brings it back to rejoin.
-  return ps::worker::stop_requested ? 128 + SIGTERM : 0;
+  const int code = !status.ok() ? 1 : ps::worker::stop_requested ? 128 + SIGTERM : 0;
+  // Without running static destructors: gRPC's threads may still be
+  // reconnecting a channel the store has let go of (a refused TLS
+  // handshake retries), and OpenSSL torn down under them crashed the
+  // process after its last line. Everything is written and closed by now.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(code);
 }
