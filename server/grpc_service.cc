@@ -91,11 +91,12 @@ namespace internal {
 class WaitingPull final : public grpc::ServerUnaryReactor {
  public:
   WaitingPull(std::shared_ptr<WaitingPulls> registry, proto::PullRequest request,
-              std::vector<ChunkId> ids, absl::Time deadline, grpc::ByteBuffer* reply)
+              std::vector<ChunkId> ids, absl::Time deadline, bool wait, grpc::ByteBuffer* reply)
       : registry_(std::move(registry)),
         request_(std::move(request)),
         ids_(std::move(ids)),
         deadline_(deadline),
+        wait_(wait),
         reply_(reply) {}
 
   void OnCancel() override;
@@ -104,6 +105,8 @@ class WaitingPull final : public grpc::ServerUnaryReactor {
   const proto::PullRequest& request() const { return request_; }
   const std::vector<ChunkId>& ids() const { return ids_; }
   absl::Time deadline() const { return deadline_; }
+  // A Wait (answered with a WaitReply), not a Pull.
+  bool wait() const { return wait_; }
   grpc::ByteBuffer* mutable_reply() { return reply_; }
 
  private:
@@ -111,6 +114,7 @@ class WaitingPull final : public grpc::ServerUnaryReactor {
   const proto::PullRequest request_;
   const std::vector<ChunkId> ids_;
   const absl::Time deadline_;
+  const bool wait_;
   grpc::ByteBuffer* const reply_;  // the call's, valid until Finish
 };
 
@@ -393,8 +397,8 @@ void ParameterServerService::AnswerNow(const std::vector<internal::WaitingPull*>
   for (internal::WaitingPull* pull : pulls) {
     // Past its deadline, PullChunkViews answers at once: with the chunks if
     // they exist by now, else with the DEADLINE_EXCEEDED naming one missing.
-    pull->Finish(ToGrpcStatus(
-        AnswerPull(pull->request(), pull->ids(), absl::InfinitePast(), pull->mutable_reply())));
+    pull->Finish(ToGrpcStatus(AnswerPull(pull->request(), pull->ids(), absl::InfinitePast(),
+                                         pull->wait(), pull->mutable_reply())));
   }
 }
 
@@ -402,47 +406,76 @@ void ParameterServerService::AnswerReadyPulls(absl::Span<const ChunkId> sent) {
   AnswerNow(waiting_->TakeReady(*server_, sent));
 }
 
-grpc::Status ParameterServerService::Register(grpc::ServerContext* context,
-                                              const proto::RegisterRequest* request,
-                                              proto::RegisterReply* reply) {
-  if (absl::Status s = CheckCall(*context); !s.ok()) return ToGrpcStatus(s);
+absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& context,
+                                                const proto::RegisterRequest& request,
+                                                proto::RegisterReply* reply) {
+  PS_RETURN_IF_ERROR(CheckCall(context));
+  if (request.worker_id().size() > kMaxWorkerIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a worker id of ", request.worker_id().size(),
+                                                   " bytes; at most ", kMaxWorkerIdBytes));
+  }
   std::vector<ParamSpec> signature;
-  for (const proto::TensorSpec& t : request->signature()) {
+  signature.reserve(request.signature_size());
+  for (int i = 0; i < request.signature_size(); ++i) {
+    const proto::TensorSpec& t = request.signature(i);
+    if (t.name().size() > kMaxTensorNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", i, "'s name has ",
+                                                     t.name().size(), " bytes; at most ",
+                                                     kMaxTensorNameBytes));
+    }
+    if (t.shape_size() > kMaxDimensions) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", t.name(), "' has ",
+                                                     t.shape_size(), " dimensions; at most ",
+                                                     kMaxDimensions));
+    }
     if (t.dtype() != proto::DTYPE_F32) {
-      return ToGrpcStatus(absl::InvalidArgumentError(
+      return absl::InvalidArgumentError(
           absl::StrCat("parameter '", t.name(), "' has dtype ", t.dtype(),
-                       "; only F32 parameters are supported")));
+                       "; only F32 parameters are supported"));
     }
     ParamSpec spec;
     spec.name = t.name();
     for (int64_t d : t.shape()) {
       if (d < 0) {
-        return ToGrpcStatus(absl::InvalidArgumentError(
-            absl::StrCat("parameter '", t.name(), "' has a negative dimension")));
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter '", t.name(), "' has a negative dimension"));
       }
       spec.shape.push_back(d);
     }
     signature.push_back(std::move(spec));
   }
-  const int requested_rank = request->has_requested_rank() ? request->requested_rank() : -1;
-  if (request->has_requested_rank() && requested_rank < 0) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("requested rank ", requested_rank, " is negative")));
+  const int requested_rank = request.has_requested_rank() ? request.requested_rank() : -1;
+  if (request.has_requested_rank() && requested_rank < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("requested rank ", requested_rank, " is negative"));
   }
-  auto reg = server_->Register(request->worker_id(), signature, requested_rank,
-                               request->steps_per_epoch());
-  if (!reg.ok()) return ToGrpcStatus(reg.status());
-  reply->set_rank(reg->rank);
-  reply->set_num_workers(reg->num_workers);
-  reply->set_version(reg->version);
-  reply->set_chunk_elements(reg->chunk_elements);
-  reply->set_send_initial_parameters(reg->send_initial_parameters);
-  reply->set_session(reg->session);
-  for (int member : reg->members) reply->add_members(member);
+  PS_ASSIGN_OR_RETURN(ParameterServer::Registration reg,
+                      server_->Register(request.worker_id(), signature, requested_rank,
+                                        request.steps_per_epoch()));
+  reply->set_rank(reg.rank);
+  reply->set_num_workers(reg.num_workers);
+  reply->set_version(reg.version);
+  reply->set_chunk_elements(reg.chunk_elements);
+  reply->set_send_initial_parameters(reg.send_initial_parameters);
+  reply->set_session(reg.session);
+  for (int member : reg.members) reply->add_members(member);
   reply->set_shrinks(options_.shrinks);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Register(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* reply) {
+  proto::RegisterRequest message;
+  absl::Status status = CheckCall(*context);
+  if (status.ok()) status = proto::ParseMessage(*request, "register request", &message);
+  proto::RegisterReply answer;
+  if (status.ok()) status = DoRegister(*context, message, &answer);
+  if (status.ok()) *reply = proto::SerializeMessage(answer);
+  grpc::ServerUnaryReactor* reactor = FinishAtOnce(context, status);
   // Adopting the signature may complete version 0 (a server given values).
-  AnswerReadyPulls({});
-  return grpc::Status::OK;
+  if (status.ok()) AnswerReadyPulls({});
+  return reactor;
 }
 
 namespace {
@@ -519,25 +552,25 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
   return reactor;
 }
 
-grpc::Status ParameterServerService::Wait(grpc::ServerContext* context,
-                                          const proto::WaitRequest* request,
-                                          proto::WaitReply* reply) {
-  if (absl::Status s = CheckCall(*context); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = CheckOptionalSession(*context); !s.ok()) return ToGrpcStatus(s);
-  const absl::Time deadline = WaitDeadline(context, request->timeout_ms());
-  auto version = server_->WaitForVersion(request->version(), deadline);
-  if (!version.ok()) return ToGrpcStatus(version.status());
-  reply->set_version(*version);
-  return grpc::Status::OK;
+grpc::ServerUnaryReactor* ParameterServerService::Wait(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* reply) {
+  absl::Status status = CheckCall(*context);
+  if (status.ok()) status = CheckOptionalSession(*context);
+  proto::WaitRequest wait;
+  if (status.ok()) status = proto::ParseMessage(*request, "wait request", &wait);
+  if (!status.ok()) return FinishAtOnce(context, status);
+  // A pull of no chunks waits for the server's version.
+  proto::PullRequest pull;
+  pull.set_version(wait.version());
+  pull.set_timeout_ms(wait.timeout_ms());
+  return PullOrWait(context, std::move(pull), {}, /*wait=*/true, reply);
 }
 
-grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
-                                               const proto::HeartbeatRequest* request,
-                                               proto::HeartbeatReply* reply) {
-  if (absl::Status s = CheckCall(*context); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = server_->Heartbeat(request->rank(), SessionOf(*context)); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
+absl::Status ParameterServerService::DoHeartbeat(const grpc::ServerContextBase& context,
+                                                 const proto::HeartbeatRequest& request,
+                                                 proto::HeartbeatReply* reply) {
+  PS_RETURN_IF_ERROR(server_->Heartbeat(request.rank(), SessionOf(context)));
   const ParameterServer::Progress progress = server_->progress();
   reply->set_version(progress.version);
   const Clock* clock = server_->options().clock;
@@ -547,14 +580,33 @@ grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context,
     reply->set_stall_report(stall.report);
     for (int rank : stall.missing) reply->add_missing_ranks(rank);
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* reply) {
+  proto::HeartbeatRequest message;
+  absl::Status status = CheckCall(*context);
+  if (status.ok()) status = proto::ParseMessage(*request, "heartbeat request", &message);
+  proto::HeartbeatReply answer;
+  if (status.ok()) status = DoHeartbeat(*context, message, &answer);
+  if (status.ok()) *reply = proto::SerializeMessage(answer);
+  return FinishAtOnce(context, status);
 }
 
 absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& request,
                                                 const std::vector<ParameterServer::ChunkId>& ids,
-                                                absl::Time deadline, grpc::ByteBuffer* reply) {
+                                                absl::Time deadline, bool wait,
+                                                grpc::ByteBuffer* reply) {
   PS_ASSIGN_OR_RETURN(ParameterServer::ChunkViews views,
                       server_->PullChunkViews(request.version(), deadline, ids, request.exact()));
+  if (wait) {
+    proto::WaitReply answer;
+    answer.set_version(views.version);
+    *reply = proto::SerializeMessage(answer);
+    return absl::OkStatus();
+  }
   proto::PullReply header;
   header.set_version(views.version);
   std::vector<grpc::Slice> data;
@@ -590,11 +642,19 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
   int64_t total = 0;
   std::vector<ChunkId> ids;
   ids.reserve(pull.chunks_size());
+  // Each chunk once: an empty tensor's chunk counts no element, and asked
+  // for a million times it made one call cost ~300 MB.
+  absl::flat_hash_set<std::pair<int, int64_t>> seen;
   for (const proto::ChunkId& id : pull.chunks()) {
     const int64_t length = server_->ChunkLength(id.key(), id.chunk());
     if (length < 0) {
       return FinishAtOnce(context, absl::OutOfRangeError(absl::StrCat(
                                        "chunk ", id.chunk(), " of key ", id.key(), " out of range")));
+    }
+    if (!seen.insert({id.key(), id.chunk()}).second) {
+      return FinishAtOnce(context, absl::InvalidArgumentError(absl::StrCat(
+                                       "chunk ", id.chunk(), " of key ", id.key(),
+                                       " asked for twice in one pull")));
     }
     total += length;
     if (total > max_elements) {
@@ -604,16 +664,24 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
     }
     ids.push_back({id.key(), id.chunk()});
   }
+  return PullOrWait(context, std::move(pull), std::move(ids), /*wait=*/false, reply);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(grpc::CallbackServerContext* context,
+                                                             proto::PullRequest pull,
+                                                             std::vector<ChunkId> ids, bool wait,
+                                                             grpc::ByteBuffer* reply) {
   const absl::Time deadline = WaitDeadline(context, pull.timeout_ms());
   if (deadline <= absl::Now() || server_->HasChunks(pull.version(), ids)) {
     // The common case (after Wait, or once these chunks are applied), or
     // no time to wait: answered on gRPC's thread.
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(AnswerPull(pull, ids, deadline, reply)));
+    reactor->Finish(ToGrpcStatus(AnswerPull(pull, ids, deadline, wait, reply)));
     return reactor;
   }
   // It would wait: recorded, pinning no thread (see the class comment).
-  auto* waiting = new internal::WaitingPull(waiting_, std::move(pull), std::move(ids), deadline, reply);
+  auto* waiting =
+      new internal::WaitingPull(waiting_, std::move(pull), std::move(ids), deadline, wait, reply);
   const absl::StatusOr<bool> filed = waiting_->File(*server_, waiting);
   if (!filed.ok()) {
     waiting->Finish(ToGrpcStatus(filed.status()));

@@ -29,10 +29,11 @@ class WaitingPulls;
 // a whole number of elements, supported dtype, sane timeouts). Thread-safe;
 // the ParameterServer must outlive it.
 //
-// Register and Wait are synchronous protobuf methods: Wait holds a server
-// thread while it waits, bounded by its timeout. Initialize, Push and Pull
-// carry frames (proto/wire_format.h) through the callback API without a
-// protobuf `bytes` copy:
+// Every method runs on the callback API and parses its own request (one
+// that does not parse is INVALID_ARGUMENT). Register and Heartbeat answer
+// at once; Wait waits as a pull of no chunks does (below), holding no
+// thread. Initialize, Push and Pull carry frames (proto/wire_format.h)
+// without a protobuf `bytes` copy:
 //   - Push and Initialize read the received slices in place: the domain
 //     checks and sums straight from them (ParameterServer::PushChunkBytes);
 //   - a Pull reply's data slices point into the parameters of the version
@@ -89,10 +90,13 @@ struct ServiceOptions {
 };
 
 class ParameterServerService final
-    : public proto::ParameterServer::WithRawCallbackMethod_Initialize<
-          proto::ParameterServer::WithRawCallbackMethod_Push<
-              proto::ParameterServer::WithRawCallbackMethod_Pull<
-                  proto::ParameterServer::Service>>> {
+    : public proto::ParameterServer::WithRawCallbackMethod_Register<
+          proto::ParameterServer::WithRawCallbackMethod_Initialize<
+              proto::ParameterServer::WithRawCallbackMethod_Push<
+                  proto::ParameterServer::WithRawCallbackMethod_Wait<
+                      proto::ParameterServer::WithRawCallbackMethod_Pull<
+                          proto::ParameterServer::WithRawCallbackMethod_Heartbeat<
+                              proto::ParameterServer::Service>>>>>> {
  public:
   explicit ParameterServerService(ParameterServer* server, ServiceOptions options = {});
   // Calls Shutdown().
@@ -119,10 +123,17 @@ class ParameterServerService final
   // Pulls waiting now for their chunks.
   int64_t waiting_pulls() const;
 
-  grpc::Status Register(grpc::ServerContext* context, const proto::RegisterRequest* request,
-                        proto::RegisterReply* reply) override;
-  grpc::Status Wait(grpc::ServerContext* context, const proto::WaitRequest* request,
-                    proto::WaitReply* reply) override;
+  // Every method parses its own request (a body that does not parse is
+  // INVALID_ARGUMENT, as the proto says, not gRPC's INTERNAL), on the
+  // callback API.
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* reply) override;
+  // Waits like a pull of no chunks (no thread held), answered with a
+  // WaitReply.
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* context,
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* reply) override;
   grpc::ServerUnaryReactor* Initialize(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* reply) override;
@@ -132,8 +143,16 @@ class ParameterServerService final
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
                                  const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* reply) override;
-  grpc::Status Heartbeat(grpc::ServerContext* context, const proto::HeartbeatRequest* request,
-                         proto::HeartbeatReply* reply) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* reply) override;
+
+  // Bounds on what a registration may name, so that no refusal quoting it
+  // outgrows gRPC's 8 KiB of status metadata (which broke the client's
+  // connection) and no request makes the server build a huge message.
+  static constexpr size_t kMaxWorkerIdBytes = 256;
+  static constexpr size_t kMaxTensorNameBytes = 1024;
+  static constexpr int kMaxDimensions = 64;
 
  private:
   // Each returns the chunks it sent (which may have published some).
@@ -147,7 +166,16 @@ class ParameterServerService final
   // and frames them into `reply`.
   absl::Status AnswerPull(const proto::PullRequest& request,
                           const std::vector<ParameterServer::ChunkId>& ids, absl::Time deadline,
-                          grpc::ByteBuffer* reply);
+                          bool wait, grpc::ByteBuffer* reply);
+  absl::Status DoRegister(const grpc::ServerContextBase& context,
+                          const proto::RegisterRequest& request, proto::RegisterReply* reply);
+  absl::Status DoHeartbeat(const grpc::ServerContextBase& context,
+                           const proto::HeartbeatRequest& request, proto::HeartbeatReply* reply);
+  // A Pull or Wait past its checks: answered at once when its chunks (or
+  // version) are there or its deadline has passed, else filed to wait.
+  grpc::ServerUnaryReactor* PullOrWait(grpc::CallbackServerContext* context,
+                                       proto::PullRequest pull, std::vector<ParameterServer::ChunkId> ids,
+                                       bool wait, grpc::ByteBuffer* reply);
   // Answers the waiting pulls that a successful call sending `sent` (and
   // perhaps completing version 0 or the server's version) has made ready.
   void AnswerReadyPulls(absl::Span<const ParameterServer::ChunkId> sent);

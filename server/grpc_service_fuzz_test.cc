@@ -18,11 +18,12 @@
 // same legitimate pushes and no flood). Credentials are fuzzed too: the job
 // token, and the session on every call.
 //
-// Known faults of the service are tolerated and counted apart (see the
-// DISABLED_ tests at the end, one reproducer each): INTERNAL for an
-// unparsable Register, Wait or Heartbeat body, and the transport's RESOURCE_EXHAUSTED
-// for a Register whose refusal echoes a huge string (sent on a connection of
-// its own, since it breaks every call in flight on its connection).
+// The faults the flood found in the service are fixed, each with a
+// regression test at the end: INTERNAL for an unparsable Register, Wait or
+// Heartbeat body, a Register refusal echoing a huge string past gRPC's
+// status metadata (which broke every call on its connection; such requests
+// still go on a connection of their own), a pull of one chunk a million
+// times, and sample counts overflowing the sum.
 //
 // Deterministic: input i is a function of (seed, i) alone (its own
 // std::mt19937_64), whatever order the replies come back in, so a reported
@@ -341,9 +342,9 @@ struct Expectation {
   Outcome outcome = Outcome::kRefused;
   Codes codes = 0;
   // A body of a plain protobuf method (Register, Wait, Heartbeat) that does
-  // not parse: the proto says INVALID_ARGUMENT (malformed message); gRPC's
-  // generated sync handler refuses it with INTERNAL before ours runs
-  // (counted apart: see DISABLED_UnparsableProtobufRequestsAreInvalidArgument).
+  // not parse: INVALID_ARGUMENT (malformed message), from the service's own
+  // parse (gRPC's generated handler said INTERNAL; see
+  // UnparsableProtobufRequestsAreInvalidArgument).
   bool unparsable_protobuf = false;
   // Refused with DEADLINE_EXCEEDED after waiting this long (its timeout,
   // capped by the call's deadline).
@@ -355,9 +356,9 @@ struct Expectation {
   int64_t reply_version = 0;
   // A Register whose strings (id, names, shape) add up to more than a
   // status message fits in gRPC's default 8 KiB of metadata: the server
-  // echoes them into its refusal, which the client cannot receive (see
-  // DISABLED_ARefusalNeverEchoesAnUnboundedString). Sent on a connection
-  // of its own, where that transport error is counted apart.
+  // once echoed them into its refusal, which the client could not receive
+  // (see ARefusalNeverEchoesAnUnboundedString). Sent on a connection of its
+  // own, so a regression breaks only that one.
   bool echoes_huge_strings = false;
 };
 
@@ -463,7 +464,9 @@ Expectation JudgePush(const Model& m, const Request& r) {
     codes |= kNotFound;
   } else {
     if (header.iteration() != kVersion) codes |= kFailedPrecondition;
-    // Both workers have pushed in this iteration, so their counts are fixed.
+    // Both workers have pushed in this iteration, so their counts are fixed;
+    // a count no sum could hold is refused as such.
+    if (header.num_samples() > ParameterServer::kMaxSamplesPerPush) codes |= kInvalidArgument;
     if (header.num_samples() != kSamples[rank]) codes |= kFailedPrecondition;
   }
   std::vector<int64_t> seen;
@@ -528,6 +531,8 @@ Expectation JudgePull(const Model& m, const Request& r, int64_t deadline_ms) {
       continue;
     }
     total += m.layout.length[gc];
+    // Each chunk once per pull.
+    if (std::find(chunks.begin(), chunks.end(), gc) != chunks.end()) codes |= kInvalidArgument;
     chunks.push_back(gc);
   }
   if (total > kChunkElements) codes |= kInvalidArgument;
@@ -614,6 +619,16 @@ Expectation JudgeRegister(const Model& m, const Request& r) {
     echoed += t.name().size() + 4 * t.shape_size();
   const bool huge = echoed > 2048;
   if (request.worker_id().empty()) codes |= kInvalidArgument;
+  // Bounds on what a refusal could quote.
+  if (request.worker_id().size() > ParameterServerService::kMaxWorkerIdBytes) {
+    codes |= kInvalidArgument;
+  }
+  for (const proto::TensorSpec& t : request.signature()) {
+    if (t.name().size() > ParameterServerService::kMaxTensorNameBytes ||
+        t.shape_size() > ParameterServerService::kMaxDimensions) {
+      codes |= kInvalidArgument;
+    }
+  }
   const std::vector<ParamSpec>& signature = m.layout.signature;
   bool same = request.signature_size() == static_cast<int>(signature.size());
   for (int i = 0; i < request.signature_size(); ++i) {
@@ -828,14 +843,14 @@ size_t HugeBytes(Rng& rng, size_t max) {
 // Huge pulls are capped lower: a pull of many ids of the empty chunk costs
 // the server ~300 bytes of heap and 0.5 us per id (measured: a 4 MB
 // request of 1M ids, ~300 MB and 0.5-0.7 s; see
-// DISABLED_APullOfMillionsOfEmptyChunksIsRefused), which would turn the
+// APullOfMillionsOfEmptyChunksIsRefused), which would turn the
 // flood into that one case.
 constexpr size_t kMaxHugePullBytes = 64 << 10;
 
 // So are a Register's strings and shapes, which the server prints whole
 // into its refusal: a 4 MiB shape is 4M dimensions, copied into a ParamSpec
 // and printed into a 12 MB message (measured: 1.2 s and +80 MB of heap for
-// the one request; see DISABLED_ARefusalNeverEchoesAnUnboundedString).
+// the one request; see ARefusalNeverEchoesAnUnboundedString).
 // 64 KiB is still far past the 8 KiB of metadata a status must fit in.
 constexpr size_t kMaxHugeEchoBytes = 64 << 10;
 
@@ -1698,9 +1713,10 @@ class Flood {
       }
     } else if (code == grpc::StatusCode::OK) {
       problem = absl::StrCat("accepted; expected ", CodesString(e.codes));
-    } else if (e.unparsable_protobuf && code == grpc::StatusCode::INTERNAL) {
-      tolerated_unparsable = true;
-    } else if ((e.codes & Bit(code)) == 0 && !client_deadline && !metadata_overflow) {
+    } else if ((e.codes & Bit(code)) == 0 && !client_deadline) {
+      // gRPC's INTERNAL for an unparsable body and a refusal too large for
+      // the status metadata were tolerated once; the service now parses
+      // every body itself and bounds what it quotes, so both are mismatches.
       problem = absl::StrCat("expected ", CodesString(e.codes));
     }
     absl::MutexLock lock(&mu_);
@@ -2033,12 +2049,11 @@ TEST_F(GrpcServiceFuzzTest, HostileInputsGetDocumentedStatusesAndChangeNoState) 
 }
 
 // ---------------------------------------------------------------------------
-// Reproducers of what the flood found the service doing against its
-// contract. Each fails today and passes once its fault is fixed; they are
-// DISABLED_ so that the suite stays green meanwhile (run them with
-// --gtest_also_run_disabled_tests). The flood tolerates each fault, counted
-// apart in its histogram, and keeps the inputs that trigger the two costly
-// ones small (kMaxHugePullBytes, kMaxHugeEchoBytes).
+// Regression tests of what the flood found the service doing against its
+// contract, each fixed since (the service parses every body itself, bounds
+// what a registration may name, refuses a chunk asked for twice and sample
+// counts no sum could hold). The flood keeps the inputs that triggered the
+// two costly ones small (kMaxHugePullBytes, kMaxHugeEchoBytes).
 
 // Register, Wait and Heartbeat are plain protobuf methods: a body that does
 // not parse is refused by gRPC's generated handler with INTERNAL and an
@@ -2046,7 +2061,7 @@ TEST_F(GrpcServiceFuzzTest, HostileInputsGetDocumentedStatusesAndChangeNoState) 
 // proto says INVALID_ARGUMENT (malformed message), as Pull (parsed by the
 // service itself) answers. Flood: the "INTERNAL (gRPC: unparsable request)"
 // counts.
-TEST_F(GrpcServiceFuzzTest, DISABLED_UnparsableProtobufRequestsAreInvalidArgument) {
+TEST_F(GrpcServiceFuzzTest, UnparsableProtobufRequestsAreInvalidArgument) {
   const std::string garbage("\xff\xff\xff", 3);
   for (const char* method : {kRegisterMethod, kWaitMethod, kHeartbeatMethod}) {
     const grpc::Status s = RawCall(method, garbage);
@@ -2065,7 +2080,7 @@ TEST_F(GrpcServiceFuzzTest, DISABLED_UnparsableProtobufRequestsAreInvalidArgumen
 // 7,000 bytes are answered FAILED_PRECONDITION, 9,000 and more break the
 // connection. A 4 MiB request of 4M dimensions makes a 12 MB message and
 // ~100 MB of transient heap. Flood: the "(metadata overflow)" counts.
-TEST_F(GrpcServiceFuzzTest, DISABLED_ARefusalNeverEchoesAnUnboundedString) {
+TEST_F(GrpcServiceFuzzTest, ARefusalNeverEchoesAnUnboundedString) {
   // A wait in flight on the same channel, for a version that will not come:
   // the server's DEADLINE_EXCEEDED after 1.5 s is its right answer.
   proto::WaitRequest wait;
@@ -2083,7 +2098,8 @@ TEST_F(GrpcServiceFuzzTest, DISABLED_ARefusalNeverEchoesAnUnboundedString) {
   for (int i = 0; i < 100000; ++i) long_shape.mutable_signature(0)->add_shape(1);
   for (const proto::RegisterRequest& request : {long_id, long_shape}) {
     const grpc::Status s = RawCall(kRegisterMethod, request.SerializeAsString());
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+    // Refused for its size before anything quotes it.
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << CodeName(s.error_code()) << " \"" << s.error_message().substr(0, 100) << "\"";
     EXPECT_LT(s.error_message().size(), 4096u);
   }
@@ -2103,7 +2119,7 @@ TEST_F(GrpcServiceFuzzTest, DISABLED_ARefusalNeverEchoesAnUnboundedString) {
 // weight) can be asked for 1M times, a reply of ~10 MB that no worker can
 // receive. Refusing more ids than the model has chunks, or repeats, would
 // bound it.
-TEST_F(GrpcServiceFuzzTest, DISABLED_APullOfMillionsOfEmptyChunksIsRefused) {
+TEST_F(GrpcServiceFuzzTest, APullOfMillionsOfEmptyChunksIsRefused) {
   const std::vector<std::pair<int, int64_t>> ids(1000000, {2, 0});  // e:0, empty
   const std::string request = MakePull(kVersion, 0, ids).SerializeAsString();
   const absl::Time start = absl::Now();
@@ -2121,7 +2137,7 @@ TEST_F(GrpcServiceFuzzTest, DISABLED_APullOfMillionsOfEmptyChunksIsRefused) {
 // no parameter changes. Found by reading, not by the flood (which never
 // sends an acceptable push): a worker with a valid session, buggy or
 // hostile, is enough.
-TEST_F(GrpcServiceFuzzTest, DISABLED_SampleCountsThatOverflowTheSumAreRefused) {
+TEST_F(GrpcServiceFuzzTest, SampleCountsThatOverflowTheSumAreRefused) {
   const Model model = Snapshot();
   for (size_t i = 0; i < 2; ++i) {  // the rest of iteration 2
     ASSERT_TRUE(Push(*server_, model.layout, PlanAfterFlood()[i]).ok());

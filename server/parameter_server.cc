@@ -688,6 +688,11 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
         ": it was dropped from the job (lost past the grace period); register again to rejoin "
         "at a step boundary"));
   }
+  if (num_samples > kMaxSamplesPerPush) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push claims ", num_samples, " samples; at most ", kMaxSamplesPerPush,
+        " (so that the workers' sum cannot overflow)"));
+  }
   const WorkerState& worker = workers_[rank];
   if (num_samples < 0 || (worker.num_samples >= 0 && num_samples != worker.num_samples)) {
     return absl::FailedPreconditionError(absl::StrCat(

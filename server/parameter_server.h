@@ -281,6 +281,9 @@ class ParameterServer {
   // every worker has pushed it and it has been applied).
   absl::Status Push(int rank, int64_t iteration, int key, int64_t chunk, int64_t num_samples,
                     absl::Span<const float> gradient);
+  // The most samples one push may claim (kInvalidArgument beyond): the sum
+  // over up to 2^22 workers stays inside int64.
+  static constexpr int64_t kMaxSamplesPerPush = int64_t{1} << 40;
 
   // Several chunks at once, all or nothing: every chunk is checked (as in
   // Push, and for repeats within `chunks`) before any is added.
