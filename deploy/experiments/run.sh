@@ -198,14 +198,16 @@ read_bytes() {  # host -> "tx rx" of its eth0
 }
 
 # Each server binds its namespace's address; the port is free there by
-# construction. Every worker gets the same list of all of them.
+# construction. Every worker gets the same list of all of them. Plaintext
+# (--insecure): the namespaces' links reach nothing but each other, and the
+# experiments measure the protocol, not TLS (tests/wire_benchmark does).
 port=50051
 server_pids=()
 server_list=""
 for ((s = 0; s < servers; s++)); do
   address=$(netns_address "$s")
   ip netns exec "$prefix-s$s" timeout -k 10 "$time_limit" "$bin/server/server" \
-    --bind_address="$address" --port="$port" --port_file="$out/port-s$s" \
+    --bind_address="$address" --insecure --port="$port" --port_file="$out/port-s$s" \
     --num_workers="$workers" --lr="$lr" --trace="$out/trace-s$s.json" \
     ${chunk_bytes:+--chunk_bytes="$chunk_bytes"} >"$out/server-s$s.log" 2>&1 &
   server_pids+=($!)
