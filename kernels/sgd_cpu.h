@@ -18,6 +18,15 @@ namespace ps::kernels {
 absl::Status SgdUpdateCpu(CpuDevice& device, int64_t n, const SgdHyper& hyper, float grad_scale,
                           const float* grad, float* param, float* momentum_buf);
 
+// The same update out of place: reads the parameters from `param_in` and
+// writes the updated ones to `param_out` (which may be `param_in`: then it is
+// the call above), bit for bit what the in-place update writes. The server
+// keeps each chunk's previous parameters this way without copying them
+// first: the memory traffic of an in-place update.
+absl::Status SgdUpdateCpu(CpuDevice& device, int64_t n, const SgdHyper& hyper, float grad_scale,
+                          const float* grad, const float* param_in, float* param_out,
+                          float* momentum_buf);
+
 }  // namespace ps::kernels
 
 #endif  // PS_KERNELS_SGD_CPU_H_

@@ -75,7 +75,18 @@ absl::Status SgdOptimizer::Apply(int64_t step, int64_t num_samples,
 absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
                                       absl::Span<const float> grad_sum,
                                       absl::Span<float> params) {
+  return ApplyRange(step, num_samples, offset, grad_sum, params, params);
+}
+
+absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
+                                      absl::Span<const float> grad_sum,
+                                      absl::Span<const float> params,
+                                      absl::Span<float> params_out) {
   const int64_t n = static_cast<int64_t>(params.size());
+  if (params_out.size() != params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("parameters in of ", params.size(),
+                                                   " elements, out of ", params_out.size()));
+  }
   if (static_cast<int64_t>(grad_sum.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat("gradient has ", grad_sum.size(),
                                                    " elements, parameters ", n));
@@ -94,7 +105,7 @@ absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t
   kernels::SgdHyper hyper = options_.sgd;
   hyper.lr = options_.schedule.LearningRate(options_.sgd.lr, step);
   return kernels::SgdUpdateCpu(*device_, n, hyper, 1.f / static_cast<float>(num_samples),
-                               grad_sum.data(), params.data(),
+                               grad_sum.data(), params.data(), params_out.data(),
                                momentum_.empty() ? nullptr : momentum_.data() + offset);
 }
 

@@ -72,6 +72,11 @@ class SgdOptimizer {
   // sizes, a range outside [0, num_parameters) or num_samples < 1.
   absl::Status ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
                           absl::Span<const float> grad_sum, absl::Span<float> params);
+  // The same, out of place: reads `params_in`, writes the updated values to
+  // `params_out` (the same size; they may be the same memory), bit for bit.
+  absl::Status ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
+                          absl::Span<const float> grad_sum, absl::Span<const float> params_in,
+                          absl::Span<float> params_out);
 
   const OptimizerOptions& options() const { return options_; }
   int64_t num_parameters() const { return num_parameters_; }

@@ -891,7 +891,7 @@ absl::Status ParameterServer::ApplyChunk(const Layout& layout, SgdOptimizer* opt
       std::shared_ptr<std::vector<float>> next = NextParamsLocked(chunk);
       PS_RETURN_IF_ERROR(optimizer->ApplyRange(iteration, chunk.samples,
                                                layout.chunk_offset[global_chunk], chunk.grad_sum,
-                                               absl::MakeSpan(*next)));
+                                               *chunk.params, absl::MakeSpan(*next)));
       chunk.previous = std::move(chunk.params);
       chunk.params = std::move(next);
     } else {
@@ -1193,15 +1193,15 @@ std::shared_ptr<std::vector<float>> ParameterServer::NextParamsLocked(Chunk& chu
   // Reuse the previous parameters' buffer unless an exact pull's view still
   // holds it (the count cannot grow: views are taken under the chunk's
   // lock). The acquire fence pairs with the last holder's release.
+  // The update writes every element (out of place), so nothing is copied.
   std::shared_ptr<std::vector<float>> next;
   if (chunk.previous != nullptr && chunk.previous.use_count() == 1 &&
       chunk.previous != chunk.params) {
     next = std::move(chunk.previous);
     std::atomic_thread_fence(std::memory_order_acquire);
-    std::copy(chunk.params->begin(), chunk.params->end(), next->begin());
   } else {
     chunk.previous.reset();
-    next = std::make_shared<std::vector<float>>(*chunk.params);
+    next = std::make_shared<std::vector<float>>(chunk.params->size());
   }
   return next;
 }

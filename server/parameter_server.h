@@ -88,8 +88,8 @@ struct NamedTensor {
 // HasVersion for the server's version (every chunk).
 //
 // Memory: the parameters, their previous version (for exact pulls; each
-// update writes the other buffer instead of updating in place, a copy of
-// the chunk per update), the momentum buffer (with momentum), one gradient
+// update reads one buffer and writes the other, out of place, at the cost
+// of an in-place update), the momentum buffer (with momentum), one gradient
 // sum (a model's worth each), plus the chunks held early for their rank's
 // turn (see below: at most num_workers - 1 models when pushes arrive in
 // reverse rank order), plus one chunk's copy for each chunk that a
@@ -528,9 +528,9 @@ class ParameterServer {
   // still holds its current buffer (copy on write).
   static std::vector<float>& MutableParamsLocked(Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // The buffer an update writes: the previous parameters' (or a fresh one
-  // when a view still holds it) with a copy of the current ones in it;
-  // CommitUpdateLocked then makes it current and the current previous.
+  // The buffer an update writes (out of place, reading the current
+  // parameters): the previous parameters' (or a fresh one when a view still
+  // holds it); the update then makes it current and the current previous.
   static std::shared_ptr<std::vector<float>> NextParamsLocked(Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Copies the current state at the boundary (every chunk at version_,
