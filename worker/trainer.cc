@@ -243,8 +243,15 @@ absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& cause) {
   const int num_workers = registration_.num_workers;
   std::vector<float> proposed = initial_parameters_;
   if (proposed.empty()) proposed.assign(num_parameters_, 0.f);  // not asked for: not rank 0
-  PS_ASSIGN_OR_RETURN(registration_,
-                      store_->Reconnect(replicas_[0]->parameters(), proposed));
+  absl::StatusOr<ParameterStore::Registration> registration =
+      store_->Reconnect(replicas_[0]->parameters(), proposed);
+  if (!registration.ok()) {
+    // Both: what was lost, and why it could not be found again.
+    return absl::Status(registration.status().code(),
+                        absl::StrCat(registration.status().message(), " (after: ",
+                                     cause.message(), ")"));
+  }
+  registration_ = *std::move(registration);
   if (registration_.num_workers != num_workers) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the parameter server came back with ", registration_.num_workers,
