@@ -27,6 +27,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/safetensors.h"
+#include "common/testing/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -546,40 +547,8 @@ TEST(CheckpointTest, UnwritableDirectoryIsAnError) {
 // PyTorch loads the params file into a model (strict=False: the batch-norm
 // buffers are not parameters) and gives back the bits written.
 
-int RunCommand(const std::string& command, std::string* output) {
-  output->clear();
-  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output->append(buffer, n);
-  const int status = ::pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-std::string ShellQuote(const std::string& s) {
-  return absl::StrCat("'", absl::StrReplaceAll(s, {{"'", "'\\''"}}), "'");
-}
-
-// Debian's interpreter first: python3-torch lives there.
-std::string FindPythonWithTorch() {
-  for (const char* candidate : {"/usr/bin/python3", "python3"}) {
-    std::string output;
-    if (RunCommand(absl::StrCat(candidate, " -c 'import torch'"), &output) == 0) return candidate;
-  }
-  return "";
-}
-
-std::string ScriptPath() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  const std::string script = "server/checkpoint_test_torch.py";
-  if (srcdir == nullptr || workspace == nullptr) return script;
-  return absl::StrCat(srcdir, "/", workspace, "/", script);
-}
-
 TEST(CheckpointTorchTest, TorchLoadsTheParamsIntoAModel) {
-  const std::string python = FindPythonWithTorch();
+  const std::string python = testing::FindPython("torch");
   if (python.empty()) {
     GTEST_SKIP() << "no python3 with torch (tried /usr/bin/python3 and python3 on PATH); "
                     "install Debian's python3-torch to run the PyTorch check";
@@ -600,10 +569,12 @@ TEST(CheckpointTorchTest, TorchLoadsTheParamsIntoAModel) {
 
   const std::string out = dir + "/torch.txt";
   std::string output;
-  const int code = RunCommand(absl::StrCat(python, " ", ShellQuote(ScriptPath()), " ",
-                                           ShellQuote(Path(dir, CheckpointParamsFileName(17))),
-                                           " ", ShellQuote(out)),
-                              &output);
+  const std::string script = testing::RunfilePath("server/checkpoint_test_torch.py");
+  const int code =
+      testing::RunCommand(absl::StrCat(python, " ", testing::ShellQuote(script), " ",
+                                       testing::ShellQuote(Path(dir, CheckpointParamsFileName(17))),
+                                       " ", testing::ShellQuote(out)),
+                          &output);
   ASSERT_EQ(code, 0) << output;
   std::cout << output;
 

@@ -463,16 +463,38 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   return absl::OkStatus();
 }
 
+namespace {
+
+// A plain protobuf method answered at once: the call's checks, the request
+// parsed (INVALID_ARGUMENT naming `what` if it does not parse), `handle`,
+// and its reply serialized when it succeeded. Returns the call's (default)
+// reactor, finished, and the status it finished with in *status.
+template <typename Request, typename Reply, typename Handle>
+grpc::ServerUnaryReactor* AnswerAtOnce(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer& request, grpc::ByteBuffer* reply,
+                                       const char* what, absl::Status checked,
+                                       const Handle& handle, absl::Status* status) {
+  Request message;
+  *status = std::move(checked);
+  if (status->ok()) *status = proto::ParseMessage(request, what, &message);
+  Reply answer;
+  if (status->ok()) *status = handle(message, &answer);
+  if (status->ok()) *reply = proto::SerializeMessage(answer);
+  return FinishAtOnce(context, *status);
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* ParameterServerService::Register(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* reply) {
-  proto::RegisterRequest message;
-  absl::Status status = CheckCall(*context);
-  if (status.ok()) status = proto::ParseMessage(*request, "register request", &message);
-  proto::RegisterReply answer;
-  if (status.ok()) status = DoRegister(*context, message, &answer);
-  if (status.ok()) *reply = proto::SerializeMessage(answer);
-  grpc::ServerUnaryReactor* reactor = FinishAtOnce(context, status);
+  absl::Status status;
+  grpc::ServerUnaryReactor* reactor = AnswerAtOnce<proto::RegisterRequest, proto::RegisterReply>(
+      context, *request, reply, "register request", CheckCall(*context),
+      [&](const proto::RegisterRequest& message, proto::RegisterReply* answer) {
+        return DoRegister(*context, message, answer);
+      },
+      &status);
   // Adopting the signature may complete version 0 (a server given values).
   if (status.ok()) AnswerReadyPulls({});
   return reactor;
@@ -586,13 +608,13 @@ absl::Status ParameterServerService::DoHeartbeat(const grpc::ServerContextBase& 
 grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServerContext* context,
                                                             const grpc::ByteBuffer* request,
                                                             grpc::ByteBuffer* reply) {
-  proto::HeartbeatRequest message;
-  absl::Status status = CheckCall(*context);
-  if (status.ok()) status = proto::ParseMessage(*request, "heartbeat request", &message);
-  proto::HeartbeatReply answer;
-  if (status.ok()) status = DoHeartbeat(*context, message, &answer);
-  if (status.ok()) *reply = proto::SerializeMessage(answer);
-  return FinishAtOnce(context, status);
+  absl::Status status;
+  return AnswerAtOnce<proto::HeartbeatRequest, proto::HeartbeatReply>(
+      context, *request, reply, "heartbeat request", CheckCall(*context),
+      [&](const proto::HeartbeatRequest& message, proto::HeartbeatReply* answer) {
+        return DoHeartbeat(*context, message, answer);
+      },
+      &status);
 }
 
 absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& request,

@@ -34,12 +34,6 @@ using tests::WaitForPortFile;
 constexpr int kSteps = 300;
 constexpr int kCheckpointEvery = 5;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // One job: a server (restartable on the same port) and two workers.
 class Job {
@@ -99,7 +93,7 @@ class Job {
   Process& worker(int r) { return *workers_[r]; }
   std::string weights(int r) const { return absl::StrCat(dir_, "/weights", r, ".safetensors"); }
   std::string checkpoints() const { return dir_ + "/checkpoints"; }
-  std::string report(int r) const { return ReadFile(absl::StrCat(dir_, "/report", r, ".json")); }
+  std::string report(int r) const { return testing::ReadFileBytes(absl::StrCat(dir_, "/report", r, ".json")); }
   const std::string& dir() const { return dir_; }
 
  private:
@@ -124,8 +118,8 @@ class FaultTest : public ::testing::Test {
 
   static void ExpectSameWeights(const Job& job) {
     for (int r = 0; r < 2; ++r) {
-      const std::string got = ReadFile(job.weights(r));
-      const std::string want = ReadFile(reference_->weights(r));
+      const std::string got = testing::ReadFileBytes(job.weights(r));
+      const std::string want = testing::ReadFileBytes(reference_->weights(r));
       ASSERT_FALSE(want.empty());
       EXPECT_TRUE(got == want) << "worker " << r << "'s final weights differ from the fault-free "
                                << "run's (" << job.weights(r) << " vs " << reference_->weights(r)
@@ -228,14 +222,14 @@ TEST_F(FaultTest, ACorruptNewestCheckpointIsRefusedByNameAndThePreviousOneUsed) 
   };
   const int newest = kSteps;
   int next = newest - 1;
-  while (next > 0 && ReadFile(params(next)).empty()) --next;
+  while (next > 0 && testing::ReadFileBytes(params(next)).empty()) --next;
   ASSERT_GT(next, 0);
   int third = next - 1;
-  while (third > 0 && ReadFile(params(third)).empty()) --third;
+  while (third > 0 && testing::ReadFileBytes(params(third)).empty()) --third;
   ASSERT_GT(third, 0);
-  const std::string full = ReadFile(params(newest));
+  const std::string full = testing::ReadFileBytes(params(newest));
   std::ofstream(params(newest), std::ios::binary | std::ios::trunc) << full.substr(0, full.size() / 2);
-  std::string flipped = ReadFile(params(next));
+  std::string flipped = testing::ReadFileBytes(params(next));
   flipped[flipped.size() - 3] ^= 0x10;
   std::ofstream(params(next), std::ios::binary | std::ios::trunc) << flipped;
 

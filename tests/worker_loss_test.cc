@@ -34,12 +34,6 @@ using tests::WaitForPortFile;
 
 constexpr int kSteps = 300;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 class WorkerLossTest : public ::testing::Test {
  protected:
@@ -84,9 +78,9 @@ class WorkerLossTest : public ::testing::Test {
 
   void ExpectReferenceWeights(const std::string& name) {
     for (int rank = 0; rank < 2; ++rank) {
-      const std::string want = ReadFile(Weights("reference", rank));
+      const std::string want = testing::ReadFileBytes(Weights("reference", rank));
       ASSERT_FALSE(want.empty());
-      EXPECT_TRUE(ReadFile(Weights(name, rank)) == want)
+      EXPECT_TRUE(testing::ReadFileBytes(Weights(name, rank)) == want)
           << "worker " << rank << "'s final weights differ from the fault-free run's";
     }
   }
@@ -123,7 +117,7 @@ TEST_F(WorkerLossTest, AWorkerKilledAndRestartedRejoinsBitIdentical) {
   EXPECT_EQ(server_->Wait(std::chrono::seconds(30)), 0);
 
   // It rejoined mid-run: it trained fewer steps than the whole job.
-  const std::string report = ReadFile(testing::TestTmpPath("rejoin1.json"));
+  const std::string report = testing::ReadFileBytes(testing::TestTmpPath("rejoin1.json"));
   EXPECT_THAT(report, Not(HasSubstr(absl::StrCat("\"steps\": ", kSteps))));
   const size_t steps = report.find("\"steps\"");
   ASSERT_NE(steps, std::string::npos);
@@ -205,7 +199,7 @@ TEST_F(WorkerLossTest, UnderShrinkALostWorkerIsDroppedAndRejoinsAtAStepBoundary)
   EXPECT_THAT(server_->Log(), HasSubstr(absl::StrCat("stopping at version ", kShrinkSteps)));
   // Worker 0's report lists one range of steps with fewer workers, ending
   // before the job did (worker 1 was back); worker 1 rejoined after it.
-  const std::string report = ReadFile(testing::TestTmpPath("shrink0.json"));
+  const std::string report = testing::ReadFileBytes(testing::TestTmpPath("shrink0.json"));
   const size_t at = report.find("\"shrunk_steps\"");
   ASSERT_NE(at, std::string::npos);
   const std::string shrunk = report.substr(at, report.find(']', report.find(']', at) + 1) - at + 1);
@@ -216,7 +210,7 @@ TEST_F(WorkerLossTest, UnderShrinkALostWorkerIsDroppedAndRejoinsAtAStepBoundary)
   EXPECT_GT(first, 0);
   EXPECT_GE(last, first);
   EXPECT_LT(last, kShrinkSteps - 1);
-  EXPECT_THAT(ReadFile(testing::TestTmpPath("shrink1.json")), HasSubstr("\"shrunk_steps\": []"));
+  EXPECT_THAT(testing::ReadFileBytes(testing::TestTmpPath("shrink1.json")), HasSubstr("\"shrunk_steps\": []"));
 }
 
 }  // namespace
