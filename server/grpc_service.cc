@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/job_token.h"
+#include "common/wire_codec.h"
 #include "common/status_macros.h"
 #include "proto/wire_format.h"
 #include "server/stall_report.h"
@@ -55,25 +56,55 @@ grpc::ServerUnaryReactor* FinishWithoutData(grpc::CallbackServerContext* context
   return reactor;
 }
 
-// The F32 chunks of a frame's header, over the frame's data pieces (read in
-// place; `frame` must outlive them).
+// The chunks of a frame's header as F32 data for the domain: an F32 chunk
+// over the frame's data pieces, read in place (`frame` must outlive them);
+// with `decoding` (pushes), an F16 or BF16 chunk (--compression) decoded
+// into a buffer of `decoded`, which must outlive them too.
+struct DecodedChunks {
+  std::vector<std::vector<float>> values;  // one per decoded chunk
+  std::vector<absl::string_view> pieces;   // one per decoded chunk, over `values`
+};
 absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
     const google::protobuf::RepeatedPtrField<proto::TensorChunk>& header_chunks,
-    const proto::FrameReader& frame, const char* what) {
+    const proto::FrameReader& frame, const char* what, DecodedChunks* decoded) {
   std::vector<ParameterServer::ChunkBytes> chunks;
   chunks.reserve(header_chunks.size());
+  if (decoded != nullptr) {
+    // Stable addresses: each chunk's piece is pointed at.
+    decoded->values.reserve(header_chunks.size());
+    decoded->pieces.reserve(header_chunks.size());
+  }
   for (int c = 0; c < header_chunks.size(); ++c) {
     const proto::TensorChunk& chunk = header_chunks[c];
-    if (chunk.dtype() != proto::DTYPE_F32) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " of key ", chunk.key(), " has dtype ",
-                                                     chunk.dtype(), "; only F32 is supported"));
+    if (chunk.dtype() != proto::DTYPE_F32 &&
+        (decoded == nullptr ||
+         (chunk.dtype() != proto::DTYPE_F16 && chunk.dtype() != proto::DTYPE_BF16))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " of key ", chunk.key(), " has dtype ", chunk.dtype(), "; only F32",
+          decoded == nullptr ? "" : ", F16 and BF16", " are supported here"));
     }
-    if (chunk.data_bytes() % sizeof(float) != 0) {
+    if (chunk.dtype() == proto::DTYPE_F32) {
+      if (chunk.data_bytes() % sizeof(float) != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " of key ", chunk.key(), " chunk ", chunk.chunk(), " carries ",
+                         chunk.data_bytes(), " bytes, not a whole number of F32 elements"));
+      }
+      chunks.push_back({chunk.key(), chunk.chunk(), frame.pieces(c)});
+      continue;
+    }
+    const WireCodec* codec =
+        *WireCodecForDType(chunk.dtype() == proto::DTYPE_F16 ? DType::kF16 : DType::kBF16);
+    if (chunk.data_bytes() % 2 != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " of key ", chunk.key(), " chunk ", chunk.chunk(), " carries ",
-                       chunk.data_bytes(), " bytes, not a whole number of F32 elements"));
+                       chunk.data_bytes(), " bytes, not a whole number of ", codec->name(),
+                       " elements"));
     }
-    chunks.push_back({chunk.key(), chunk.chunk(), frame.pieces(c)});
+    std::vector<float>& values = decoded->values.emplace_back(chunk.data_bytes() / 2);
+    PS_RETURN_IF_ERROR(codec->Decode(frame.pieces(c), absl::MakeSpan(values)));
+    decoded->pieces.emplace_back(reinterpret_cast<const char*>(values.data()),
+                                 values.size() * sizeof(float));
+    chunks.push_back({chunk.key(), chunk.chunk(), absl::MakeConstSpan(&decoded->pieces.back(), 1)});
   }
   return chunks;
 }
@@ -520,7 +551,7 @@ absl::Status ParameterServerService::DoInitialize(const grpc::ServerContextBase&
                       proto::FrameReader::Open(request, "initial parameters", &header));
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
-                      ChunksOf(header.chunks(), frame, "initial value"));
+                      ChunksOf(header.chunks(), frame, "initial value", nullptr));
   PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   *sent = IdsOf(chunks);
   return server_->InitializeChunkBytes(header.rank(), chunks);
@@ -543,9 +574,10 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
   PS_RETURN_IF_ERROR(CheckCall(context));
   proto::PushRequest header;
   PS_ASSIGN_OR_RETURN(proto::FrameReader frame, proto::FrameReader::Open(request, "push", &header));
+  DecodedChunks decoded;
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
-                      ChunksOf(header.chunks(), frame, "push"));
+                      ChunksOf(header.chunks(), frame, "push", &decoded));
   PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   *sent = IdsOf(chunks);
   PS_RETURN_IF_ERROR(
@@ -638,6 +670,18 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
     proto::TensorChunk* chunk = header.add_chunks();
     chunk->set_key(ids[c].key);
     chunk->set_chunk(ids[c].chunk);
+    if (request.dtype() == proto::DTYPE_F16 || request.dtype() == proto::DTYPE_BF16) {
+      // Encoded into a slice of its own (the master weights stay fp32).
+      const WireCodec* codec = *WireCodecForDType(
+          request.dtype() == proto::DTYPE_F16 ? DType::kF16 : DType::kBF16);
+      const int64_t bytes = codec->EncodedBytes(static_cast<int64_t>(view.size()));
+      grpc::Slice encoded(static_cast<size_t>(bytes));
+      codec->Encode(view, const_cast<uint8_t*>(encoded.begin()));
+      chunk->set_dtype(request.dtype());
+      chunk->set_data_bytes(bytes);
+      data.push_back(std::move(encoded));
+      continue;
+    }
     chunk->set_dtype(proto::DTYPE_F32);
     chunk->set_data_bytes(static_cast<int64_t>(view.size() * sizeof(float)));
     // Each slice keeps the viewed chunks alive, and unchanged, until gRPC
@@ -657,6 +701,12 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
   proto::PullRequest pull;
   if (absl::Status s = proto::ParseMessage(*request, "pull request", &pull); !s.ok()) {
     return FinishAtOnce(context, s);
+  }
+  if (pull.dtype() != proto::DTYPE_F32 && pull.dtype() != proto::DTYPE_F16 &&
+      pull.dtype() != proto::DTYPE_BF16) {
+    return FinishAtOnce(context, absl::InvalidArgumentError(absl::StrCat(
+                                     "pull asks for dtype ", pull.dtype(),
+                                     "; F32, F16 and BF16 are served")));
   }
   // Size the reply first: every chunk must exist, and the reply must stay
   // within one message's bound.

@@ -66,6 +66,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/half.h"
 #include "common/cpu_device.h"
 #include "common/job_token.h"
 #include "common/param_spec.h"
@@ -353,6 +354,7 @@ struct Expectation {
   // kOk for a pull: per chunk asked for, in order, its global index and
   // the values it must carry; and the reply's version (Pull and Wait).
   std::vector<std::pair<int64_t, const float*>> pull_chunks;
+  proto::DType pull_dtype = proto::DTYPE_F32;  // the reply's encoding
   int64_t reply_version = 0;
   // A Register whose strings (id, names, shape) add up to more than a
   // status message fits in gRPC's default 8 KiB of metadata: the server
@@ -413,10 +415,30 @@ bool DecodeFrame(const std::string& bytes, Header* header, std::vector<absl::str
   return left == 0;
 }
 
-bool AllFinite(absl::string_view bytes) {
-  for (size_t i = 0; i + 4 <= bytes.size(); i += 4) {
+// Bytes per element of a chunk's dtype on the wire (0: no codec sends it).
+int64_t WireWidth(proto::DType dtype) {
+  switch (dtype) {
+    case proto::DTYPE_F32:
+      return 4;
+    case proto::DTYPE_F16:
+    case proto::DTYPE_BF16:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+bool AllFinite(absl::string_view bytes, proto::DType dtype = proto::DTYPE_F32) {
+  const int64_t width = WireWidth(dtype);
+  for (size_t i = 0; i + width <= bytes.size(); i += width) {
     float f;
-    std::memcpy(&f, bytes.data() + i, 4);
+    if (width == 4) {
+      std::memcpy(&f, bytes.data() + i, 4);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, bytes.data() + i, 2);
+      f = dtype == proto::DTYPE_F16 ? HalfToFloat(bits) : Bfloat16ToFloat(bits);
+    }
     if (!std::isfinite(f)) return false;
   }
   return true;
@@ -439,13 +461,18 @@ Codes SessionCodes(const Model& m, const std::optional<std::string>& session, in
   return value == m.sessions[rank] ? 0 : kPermissionDenied;
 }
 
-// The per-chunk faults every framed request is checked for.
+// The per-chunk faults every framed request is checked for. Pushes may
+// carry F16 and BF16 (--compression); initial values F32 only.
 template <typename Header>
-Codes ChunkTypeCodes(const Header& header) {
+Codes ChunkTypeCodes(const Header& header, bool half_allowed) {
   Codes codes = 0;
   for (const proto::TensorChunk& chunk : header.chunks()) {
-    if (chunk.dtype() != proto::DTYPE_F32) codes |= kInvalidArgument;
-    if (chunk.data_bytes() % 4 != 0) codes |= kInvalidArgument;
+    const int64_t width = WireWidth(chunk.dtype());
+    if (width == 0 || (width == 2 && !half_allowed)) {
+      codes |= kInvalidArgument;
+    } else if (chunk.data_bytes() % width != 0) {
+      codes |= kInvalidArgument;
+    }
   }
   return codes;
 }
@@ -459,7 +486,7 @@ Expectation JudgePush(const Model& m, const Request& r) {
   std::vector<absl::string_view> data;
   if (!DecodeFrame(r.bytes, &header, &data)) return Refused(kInvalidArgument, "bad framing");
   const int rank = header.rank();
-  Codes codes = ChunkTypeCodes(header) | SessionCodes(m, r.session, rank);
+  Codes codes = ChunkTypeCodes(header, /*half_allowed=*/true) | SessionCodes(m, r.session, rank);
   if (!Registered(rank)) {
     codes |= kNotFound;
   } else {
@@ -477,9 +504,10 @@ Expectation JudgePush(const Model& m, const Request& r) {
       codes |= kOutOfRange;
       continue;
     }
-    if (chunk.data_bytes() != 4 * m.layout.length[gc]) {
+    const int64_t width = WireWidth(chunk.dtype());
+    if (width == 0 || chunk.data_bytes() != width * m.layout.length[gc]) {
       codes |= kInvalidArgument;
-    } else if (!AllFinite(data[c])) {
+    } else if (!AllFinite(data[c], chunk.dtype())) {
       codes |= kInvalidArgument;
     }
     if (Registered(rank) && m.pushed[rank][gc]) codes |= kAlreadyExists;
@@ -497,7 +525,8 @@ Expectation JudgeInitialize(const Model& m, const Request& r) {
   proto::InitializeRequest header;
   std::vector<absl::string_view> data;
   if (!DecodeFrame(r.bytes, &header, &data)) return Refused(kInvalidArgument, "bad framing");
-  Codes codes = ChunkTypeCodes(header) | SessionCodes(m, r.session, header.rank());
+  Codes codes = ChunkTypeCodes(header, /*half_allowed=*/false) |
+                SessionCodes(m, r.session, header.rank());
   codes |= Registered(header.rank()) ? kFailedPrecondition : kNotFound;
   return Refused(codes, "initial values when they are complete");
 }
@@ -521,6 +550,8 @@ Expectation JudgePull(const Model& m, const Request& r, int64_t deadline_ms) {
     return Refused(kAborted | (parsed ? 0 : kInvalidArgument), "pull with a foreign session");
   }
   if (!parsed) return Refused(kInvalidArgument, "unparsable pull");
+  // The reply's encoding is checked first, alone.
+  if (WireWidth(request.dtype()) == 0) return Refused(kInvalidArgument, "pull of an unknown dtype");
   Codes codes = 0;
   int64_t total = 0;
   std::vector<int64_t> chunks;
@@ -548,6 +579,7 @@ Expectation JudgePull(const Model& m, const Request& r, int64_t deadline_ms) {
   // Every chunk at its version (or, exact, at version v: its previous
   // values when the iteration in progress has updated it already).
   Expectation e = Ok(request.exact() ? "exact pull" : "pull");
+  e.pull_dtype = request.dtype();
   e.reply_version = chunks.empty() ? kVersion : (request.exact() ? v : m.chunk_version[chunks[0]]);
   for (int64_t gc : chunks) {
     const int64_t cv = m.chunk_version[gc];
@@ -707,9 +739,21 @@ std::string CheckPullReply(const Model& m, const Expectation& e, const std::stri
   for (int c = 0; c < header.chunks_size(); ++c) {
     const proto::TensorChunk& chunk = header.chunks(c);
     const auto& [gc, values] = e.pull_chunks[c];
+    // The snapshot's fp32 values in the encoding the pull asked for.
+    const int64_t length = m.layout.length[gc];
+    std::string want(WireWidth(e.pull_dtype) * length, '\0');
+    if (e.pull_dtype == proto::DTYPE_F32) {
+      std::memcpy(want.data(), values, want.size());
+    } else {
+      for (int64_t i = 0; i < length; ++i) {
+        const uint16_t bits = e.pull_dtype == proto::DTYPE_F16 ? FloatToHalf(values[i])
+                                                               : FloatToBfloat16(values[i]);
+        std::memcpy(want.data() + 2 * i, &bits, 2);
+      }
+    }
     if (chunk.key() != m.layout.key[gc] || chunk.chunk() != m.layout.chunk[gc] ||
-        chunk.dtype() != proto::DTYPE_F32 || chunk.data_bytes() != 4 * m.layout.length[gc] ||
-        std::memcmp(data[c].data(), values, data[c].size()) != 0) {
+        chunk.dtype() != e.pull_dtype || chunk.data_bytes() != static_cast<int64_t>(want.size()) ||
+        data[c] != want) {
       return absl::StrCat("pull reply chunk ", c, " is not global chunk ", gc, " as snapshotted");
     }
   }

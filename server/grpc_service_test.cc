@@ -328,6 +328,77 @@ TEST_F(GrpcServiceTest, MalformedAndHostileCallsGetSpecificStatuses) {
   EXPECT_EQ(PullAll(), (std::vector<float>{0, 1, 2, 3, 4, 5, 5, 6}));
 }
 
+// --compression on the wire: pushes in F16 or BF16 are decoded into fp32
+// before the sum, pulls are encoded as each asks; a malformed encoding (an
+// odd byte count, the wrong element count, a NaN, an initial value or a
+// pull dtype no codec serves) is refused and changes nothing.
+TEST_F(GrpcServiceTest, HalfPrecisionPushesAndPullsAndTheirMalformedForms) {
+  ASSERT_TRUE(Register("a").ok());
+  auto frame = [](int key, int64_t chunk, proto::DType dtype, const std::string& bytes) {
+    proto::PushRequest request;
+    request.set_rank(0);
+    request.set_iteration(0);
+    request.set_num_samples(1);
+    proto::TensorChunk* c = request.add_chunks();
+    c->set_key(key);
+    c->set_chunk(chunk);
+    c->set_dtype(dtype);
+    c->set_data_bytes(static_cast<int64_t>(bytes.size()));
+    std::vector<grpc::Slice> data = {grpc::Slice(bytes)};
+    return proto::MakeFrame(request, data);
+  };
+  auto halves = [](std::vector<uint16_t> bits) {
+    return std::string(reinterpret_cast<const char*>(bits.data()), bits.size() * 2);
+  };
+  grpc::ByteBuffer reply;
+  // Odd bytes, three elements for a chunk of four, a NaN, F16 initial values.
+  grpc::Status s = RawCall(proto::kPushMethod,
+                           frame(0, 0, proto::DTYPE_F16, std::string(7, '\0')), &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("not a whole number of fp16 elements"));
+  s = RawCall(proto::kPushMethod, frame(0, 0, proto::DTYPE_F16, halves({0x3c00, 0x3c00, 0x3c00})),
+              &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = RawCall(proto::kPushMethod,
+              frame(0, 0, proto::DTYPE_BF16, halves({0x3f80, 0x7fc0, 0x3f80, 0x3f80})), &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("is nan; refusing a non-finite value"));
+  EXPECT_EQ(PullAll(), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+  // 1.0, 0.5, 2.0, -1.0 as fp16 and 0.25, 0.25 as bf16: lr 1, one sample.
+  ASSERT_TRUE(RawCall(proto::kPushMethod,
+                      frame(0, 0, proto::DTYPE_F16, halves({0x3c00, 0x3800, 0x4000, 0xbc00})),
+                      &reply)
+                  .ok());
+  ASSERT_TRUE(RawCall(proto::kPushMethod,
+                      frame(0, 1, proto::DTYPE_BF16, halves({0x3e80, 0x3e80})), &reply)
+                  .ok());
+  ASSERT_TRUE(Push(1, 0, {1, 1}).ok());
+  EXPECT_EQ(server_->version(), 1);
+  EXPECT_EQ(PullAll(), (std::vector<float>{0, 1.5f, 1, 5, 4.75f, 5.75f, 6, 7}));
+  // A pull in BF16: two bytes per element, the fp32 values rounded.
+  proto::PullRequest pull;
+  pull.set_version(1);
+  pull.set_dtype(proto::DTYPE_BF16);
+  proto::ChunkId* id = pull.add_chunks();
+  id->set_key(1);
+  id->set_chunk(0);
+  grpc::ByteBuffer pulled;
+  ASSERT_TRUE(RawCall(proto::kPullMethod, proto::SerializeMessage(pull), &pulled).ok());
+  proto::PullReply header;
+  auto reader = proto::FrameReader::Open(pulled, "pull reply", &header);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_TRUE(reader->Split(header.chunks()).ok());
+  ASSERT_EQ(header.chunks_size(), 1);
+  EXPECT_EQ(header.chunks(0).dtype(), proto::DTYPE_BF16);
+  EXPECT_EQ(header.chunks(0).data_bytes(), 4);
+  std::string bytes;
+  for (absl::string_view piece : reader->pieces(0)) bytes.append(piece.data(), piece.size());
+  EXPECT_EQ(bytes, halves({0x40c0, 0x40e0}));  // 6 and 7
+  pull.set_dtype(static_cast<proto::DType>(9));
+  EXPECT_EQ(RawCall(proto::kPullMethod, proto::SerializeMessage(pull), &pulled).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(GrpcServiceTest, PullReturnsChunksAsLittleEndianBytesInRequestOrder) {
   ASSERT_TRUE(Register("a").ok());
   proto::PullReply reply;

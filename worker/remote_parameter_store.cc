@@ -72,6 +72,8 @@ absl::StatusOr<std::unique_ptr<RemoteParameterStore>> RemoteParameterStore::Crea
         absl::StrCat("negative steps per epoch ", options.steps_per_epoch));
   }
   std::unique_ptr<RemoteParameterStore> store(new RemoteParameterStore(options));
+  PS_ASSIGN_OR_RETURN(store->codec_, MakeWireCodec(options.compression));
+  PS_ASSIGN_OR_RETURN(store->exact_, MakeWireCodec("none"));
   if (store->options_.worker_id.empty()) {
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
@@ -263,11 +265,16 @@ void RemoteParameterStore::StartMessages(
 template <typename Header>
 void RemoteParameterStore::SendFrames(
     const char* what, const char* method, int64_t step, int first, int last,
-    absl::Span<const float> flat, std::function<void(Header*)> header,
+    absl::Span<const float> flat, const WireCodec& codec, std::function<void(Header*)> header,
     std::function<absl::Status(size_t, const grpc::ByteBuffer&)> check, Done done) {
+  const bool encode = codec.dtype() != DType::kF32;
+  const proto::DType dtype = codec.dtype() == DType::kF16    ? proto::DTYPE_F16
+                             : codec.dtype() == DType::kBF16 ? proto::DTYPE_BF16
+                                                             : proto::DTYPE_F32;
   StartMessages(
       what, method, EventKind::kPushMessage, step, first, last, options_.rpc_timeout,
-      [this, flat, header = std::move(header)](size_t m, const Lend& lend) {
+      [this, flat, &codec, encode, dtype, header = std::move(header)](size_t m,
+                                                                    const Lend& lend) {
         Header h;
         header(&h);
         std::vector<grpc::Slice> data;
@@ -276,10 +283,17 @@ void RemoteParameterStore::SendFrames(
           proto::TensorChunk* t = h.add_chunks();
           t->set_key(chunk.key);
           t->set_chunk(chunk.index);
-          t->set_dtype(proto::DTYPE_F32);
-          const size_t bytes = static_cast<size_t>(chunk.length) * sizeof(float);
-          t->set_data_bytes(static_cast<int64_t>(bytes));
-          data.push_back(lend(flat.data() + chunk.offset, bytes));
+          t->set_dtype(dtype);
+          const int64_t bytes = codec.EncodedBytes(chunk.length);
+          t->set_data_bytes(bytes);
+          if (encode) {
+            // Encoded where this chunk's elements sit, scaled to the codec.
+            char* at = push_scratch_.data() + codec.EncodedBytes(chunk.offset);
+            codec.Encode(flat.subspan(chunk.offset, chunk.length), at);
+            data.push_back(lend(at, static_cast<size_t>(bytes)));
+          } else {
+            data.push_back(lend(flat.data() + chunk.offset, static_cast<size_t>(bytes)));
+          }
         }
         return proto::MakeFrame(h, data);
       },
@@ -413,6 +427,7 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
     offset += n;
   }
   num_parameters_ = offset;
+  if (codec_->dtype() != DType::kF32) push_scratch_.resize(codec_->EncodedBytes(offset));
   if (reply.send_initial_parameters()) {
     PS_RETURN_IF_ERROR(SendInitialParameters(proposed));
     sent_initial_parameters_ = true;
@@ -440,7 +455,7 @@ absl::Status RemoteParameterStore::SendInitialParameters(absl::Span<const float>
   return AwaitDone([&](Done done) {
     SendFrames<proto::InitializeRequest>(
         "Initialize", proto::kInitializeMethod, /*step=*/-1, 0,
-        static_cast<int>(messages_.size()), proposed,
+        static_cast<int>(messages_.size()), proposed, *exact_,
         [rank](proto::InitializeRequest* header) { header->set_rank(rank); }, {},
         std::move(done));
   });
@@ -479,7 +494,7 @@ void RemoteParameterStore::PushSegments(int64_t iteration, int64_t num_samples, 
   for (int m = first; m < last; ++m) elements += message_elements_[m];
   const int rank = rank_;
   SendFrames<proto::PushRequest>(
-      "Push", proto::kPushMethod, iteration, first, last, gradient,
+      "Push", proto::kPushMethod, iteration, first, last, gradient, *codec_,
       [rank, iteration, num_samples](proto::PushRequest* header) {
         header->set_rank(rank);
         header->set_iteration(iteration);
@@ -487,7 +502,7 @@ void RemoteParameterStore::PushSegments(int64_t iteration, int64_t num_samples, 
       },
       [this](size_t, const grpc::ByteBuffer& reply) { return ReadPushReply(reply); },
       [this, elements, done = std::move(done)](absl::Status status) {
-        if (status.ok()) bytes_pushed_ += elements * static_cast<int64_t>(sizeof(float));
+        if (status.ok()) bytes_pushed_ += codec_->EncodedBytes(elements);
         done(status);
       });
 }
@@ -566,6 +581,9 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
         request.set_version(version);
         request.set_timeout_ms(timeout_ms);
         request.set_exact(exact);
+        request.set_dtype(codec_->dtype() == DType::kF16    ? proto::DTYPE_F16
+                          : codec_->dtype() == DType::kBF16 ? proto::DTYPE_BF16
+                                                            : proto::DTYPE_F32);
         for (const Chunk& chunk : messages_[m]) {
           proto::ChunkId* id = request.add_chunks();
           id->set_key(chunk.key);
@@ -589,14 +607,23 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
         for (size_t c = 0; c < wanted.size(); ++c) {
           const proto::TensorChunk& got = reply.chunks(static_cast<int>(c));
           const Chunk& chunk = wanted[c];
+          const int64_t bytes = codec_->EncodedBytes(chunk.length);
           if (got.key() != chunk.key || got.chunk() != chunk.index ||
-              got.data_bytes() != chunk.length * static_cast<int64_t>(sizeof(float))) {
+              got.data_bytes() != bytes) {
             return absl::InternalError(absl::StrCat(
                 "server sent key ", got.key(), " chunk ", got.chunk(), " with ",
                 got.data_bytes(), " bytes where key ", chunk.key, " chunk ", chunk.index,
-                " with ", chunk.length * sizeof(float), " bytes was expected"));
+                " with ", bytes, " bytes was expected"));
           }
-          server::CopyPiecesTo(reader->pieces(c), params.data() + chunk.offset);
+          if (codec_->dtype() == DType::kF32) {
+            server::CopyPiecesTo(reader->pieces(c), params.data() + chunk.offset);
+          } else {
+            absl::Status decoded = codec_->Decode(reader->pieces(c),
+                                                  params.subspan(chunk.offset, chunk.length));
+            if (!decoded.ok()) {
+              return absl::InternalError(absl::StrCat("server sent ", decoded.message()));
+            }
+          }
         }
         (*versions)[m - first] = reply.version();
         return absl::OkStatus();
@@ -616,7 +643,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
                                                        " answered a pull of version ", version,
                                                        " with version ", got)));
         }
-        bytes_pulled_ += elements * static_cast<int64_t>(sizeof(float));
+        bytes_pulled_ += codec_->EncodedBytes(elements);
         done(got);
       });
 }

@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/timed_event.h"
 #include "common/tls_credentials.h"
+#include "common/wire_codec.h"
 #include "proto/parameter_server.grpc.pb.h"
 #include "worker/parameter_store.h"
 
@@ -63,6 +64,9 @@ struct RemoteStoreOptions {
   // TLS or mutual TLS to the server (common/tls_credentials.h); default:
   // plaintext.
   ClientTlsOptions tls;
+  // How gradients pushed and parameters pulled travel (common/wire_codec.h):
+  // "none" (fp32), "fp16" or "bf16" (half the bytes; the server keeps fp32).
+  std::string compression = "none";
   // Receives one kPushMessage / kPullMessage event per RPC, on RpcLane(m)
   // for message m (stable for the store's life), from gRPC's completion
   // threads. May be null. Both must outlive the store.
@@ -118,8 +122,9 @@ class RemoteParameterStore final : public ParameterStore {
   void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
                     Done done) override;
 
-  // Bytes of tensor data so far (payload, not framing): gradients pushed,
-  // and parameters pulled (the first pull of the initial ones included).
+  // Bytes of tensor data so far (payload as encoded, not framing):
+  // gradients pushed, and parameters pulled (the first pull of the initial
+  // ones included).
   int64_t bytes_pushed() const { return bytes_pushed_; }
   int64_t bytes_pulled() const { return bytes_pulled_; }
   // Whether Register sent this worker's initial parameters.
@@ -157,9 +162,12 @@ class RemoteParameterStore final : public ParameterStore {
   // Starts sending messages [first, last) of `flat` (a model's worth) as
   // framed chunks: `header(h)` fills each message's header fields besides
   // its chunks; the data slices point into `flat`.
+  // `codec`: how the data travels; a codec other than none encodes each
+  // chunk into push_scratch_ first and lends that.
   template <typename Header>
   void SendFrames(const char* what, const char* method, int64_t step, int first, int last,
-                  absl::Span<const float> flat, std::function<void(Header*)> header,
+                  absl::Span<const float> flat, const WireCodec& codec,
+                  std::function<void(Header*)> header,
                   std::function<absl::Status(size_t, const grpc::ByteBuffer&)> check, Done done);
   // Reads a push reply's announced members.
   absl::Status ReadPushReply(const grpc::ByteBuffer& reply);
@@ -200,6 +208,12 @@ class RemoteParameterStore final : public ParameterStore {
   std::vector<std::string> key_names_;     // the signature's, for events
   int64_t num_parameters_ = 0;
   int rank_ = -1;
+  std::unique_ptr<WireCodec> codec_;  // options_.compression's
+  std::unique_ptr<WireCodec> exact_;  // none: the initial parameters
+  // Encoded gradients, a model's worth, when the codec is not none: each
+  // message's chunks are encoded at their flat offset (so messages in
+  // flight at once never share bytes) and lent to gRPC from here.
+  std::vector<char> push_scratch_;
   // The last registration's credential and rank, as the heartbeat thread
   // reads them (the training thread writes them only in Register and
   // Reconnect, under the lock, and reads session_ unlocked).

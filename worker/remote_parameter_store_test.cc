@@ -260,3 +260,64 @@ TEST(RemoteParameterStoreTest, NoServerIsAnErrorAfterTheConnectTimeout) {
 
 }  // namespace
 }  // namespace ps::worker
+
+namespace ps::worker {
+namespace {
+
+// --compression: the gradient travels as fp16 or bf16 (half the bytes),
+// the server decodes it into fp32, sums and updates its fp32 master
+// weights, and pulls come back in the same encoding: the worker sees the
+// server's parameters rounded to it.
+TEST(RemoteParameterStoreCompressionTest, HalfPrecisionOnTheWireBothWays) {
+  for (const char* compression : {"fp16", "bf16"}) {
+    SCOPED_TRACE(compression);
+    auto server = StartServer(1);
+    RemoteStoreOptions options;
+    options.server_address = server->address();
+    options.worker_id = "w";
+    options.rpc_timeout = absl::Seconds(10);
+    options.compression = compression;
+    auto store = RemoteParameterStore::Create(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    const std::vector<float> initial = Ramp(0.5f, 0.25f);
+    auto reg = (*store)->Register(Signature(), initial);
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    std::vector<float> params(kElements);
+    // The initial values travel exactly (fp32); pulls in the codec's dtype.
+    ASSERT_TRUE((*store)->Pull(0, absl::MakeSpan(params)).ok());
+    auto codec = MakeWireCodec(compression);
+    ASSERT_TRUE(codec.ok());
+    auto rounded = [&](std::vector<float> v) {
+      std::string bytes((*codec)->EncodedBytes(kElements), '\0');
+      (*codec)->Encode(v, bytes.data());
+      const absl::string_view piece(bytes);
+      EXPECT_TRUE((*codec)->Decode(absl::MakeConstSpan(&piece, 1), absl::MakeSpan(v)).ok());
+      return v;
+    };
+    EXPECT_EQ(params, rounded(initial));
+    // lr 1, one sample: the server's fp32 parameters drop by the decoded
+    // gradient.
+    const std::vector<float> gradient = Ramp(0.1f, 0.013f);
+    ASSERT_TRUE((*store)->Push(0, 1, gradient).ok());
+    ASSERT_TRUE((*store)->Pull(1, absl::MakeSpan(params)).ok());
+    const std::vector<float> sent = rounded(gradient);
+    std::vector<float> master(kElements);
+    ASSERT_TRUE(server->domain().Pull(1, absl::InfiniteFuture(), absl::MakeSpan(master)).ok());
+    for (int64_t i = 0; i < kElements; ++i) {
+      EXPECT_EQ(master[i], initial[i] - sent[i]) << i;  // fp32 on the server
+    }
+    EXPECT_EQ(params, rounded(master));
+    EXPECT_EQ((*store)->bytes_pushed(), 2 * kElements);
+    EXPECT_EQ((*store)->bytes_pulled(), 2 * 2 * kElements);
+  }
+}
+
+TEST(RemoteParameterStoreCompressionTest, AnUnknownCompressionIsRefusedAtCreate) {
+  RemoteStoreOptions options;
+  options.compression = "fp8";
+  EXPECT_EQ(RemoteParameterStore::Create(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ps::worker

@@ -36,6 +36,7 @@
 #include "common/devices.h"
 #include "common/int_list.h"
 #include "common/job_token.h"
+#include "common/wire_codec.h"
 #include "common/status_macros.h"
 #include "kernels/gemm.h"
 #include "worker/data/loader.h"
@@ -89,6 +90,9 @@ ABSL_FLAG(int64_t, replay_calibration_steps, 5, "passes --compute=replay times")
 ABSL_FLAG(int, connections, ps::worker::RemoteStoreOptions().connections,
           "TCP connections to each server shard for pushes, and as many for pulls (more can "
           "fill a fast link one stream cannot)");
+ABSL_FLAG(std::string, compression, "none",
+          "how gradients and parameters travel: none (fp32), fp16 or bf16 (half the bytes; the "
+          "server keeps fp32 master weights)");
 ABSL_FLAG(bool, recover, true,
           "when the server goes away or restarts, reconnect and resume from its version "
           "(a checkpoint's) instead of failing");
@@ -217,6 +221,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     remote_options.observer = trace;
     remote_options.clock = clock;
     remote_options.connections = absl::GetFlag(FLAGS_connections);
+    remote_options.compression = absl::GetFlag(FLAGS_compression);
     remote_options.reconnect_timeout = absl::GetFlag(FLAGS_reconnect_timeout);
     remote_options.log = [](const std::string& line) {
       std::printf("worker: %s\n", line.c_str());
@@ -325,11 +330,17 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
               report.global_samples_per_second);
   if (remote && report.steps > 0) {
     // The first pull (the initial parameters) is not part of any step.
-    const int64_t model_bytes = report.model_parameters * 4;
-    std::printf("worker %d: pushed %.0f and pulled %.0f bytes per step (model: %lld bytes)\n",
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<WireCodec> codec,
+                        MakeWireCodec(absl::GetFlag(FLAGS_compression)));
+    const int64_t model_bytes = codec->EncodedBytes(report.model_parameters);
+    std::printf("worker %d: pushed %.0f and pulled %.0f bytes per step (model: %lld bytes%s)\n",
                 rank, static_cast<double>(bytes_pushed()) / report.steps,
                 static_cast<double>(bytes_pulled() - model_bytes) / report.steps,
-                static_cast<long long>(model_bytes));
+                static_cast<long long>(model_bytes),
+                codec->name() == "none" ? ""
+                                        : absl::StrCat(" as ", codec->name(), ", ",
+                                                       report.model_parameters * 4, " in fp32")
+                                              .c_str());
   }
 
   if (report.stopped_at_step >= 0) {

@@ -1,0 +1,61 @@
+#ifndef PS_COMMON_WIRE_CODEC_H_
+#define PS_COMMON_WIRE_CODEC_H_
+
+// How tensor data travels between workers and servers (--compression): a
+// codec turns a chunk's fp32 values into the bytes of one TensorChunk and
+// back. The chunk's dtype names its codec (proto/parameter_server.proto), so
+// a receiver decodes whatever each sender chose; the server keeps fp32
+// master weights and decodes every push into fp32 before summing, and
+// encodes pulls as each pull asks.
+//
+//   none  F32, 4 bytes per element, exact
+//   fp16  IEEE binary16, 2 bytes: round to nearest even; beyond 65504 is
+//         infinity (which the server refuses as non-finite)
+//   bf16  bfloat16, 2 bytes: float's range, 8 bits of mantissa
+//
+// Codecs are stateless and thread-safe.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+
+namespace ps {
+
+class WireCodec {
+ public:
+  virtual ~WireCodec() = default;
+
+  // "none", "fp16" or "bf16": the --compression value.
+  virtual absl::string_view name() const = 0;
+  // The dtype a chunk in this encoding carries on the wire.
+  virtual DType dtype() const = 0;
+  // Bytes `elements` values take on the wire.
+  virtual int64_t EncodedBytes(int64_t elements) const = 0;
+  // Writes `in` encoded to `out`, EncodedBytes(in.size()) bytes (any
+  // alignment).
+  virtual void Encode(absl::Span<const float> in, void* out) const = 0;
+  // Decodes one chunk's bytes, laid out in consecutive `pieces` (a received
+  // message's slices: any alignment, an element may straddle two), into
+  // `out`. kInvalidArgument, writing nothing, unless they are exactly
+  // EncodedBytes(out.size()) bytes.
+  virtual absl::Status Decode(absl::Span<const absl::string_view> pieces,
+                              absl::Span<float> out) const = 0;
+};
+
+// The codec named `name` ("" is "none"); kInvalidArgument naming the known
+// ones for anything else.
+absl::StatusOr<std::unique_ptr<WireCodec>> MakeWireCodec(absl::string_view name);
+
+// The codec of a chunk that arrived as `dtype` (F32, F16, BF16);
+// kInvalidArgument for a dtype no codec sends.
+absl::StatusOr<const WireCodec*> WireCodecForDType(DType dtype);
+
+}  // namespace ps
+
+#endif  // PS_COMMON_WIRE_CODEC_H_
