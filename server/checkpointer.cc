@@ -155,6 +155,7 @@ std::map<std::string, std::string> JobSettings(int num_workers,
       {"lr_decay_every", absl::StrCat(schedule.step_size)},
       {"lr_decay_gamma", absl::StrCat(schedule.gamma)},
       {"lr_decay_unit", schedule.unit == LrSchedule::Unit::kEpochs ? "epochs" : "steps"},
+      {"lr_warmup_steps", absl::StrCat(schedule.warmup_steps)},
   };
 }
 

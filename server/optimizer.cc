@@ -11,9 +11,15 @@
 namespace ps::server {
 
 float LrSchedule::LearningRate(float base_lr, int64_t step) const {
-  if (step_size <= 0) return base_lr;
-  const int64_t t = unit == Unit::kSteps ? step : step / std::max<int64_t>(1, steps_per_epoch);
-  return base_lr * std::pow(gamma, static_cast<float>(t / step_size));
+  float lr = base_lr;
+  if (step_size > 0) {
+    const int64_t t = unit == Unit::kSteps ? step : step / std::max<int64_t>(1, steps_per_epoch);
+    lr = base_lr * std::pow(gamma, static_cast<float>(t / step_size));
+  }
+  if (warmup_steps > 0 && step < warmup_steps) {
+    lr *= static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
+  }
+  return lr;
 }
 
 absl::StatusOr<LrSchedule::Unit> ParseLrScheduleUnit(absl::string_view text) {
@@ -37,6 +43,10 @@ absl::Status ValidateOptimizerOptions(const OptimizerOptions& options) {
   }
   if (sgd.nesterov && sgd.momentum == 0) {
     return absl::InvalidArgumentError("nesterov momentum needs momentum > 0");
+  }
+  if (options.schedule.warmup_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "learning-rate warm-up needs warmup_steps >= 0, got ", options.schedule.warmup_steps));
   }
   if (options.schedule.step_size < 0 || !(options.schedule.gamma > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -16,12 +16,20 @@ namespace ps::server {
 // Step learning-rate decay: lr = base_lr * gamma^floor(t / step_size), where t
 // counts updates (unit kSteps) or completed epochs (unit kEpochs, using
 // steps_per_epoch). step_size 0 keeps the rate constant.
+//
+// Linear warm-up (Goyal et al. 2017, "Accurate, Large Minibatch SGD"): for
+// a large global batch the base rate follows the linear scaling rule (k
+// times the batch, k times the rate), and the first warmup_steps updates
+// ramp up to it: update s (0-based) of those uses (s + 1) / warmup_steps of
+// the decayed rate, so update warmup_steps - 1 is the first at full rate.
+// warmup_steps 0: no warm-up.
 struct LrSchedule {
   enum class Unit { kSteps, kEpochs };
   Unit unit = Unit::kEpochs;
   int64_t step_size = 0;
   float gamma = 0.1f;
   int64_t steps_per_epoch = 1;  // used with kEpochs
+  int64_t warmup_steps = 0;
 
   // The rate for update number `step` (0-based).
   float LearningRate(float base_lr, int64_t step) const;

@@ -15,6 +15,9 @@ ABSL_FLAG(int64_t, lr_decay_every, 0,
           "decay the learning rate every this many epochs/steps (0: never)");
 ABSL_FLAG(double, lr_decay_gamma, 0.1, "learning-rate decay factor");
 ABSL_FLAG(std::string, lr_decay_unit, "epochs", "epochs or steps");
+ABSL_FLAG(int64_t, lr_warmup_steps, 0,
+          "linear warm-up: update s of the first N uses (s + 1) / N of the rate (Goyal et al.: "
+          "with the rate scaled with the global batch); 0: none");
 
 namespace ps::server {
 
@@ -26,6 +29,7 @@ absl::StatusOr<OptimizerOptions> OptimizerOptionsFromFlags() {
   options.sgd.nesterov = absl::GetFlag(FLAGS_nesterov);
   options.schedule.step_size = absl::GetFlag(FLAGS_lr_decay_every);
   options.schedule.gamma = static_cast<float>(absl::GetFlag(FLAGS_lr_decay_gamma));
+  options.schedule.warmup_steps = absl::GetFlag(FLAGS_lr_warmup_steps);
   PS_ASSIGN_OR_RETURN(options.schedule.unit,
                       ParseLrScheduleUnit(absl::GetFlag(FLAGS_lr_decay_unit)));
   if (absl::Status s = ValidateOptimizerOptions(options); !s.ok()) {
@@ -37,7 +41,7 @@ absl::StatusOr<OptimizerOptions> OptimizerOptionsFromFlags() {
 std::vector<std::string> OptimizerFlagsOnCommandLine(int argc, char** argv) {
   std::vector<std::string> given;
   for (const char* name : {"lr", "momentum", "weight_decay", "nesterov", "lr_decay_every",
-                           "lr_decay_gamma", "lr_decay_unit"}) {
+                           "lr_decay_gamma", "lr_decay_unit", "lr_warmup_steps"}) {
     // Debian's abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine
     // private, so look at argv (as abseil spells flags: -x, --x, --x=v,
     // --nox) and at the value (for --flagfile and the like).

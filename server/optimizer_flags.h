@@ -8,7 +8,7 @@
 // OptimizerOptions.
 //
 //   --lr --momentum --weight_decay --nesterov
-//   --lr_decay_every --lr_decay_gamma --lr_decay_unit
+//   --lr_decay_every --lr_decay_gamma --lr_decay_unit --lr_warmup_steps
 
 #include <string>
 #include <vector>

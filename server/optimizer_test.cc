@@ -28,6 +28,41 @@ TEST(LrScheduleTest, StepDecay) {
   EXPECT_FLOAT_EQ(s.LearningRate(0.3f, 1000), 0.3f);
 }
 
+// Linear warm-up, step by step, alone and on top of step decay; and the
+// optimizer's updates use it.
+TEST(LrScheduleTest, LinearWarmUpStepByStep) {
+  LrSchedule s;
+  s.warmup_steps = 4;
+  const float expected[] = {0.2f, 0.4f, 0.6f, 0.8f, 0.8f, 0.8f};
+  for (int64_t step = 0; step < 6; ++step) {
+    EXPECT_FLOAT_EQ(s.LearningRate(0.8f, step), expected[step]) << step;
+  }
+  s.unit = LrSchedule::Unit::kSteps;
+  s.step_size = 2;
+  s.gamma = 0.5f;
+  const float decayed[] = {0.2f, 0.4f, 0.3f, 0.4f, 0.2f, 0.2f};
+  for (int64_t step = 0; step < 6; ++step) {
+    EXPECT_FLOAT_EQ(s.LearningRate(0.8f, step), decayed[step]) << step;
+  }
+
+  OptimizerOptions options;
+  options.sgd.lr = 0.8f;
+  options.schedule.warmup_steps = 4;
+  CpuDevice device(0, 1);
+  auto optimizer = SgdOptimizer::Create(options, 1, &device);
+  ASSERT_TRUE(optimizer.ok());
+  std::vector<float> param = {1.f};
+  const std::vector<float> grad = {1.f};
+  float want = 1.f;
+  for (int64_t step = 0; step < 6; ++step) {
+    ASSERT_TRUE((*optimizer)->Apply(step, 1, grad, absl::MakeSpan(param)).ok());
+    want -= expected[step];
+    EXPECT_FLOAT_EQ(param[0], want) << step;
+  }
+  options.schedule.warmup_steps = -1;
+  EXPECT_EQ(ValidateOptimizerOptions(options).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LrScheduleTest, ParsesItsUnit) {
   EXPECT_EQ(*ParseLrScheduleUnit("epochs"), LrSchedule::Unit::kEpochs);
   EXPECT_EQ(*ParseLrScheduleUnit("steps"), LrSchedule::Unit::kSteps);
