@@ -68,10 +68,13 @@ TEST(WireCodecTest, AWrongByteCountIsRefusedAndWritesNothing) {
 }
 
 TEST(WireCodecTest, UnknownNamesAndDtypesAreRefusedByName) {
-  auto topk = MakeWireCodec("topk:0.01");
-  EXPECT_EQ(topk.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(topk.status().message().find("'topk:0.01'"), std::string::npos);
-  EXPECT_NE(topk.status().message().find("none, fp16, bf16"), std::string::npos);
+  auto fp8 = MakeWireCodec("fp8");
+  EXPECT_EQ(fp8.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(fp8.status().message().find("'fp8'"), std::string::npos);
+  EXPECT_NE(fp8.status().message().find("none, fp16, bf16, topk:F"), std::string::npos);
+  for (const char* bad : {"topk:0", "topk:1.5", "topk:x", "topk:"}) {
+    EXPECT_EQ(MakeWireCodec(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
   EXPECT_EQ(WireCodecForDType(DType::kI32).status().code(), absl::StatusCode::kInvalidArgument);
   auto none = MakeWireCodec("");
   ASSERT_TRUE(none.ok());
@@ -87,6 +90,98 @@ TEST(WireCodecTest, Fp16OverflowsToInfinityWhichReceiversCanRefuse) {
   std::vector<float> out(1);
   ASSERT_TRUE((*codec)->Decode(Cut(bytes, {}), absl::MakeSpan(out)).ok());
   EXPECT_TRUE(std::isinf(out[0]));
+}
+
+// Top-k sends the largest magnitudes, indices ascending, 8 bytes each, and
+// decodes to zeros elsewhere.
+TEST(WireCodecTest, TopKSendsTheLargestValuesAsAscendingPairs) {
+  auto codec = MakeWireCodec("topk:0.3");
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  EXPECT_TRUE((*codec)->sparse());
+  const std::vector<float> in = {0.1f, -5.f, 0.2f, 3.f, -0.3f, 0.f, 4.f, 0.05f, 0.f, -0.2f};
+  EXPECT_EQ((*codec)->EncodedBytes(10), 8 * 3);  // ceil(0.3 * 10)
+  EXPECT_EQ((*codec)->EncodedBytes(1), 8);       // at least one
+  std::string bytes(24, '\0');
+  (*codec)->Encode(in, bytes.data());
+  std::vector<float> out(10, 7.f);
+  const absl::string_view piece(bytes);
+  ASSERT_TRUE((*codec)->Decode(absl::MakeConstSpan(&piece, 1), absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, (std::vector<float>{0, -5.f, 0, 3.f, 0, 0, 4.f, 0, 0, 0}));
+  uint32_t first;
+  std::memcpy(&first, bytes.data(), 4);
+  EXPECT_EQ(first, 1u);
+}
+
+// Error feedback loses nothing: over any number of steps, what was sent
+// plus what is left in the residual is what was pushed (exactly, for
+// values that add without rounding).
+TEST(WireCodecTest, TopKErrorFeedbackKeepsEveryUnsentPart) {
+  auto codec = MakeWireCodec("topk:0.25");
+  ASSERT_TRUE(codec.ok());
+  constexpr int kN = 16;
+  std::vector<float> residual(kN, 0.f), sent_total(kN, 0.f), pushed_total(kN, 0.f);
+  for (int step = 0; step < 20; ++step) {
+    std::vector<float> g(kN);
+    for (int i = 0; i < kN; ++i) g[i] = static_cast<float>((i * 7 + step * 3) % 11 - 5) / 8.f;
+    for (int i = 0; i < kN; ++i) pushed_total[i] += g[i];
+    std::string bytes((*codec)->EncodedBytes(kN), '\0');
+    (*codec)->Encode(g, absl::MakeSpan(residual), bytes.data());
+    std::vector<float> sent(kN);
+    const absl::string_view piece(bytes);
+    ASSERT_TRUE((*codec)->Decode(absl::MakeConstSpan(&piece, 1), absl::MakeSpan(sent)).ok());
+    int nonzero = 0;
+    for (int i = 0; i < kN; ++i) {
+      sent_total[i] += sent[i];
+      nonzero += sent[i] != 0.f;
+      // Where a value was sent, nothing of it is left behind.
+      if (sent[i] != 0.f) {
+        EXPECT_EQ(residual[i], 0.f);
+      }
+    }
+    EXPECT_LE(nonzero, 4);
+  }
+  for (int i = 0; i < kN; ++i) EXPECT_EQ(sent_total[i] + residual[i], pushed_total[i]) << i;
+  // Without the residual the unsent parts would be gone.
+  std::vector<float> g(kN, 0.125f);
+  g[0] = 1.f;
+  std::string bytes((*codec)->EncodedBytes(kN), '\0');
+  (*codec)->Encode(g, bytes.data());
+  std::vector<float> sent(kN);
+  const absl::string_view piece(bytes);
+  ASSERT_TRUE((*codec)->Decode(absl::MakeConstSpan(&piece, 1), absl::MakeSpan(sent)).ok());
+  float lost = 0;
+  for (int i = 0; i < kN; ++i) lost += g[i] - sent[i];
+  EXPECT_GT(lost, 1.f);  // 12 of the 16 values of 0.125 never sent
+}
+
+TEST(WireCodecTest, AMalformedTopKChunkIsRefusedByItsProblem) {
+  auto pairs = [](std::vector<std::pair<uint32_t, float>> p) {
+    std::string bytes;
+    for (const auto& [i, v] : p) {
+      bytes.append(reinterpret_cast<const char*>(&i), 4);
+      bytes.append(reinterpret_cast<const char*>(&v), 4);
+    }
+    return bytes;
+  };
+  const struct {
+    std::string bytes;
+    const char* problem;
+  } cases[] = {
+      {pairs({{1, 1.f}, {9, 2.f}}), "out of range"},
+      {pairs({{3, 1.f}, {2, 2.f}}), "strictly ascending"},
+      {pairs({{2, 1.f}, {2, 2.f}}), "strictly ascending"},
+      {pairs({{1, NAN}}), "not finite"},
+      {pairs({{1, 1.f}}).substr(0, 7), "not whole"},
+      {pairs({{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}}), "5 pairs for a chunk of 4"},
+  };
+  for (const auto& c : cases) {
+    std::vector<float> out(4, 7.f);
+    const absl::string_view piece(c.bytes);
+    const absl::Status s = DecodeTopK(absl::MakeConstSpan(&piece, 1), absl::MakeSpan(out));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.problem;
+    EXPECT_NE(s.message().find(c.problem), std::string::npos) << s;
+    EXPECT_EQ(out, std::vector<float>(4, 7.f));
+  }
 }
 
 }  // namespace

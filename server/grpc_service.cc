@@ -65,6 +65,7 @@ struct DecodedChunks {
   std::vector<absl::string_view> pieces;   // one per decoded chunk, over `values`
 };
 absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
+    const ParameterServer& server,
     const google::protobuf::RepeatedPtrField<proto::TensorChunk>& header_chunks,
     const proto::FrameReader& frame, const char* what, DecodedChunks* decoded) {
   std::vector<ParameterServer::ChunkBytes> chunks;
@@ -76,6 +77,30 @@ absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
   }
   for (int c = 0; c < header_chunks.size(); ++c) {
     const proto::TensorChunk& chunk = header_chunks[c];
+    if (chunk.encoding() != proto::ENCODING_DENSE) {
+      if (chunk.encoding() != proto::ENCODING_TOPK || decoded == nullptr ||
+          chunk.dtype() != proto::DTYPE_F32) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " of key ", chunk.key(), " has encoding ", chunk.encoding(), " and dtype ",
+            chunk.dtype(), "; pushes may be top-k pairs of F32 values, nothing else sparse"));
+      }
+      // Into the chunk's dense length, zeros where nothing was sent.
+      const int64_t length = server.ChunkLength(chunk.key(), chunk.chunk());
+      if (length < 0) {
+        return absl::OutOfRangeError(absl::StrCat(what, " of chunk ", chunk.chunk(), " of key ",
+                                                  chunk.key(), ": no such chunk"));
+      }
+      std::vector<float>& values = decoded->values.emplace_back(length);
+      if (absl::Status s = DecodeTopK(frame.pieces(c), absl::MakeSpan(values)); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " of key ", chunk.key(), " chunk ",
+                                                       chunk.chunk(), ": ", s.message()));
+      }
+      decoded->pieces.emplace_back(reinterpret_cast<const char*>(values.data()),
+                                   values.size() * sizeof(float));
+      chunks.push_back(
+          {chunk.key(), chunk.chunk(), absl::MakeConstSpan(&decoded->pieces.back(), 1)});
+      continue;
+    }
     if (chunk.dtype() != proto::DTYPE_F32 &&
         (decoded == nullptr ||
          (chunk.dtype() != proto::DTYPE_F16 && chunk.dtype() != proto::DTYPE_BF16))) {
@@ -551,7 +576,7 @@ absl::Status ParameterServerService::DoInitialize(const grpc::ServerContextBase&
                       proto::FrameReader::Open(request, "initial parameters", &header));
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
-                      ChunksOf(header.chunks(), frame, "initial value", nullptr));
+                      ChunksOf(*server_, header.chunks(), frame, "initial value", nullptr));
   PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   *sent = IdsOf(chunks);
   return server_->InitializeChunkBytes(header.rank(), chunks);
@@ -577,7 +602,7 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
   DecodedChunks decoded;
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
-                      ChunksOf(header.chunks(), frame, "push", &decoded));
+                      ChunksOf(*server_, header.chunks(), frame, "push", &decoded));
   PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   *sent = IdsOf(chunks);
   PS_RETURN_IF_ERROR(

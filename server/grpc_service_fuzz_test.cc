@@ -67,6 +67,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/half.h"
+#include "common/wire_codec.h"
 #include "common/cpu_device.h"
 #include "common/job_token.h"
 #include "common/param_spec.h"
@@ -467,6 +468,15 @@ template <typename Header>
 Codes ChunkTypeCodes(const Header& header, bool half_allowed) {
   Codes codes = 0;
   for (const proto::TensorChunk& chunk : header.chunks()) {
+    if (chunk.encoding() != proto::ENCODING_DENSE) {
+      // Top-k pairs: pushes of F32 only; their contents are judged with the
+      // chunk (JudgePush).
+      if (chunk.encoding() != proto::ENCODING_TOPK || !half_allowed ||
+          chunk.dtype() != proto::DTYPE_F32 || chunk.data_bytes() % 8 != 0) {
+        codes |= kInvalidArgument;
+      }
+      continue;
+    }
     const int64_t width = WireWidth(chunk.dtype());
     if (width == 0 || (width == 2 && !half_allowed)) {
       codes |= kInvalidArgument;
@@ -504,11 +514,21 @@ Expectation JudgePush(const Model& m, const Request& r) {
       codes |= kOutOfRange;
       continue;
     }
-    const int64_t width = WireWidth(chunk.dtype());
-    if (width == 0 || chunk.data_bytes() != width * m.layout.length[gc]) {
-      codes |= kInvalidArgument;
-    } else if (!AllFinite(data[c], chunk.dtype())) {
-      codes |= kInvalidArgument;
+    if (chunk.encoding() == proto::ENCODING_TOPK) {
+      // Whole pairs, no more than the chunk has, indices ascending inside
+      // it, values finite.
+      std::vector<float> dense(m.layout.length[gc]);
+      const absl::string_view piece = data[c];
+      if (!DecodeTopK(absl::MakeConstSpan(&piece, 1), absl::MakeSpan(dense)).ok()) {
+        codes |= kInvalidArgument;
+      }
+    } else {
+      const int64_t width = WireWidth(chunk.dtype());
+      if (width == 0 || chunk.data_bytes() != width * m.layout.length[gc]) {
+        codes |= kInvalidArgument;
+      } else if (!AllFinite(data[c], chunk.dtype())) {
+        codes |= kInvalidArgument;
+      }
     }
     if (Registered(rank) && m.pushed[rank][gc]) codes |= kAlreadyExists;
     if (std::find(seen.begin(), seen.end(), gc) != seen.end()) codes |= kAlreadyExists;

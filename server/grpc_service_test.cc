@@ -399,6 +399,65 @@ TEST_F(GrpcServiceTest, HalfPrecisionPushesAndPullsAndTheirMalformedForms) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// A top-k push: (index, value) pairs decoded into the chunk's dense length
+// (zeros elsewhere) before the sum; malformed pairs are refused by their
+// problem and change nothing.
+TEST_F(GrpcServiceTest, TopKPushesAreDecodedAndMalformedOnesRefused) {
+  ASSERT_TRUE(Register("a").ok());
+  auto frame = [](int key, int64_t chunk, proto::Encoding encoding, proto::DType dtype,
+                  std::vector<std::pair<uint32_t, float>> pairs) {
+    proto::PushRequest request;
+    request.set_rank(0);
+    request.set_iteration(0);
+    request.set_num_samples(1);
+    proto::TensorChunk* c = request.add_chunks();
+    c->set_key(key);
+    c->set_chunk(chunk);
+    c->set_dtype(dtype);
+    c->set_encoding(encoding);
+    std::string bytes;
+    for (const auto& [i, v] : pairs) {
+      bytes.append(reinterpret_cast<const char*>(&i), 4);
+      bytes.append(reinterpret_cast<const char*>(&v), 4);
+    }
+    c->set_data_bytes(static_cast<int64_t>(bytes.size()));
+    std::vector<grpc::Slice> data = {grpc::Slice(bytes)};
+    return proto::MakeFrame(request, data);
+  };
+  const auto topk = proto::ENCODING_TOPK;
+  const auto f32 = proto::DTYPE_F32;
+  grpc::ByteBuffer reply;
+  const struct {
+    grpc::ByteBuffer request;
+    grpc::StatusCode code;
+    const char* problem;
+  } refused[] = {
+      {frame(0, 0, topk, f32, {{4, 1.f}}), grpc::StatusCode::INVALID_ARGUMENT, "out of range"},
+      {frame(0, 0, topk, f32, {{2, 1.f}, {1, 1.f}}), grpc::StatusCode::INVALID_ARGUMENT,
+       "strictly ascending"},
+      {frame(0, 0, topk, f32, {{1, INFINITY}}), grpc::StatusCode::INVALID_ARGUMENT, "not finite"},
+      {frame(0, 0, topk, proto::DTYPE_F16, {{1, 1.f}}), grpc::StatusCode::INVALID_ARGUMENT,
+       "nothing else sparse"},
+      {frame(0, 0, static_cast<proto::Encoding>(7), f32, {{1, 1.f}}),
+       grpc::StatusCode::INVALID_ARGUMENT, "encoding 7"},
+      {frame(5, 0, topk, f32, {{1, 1.f}}), grpc::StatusCode::OUT_OF_RANGE, "no such chunk"},
+  };
+  for (const auto& r : refused) {
+    const grpc::Status s = RawCall(proto::kPushMethod, r.request, &reply);
+    EXPECT_EQ(s.error_code(), r.code) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(r.problem));
+  }
+  EXPECT_EQ(PullAll(), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+  // Two of chunk (0, 0)'s four elements, one of (0, 1)'s two, none of the
+  // bias: lr 1, one sample.
+  ASSERT_TRUE(
+      RawCall(proto::kPushMethod, frame(0, 0, topk, f32, {{1, 0.5f}, {3, -2.f}}), &reply).ok());
+  ASSERT_TRUE(RawCall(proto::kPushMethod, frame(0, 1, topk, f32, {{0, 1.f}}), &reply).ok());
+  ASSERT_TRUE(RawCall(proto::kPushMethod, frame(1, 0, topk, f32, {{1, 0.f}}), &reply).ok());
+  EXPECT_EQ(server_->version(), 1);
+  EXPECT_EQ(PullAll(), (std::vector<float>{1, 1.5f, 3, 6, 4, 6, 7, 8}));
+}
+
 TEST_F(GrpcServiceTest, PullReturnsChunksAsLittleEndianBytesInRequestOrder) {
   ASSERT_TRUE(Register("a").ok());
   proto::PullReply reply;

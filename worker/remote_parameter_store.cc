@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<RemoteParameterStore>> RemoteParameterStore::Crea
   std::unique_ptr<RemoteParameterStore> store(new RemoteParameterStore(options));
   PS_ASSIGN_OR_RETURN(store->codec_, MakeWireCodec(options.compression));
   PS_ASSIGN_OR_RETURN(store->exact_, MakeWireCodec("none"));
+  store->pull_codec_ = store->codec_->sparse() ? store->exact_.get() : store->codec_.get();
   if (store->options_.worker_id.empty()) {
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
@@ -267,14 +268,15 @@ void RemoteParameterStore::SendFrames(
     const char* what, const char* method, int64_t step, int first, int last,
     absl::Span<const float> flat, const WireCodec& codec, std::function<void(Header*)> header,
     std::function<absl::Status(size_t, const grpc::ByteBuffer&)> check, Done done) {
-  const bool encode = codec.dtype() != DType::kF32;
+  const bool encode = codec.dtype() != DType::kF32 || codec.sparse();
+  const bool feedback = codec.sparse();
   const proto::DType dtype = codec.dtype() == DType::kF16    ? proto::DTYPE_F16
                              : codec.dtype() == DType::kBF16 ? proto::DTYPE_BF16
                                                              : proto::DTYPE_F32;
   StartMessages(
       what, method, EventKind::kPushMessage, step, first, last, options_.rpc_timeout,
-      [this, flat, &codec, encode, dtype, header = std::move(header)](size_t m,
-                                                                    const Lend& lend) {
+      [this, flat, &codec, encode, feedback, dtype, header = std::move(header)](
+          size_t m, const Lend& lend) {
         Header h;
         header(&h);
         std::vector<grpc::Slice> data;
@@ -284,12 +286,16 @@ void RemoteParameterStore::SendFrames(
           t->set_key(chunk.key);
           t->set_chunk(chunk.index);
           t->set_dtype(dtype);
+          if (codec.sparse()) t->set_encoding(proto::ENCODING_TOPK);
           const int64_t bytes = codec.EncodedBytes(chunk.length);
           t->set_data_bytes(bytes);
           if (encode) {
-            // Encoded where this chunk's elements sit, scaled to the codec.
-            char* at = push_scratch_.data() + codec.EncodedBytes(chunk.offset);
-            codec.Encode(flat.subspan(chunk.offset, chunk.length), at);
+            // Encoded at the chunk's own place in the scratch buffer.
+            char* at = push_scratch_.data() + chunk.scratch_offset;
+            codec.Encode(flat.subspan(chunk.offset, chunk.length),
+                         feedback ? absl::MakeSpan(residual_).subspan(chunk.offset, chunk.length)
+                                  : absl::Span<float>(),
+                         at);
             data.push_back(lend(at, static_cast<size_t>(bytes)));
           } else {
             data.push_back(lend(flat.data() + chunk.offset, static_cast<size_t>(bytes)));
@@ -410,13 +416,16 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   message_elements_.clear();
   key_names_.clear();
   int64_t offset = 0;
+  int64_t scratch = 0;
   for (int key = 0; key < static_cast<int>(signature.size()); ++key) {
     key_names_.push_back(signature[key].name);
     const int64_t n = NumElements(signature[key].shape);
     const int64_t count = ChunkCount(n, reply.chunk_elements());
     for (int64_t c = 0; c < count; ++c) {
       const int64_t begin = c * reply.chunk_elements();
-      const Chunk chunk{key, c, offset + begin, std::min(reply.chunk_elements(), n - begin)};
+      Chunk chunk{key, c, offset + begin, std::min(reply.chunk_elements(), n - begin)};
+      chunk.scratch_offset = scratch;
+      scratch += codec_->EncodedBytes(chunk.length);
       if (messages_.empty() || message_elements_.back() + chunk.length > reply.chunk_elements()) {
         messages_.emplace_back();
         message_elements_.push_back(0);
@@ -427,7 +436,10 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
     offset += n;
   }
   num_parameters_ = offset;
-  if (codec_->dtype() != DType::kF32) push_scratch_.resize(codec_->EncodedBytes(offset));
+  if (codec_->dtype() != DType::kF32 || codec_->sparse()) push_scratch_.resize(scratch);
+  // A new registration (a reconnect rolls back to the server's version):
+  // what earlier pushes left unsent belongs to steps that are gone.
+  if (codec_->sparse()) residual_.assign(offset, 0.f);
   if (reply.send_initial_parameters()) {
     PS_RETURN_IF_ERROR(SendInitialParameters(proposed));
     sent_initial_parameters_ = true;
@@ -490,8 +502,12 @@ void RemoteParameterStore::PushSegments(int64_t iteration, int64_t num_samples, 
   if (absl::Status s = CheckSegments("Push", first, last, gradient.size()); !s.ok()) {
     return done(s);
   }
-  int64_t elements = 0;
-  for (int m = first; m < last; ++m) elements += message_elements_[m];
+  // Bytes on the wire: each chunk as the codec encodes it (top-k counts
+  // per chunk).
+  int64_t wire_bytes = 0;
+  for (int m = first; m < last; ++m) {
+    for (const Chunk& chunk : messages_[m]) wire_bytes += codec_->EncodedBytes(chunk.length);
+  }
   const int rank = rank_;
   SendFrames<proto::PushRequest>(
       "Push", proto::kPushMethod, iteration, first, last, gradient, *codec_,
@@ -501,8 +517,8 @@ void RemoteParameterStore::PushSegments(int64_t iteration, int64_t num_samples, 
         header->set_num_samples(num_samples);
       },
       [this](size_t, const grpc::ByteBuffer& reply) { return ReadPushReply(reply); },
-      [this, elements, done = std::move(done)](absl::Status status) {
-        if (status.ok()) bytes_pushed_ += codec_->EncodedBytes(elements);
+      [this, wire_bytes, done = std::move(done)](absl::Status status) {
+        if (status.ok()) bytes_pushed_ += wire_bytes;
         done(status);
       });
 }
@@ -581,9 +597,9 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
         request.set_version(version);
         request.set_timeout_ms(timeout_ms);
         request.set_exact(exact);
-        request.set_dtype(codec_->dtype() == DType::kF16    ? proto::DTYPE_F16
-                          : codec_->dtype() == DType::kBF16 ? proto::DTYPE_BF16
-                                                            : proto::DTYPE_F32);
+        request.set_dtype(pull_codec_->dtype() == DType::kF16    ? proto::DTYPE_F16
+                          : pull_codec_->dtype() == DType::kBF16 ? proto::DTYPE_BF16
+                                                                 : proto::DTYPE_F32);
         for (const Chunk& chunk : messages_[m]) {
           proto::ChunkId* id = request.add_chunks();
           id->set_key(chunk.key);
@@ -607,7 +623,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
         for (size_t c = 0; c < wanted.size(); ++c) {
           const proto::TensorChunk& got = reply.chunks(static_cast<int>(c));
           const Chunk& chunk = wanted[c];
-          const int64_t bytes = codec_->EncodedBytes(chunk.length);
+          const int64_t bytes = pull_codec_->EncodedBytes(chunk.length);
           if (got.key() != chunk.key || got.chunk() != chunk.index ||
               got.data_bytes() != bytes) {
             return absl::InternalError(absl::StrCat(
@@ -615,11 +631,11 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
                 got.data_bytes(), " bytes where key ", chunk.key, " chunk ", chunk.index,
                 " with ", bytes, " bytes was expected"));
           }
-          if (codec_->dtype() == DType::kF32) {
+          if (pull_codec_->dtype() == DType::kF32) {
             server::CopyPiecesTo(reader->pieces(c), params.data() + chunk.offset);
           } else {
-            absl::Status decoded = codec_->Decode(reader->pieces(c),
-                                                  params.subspan(chunk.offset, chunk.length));
+            absl::Status decoded = pull_codec_->Decode(
+                reader->pieces(c), params.subspan(chunk.offset, chunk.length));
             if (!decoded.ok()) {
               return absl::InternalError(absl::StrCat("server sent ", decoded.message()));
             }
@@ -643,7 +659,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
                                                        " answered a pull of version ", version,
                                                        " with version ", got)));
         }
-        bytes_pulled_ += codec_->EncodedBytes(elements);
+        bytes_pulled_ += pull_codec_->EncodedBytes(elements);
         done(got);
       });
 }

@@ -65,7 +65,9 @@ struct RemoteStoreOptions {
   // plaintext.
   ClientTlsOptions tls;
   // How gradients pushed and parameters pulled travel (common/wire_codec.h):
-  // "none" (fp32), "fp16" or "bf16" (half the bytes; the server keeps fp32).
+  // "none" (fp32), "fp16" or "bf16" (half the bytes each way; the server
+  // keeps fp32), or "topk:F" (pushes only: the largest F of each chunk with
+  // error feedback, the rest kept here for later steps; pulls in fp32).
   std::string compression = "none";
   // Receives one kPushMessage / kPullMessage event per RPC, on RpcLane(m)
   // for message m (stable for the store's life), from gRPC's completion
@@ -139,6 +141,7 @@ class RemoteParameterStore final : public ParameterStore {
     int64_t index;
     int64_t offset;  // into the flat buffer
     int64_t length;
+    int64_t scratch_offset = 0;  // of its encoded bytes in push_scratch_
   };
   using Message = std::vector<Chunk>;
 
@@ -208,8 +211,14 @@ class RemoteParameterStore final : public ParameterStore {
   std::vector<std::string> key_names_;     // the signature's, for events
   int64_t num_parameters_ = 0;
   int rank_ = -1;
-  std::unique_ptr<WireCodec> codec_;  // options_.compression's
+  std::unique_ptr<WireCodec> codec_;  // options_.compression's, for pushes
   std::unique_ptr<WireCodec> exact_;  // none: the initial parameters
+  const WireCodec* pull_codec_ = nullptr;  // codec_, or exact_ for a sparse one
+  // Error feedback of a sparse codec: per element, what earlier pushes
+  // have not sent yet (a model's worth of fp32; empty for dense codecs).
+  // Each segment's part is touched only by that segment's push, which the
+  // scheduler never has in flight twice.
+  std::vector<float> residual_;
   // Encoded gradients, a model's worth, when the codec is not none: each
   // message's chunks are encoded at their flat offset (so messages in
   // flight at once never share bytes) and lent to gRPC from here.

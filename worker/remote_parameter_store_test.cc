@@ -321,3 +321,50 @@ TEST(RemoteParameterStoreCompressionTest, AnUnknownCompressionIsRefusedAtCreate)
 
 }  // namespace
 }  // namespace ps::worker
+
+namespace ps::worker {
+namespace {
+
+// topk:F through the real service: each push sends the largest values of
+// each chunk and keeps the rest for later steps (error feedback), so over
+// steps the server receives all of the gradient; pulls are fp32; the bytes
+// pushed are 8 per value sent.
+TEST(RemoteParameterStoreCompressionTest, TopKWithErrorFeedbackDeliversEverythingEventually) {
+  auto server = StartServer(1);
+  RemoteStoreOptions options;
+  options.server_address = server->address();
+  options.worker_id = "w";
+  options.rpc_timeout = absl::Seconds(10);
+  options.compression = "topk:0.2";  // one value of each chunk of up to 5
+  auto store = RemoteParameterStore::Create(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::vector<float> initial(kElements, 0.f);
+  ASSERT_TRUE((*store)->Register(Signature(), initial).ok());
+  // The same gradient every step; with lr 1 and one sample each step the
+  // server's parameters drop by what arrived. After as many steps as the
+  // largest chunk has elements (5), every value has been sent at least once
+  // and the sum of what arrived plus what is held back is the sum pushed.
+  const std::vector<float> gradient = Ramp(1.f, 0.5f);
+  constexpr int kSteps = 5;
+  for (int step = 0; step < kSteps; ++step) {
+    ASSERT_TRUE((*store)->Push(step, 1, gradient).ok()) << step;
+  }
+  // Then zeros: what was held back goes out, one value per chunk per step,
+  // within as many steps as the longest chunk (5) has values.
+  const std::vector<float> zeros(kElements, 0.f);
+  for (int step = kSteps; step < 2 * kSteps; ++step) {
+    ASSERT_TRUE((*store)->Push(step, 1, zeros).ok()) << step;
+  }
+  std::vector<float> params(kElements);
+  ASSERT_TRUE((*store)->Pull(2 * kSteps, absl::MakeSpan(params)).ok());
+  // Nothing lost: the parameters fell by all that was pushed (halves, so
+  // every sum is exact whatever order the values went in).
+  for (int64_t i = 0; i < kElements; ++i) EXPECT_EQ(params[i], -kSteps * gradient[i]) << i;
+  // 7 chunks (5 + 2, 3, 2, 5 + 5 + 2): 7 values sent per step, 8 bytes each;
+  // one fp32 pull.
+  EXPECT_EQ((*store)->bytes_pushed(), 2 * kSteps * 7 * 8);
+  EXPECT_EQ((*store)->bytes_pulled(), 4 * kElements);
+}
+
+}  // namespace
+}  // namespace ps::worker

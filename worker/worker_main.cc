@@ -91,8 +91,9 @@ ABSL_FLAG(int, connections, ps::worker::RemoteStoreOptions().connections,
           "TCP connections to each server shard for pushes, and as many for pulls (more can "
           "fill a fast link one stream cannot)");
 ABSL_FLAG(std::string, compression, "none",
-          "how gradients and parameters travel: none (fp32), fp16 or bf16 (half the bytes; the "
-          "server keeps fp32 master weights)");
+          "how gradients and parameters travel: none (fp32), fp16 or bf16 (half the bytes each "
+          "way; the server keeps fp32 master weights), topk:F (pushes only the largest F of each "
+          "chunk, with error feedback; pulls fp32)");
 ABSL_FLAG(bool, recover, true,
           "when the server goes away or restarts, reconnect and resume from its version "
           "(a checkpoint's) instead of failing");
@@ -332,15 +333,19 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     // The first pull (the initial parameters) is not part of any step.
     PS_ASSIGN_OR_RETURN(std::unique_ptr<WireCodec> codec,
                         MakeWireCodec(absl::GetFlag(FLAGS_compression)));
-    const int64_t model_bytes = codec->EncodedBytes(report.model_parameters);
+    // What one pull of the model takes (a sparse codec's pulls are fp32).
+    const int64_t model_bytes =
+        codec->sparse() ? report.model_parameters * 4 : codec->EncodedBytes(report.model_parameters);
     std::printf("worker %d: pushed %.0f and pulled %.0f bytes per step (model: %lld bytes%s)\n",
                 rank, static_cast<double>(bytes_pushed()) / report.steps,
                 static_cast<double>(bytes_pulled() - model_bytes) / report.steps,
                 static_cast<long long>(model_bytes),
                 codec->name() == "none" ? ""
-                                        : absl::StrCat(" as ", codec->name(), ", ",
-                                                       report.model_parameters * 4, " in fp32")
-                                              .c_str());
+                : codec->sparse()
+                    ? absl::StrCat(" in fp32; pushes as ", codec->name()).c_str()
+                    : absl::StrCat(" as ", codec->name(), ", ", report.model_parameters * 4,
+                                   " in fp32")
+                          .c_str());
   }
 
   if (report.stopped_at_step >= 0) {
