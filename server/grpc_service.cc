@@ -788,4 +788,34 @@ grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(grpc::CallbackServe
   return waiting;
 }
 
+grpc::ServerUnaryReactor* ParameterServerService::Describe(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* reply) {
+  absl::Status status;
+  return AnswerAtOnce<proto::DescribeRequest, proto::DescribeReply>(
+      context, *request, reply, "describe request", CheckCall(*context),
+      [&](const proto::DescribeRequest&, proto::DescribeReply* answer) {
+        const ParameterServer::Progress progress = server_->progress();
+        answer->set_num_workers(server_->options().num_workers);
+        int registered = 0;
+        for (const ParameterServer::WorkerProgress& w : progress.workers) {
+          registered += !w.id.empty();
+        }
+        answer->set_registered(registered);
+        answer->set_version(progress.version);
+        answer->set_initialized(progress.initialized);
+        for (const ParamSpec& spec : server_->signature()) {
+          proto::TensorSpec* t = answer->add_signature();
+          t->set_name(spec.name);
+          t->set_dtype(proto::DTYPE_F32);
+          for (int64_t d : spec.shape) t->add_shape(d);
+        }
+        answer->set_steps_per_epoch(server_->steps_per_epoch());
+        answer->set_chunk_elements(server_->options().chunk_elements);
+        answer->set_shrinks(options_.shrinks);
+        return absl::OkStatus();
+      },
+      &status);
+}
+
 }  // namespace ps::server

@@ -96,7 +96,8 @@ class ParameterServerService final
                   proto::ParameterServer::WithRawCallbackMethod_Wait<
                       proto::ParameterServer::WithRawCallbackMethod_Pull<
                           proto::ParameterServer::WithRawCallbackMethod_Heartbeat<
-                              proto::ParameterServer::Service>>>>>> {
+                              proto::ParameterServer::WithRawCallbackMethod_Describe<
+                                  proto::ParameterServer::Service>>>>>>> {
  public:
   explicit ParameterServerService(ParameterServer* server, ServiceOptions options = {});
   // Calls Shutdown().
@@ -146,6 +147,9 @@ class ParameterServerService final
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* reply) override;
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* reply) override;
 
   // Bounds on what a registration may name, so that no refusal quoting it
   // outgrows gRPC's 8 KiB of status metadata (which broke the client's

@@ -1223,6 +1223,11 @@ std::vector<ParamSpec> ParameterServer::signature() const {
   return layout_ == nullptr ? std::vector<ParamSpec>() : layout_->signature;
 }
 
+int64_t ParameterServer::steps_per_epoch() const {
+  absl::MutexLock lock(&mu_);
+  return steps_per_epoch_;
+}
+
 int64_t ParameterServer::version() const {
   absl::MutexLock lock(&mu_);
   return version_;

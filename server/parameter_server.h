@@ -418,6 +418,8 @@ class ParameterServer {
   // The signature (empty until known) and current version.
   std::vector<ParamSpec> signature() const;
   int64_t version() const;
+  // The workers' steps per epoch (-1 before the first registration).
+  int64_t steps_per_epoch() const;
   // Whether the initial parameters are complete (version 0 exists).
   bool initialized() const;
   // Gradient elements held for their rank's turn in the sum, this iteration.

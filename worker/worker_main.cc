@@ -43,6 +43,7 @@
 #include "server/optimizer_flags.h"
 #include "worker/local_parameter_store.h"
 #include "worker/remote_parameter_store.h"
+#include "worker/server_check.h"
 #include "worker/sharded_parameter_store.h"
 #include "worker/trainer.h"
 #include "worker/weights.h"
@@ -90,6 +91,9 @@ ABSL_FLAG(int64_t, replay_calibration_steps, 5, "passes --compute=replay times")
 ABSL_FLAG(int, connections, ps::worker::RemoteStoreOptions().connections,
           "TCP connections to each server shard for pushes, and as many for pulls (more can "
           "fill a fast link one stream cannot)");
+ABSL_FLAG(bool, check, false,
+          "check each --server address as this worker would connect (name, TCP, TLS, job token, "
+          "model, round trip, pull speed), print what to fix, and exit: 0 when all pass");
 ABSL_FLAG(std::string, compression, "none",
           "how gradients and parameters travel: none (fp32), fp16 or bf16 (half the bytes each "
           "way; the server keeps fp32 master weights), topk:F (pushes only the largest F of each "
@@ -203,6 +207,40 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   }
   optimizer.schedule.steps_per_epoch =
       (train.size() + options.batch_size - 1) / options.batch_size;
+
+  if (absl::GetFlag(FLAGS_check)) {
+    if (absl::GetFlag(FLAGS_server).empty()) {
+      return absl::InvalidArgumentError("--check needs --server");
+    }
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> probe, model::Model::Create(model, devices[0]));
+    const std::vector<std::string> addresses =
+        absl::StrSplit(absl::GetFlag(FLAGS_server), ',', absl::SkipWhitespace());
+    bool all_ok = true;
+    for (const std::string& address : addresses) {
+      ServerCheckOptions check;
+      check.address = address;
+      check.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+      check.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+      check.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+      check.tls.server_name_override = absl::GetFlag(FLAGS_tls_server_name);
+      PS_ASSIGN_OR_RETURN(check.job_token, ReadJobToken(absl::GetFlag(FLAGS_job_token_file),
+                                                        std::getenv(kJobTokenEnvVar)));
+      // A shard holds part of the model under its own names: compared with
+      // one server only.
+      if (addresses.size() == 1) {
+        check.signature = probe->parameters();
+        check.steps_per_epoch = optimizer.schedule.steps_per_epoch;
+      }
+      const ServerCheckResult result = CheckServer(check);
+      std::printf("check %s:\n", address.c_str());
+      for (const std::string& line : result.lines) std::printf("  %s\n", line.c_str());
+      all_ok &= result.ok;
+    }
+    std::fflush(stdout);
+    if (!all_ok) return absl::FailedPreconditionError("the check failed (see above)");
+    std::printf("check: all passed\n");
+    return absl::OkStatus();
+  }
 
   // The store: the optimizer in this process, or the parameter server (which
   // then owns the initial parameters and the optimizer settings).
