@@ -31,7 +31,7 @@ using tests::Process;
 using tests::WaitForLog;
 using tests::WaitForPortFile;
 
-constexpr int kSteps = 300;
+constexpr int kSteps = 400;
 constexpr int kCheckpointEvery = 5;
 
 
@@ -73,12 +73,14 @@ class Job {
   }
 
   // Waits until the current server has written a checkpoint after it
-  // started (so training runs on it), then a random 0-400 ms more.
+  // started (so training runs on it), then a random 0-150 ms more: a few
+  // to a few dozen steps, so that three kills fit in the run on a faster
+  // machine too.
   void WaitUntilTraining(std::mt19937* rng) {
     ASSERT_TRUE(WaitForLog(*server_, "checkpoint of version", std::chrono::seconds(120)))
         << server_->Log();
     std::this_thread::sleep_for(
-        std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 400)(*rng)));
+        std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 150)(*rng)));
   }
 
   void FinishAndStop() {
