@@ -97,7 +97,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
                                                          std::vector<Device*> devices,
                                                          ParameterStore* store,
                                                          const data::Dataset* train,
-                                                         const data::Dataset* test) {
+                                                         const data::Dataset* test,
+                                                         const data::Dataset* validation) {
   if (devices.empty()) return absl::InvalidArgumentError("trainer needs at least one device");
   if (options.batch_size < 1) {
     return absl::InvalidArgumentError(
@@ -116,6 +117,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
         " but the model expects ", ShapeToString(model.input_shape)));
   }
   std::unique_ptr<Trainer> trainer(new Trainer(options, std::move(devices), store, train, test));
+  trainer->validation_ = validation;
   PS_RETURN_IF_ERROR(trainer->Init(model));
   return trainer;
 }
@@ -698,6 +700,10 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     }
     if (options_.evaluate && test_ != nullptr && test_->size() > 0) {
       PS_RETURN_IF_ERROR(Evaluate(*test_, &stats.test_loss, &stats.test_accuracy));
+    }
+    if (options_.evaluate && validation_ != nullptr && validation_->size() > 0) {
+      PS_RETURN_IF_ERROR(
+          Evaluate(*validation_, &stats.validation_loss, &stats.validation_accuracy));
     }
     report.epochs.push_back(stats);
     if (on_epoch_) on_epoch_(stats);

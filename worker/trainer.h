@@ -148,14 +148,17 @@ struct StepProgress {
 // Not thread-safe: one thread calls Run, TrainStep and Evaluate.
 class Trainer {
  public:
-  // The devices, datasets and store must outlive the trainer. `test` may be
-  // null. Registers with the store and loads the parameters it returns.
+  // The devices, datasets and store must outlive the trainer. `test` and
+  // `validation` (a hold-out of the training set, data::SplitHoldout) may be
+  // null; with evaluate, each is evaluated after every epoch. Registers with
+  // the store and loads the parameters it returns.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options,
                                                          const model::ModelConfig& model,
                                                          std::vector<Device*> devices,
                                                          ParameterStore* store,
                                                          const data::Dataset* train,
-                                                         const data::Dataset* test);
+                                                         const data::Dataset* test,
+                                                         const data::Dataset* validation = nullptr);
   ~Trainer();
 
   // Called with each finished epoch, and after each step.
@@ -241,6 +244,7 @@ class Trainer {
   ParameterStore* store_;
   const data::Dataset* train_;
   const data::Dataset* test_;
+  const data::Dataset* validation_ = nullptr;
 
   const Clock* const clock_;
   // The trainer lane's phases go to split_observer_ and options_.observer;

@@ -30,6 +30,8 @@ Json EpochToJson(const EpochStats& e) {
   j["train_accuracy"] = e.train_accuracy;
   j["test_loss"] = e.test_loss;
   j["test_accuracy"] = e.test_accuracy;
+  j["validation_loss"] = e.validation_loss;
+  j["validation_accuracy"] = e.validation_accuracy;
   j["train_seconds"] = e.train_seconds;
   j["samples_per_second"] = e.samples_per_second;
   j["time_split"] = SplitToJson(e.split);

@@ -21,6 +21,8 @@ struct EpochStats {
   double train_accuracy = 0;
   double test_loss = -1;      // -1 when not evaluated
   double test_accuracy = -1;
+  double validation_loss = -1;  // on the hold-out split; -1 without one
+  double validation_accuracy = -1;
   double train_seconds = 0;   // training only, evaluation excluded
   double samples_per_second = 0;  // this worker's samples / train_seconds
   TimeSplit split;
@@ -75,7 +77,8 @@ struct TrainingReport {
 // ([[first, last], ...]), recoveries
 // (each: failed_iteration, resumed_version, seconds, error), epochs. Each epoch: epoch,
 // steps, samples, train_loss, train_accuracy, test_loss, test_accuracy,
-// train_seconds, samples_per_second, time_split. A time_split: data_s,
+// validation_loss, validation_accuracy, train_seconds, samples_per_second,
+// time_split. A time_split: data_s,
 // compute_s, reduce_s, copy_s, push_s, wait_s, pull_s (seconds).
 //
 // Strings are escaped (invalid UTF-8 becomes U+FFFD); numbers are written

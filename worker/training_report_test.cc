@@ -51,6 +51,8 @@ TrainingReport SampleReport() {
     s.train_accuracy = 0.5 + 0.1 * e;
     s.test_loss = e == 1 ? -1 : 0.25;
     s.test_accuracy = e == 1 ? -1 : 0.9;
+    s.validation_loss = 0.3 / e;
+    s.validation_accuracy = 0.8 + 0.01 * e;
     s.train_seconds = 1.5 * e;
     s.samples_per_second = 3840 / (1.5 * e);
     s.split = Split(e);
@@ -124,8 +126,9 @@ TEST(TrainingReportTest, JsonParsesBackToTheSameValuesInAFixedKeyOrder) {
     for (const auto& item : je.items()) epoch_keys.push_back(item.key());
     EXPECT_EQ(epoch_keys, std::vector<std::string>(
                               {"epoch", "steps", "samples", "train_loss", "train_accuracy",
-                               "test_loss", "test_accuracy", "train_seconds",
-                               "samples_per_second", "time_split"}));
+                               "test_loss", "test_accuracy", "validation_loss",
+                               "validation_accuracy", "train_seconds", "samples_per_second",
+                               "time_split"}));
     EXPECT_EQ(je["epoch"], e.epoch);
     EXPECT_EQ(je["steps"], e.steps);
     EXPECT_EQ(je["samples"], e.samples);
@@ -133,6 +136,8 @@ TEST(TrainingReportTest, JsonParsesBackToTheSameValuesInAFixedKeyOrder) {
     EXPECT_DOUBLE_EQ(je["train_accuracy"].get<double>(), e.train_accuracy);
     EXPECT_DOUBLE_EQ(je["test_loss"].get<double>(), e.test_loss);
     EXPECT_DOUBLE_EQ(je["test_accuracy"].get<double>(), e.test_accuracy);
+    EXPECT_DOUBLE_EQ(je["validation_loss"].get<double>(), e.validation_loss);
+    EXPECT_DOUBLE_EQ(je["validation_accuracy"].get<double>(), e.validation_accuracy);
     EXPECT_DOUBLE_EQ(je["train_seconds"].get<double>(), e.train_seconds);
     EXPECT_DOUBLE_EQ(je["samples_per_second"].get<double>(), e.samples_per_second);
     ExpectSplit(je["time_split"], e.split);

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +45,7 @@
 #include "worker/local_parameter_store.h"
 #include "worker/remote_parameter_store.h"
 #include "worker/server_check.h"
+#include "worker/training_plot.h"
 #include "worker/sharded_parameter_store.h"
 #include "worker/trainer.h"
 #include "worker/weights.h"
@@ -91,6 +93,12 @@ ABSL_FLAG(int64_t, replay_calibration_steps, 5, "passes --compute=replay times")
 ABSL_FLAG(int, connections, ps::worker::RemoteStoreOptions().connections,
           "TCP connections to each server shard for pushes, and as many for pulls (more can "
           "fill a fast link one stream cannot)");
+ABSL_FLAG(double, validation_fraction, 0,
+          "hold out this fraction of the training set (seeded by --seed, the same on every "
+          "worker, never trained on) and evaluate on it after each epoch");
+ABSL_FLAG(std::string, plot, "",
+          "draw the per-epoch curves (train loss, train/validation/test accuracy) as a PNG here, "
+          "updated after each epoch (Debian's python3-matplotlib)");
 ABSL_FLAG(bool, check, false,
           "check each --server address as this worker would connect (name, TCP, TLS, job token, "
           "model, round trip, pull speed), print what to fix, and exit: 0 when all pass");
@@ -157,6 +165,14 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
                       data::LoadDataset(dataset, absl::GetFlag(FLAGS_data_dir), "train"));
   PS_ASSIGN_OR_RETURN(data::Dataset test,
                       data::LoadDataset(dataset, absl::GetFlag(FLAGS_data_dir), "test"));
+  data::Dataset validation;
+  if (absl::GetFlag(FLAGS_validation_fraction) != 0) {
+    PS_ASSIGN_OR_RETURN(data::HoldoutSplit split,
+                        data::SplitHoldout(train, absl::GetFlag(FLAGS_validation_fraction),
+                                           absl::GetFlag(FLAGS_seed)));
+    train = std::move(split.train);
+    validation = std::move(split.validation);
+  }
 
   // Model.
   model::ModelConfig model;
@@ -301,7 +317,8 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   sigaction(SIGTERM, &on_stop, nullptr);
   sigaction(SIGINT, &on_stop, nullptr);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                      Trainer::Create(options, model, devices, store.get(), &train, &test));
+                      Trainer::Create(options, model, devices, store.get(), &train, &test,
+                                      validation.size() > 0 ? &validation : nullptr));
   const int rank = trainer->registration().rank;
   if (trace != nullptr) trace->set_process(rank, absl::StrCat("worker ", rank));
   if (const ComputeProfile* profile = trainer->replay_profile(); profile != nullptr) {
@@ -340,11 +357,29 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
       std::fflush(stderr);
     });
   }
-  trainer->set_epoch_callback([bar, epochs = options.epochs](const EpochStats& e) {
+  // The curves so far, for --plot.
+  auto curves = std::make_shared<TrainingReport>();
+  curves->model = model.name;
+  curves->num_workers = trainer->registration().num_workers;
+  curves->global_batch_size = options.batch_size;
+  const std::string plot = absl::GetFlag(FLAGS_plot);
+  trainer->set_epoch_callback([bar, epochs = options.epochs, curves, plot](const EpochStats& e) {
     if (bar) std::fprintf(stderr, "\r\033[K");
     // test_accuracy is -1 when the epoch was not evaluated: say nothing then.
-    const std::string test =
+    std::string test =
         e.test_accuracy >= 0 ? absl::StrFormat("  test acc %.4f", e.test_accuracy) : "";
+    if (e.validation_accuracy >= 0) {
+      test = absl::StrCat(absl::StrFormat("  validation acc %.4f", e.validation_accuracy), test);
+    }
+    if (!plot.empty()) {
+      while (!curves->epochs.empty() && curves->epochs.back().epoch >= e.epoch) {
+        curves->epochs.pop_back();  // an epoch a recovery rolled back into
+      }
+      curves->epochs.push_back(e);
+      if (absl::Status drawn = PlotTrainingCurves(*curves, plot); !drawn.ok()) {
+        std::fprintf(stderr, "worker: --plot: %s\n", drawn.ToString().c_str());
+      }
+    }
     std::printf("epoch %lld/%lld  loss %.4f  train acc %.4f%s  %.0f samples/s  [%s]\n",
                 static_cast<long long>(e.epoch), static_cast<long long>(epochs), e.train_loss,
                 e.train_accuracy, test.c_str(), e.samples_per_second,

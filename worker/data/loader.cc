@@ -175,4 +175,37 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name, const std::string& 
       "unknown dataset '", name, "': known datasets are cifar10, fashion_mnist, mnist, synthetic"));
 }
 
+absl::StatusOr<HoldoutSplit> SplitHoldout(const Dataset& all, double fraction, uint64_t seed) {
+  if (!(fraction >= 0) || fraction >= 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("validation fraction ", fraction, " is not in [0, 1)"));
+  }
+  const int64_t n = all.size();
+  const int64_t held = static_cast<int64_t>(std::llround(fraction * static_cast<double>(n)));
+  if (held >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("a validation fraction of ", fraction, " of ",
+                                                   n, " samples leaves none to train on"));
+  }
+  // A permutation of its own stream of the seed: not an epoch's order.
+  std::vector<int64_t> order = EpochOrder(n, MixSeed(seed, 0x7a11d47a5e7ULL), 0, true);
+  std::vector<bool> validation(n, false);
+  for (int64_t i = 0; i < held; ++i) validation[order[i]] = true;
+  HoldoutSplit split;
+  for (Dataset* d : {&split.train, &split.validation}) {
+    d->name = all.name;
+    d->sample_shape = all.sample_shape;
+    d->num_classes = all.num_classes;
+  }
+  split.validation.name = absl::StrCat(all.name, " (validation)");
+  const int64_t bytes = all.sample_elements();
+  split.validation.pixels.reserve(held * bytes);
+  split.train.pixels.reserve((n - held) * bytes);
+  for (int64_t i = 0; i < n; ++i) {
+    Dataset& to = validation[i] ? split.validation : split.train;
+    to.pixels.insert(to.pixels.end(), all.sample(i), all.sample(i) + bytes);
+    to.labels.push_back(all.labels[i]);
+  }
+  return split;
+}
+
 }  // namespace ps::worker::data

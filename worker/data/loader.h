@@ -24,6 +24,19 @@ namespace ps::worker::data {
 // size <= 0. O(size).
 std::vector<int64_t> EpochOrder(int64_t size, uint64_t seed, int64_t epoch, bool shuffle);
 
+// A seeded hold-out split of `all` (a training set): round(fraction * size)
+// samples, chosen by a permutation that depends only on `seed` (the same on
+// every worker), go to the validation set, the others to the training set,
+// each in the order they had in `all`. No sample is in both, and together
+// they are all of `all`. fraction 0 gives an empty validation set.
+// kInvalidArgument for a fraction outside [0, 1) or one that leaves no
+// training sample.
+struct HoldoutSplit {
+  Dataset train;
+  Dataset validation;
+};
+absl::StatusOr<HoldoutSplit> SplitHoldout(const Dataset& all, double fraction, uint64_t seed);
+
 // How uint8 pixels become model inputs: x = pixel * scale, then, per channel
 // c, (x - mean[c]) / std[c]. mean and std are in units of x (after scaling)
 // and each is either empty (mean 0, std 1) or one value per channel.

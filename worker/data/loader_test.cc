@@ -300,3 +300,65 @@ TEST(LoadDatasetTest, DispatchesToTheReaders) {
 
 }  // namespace
 }  // namespace ps::worker::data
+
+namespace ps::worker::data {
+namespace {
+
+// A dataset whose sample i is known by its pixels (i's two bytes) and label.
+Dataset Numbered(int64_t n) {
+  Dataset d;
+  d.name = "numbered";
+  d.sample_shape = {1, 1, 2};
+  d.num_classes = 10;
+  for (int64_t i = 0; i < n; ++i) {
+    d.pixels.push_back(static_cast<uint8_t>(i & 0xff));
+    d.pixels.push_back(static_cast<uint8_t>(i >> 8));
+    d.labels.push_back(static_cast<int32_t>(i % 10));
+  }
+  return d;
+}
+
+int64_t NumberOf(const Dataset& d, int64_t i) { return d.sample(i)[0] | (d.sample(i)[1] << 8); }
+
+// The validation samples never appear in the training set, together they
+// are all of it, each keeps its label, and the split is a function of the
+// seed alone.
+TEST(SplitHoldoutTest, DisjointCompleteAndSeeded) {
+  const Dataset all = Numbered(1000);
+  auto split = SplitHoldout(all, 0.1, 7);
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(split->validation.size(), 100);
+  EXPECT_EQ(split->train.size(), 900);
+  EXPECT_TRUE(ValidateDataset(split->train).ok());
+  EXPECT_TRUE(ValidateDataset(split->validation).ok());
+  std::vector<int> seen(1000, 0);
+  for (const Dataset* d : {&split->train, &split->validation}) {
+    for (int64_t i = 0; i < d->size(); ++i) {
+      const int64_t number = NumberOf(*d, i);
+      ++seen[number];
+      EXPECT_EQ(d->labels[i], number % 10);
+    }
+  }
+  for (int64_t i = 0; i < 1000; ++i) EXPECT_EQ(seen[i], 1) << i;
+  // Not simply the last tenth, and the same again with the same seed only.
+  int64_t last_tenth = 0;
+  for (int64_t i = 0; i < 100; ++i) last_tenth += NumberOf(split->validation, i) >= 900;
+  EXPECT_LT(last_tenth, 50);
+  auto again = SplitHoldout(all, 0.1, 7);
+  auto other = SplitHoldout(all, 0.1, 8);
+  ASSERT_TRUE(again.ok() && other.ok());
+  EXPECT_EQ(again->validation.pixels, split->validation.pixels);
+  EXPECT_NE(other->validation.pixels, split->validation.pixels);
+  // No hold-out, and fractions that make no sense.
+  auto none = SplitHoldout(all, 0, 7);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->validation.size(), 0);
+  EXPECT_EQ(none->train.pixels, all.pixels);
+  for (double bad : {-0.1, 1.0, 2.0}) {
+    EXPECT_EQ(SplitHoldout(all, bad, 7).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(SplitHoldout(Numbered(1), 0.6, 7).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ps::worker::data
