@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -362,12 +363,17 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetry
       // A TLS handshake the server refuses (a plaintext client, a missing
       // or foreign client certificate) reaches no handler: gRPC says no
       // more than for a server that is down, so the message says both.
+      const bool refused =
+          absl::StrContains(registration.status().message(), "Connection refused");
       return absl::UnavailableError(absl::StrCat(
           "the parameter server at ", options_.server_address, " did not answer within ",
-          absl::FormatDuration(timeout), " (", attempt,
-          " attempts; if it is up, its TLS settings refuse this worker's: compare --tls_ca, "
-          "--tls_cert and --tls_key with its --tls_cert and --tls_client_ca); last error: ",
-          registration.status().message()));
+          absl::FormatDuration(timeout), " (", attempt, " attempts; ",
+          refused ? "nothing listens there: is the server running, on this address? In a "
+                    "container it must bind 0.0.0.0 (--bind_address) and workers dial its "
+                    "service name"
+                  : "if it is up, its TLS settings refuse this worker's: compare --tls_ca, "
+                    "--tls_cert and --tls_key with its --tls_cert and --tls_client_ca",
+          "; `worker --check` diagnoses it); last error: ", registration.status().message()));
     }
     if (options_.log) {
       options_.log(absl::StrCat("waiting for the parameter server at ", options_.server_address,
