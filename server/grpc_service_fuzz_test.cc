@@ -96,6 +96,7 @@ const char* const kWorkerIds[kNumWorkers] = {"w0", "w1"};
 constexpr char kRegisterMethod[] = "/ps.proto.ParameterServer/Register";
 constexpr char kWaitMethod[] = "/ps.proto.ParameterServer/Wait";
 constexpr char kHeartbeatMethod[] = "/ps.proto.ParameterServer/Heartbeat";
+constexpr char kDescribeMethod[] = "/ps.proto.ParameterServer/Describe";
 
 // gRPC's default receive limit, which the proto says no message needs raised.
 constexpr size_t kMaxMessageBytes = size_t{4} << 20;
@@ -1520,6 +1521,37 @@ std::vector<Method> Methods() {
                      },
                      [](const Model& m, const Request& r, int64_t) { return JudgeHeartbeat(m, r); },
                      CheckHeartbeatReply});
+  // Describe: read-only, so every parsable request is answered with the
+  // job as it stands (its bytes mutated like any other's).
+  methods.push_back(
+      {kDescribeMethod, "Describe", 2, false, 10000,
+       [](const Model& m, Rng& rng) {
+         Request r;
+         r.bytes = proto::DescribeRequest().SerializeAsString();
+         AddCredentials(m, 0, /*needs_session=*/false, &r, rng);
+         return r;
+       },
+       [](const Model&, const Request& r, int64_t) {
+         proto::DescribeRequest request;
+         if (!request.ParseFromString(r.bytes)) {
+           Expectation e = Refused(kInvalidArgument, "unparsable describe");
+           e.unparsable_protobuf = true;
+           return e;
+         }
+         return Ok("describe");
+       },
+       [](const Model& m, const Expectation&, const std::string& reply) -> std::string {
+         proto::DescribeReply parsed;
+         if (!parsed.ParseFromString(reply)) return "unparsable describe reply";
+         if (parsed.version() != kVersion || parsed.num_workers() != kNumWorkers ||
+             parsed.registered() != kNumWorkers ||
+             parsed.signature_size() != static_cast<int>(m.layout.signature.size())) {
+           return absl::StrCat("describe says version ", parsed.version(), ", ",
+                               parsed.registered(), " of ", parsed.num_workers(), " workers, ",
+                               parsed.signature_size(), " tensors");
+         }
+         return "";
+       }});
   // Register seeds: the two workers again (acceptable: rejoins), a third
   // worker, a worker asking for the other's rank.
   methods.push_back(
@@ -2127,7 +2159,7 @@ TEST_F(GrpcServiceFuzzTest, HostileInputsGetDocumentedStatusesAndChangeNoState) 
 // counts.
 TEST_F(GrpcServiceFuzzTest, UnparsableProtobufRequestsAreInvalidArgument) {
   const std::string garbage("\xff\xff\xff", 3);
-  for (const char* method : {kRegisterMethod, kWaitMethod, kHeartbeatMethod}) {
+  for (const char* method : {kRegisterMethod, kWaitMethod, kHeartbeatMethod, kDescribeMethod}) {
     const grpc::Status s = RawCall(method, garbage);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << method << " got " << CodeName(s.error_code()) << " \"" << s.error_message() << "\"";
