@@ -345,15 +345,21 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
 
   const bool bar = absl::GetFlag(FLAGS_progress) && isatty(STDERR_FILENO);
   if (bar) {
-    trainer->set_step_callback([](const StepProgress& p) {
+    trainer->set_step_callback([epochs = options.epochs](const StepProgress& p) {
       if (p.step_in_epoch % 5 != 0 && p.step_in_epoch != p.steps_in_epoch) return;
       const int width = 30;
       const int filled = static_cast<int>(width * p.step_in_epoch / p.steps_in_epoch);
-      std::fprintf(stderr, "\repoch %lld [%s%s] %lld/%lld  %.0f samples/s ",
-                   static_cast<long long>(p.epoch), std::string(filled, '#').c_str(),
-                   std::string(width - filled, '.').c_str(),
+      // The rest of the run at this epoch's pace (evaluation not counted).
+      const double per_step = p.seconds / std::max<int64_t>(1, p.step_in_epoch);
+      const int64_t left = (p.steps_in_epoch - p.step_in_epoch) +
+                           std::max<int64_t>(0, epochs - p.epoch) * p.steps_in_epoch;
+      const int64_t eta = static_cast<int64_t>(per_step * static_cast<double>(left) + 0.5);
+      std::fprintf(stderr, "\repoch %lld/%lld [%s%s] %lld/%lld  %.0f samples/s  ETA %lld:%02lld ",
+                   static_cast<long long>(p.epoch), static_cast<long long>(epochs),
+                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
                    static_cast<long long>(p.step_in_epoch),
-                   static_cast<long long>(p.steps_in_epoch), p.samples / std::max(1e-9, p.seconds));
+                   static_cast<long long>(p.steps_in_epoch), p.samples / std::max(1e-9, p.seconds),
+                   static_cast<long long>(eta / 60), static_cast<long long>(eta % 60));
       std::fflush(stderr);
     });
   }
