@@ -516,6 +516,10 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   reply->set_session(reg.session);
   for (int member : reg.members) reply->add_members(member);
   reply->set_shrinks(options_.shrinks);
+  reply->set_consistency(server_->options().consistency ==
+                                 ParameterServerOptions::Consistency::kAsync
+                             ? "async"
+                             : "sync");
   return absl::OkStatus();
 }
 
@@ -605,6 +609,13 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
                       ChunksOf(*server_, header.chunks(), frame, "push", &decoded));
   PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   *sent = IdsOf(chunks);
+  if (server_->options().consistency == ParameterServerOptions::Consistency::kAsync) {
+    PS_ASSIGN_OR_RETURN(const int64_t staleness,
+                        server_->ApplyNow(header.rank(), header.based_on_version(),
+                                          header.num_samples(), chunks));
+    reply->set_staleness(staleness);
+    return absl::OkStatus();
+  }
   PS_RETURN_IF_ERROR(
       server_->PushChunkBytes(header.rank(), header.iteration(), header.num_samples(), chunks));
   // Announced by the first push of the iteration (this one or earlier); the

@@ -704,6 +704,10 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
 
 absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
                                              absl::Span<const ChunkBytes> chunks) {
+  if (options_.consistency == ParameterServerOptions::Consistency::kAsync) {
+    return absl::FailedPreconditionError(
+        "a synchronous push to an asynchronous server (ApplyNow takes its pushes)");
+  }
   const std::string what = absl::StrCat("pushed by worker rank ", rank, " in iteration ", iteration);
   int64_t start_ns = 0;
   const Layout* layout = nullptr;
@@ -781,6 +785,79 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   //    order; the last chunk of the iteration also publishes the version.
   for (const int64_t gc : complete) PS_RETURN_IF_ERROR(ApplyChunk(*layout, optimizer, iteration, gc));
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_version,
+                                                  int64_t num_samples,
+                                                  absl::Span<const ChunkBytes> chunks) {
+  if (options_.consistency != ParameterServerOptions::Consistency::kAsync) {
+    return absl::FailedPreconditionError("an asynchronous push to a synchronous server");
+  }
+  const std::string what = absl::StrCat("pushed by worker rank ", rank);
+  const Layout* layout = nullptr;
+  SgdOptimizer* optimizer = nullptr;
+  std::vector<int64_t> global_chunks;
+  absl::Status shapes;
+  {
+    absl::MutexLock lock(&mu_);
+    if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
+      return absl::NotFoundError(absl::StrCat("push from unregistered worker rank ", rank));
+    }
+    if (!initialized_) {
+      return absl::FailedPreconditionError(
+          "push before the initial parameters are complete (version 0 does not exist yet)");
+    }
+    if (num_samples < 0 || num_samples > kMaxSamplesPerPush) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push claims ", num_samples, " samples; 0 to ", kMaxSamplesPerPush));
+    }
+    layout = layout_.get();
+    optimizer = optimizer_.get();
+    // Range, length and repeats within the message; no chunk is "already
+    // pushed" in this mode.
+    const std::vector<bool> none(layout->total_chunks, false);
+    shapes = CheckChunkShapesLocked(chunks, none, what, &global_chunks);
+    WorkerState& worker = workers_[rank];
+    if (shapes.ok()) worker.heard_ns = worker.last_push_ns = NowNanos();
+  }
+  PS_RETURN_IF_ERROR(
+      CheckChunkValues(*layout, options_.chunk_elements, chunks, global_chunks.size()));
+  PS_RETURN_IF_ERROR(shapes);
+  int64_t staleness = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const int64_t gc = global_chunks[c];
+    const int64_t start_ns = EventStartNanos();
+    int64_t version = 0;
+    {
+      Chunk& chunk = layout->chunks[gc];
+      absl::MutexLock lock(&chunk.mu);
+      staleness = std::max(staleness, chunk.version - based_on_version);
+      if (num_samples > 0 && layout->chunk_length[gc] > 0) {
+        AssignPiecesTo(chunks[c].pieces, chunk.grad_sum.data());
+        std::shared_ptr<std::vector<float>> next = NextParamsLocked(chunk);
+        absl::MutexLockMaybe device_lock(device_->num_threads() > 1 ? &device_mu_ : nullptr);
+        PS_RETURN_IF_ERROR(optimizer->ApplyRange(chunk.version / options_.num_workers,
+                                                 num_samples, layout->chunk_offset[gc],
+                                                 chunk.grad_sum, *chunk.params,
+                                                 absl::MakeSpan(*next)));
+        chunk.previous = std::move(chunk.params);
+        chunk.params = std::move(next);
+      }
+      version = ++chunk.version;
+    }
+    // Published; the server's version is its chunks' least.
+    absl::MutexLock lock(&mu_);
+    chunk_version_[gc] = version;
+    const int64_t least = *std::min_element(chunk_version_.begin(), chunk_version_.end());
+    if (least != version_) {
+      version_ = least;
+      version_ns_ = NowNanos();
+    }
+    ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, version - 1,
+                layout->signature[layout->chunk_key[gc]].name,
+                layout->chunk_length[gc] * static_cast<int64_t>(sizeof(float)), start_ns);
+  }
+  return std::max<int64_t>(0, staleness);
 }
 
 void ParameterServer::SumInRankOrderLocked(int rank, Chunk& chunk,

@@ -25,6 +25,13 @@ namespace ps::server {
 struct ParameterServerOptions {
   // Workers that take part in every synchronous iteration.
   int num_workers = 1;
+  // kSync: the iterations as described below (the default, and the
+  // equivalence with one device's SGD). kAsync: every push is applied as it
+  // arrives, scaled by its own samples (ApplyNow), each chunk's version
+  // advancing per update; workers never wait for each other, and a pull of
+  // version 0 returns the newest parameters.
+  enum class Consistency { kSync, kAsync };
+  Consistency consistency = Consistency::kSync;
   OptimizerOptions optimizer;
   // Gradients and parameters move in chunks of at most this many elements
   // per key, which bounds every message: the default keeps a chunk's whole
@@ -309,6 +316,17 @@ class ParameterServer {
   // length is kInvalidArgument); the Span forms above call these.
   absl::Status PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
                               absl::Span<const ChunkBytes> chunks);
+  // Asynchronous consistency only (kFailedPrecondition otherwise): applies
+  // worker `rank`'s gradient chunks at once, each an SGD update of its
+  // chunk scaled by `num_samples` (0: nothing applied), in message order,
+  // under the chunk's lock; the learning-rate schedule counts a chunk's
+  // updates divided by the workers. Returns the push's staleness: how many
+  // updates its chunks received since version `based_on_version` (the
+  // version of the parameters the worker computed it from; the largest over
+  // its chunks). Checks as PushChunks (but a chunk may come again: every
+  // push is an update), all or nothing.
+  absl::StatusOr<int64_t> ApplyNow(int rank, int64_t based_on_version, int64_t num_samples,
+                                   absl::Span<const ChunkBytes> chunks);
   absl::Status InitializeChunkBytes(int rank, absl::Span<const ChunkBytes> chunks);
 
   // Chunks of the initial parameters from the worker Register told to send

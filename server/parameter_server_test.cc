@@ -969,6 +969,56 @@ TEST_F(ParameterServerTest, ADroppedWorkerIsWaivedAndRejoinsAtABoundary) {
   EXPECT_EQ(server->DropWorker(2).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Asynchronous consistency: each push is an update of its chunks at once,
+// scaled by its own samples; chunk versions count updates, the server's is
+// their least, and the staleness says how many updates a push's chunks got
+// since the version it was computed from.
+TEST_F(ParameterServerTest, AsyncAppliesEachPushAsItArrives) {
+  ParameterServerOptions options;
+  options.num_workers = 2;
+  options.chunk_elements = 4;
+  options.optimizer.sgd.lr = 1.f;
+  options.consistency = ParameterServerOptions::Consistency::kAsync;
+  auto server = ParameterServer::Create(options, Signature(), Initial(), &device_);
+  ASSERT_TRUE(server.ok());
+  ASSERT_TRUE((*server)->Register("a", Signature(), 0).ok());
+  ASSERT_TRUE((*server)->Register("b", Signature(), 1).ok());
+  auto push = [&](int rank, int64_t based_on, int key, int64_t chunk, float g, int64_t samples) {
+    const int64_t n = std::max<int64_t>(1, (*server)->ChunkLength(key, chunk));
+    const std::vector<float> values(n, g);
+    const absl::string_view piece(reinterpret_cast<const char*>(values.data()), n * 4);
+    const ParameterServer::ChunkBytes bytes{key, chunk, absl::MakeConstSpan(&piece, 1)};
+    return (*server)->ApplyNow(rank, based_on, samples, absl::MakeConstSpan(&bytes, 1));
+  };
+  // Worker 0 alone moves the bias at once: lr 1, gradient sum 2 over 2
+  // samples.
+  auto stale = push(0, 0, 1, 0, 2.f, 2);
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  EXPECT_EQ(*stale, 0);
+  EXPECT_EQ(Params(**server)[6], -0.5f);
+  EXPECT_EQ((*server)->version(), 0);  // the weight's chunks have not moved
+  // Worker 1, computed from version 0, is one update behind on the bias.
+  stale = push(1, 0, 1, 0, 1.f, 1);
+  ASSERT_TRUE(stale.ok());
+  EXPECT_EQ(*stale, 1);
+  EXPECT_EQ(Params(**server)[6], -1.5f);
+  // The same chunk again from the same worker is another update, not a
+  // repeat; a synchronous push is refused, and so is a bad chunk.
+  EXPECT_TRUE(push(0, 2, 1, 0, 0.f, 1).ok());
+  EXPECT_EQ((*server)->Push(0, 0, 0, 0, 1, std::vector<float>(4, 1.f)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(push(0, 0, 7, 0, 1.f, 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(push(5, 0, 1, 0, 1.f, 1).status().code(), absl::StatusCode::kNotFound);
+  // Once every chunk has moved, so has the server's version.
+  ASSERT_TRUE(push(0, 0, 0, 0, 1.f, 1).ok());
+  ASSERT_TRUE(push(0, 0, 0, 1, 1.f, 1).ok());
+  EXPECT_EQ((*server)->version(), 1);
+  // A pull of version 0 returns the newest at once.
+  std::vector<float> out(8);
+  EXPECT_TRUE((*server)->Pull(0, absl::InfinitePast(), absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, (std::vector<float>{0, 1, 2, 3, 4, 5, -1.5f, -2.5f}));
+}
+
 // Per-chunk updates give the bits of one SgdOptimizer::Apply of the whole
 // model to the rank-order sum, over iterations with momentum and weight
 // decay, whatever order the chunks arrive in (reverse rank order included),

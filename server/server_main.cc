@@ -73,6 +73,9 @@ ABSL_FLAG(absl::Duration, liveness_timeout, absl::Seconds(10),
           "a worker with no heartbeat or push for this long is lost");
 ABSL_FLAG(absl::Duration, stall_report_every, absl::Seconds(5),
           "while an iteration waits for missing workers, report which ones this often");
+ABSL_FLAG(std::string, consistency, "sync",
+          "sync (every iteration sums all workers' pushes: one device's SGD on the global batch) "
+          "or async (each push applied as it arrives; workers never wait for each other)");
 ABSL_FLAG(std::string, on_worker_loss, "wait",
           "wait: wait for a lost worker to come back (it rejoins at its rank and the current "
           "step: bit-identical), up to --worker_loss_timeout, then fail the job; shrink: drop a "
@@ -164,6 +167,13 @@ absl::Status Main() {
   ParameterServerOptions options;
   options.num_workers = absl::GetFlag(FLAGS_num_workers);
   options.chunk_elements = absl::GetFlag(FLAGS_chunk_bytes) / 4;
+  const std::string consistency = absl::GetFlag(FLAGS_consistency);
+  if (consistency == "async") {
+    options.consistency = ParameterServerOptions::Consistency::kAsync;
+  } else if (consistency != "sync") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--consistency=", consistency, ": use sync or async"));
+  }
   PS_ASSIGN_OR_RETURN(options.optimizer, OptimizerOptionsFromFlags());
   options.observer = trace.get();
   std::unique_ptr<ParameterServer> server;

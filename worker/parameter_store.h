@@ -48,6 +48,10 @@ class ParameterStore {
     // The members may change from one iteration to the next (the server
     // shrinks the job when it loses a worker): read them with Members.
     bool dynamic_members = false;
+    // Asynchronous consistency: every push is applied as it arrives and
+    // pulls bring the newest parameters, whatever version they ask for;
+    // the worker runs its own steps from 0, waiting for nobody.
+    bool async = false;
   };
 
   // Registers this worker's model signature. `proposed` holds this worker's

@@ -456,6 +456,12 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   out.version = reply.version();
   out.members.assign(reply.members().begin(), reply.members().end());
   out.dynamic_members = reply.shrinks();
+  out.async = reply.consistency() == "async";
+  async_ = out.async;
+  {
+    absl::MutexLock lock(&async_mu_);
+    pulled_version_.assign(messages_.size(), reply.version());
+  }
   if (!out.members.empty()) {
     absl::MutexLock lock(&members_mu_);
     members_[out.version] = out.members;
@@ -515,12 +521,19 @@ void RemoteParameterStore::PushSegments(int64_t iteration, int64_t num_samples, 
     for (const Chunk& chunk : messages_[m]) wire_bytes += codec_->EncodedBytes(chunk.length);
   }
   const int rank = rank_;
+  int64_t based_on = 0;
+  if (async_) {
+    // The least version the pushed messages' parameters came from.
+    absl::MutexLock lock(&async_mu_);
+    based_on = *std::min_element(pulled_version_.begin() + first, pulled_version_.begin() + last);
+  }
   SendFrames<proto::PushRequest>(
       "Push", proto::kPushMethod, iteration, first, last, gradient, *codec_,
-      [rank, iteration, num_samples](proto::PushRequest* header) {
+      [rank, iteration, num_samples, based_on](proto::PushRequest* header) {
         header->set_rank(rank);
         header->set_iteration(iteration);
         header->set_num_samples(num_samples);
+        header->set_based_on_version(based_on);
       },
       [this](size_t, const grpc::ByteBuffer& reply) { return ReadPushReply(reply); },
       [this, wire_bytes, done = std::move(done)](absl::Status status) {
@@ -534,6 +547,10 @@ absl::Status RemoteParameterStore::ReadPushReply(const grpc::ByteBuffer& reply) 
   if (absl::Status s = proto::ParseMessage(reply, "push reply", &message); !s.ok()) {
     return absl::InternalError(absl::StrCat("server sent a malformed ", s.message()));
   }
+  if (async_) {
+    absl::MutexLock lock(&async_mu_);
+    ++staleness_[message.staleness()];
+  }
   if (message.members_size() == 0) return absl::OkStatus();
   absl::MutexLock lock(&members_mu_);
   auto [it, added] = members_.try_emplace(message.members_iteration());
@@ -543,6 +560,11 @@ absl::Status RemoteParameterStore::ReadPushReply(const grpc::ByteBuffer& reply) 
     while (members_.size() > 8) members_.erase(members_.begin());
   }
   return absl::OkStatus();
+}
+
+std::map<int64_t, int64_t> RemoteParameterStore::staleness_histogram() const {
+  absl::MutexLock lock(&async_mu_);
+  return staleness_;
 }
 
 absl::StatusOr<std::vector<int>> RemoteParameterStore::Members(int64_t iteration,
@@ -600,9 +622,10 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
       "Pull", proto::kPullMethod, EventKind::kPullMessage, version - 1, first, last,
       timeout + absl::Seconds(5), [this, version, timeout_ms, exact](size_t m, const Lend&) {
         proto::PullRequest request;
-        request.set_version(version);
+        // Asynchronous: whatever is newest, at once.
+        request.set_version(async_ ? 0 : version);
         request.set_timeout_ms(timeout_ms);
-        request.set_exact(exact);
+        request.set_exact(exact && !async_);
         request.set_dtype(pull_codec_->dtype() == DType::kF16    ? proto::DTYPE_F16
                           : pull_codec_->dtype() == DType::kBF16 ? proto::DTYPE_BF16
                                                                  : proto::DTYPE_F32);
@@ -648,10 +671,21 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
           }
         }
         (*versions)[m - first] = reply.version();
+        if (async_) {
+          absl::MutexLock lock(&async_mu_);
+          if (m < pulled_version_.size()) pulled_version_[m] = reply.version();
+        }
         return absl::OkStatus();
       },
       [this, version, exact, elements, versions, done = std::move(done)](absl::Status status) {
         if (!status.ok()) return done(status);
+        if (async_) {
+          // The newest of each message: versions differ by design.
+          bytes_pulled_ += pull_codec_->EncodedBytes(elements);
+          return done(versions->empty()
+                          ? version
+                          : *std::min_element(versions->begin(), versions->end()));
+        }
         // Every message must come from one version, or the parameters would
         // mix two.
         const int64_t got = versions->empty() ? version : versions->front();

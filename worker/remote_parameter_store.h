@@ -131,6 +131,10 @@ class RemoteParameterStore final : public ParameterStore {
   int64_t bytes_pulled() const { return bytes_pulled_; }
   // Whether Register sent this worker's initial parameters.
   bool sent_initial_parameters() const { return sent_initial_parameters_; }
+  // Asynchronous consistency: how many pushes (messages) were how stale,
+  // as the server's replies said (updates their chunks received since the
+  // version they were computed from).
+  std::map<int64_t, int64_t> staleness_histogram() const;
 
  private:
   explicit RemoteParameterStore(const RemoteStoreOptions& options);
@@ -223,6 +227,12 @@ class RemoteParameterStore final : public ParameterStore {
   // message's chunks are encoded at their flat offset (so messages in
   // flight at once never share bytes) and lent to gRPC from here.
   std::vector<char> push_scratch_;
+  bool async_ = false;  // the server's consistency, from the registration
+  // Asynchronous: per message, the version its last pull brought (the
+  // version its next push is computed from), and the staleness replies.
+  mutable absl::Mutex async_mu_;
+  std::vector<int64_t> pulled_version_ ABSL_GUARDED_BY(async_mu_);
+  std::map<int64_t, int64_t> staleness_ ABSL_GUARDED_BY(async_mu_);
   // The last registration's credential and rank, as the heartbeat thread
   // reads them (the training thread writes them only in Register and
   // Reconnect, under the lock, and reads session_ unlocked).

@@ -608,7 +608,9 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
   // (0 for a new job; later for a server resumed from a checkpoint or a
   // worker rejoining): the data of iteration t is a function of the seed
   // and t, so any worker can start, or start again, anywhere.
-  int64_t iteration = registration_.version;
+  // Asynchronous: the server's version counts every worker's updates; this
+  // worker runs its own steps.
+  int64_t iteration = registration_.async ? 0 : registration_.version;
   int64_t total_steps = 0;
   double later_samples = 0, later_seconds = 0, later_global_samples = 0;
   EpochStats stats;

@@ -1,5 +1,7 @@
 #include "worker/training_report.h"
 
+#include "absl/strings/str_cat.h"
+
 #include "nlohmann/json.hpp"
 
 namespace ps::worker {
@@ -62,6 +64,9 @@ std::string TrainingReportToJson(const TrainingReport& r) {
   Json shrunk = Json::array();
   for (const auto& [first, last] : r.shrunk_steps) shrunk.push_back(Json::array({first, last}));
   j["shrunk_steps"] = std::move(shrunk);
+  Json staleness = Json::object();
+  for (const auto& [stale, messages] : r.staleness) staleness[absl::StrCat(stale)] = messages;
+  j["staleness"] = std::move(staleness);
   Json recoveries = Json::array();
   for (const TrainingReport::Recovery& recovery : r.recoveries) {
     Json one;

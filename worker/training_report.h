@@ -6,6 +6,7 @@
 // and tests/cluster_test).
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,9 @@ struct TrainingReport {
   // Ranges [first, last] of the global steps this worker trained with fewer
   // workers than the job has (the server shrank it after losing one).
   std::vector<std::pair<int64_t, int64_t>> shrunk_steps;
+  // Asynchronous consistency: staleness (updates a pushed chunk had
+  // received since the version it was computed from) -> pushed messages.
+  std::map<int64_t, int64_t> staleness;
 };
 
 // The report as one JSON object, indented by two spaces, ending in a newline.
@@ -74,7 +78,8 @@ struct TrainingReport {
 // model_parameters, steps, final_train_loss, final_test_accuracy,
 // samples_per_second, global_samples_per_second, model_bytes_to_host_per_step,
 // model_bytes_to_device_per_step, compute, replay_step_s, time_split, stopped_at_step, shrunk_steps
-// ([[first, last], ...]), recoveries
+// ([[first, last], ...]), staleness ({"0": messages, ...}; empty unless
+// asynchronous), recoveries
 // (each: failed_iteration, resumed_version, seconds, error), epochs. Each epoch: epoch,
 // steps, samples, train_loss, train_accuracy, test_loss, test_accuracy,
 // validation_loss, validation_accuracy, train_seconds, samples_per_second,

@@ -36,6 +36,7 @@ TrainingReport SampleReport() {
   r.split = Split(10);
   r.stopped_at_step = 59;
   r.shrunk_steps = {{40, 45}, {50, 50}};
+  r.staleness = {{0, 5}, {2, 1}};
   TrainingReport::Recovery recovery;
   recovery.failed_iteration = 17;
   recovery.resumed_version = 15;
@@ -90,7 +91,8 @@ TEST(TrainingReportTest, JsonParsesBackToTheSameValuesInAFixedKeyOrder) {
                        "samples_per_second", "global_samples_per_second",
                        "model_bytes_to_host_per_step", "model_bytes_to_device_per_step",
                        "compute", "replay_step_s", "time_split", "stopped_at_step",
-                       "shrunk_steps", "recoveries", "epochs"}));
+                       "shrunk_steps", "staleness", "recoveries", "epochs"}));
+  EXPECT_EQ(j["staleness"].dump(), "{\"0\":5,\"2\":1}");
   EXPECT_EQ(j["shrunk_steps"].dump(), "[[40,45],[50,50]]");
   EXPECT_EQ(j["stopped_at_step"], 59);
   ASSERT_EQ(j["recoveries"].size(), 1u);

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -263,6 +264,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   std::unique_ptr<ParameterStore> store;
   // Tensor bytes over the wire so far, in a server job.
   std::function<int64_t()> bytes_pushed, bytes_pulled;
+  std::function<std::map<int64_t, int64_t>()> staleness;  // one server only
   const std::vector<std::string> shards =
       absl::StrSplit(absl::GetFlag(FLAGS_server), ',', absl::SkipWhitespace());
   if (absl::GetFlag(FLAGS_server).empty()) {
@@ -294,6 +296,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
                           RemoteParameterStore::Create(remote_options));
       bytes_pushed = [r = r.get()] { return r->bytes_pushed(); };
       bytes_pulled = [r = r.get()] { return r->bytes_pulled(); };
+      staleness = [r = r.get()] { return r->staleness_histogram(); };
       store = std::move(r);
     } else {
       ShardedStoreOptions sharded_options;
@@ -401,6 +404,15 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     std::fflush(stdout);
   });
   PS_ASSIGN_OR_RETURN(TrainingReport report, trainer->Run());
+  if (staleness) report.staleness = staleness();
+  if (!report.staleness.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [stale, messages] : report.staleness) {
+      parts.push_back(absl::StrCat(stale, ": ", messages));
+    }
+    std::printf("worker %d: staleness of its pushes (updates behind: messages) %s\n", rank,
+                absl::StrJoin(parts, ", ").c_str());
+  }
   const std::string final_test =
       report.final_test_accuracy >= 0
           ? absl::StrFormat("final test accuracy %.4f, ", report.final_test_accuracy)
