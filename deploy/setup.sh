@@ -15,6 +15,8 @@ PACKAGES=(
   libopenblas-dev
   zlib1g-dev
   openssl                # deploy/tls/make_test_certs.sh: test CAs and certificates
+  prometheus-cpp-dev     # --metrics_port: the daemons' Prometheus metrics
+  prometheus             # tests/metrics_test scrapes a real Prometheus server
   dataset-fashion-mnist  # real data: /usr/share/datasets/fashion-mnist
   python3 python3-numpy python3-torch  # PyTorch serves as a test oracle
 )

@@ -37,6 +37,11 @@ int64_t Checkpointer::last_version() const {
   return last_version_;
 }
 
+absl::Time Checkpointer::last_write_time() const {
+  absl::MutexLock lock(&mu_);
+  return last_time_;
+}
+
 void Checkpointer::Log(const std::string& line) const {
   if (options_.log) options_.log(line);
 }

@@ -57,8 +57,10 @@ class Checkpointer {
   absl::Status WriteFinal(absl::Time deadline);
   void Stop();
 
-  // The newest version written (or given at construction), -1 for none.
+  // The newest version written (or given at construction), -1 for none, and
+  // when it was written (construction time until the first write).
   int64_t last_version() const;
+  absl::Time last_write_time() const;
 
  private:
   void Loop();

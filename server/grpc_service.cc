@@ -408,6 +408,12 @@ absl::Status ParameterServerService::DropWorker(int rank) {
   return absl::OkStatus();
 }
 
+const absl::Status& ParameterServerService::Answered(absl::string_view method,
+                                                    const absl::Status& status) const {
+  if (options_.on_answer) options_.on_answer(method, status.code());
+  return status;
+}
+
 absl::Status ParameterServerService::CheckCall(const grpc::ServerContextBase& context) const {
   if (stopping_) {
     absl::MutexLock lock(&stop_mu_);
@@ -453,8 +459,10 @@ void ParameterServerService::AnswerNow(const std::vector<internal::WaitingPull*>
   for (internal::WaitingPull* pull : pulls) {
     // Past its deadline, PullChunkViews answers at once: with the chunks if
     // they exist by now, else with the DEADLINE_EXCEEDED naming one missing.
-    pull->Finish(ToGrpcStatus(AnswerPull(pull->request(), pull->ids(), absl::InfinitePast(),
-                                         pull->wait(), pull->mutable_reply())));
+    pull->Finish(ToGrpcStatus(Answered(
+        pull->wait() ? "Wait" : "Pull", AnswerPull(pull->request(), pull->ids(),
+                                                   absl::InfinitePast(), pull->wait(),
+                                                   pull->mutable_reply()))));
   }
 }
 
@@ -555,6 +563,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(grpc::CallbackServerC
         return DoRegister(*context, message, answer);
       },
       &status);
+  Answered("Register", status);
   // Adopting the signature may complete version 0 (a server given values).
   if (status.ok()) AnswerReadyPulls({});
   return reactor;
@@ -590,7 +599,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServe
                                                              const grpc::ByteBuffer* request,
                                                              grpc::ByteBuffer* reply) {
   std::vector<ChunkId> sent;
-  const absl::Status status = DoInitialize(*context, *request, &sent);
+  const absl::Status status = Answered("Initialize", DoInitialize(*context, *request, &sent));
   grpc::ServerUnaryReactor* reactor = FinishWithoutData(context, status, reply);
   // The reply is on its way; then the pulls this call made ready.
   if (status.ok()) AnswerReadyPulls(sent);
@@ -633,7 +642,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
                                                        grpc::ByteBuffer* reply) {
   std::vector<ChunkId> sent;
   proto::PushReply push_reply;
-  const absl::Status status = DoPush(*context, *request, &sent, &push_reply);
+  const absl::Status status =
+      Answered("Push", DoPush(*context, *request, &sent, &push_reply));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (status.ok()) *reply = proto::SerializeMessage(push_reply);
   reactor->Finish(ToGrpcStatus(status));
@@ -649,7 +659,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Wait(grpc::CallbackServerConte
   if (status.ok()) status = CheckOptionalSession(*context);
   proto::WaitRequest wait;
   if (status.ok()) status = proto::ParseMessage(*request, "wait request", &wait);
-  if (!status.ok()) return FinishAtOnce(context, status);
+  if (!status.ok()) return FinishAtOnce(context, Answered("Wait", status));
   // A pull of no chunks waits for the server's version.
   proto::PullRequest pull;
   pull.set_version(wait.version());
@@ -677,12 +687,14 @@ grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServer
                                                             const grpc::ByteBuffer* request,
                                                             grpc::ByteBuffer* reply) {
   absl::Status status;
-  return AnswerAtOnce<proto::HeartbeatRequest, proto::HeartbeatReply>(
+  grpc::ServerUnaryReactor* reactor = AnswerAtOnce<proto::HeartbeatRequest, proto::HeartbeatReply>(
       context, *request, reply, "heartbeat request", CheckCall(*context),
       [&](const proto::HeartbeatRequest& message, proto::HeartbeatReply* answer) {
         return DoHeartbeat(*context, message, answer);
       },
       &status);
+  Answered("Heartbeat", status);
+  return reactor;
 }
 
 absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& request,
@@ -732,15 +744,16 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
 grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* reply) {
-  if (absl::Status s = CheckCall(*context); !s.ok()) return FinishAtOnce(context, s);
-  if (absl::Status s = CheckOptionalSession(*context); !s.ok()) return FinishAtOnce(context, s);
+  auto refuse = [&](const absl::Status& s) { return FinishAtOnce(context, Answered("Pull", s)); };
+  if (absl::Status s = CheckCall(*context); !s.ok()) return refuse(s);
+  if (absl::Status s = CheckOptionalSession(*context); !s.ok()) return refuse(s);
   proto::PullRequest pull;
   if (absl::Status s = proto::ParseMessage(*request, "pull request", &pull); !s.ok()) {
-    return FinishAtOnce(context, s);
+    return refuse(s);
   }
   if (pull.dtype() != proto::DTYPE_F32 && pull.dtype() != proto::DTYPE_F16 &&
       pull.dtype() != proto::DTYPE_BF16) {
-    return FinishAtOnce(context, absl::InvalidArgumentError(absl::StrCat(
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
                                      "pull asks for dtype ", pull.dtype(),
                                      "; F32, F16 and BF16 are served")));
   }
@@ -756,17 +769,17 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
   for (const proto::ChunkId& id : pull.chunks()) {
     const int64_t length = server_->ChunkLength(id.key(), id.chunk());
     if (length < 0) {
-      return FinishAtOnce(context, absl::OutOfRangeError(absl::StrCat(
+      return refuse(absl::OutOfRangeError(absl::StrCat(
                                        "chunk ", id.chunk(), " of key ", id.key(), " out of range")));
     }
     if (!seen.insert({id.key(), id.chunk()}).second) {
-      return FinishAtOnce(context, absl::InvalidArgumentError(absl::StrCat(
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
                                        "chunk ", id.chunk(), " of key ", id.key(),
                                        " asked for twice in one pull")));
     }
     total += length;
     if (total > max_elements) {
-      return FinishAtOnce(context, absl::InvalidArgumentError(absl::StrCat(
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
                                        "pull asks for more than ", max_elements,
                                        " elements in one message; split it")));
     }
@@ -784,7 +797,8 @@ grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(grpc::CallbackServe
     // The common case (after Wait, or once these chunks are applied), or
     // no time to wait: answered on gRPC's thread.
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(AnswerPull(pull, ids, deadline, wait, reply)));
+    reactor->Finish(ToGrpcStatus(
+        Answered(wait ? "Wait" : "Pull", AnswerPull(pull, ids, deadline, wait, reply))));
     return reactor;
   }
   // It would wait: recorded, pinning no thread (see the class comment).
@@ -803,7 +817,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Describe(grpc::CallbackServerC
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* reply) {
   absl::Status status;
-  return AnswerAtOnce<proto::DescribeRequest, proto::DescribeReply>(
+  grpc::ServerUnaryReactor* reactor = AnswerAtOnce<proto::DescribeRequest, proto::DescribeReply>(
       context, *request, reply, "describe request", CheckCall(*context),
       [&](const proto::DescribeRequest&, proto::DescribeReply* answer) {
         const ParameterServer::Progress progress = server_->progress();
@@ -827,6 +841,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Describe(grpc::CallbackServerC
         return absl::OkStatus();
       },
       &status);
+  Answered("Describe", status);
+  return reactor;
 }
 
 }  // namespace ps::server

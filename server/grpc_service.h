@@ -2,6 +2,7 @@
 #define PS_SERVER_GRPC_SERVICE_H_
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -87,6 +88,9 @@ struct ServiceOptions {
   absl::Duration liveness_timeout = absl::Seconds(10);
   // The job shrinks when it loses a worker (RegisterReply.shrinks).
   bool shrinks = false;
+  // Told each call's method ("Push", ...) and final code as it is answered
+  // (for metrics); must be thread-safe and quick. May be empty.
+  std::function<void(absl::string_view method, absl::StatusCode code)> on_answer;
 };
 
 class ParameterServerService final
@@ -189,6 +193,8 @@ class ParameterServerService final
   // The deadline thread's loop: answers each waiting pull at its deadline.
   void AnswerAtDeadlines();
 
+  // Reports `status` of a `method` call to options_.on_answer; returns it.
+  const absl::Status& Answered(absl::string_view method, const absl::Status& status) const;
   // OK, or why the call must be refused before it is read: the service is
   // stopping, or the job token is missing or wrong.
   absl::Status CheckCall(const grpc::ServerContextBase& context) const;

@@ -38,6 +38,7 @@
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/job_token.h"
+#include "common/metrics.h"
 #include "common/tls_credentials.h"
 #include "server/checkpoint.h"
 #include "server/checkpointer.h"
@@ -97,6 +98,10 @@ ABSL_FLAG(std::string, job_token_file, "",
 ABSL_FLAG(bool, insecure, false,
           "allow plaintext on an address other than loopback (anyone who reaches the port can "
           "then read and change the model)");
+ABSL_FLAG(int, metrics_port, -1,
+          "serve Prometheus metrics at http://--metrics_address:PORT/metrics (0: any free port, "
+          "printed; -1: none)");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1", "address the metrics endpoint binds");
 ABSL_FLAG(std::string, trace, "",
           "write a Chrome trace-event timeline (Perfetto, chrome://tracing) of every push, "
           "update and pull here when stopped");
@@ -175,7 +180,22 @@ absl::Status Main() {
         absl::StrCat("--consistency=", consistency, ": use sync or async"));
   }
   PS_ASSIGN_OR_RETURN(options.optimizer, OptimizerOptionsFromFlags());
-  options.observer = trace.get();
+  // Metrics: the timed events, the calls' codes, and the job's state.
+  std::unique_ptr<MetricsServer> metrics;
+  std::unique_ptr<EventMetrics> event_metrics;
+  ObserverFanOut observers;
+  if (trace != nullptr) observers.Add(trace.get());
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    PS_ASSIGN_OR_RETURN(metrics, MetricsServer::Start(absl::StrCat(
+                                     absl::GetFlag(FLAGS_metrics_address), ":",
+                                     absl::GetFlag(FLAGS_metrics_port))));
+    event_metrics = std::make_unique<EventMetrics>(metrics->registry(), "ps_server");
+    observers.Add(event_metrics.get());
+    std::printf("metrics at http://%s:%d/metrics\n", absl::GetFlag(FLAGS_metrics_address).c_str(),
+                metrics->port());
+    std::fflush(stdout);
+  }
+  options.observer = observers.empty() ? nullptr : &observers;
   std::unique_ptr<ParameterServer> server;
   std::string initial_from = "worker rank 0";
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
@@ -243,6 +263,23 @@ absl::Status Main() {
   const bool shrink = on_worker_loss == "shrink";
   ServiceOptions service_options;
   service_options.shrinks = shrink;
+  prometheus::Family<prometheus::Counter>* rpcs = nullptr;
+  prometheus::Family<prometheus::Gauge>* job_gauges = nullptr;
+  if (metrics != nullptr) {
+    rpcs = &prometheus::BuildCounter()
+                .Name("ps_server_rpcs_total")
+                .Help("Calls answered, by method and status code")
+                .Register(metrics->registry());
+    job_gauges = &prometheus::BuildGauge()
+                      .Name("ps_server_job")
+                      .Help("The job as the server sees it: version, registered and live "
+                            "workers, seconds since the last checkpoint, waiting pulls")
+                      .Register(metrics->registry());
+    service_options.on_answer = [rpcs](absl::string_view method, absl::StatusCode code) {
+      rpcs->Add({{"method", std::string(method)}, {"code", absl::StatusCodeToString(code)}})
+          .Increment();
+    };
+  }
   service_options.stall_report_after = absl::GetFlag(FLAGS_stall_report_every);
   service_options.liveness_timeout = absl::GetFlag(FLAGS_liveness_timeout);
   PS_ASSIGN_OR_RETURN(service_options.job_token,
@@ -323,6 +360,24 @@ absl::Status Main() {
     while (!stop_inspector.WaitForNotificationWithTimeout(absl::Seconds(1))) {
       const ParameterServer::Progress progress = server->progress();
       const int64_t now = clock->NowNanos();
+      if (job_gauges != nullptr) {
+        int registered = 0, live = 0;
+        for (const ParameterServer::WorkerProgress& w : progress.workers) {
+          if (w.id.empty()) continue;
+          ++registered;
+          live += w.heard_ns >= 0 &&
+                  now - w.heard_ns <= absl::ToInt64Nanoseconds(absl::GetFlag(FLAGS_liveness_timeout));
+        }
+        job_gauges->Add({{"what", "version"}}).Set(static_cast<double>(progress.version));
+        job_gauges->Add({{"what", "registered_workers"}}).Set(registered);
+        job_gauges->Add({{"what", "live_workers"}}).Set(live);
+        job_gauges->Add({{"what", "waiting_pulls"}})
+            .Set(static_cast<double>(service.waiting_pulls()));
+        if (checkpointer != nullptr) {
+          job_gauges->Add({{"what", "checkpoint_age_seconds"}})
+              .Set(absl::ToDoubleSeconds(absl::Now() - checkpointer->last_write_time()));
+        }
+      }
       const Stall stall =
           FindStall(progress, now, every, absl::GetFlag(FLAGS_liveness_timeout));
       if (stall.report.empty()) continue;

@@ -33,6 +33,8 @@ _PKG_CONFIG_LIBS = {
     "gtest_main": ["gtest_main", "gmock"],
     "openblas": ["openblas"],
     "protobuf": ["protobuf"],
+    # prometheus-cpp-dev: the metrics registry and its HTTP exposer.
+    "prometheus": ["prometheus-cpp-pull", "prometheus-cpp-core"],
     "zlib": ["zlib"],
 }
 

@@ -1,0 +1,63 @@
+#ifndef PS_COMMON_METRICS_H_
+#define PS_COMMON_METRICS_H_
+
+// Prometheus metrics over HTTP (Debian's prometheus-cpp: its core registry
+// and its civetweb exposer), for both daemons' --metrics_port. A
+// MetricsServer owns the HTTP endpoint (GET /metrics) and the registry the
+// daemon's metrics live in; EventMetrics turns the timed events every
+// component already reports (common/timed_event.h) into metrics, so nothing
+// on the data path knows Prometheus.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/timed_event.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace ps {
+
+class MetricsServer {
+ public:
+  // Serves the registry at http://`address`/metrics ("host:port"; port 0
+  // picks a free one). kUnavailable naming the address when it cannot bind.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address);
+
+  int port() const { return port_; }
+  prometheus::Registry& registry() { return *registry_; }
+
+ private:
+  MetricsServer() = default;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+// Timed events as metrics, under `prefix` ("ps_worker", "ps_server"):
+//   <prefix>_phase_seconds{phase}   histogram of each step phase (kData ..
+//                                   kCopyToDevice: where the step time goes)
+//   <prefix>_rpc_bytes_total{kind}  payload bytes of push and pull messages
+//   <prefix>_rpc_seconds{kind}      histogram of push and pull messages
+//   <prefix>_events_total{kind}     every event, by kind
+// Thread-safe (prometheus-cpp's metrics are); the registry must outlive it.
+class EventMetrics final : public EventObserver {
+ public:
+  EventMetrics(prometheus::Registry& registry, const std::string& prefix);
+  void OnEvent(const TimedEvent& event) override;
+
+ private:
+  prometheus::Family<prometheus::Histogram>& phases_;
+  prometheus::Family<prometheus::Counter>& rpc_bytes_;
+  prometheus::Family<prometheus::Histogram>& rpc_seconds_;
+  prometheus::Family<prometheus::Counter>& events_;
+};
+
+}  // namespace ps
+
+#endif  // PS_COMMON_METRICS_H_

@@ -1,0 +1,124 @@
+// The server's Prometheus metrics, read back through a real Prometheus
+// (Debian's prometheus package) scraping a 2-worker LeNet job: the live
+// workers, the bytes of the pushes the server summed, and the calls answered
+// by method and code.
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/testing/subprocess.h"
+#include "gtest/gtest.h"
+#include "tests/process.h"
+
+namespace ps {
+namespace {
+
+using tests::Process;
+using tests::WaitForLog;
+using tests::WaitForPortFile;
+
+// A loopback port free now (Prometheus takes a fixed one).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// The value of Prometheus's instant query `query` (the first series), or
+// -1 when it has none yet.
+double Query(const std::string& python, int port, const std::string& query) {
+  const std::string program = absl::StrCat(
+      "import json, sys, urllib.parse, urllib.request\n"
+      "url = 'http://127.0.0.1:", port, "/api/v1/query?' + urllib.parse.urlencode({'query': sys.argv[1]})\n"
+      "r = json.load(urllib.request.urlopen(url, timeout=5))['data']['result']\n"
+      "print(r[0]['value'][1] if r else -1)\n");
+  std::string output;
+  if (testing::RunCommand(absl::StrCat(python, " -c ", testing::ShellQuote(program), " ",
+                                       testing::ShellQuote(query)),
+                          &output) != 0) {
+    return -1;
+  }
+  return std::atof(output.c_str());
+}
+
+TEST(MetricsTest, APrometheusServerReadsTheJobBack) {
+  const std::string python = testing::FindPython("json");
+  ASSERT_FALSE(python.empty());
+  const std::string port_file = testing::TestTmpPath("port");
+  Process server(testing::RunfilePath("server/server"),
+                 {"--port=0", "--port_file=" + port_file, "--num_workers=2", "--metrics_port=0"},
+                 testing::TestTmpPath("server.log"));
+  const int port = WaitForPortFile(port_file);
+  ASSERT_GT(port, 0) << server.Log();
+  std::smatch match;
+  const std::string log = server.Log();
+  ASSERT_TRUE(std::regex_search(log, match, std::regex("metrics at http://127.0.0.1:([0-9]+)/metrics")))
+      << log;
+  const std::string metrics_port = match[1];
+
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int r = 0; r < 2; ++r) {
+    workers.push_back(std::make_unique<Process>(
+        testing::RunfilePath("worker/worker"),
+        std::vector<std::string>{absl::StrCat("--server=127.0.0.1:", port),
+                                 absl::StrCat("--worker_id=w", r), absl::StrCat("--rank=", r),
+                                 "--model=lenet", "--batch_size=128", "--epochs=10",
+                                 "--max_steps=3000", "--devices=cpu", "--threads=1",
+                                 "--evaluate=false", "--progress=false"},
+        testing::TestTmpPath(absl::StrCat("worker", r, ".log"))));
+  }
+
+  const int prometheus_port = FreePort();
+  const std::string config = testing::TestTmpPath("prometheus.yml");
+  std::ofstream(config) << "global:\n  scrape_interval: 1s\n"
+                        << "scrape_configs:\n  - job_name: ps\n    static_configs:\n"
+                        << "      - targets: ['127.0.0.1:" << metrics_port << "']\n";
+  Process prometheus("/usr/bin/prometheus",
+                     {"--config.file=" + config,
+                      "--storage.tsdb.path=" + testing::TestTmpPath("tsdb"),
+                      absl::StrCat("--web.listen-address=127.0.0.1:", prometheus_port)},
+                     testing::TestTmpPath("prometheus.log"));
+
+  // Both workers live, as Prometheus scraped it.
+  double live = -1;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < give_up) {
+    live = Query(python, prometheus_port, "ps_server_job{what=\"live_workers\"}");
+    if (live == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  EXPECT_EQ(live, 2) << prometheus.Log();
+  const double pushed =
+      Query(python, prometheus_port, "ps_server_rpc_bytes_total{kind=\"server_push\"}");
+  const double calls =
+      Query(python, prometheus_port, "ps_server_rpcs_total{method=\"Push\",code=\"OK\"}");
+  const double version = Query(python, prometheus_port, "ps_server_job{what=\"version\"}");
+  std::printf("Prometheus read back: live workers %g, bytes pushed %g, OK pushes %g, version %g\n",
+              live, pushed, calls, version);
+  EXPECT_GT(pushed, 0);
+  EXPECT_GT(calls, 0);
+  EXPECT_GT(version, 0);
+  for (auto& w : workers) w->Signal(SIGKILL);
+  prometheus.Signal(SIGTERM);
+  server.Signal(SIGTERM);
+}
+
+}  // namespace
+}  // namespace ps
