@@ -402,6 +402,11 @@ void ParameterServerService::FailJob(const absl::Status& status) {
   for (internal::WaitingPull* pull : waiting_->Close()) pull->Finish(ToGrpcStatus(status));
 }
 
+std::map<int, proto::HeartbeatRequest> ParameterServerService::worker_reports() const {
+  absl::MutexLock lock(&reports_mu_);
+  return reports_;
+}
+
 absl::Status ParameterServerService::DropWorker(int rank) {
   PS_ASSIGN_OR_RETURN(const std::vector<ChunkId> completed, server_->DropWorker(rank));
   AnswerReadyPulls(completed);
@@ -671,6 +676,15 @@ absl::Status ParameterServerService::DoHeartbeat(const grpc::ServerContextBase& 
                                                  const proto::HeartbeatRequest& request,
                                                  proto::HeartbeatReply* reply) {
   PS_RETURN_IF_ERROR(server_->Heartbeat(request.rank(), SessionOf(context)));
+  if (request.phases_size() > 0 || request.steps() > 0) {
+    // Bounded: one report per rank, and a handful of phases in each.
+    if (request.phases_size() > 64) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a heartbeat of ", request.phases_size(), " phases; at most 64"));
+    }
+    absl::MutexLock lock(&reports_mu_);
+    reports_[request.rank()] = request;
+  }
   const ParameterServer::Progress progress = server_->progress();
   reply->set_version(progress.version);
   const Clock* clock = server_->options().clock;

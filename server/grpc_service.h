@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -118,6 +119,9 @@ class ParameterServerService final
   void FailJob(const absl::Status& status);
   // ParameterServer::DropWorker, answering the pulls it made ready.
   absl::Status DropWorker(int rank);
+  // What each rank's last heartbeat said it had done (HeartbeatRequest),
+  // by rank; for the server's metrics.
+  std::map<int, proto::HeartbeatRequest> worker_reports() const;
 
   // Answers every waiting pull with UNAVAILABLE "server shutting down", and
   // from now on every pull that would wait too (pulls that can be answered
@@ -209,6 +213,8 @@ class ParameterServerService final
   mutable absl::Mutex stop_mu_;
   std::string stop_reason_ ABSL_GUARDED_BY(stop_mu_);  // non-empty once stopping
   absl::Status failure_ ABSL_GUARDED_BY(stop_mu_);     // FailJob's
+  mutable absl::Mutex reports_mu_;
+  std::map<int, proto::HeartbeatRequest> reports_ ABSL_GUARDED_BY(reports_mu_);
   std::atomic<bool> stopping_{false};
   // Shared with the waiting reactors, whose OnCancel may come after the
   // service has answered them.

@@ -265,6 +265,9 @@ absl::Status Main() {
   service_options.shrinks = shrink;
   prometheus::Family<prometheus::Counter>* rpcs = nullptr;
   prometheus::Family<prometheus::Gauge>* job_gauges = nullptr;
+  prometheus::Family<prometheus::Gauge>* worker_gauges = nullptr;
+  prometheus::Family<prometheus::Gauge>* phase_sum = nullptr;
+  prometheus::Family<prometheus::Gauge>* phase_count = nullptr;
   if (metrics != nullptr) {
     rpcs = &prometheus::BuildCounter()
                 .Name("ps_server_rpcs_total")
@@ -275,6 +278,19 @@ absl::Status Main() {
                       .Help("The job as the server sees it: version, registered and live "
                             "workers, seconds since the last checkpoint, waiting pulls")
                       .Register(metrics->registry());
+    worker_gauges = &prometheus::BuildGauge()
+                         .Name("ps_worker")
+                         .Help("Each worker as its heartbeats report it: steps trained")
+                         .Register(metrics->registry());
+    phase_sum = &prometheus::BuildGauge()
+                     .Name("ps_worker_phase_seconds_sum")
+                     .Help("Seconds each worker spent in each step phase (data, compute, "
+                           "reduce, copy, push, wait, pull), from its heartbeats")
+                     .Register(metrics->registry());
+    phase_count = &prometheus::BuildGauge()
+                       .Name("ps_worker_phase_seconds_count")
+                       .Help("Times each worker went through each step phase")
+                       .Register(metrics->registry());
     service_options.on_answer = [rpcs](absl::string_view method, absl::StatusCode code) {
       rpcs->Add({{"method", std::string(method)}, {"code", absl::StatusCodeToString(code)}})
           .Increment();
@@ -376,6 +392,16 @@ absl::Status Main() {
         if (checkpointer != nullptr) {
           job_gauges->Add({{"what", "checkpoint_age_seconds"}})
               .Set(absl::ToDoubleSeconds(absl::Now() - checkpointer->last_write_time()));
+        }
+        // The workers' step phases, as their heartbeats reported them.
+        for (const auto& [rank, report] : service.worker_reports()) {
+          const std::string r = std::to_string(rank);
+          worker_gauges->Add({{"rank", r}, {"what", "steps"}}).Set(static_cast<double>(report.steps()));
+          for (const proto::PhaseTotal& phase : report.phases()) {
+            phase_sum->Add({{"rank", r}, {"phase", phase.phase()}}).Set(phase.seconds());
+            phase_count->Add({{"rank", r}, {"phase", phase.phase()}})
+                .Set(static_cast<double>(phase.count()));
+          }
         }
       }
       const Stall stall =

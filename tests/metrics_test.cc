@@ -110,11 +110,26 @@ TEST(MetricsTest, APrometheusServerReadsTheJobBack) {
   const double calls =
       Query(python, prometheus_port, "ps_server_rpcs_total{method=\"Push\",code=\"OK\"}");
   const double version = Query(python, prometheus_port, "ps_server_job{what=\"version\"}");
-  std::printf("Prometheus read back: live workers %g, bytes pushed %g, OK pushes %g, version %g\n",
-              live, pushed, calls, version);
+  // The workers' step phases, reported through their heartbeats: the mean
+  // compute time of worker 0's steps, as a histogram's sum and count give.
+  double computes = -1;
+  while (std::chrono::steady_clock::now() < give_up && computes <= 0) {
+    computes = Query(python, prometheus_port,
+                     "ps_worker_phase_seconds_count{rank=\"0\",phase=\"compute\"}");
+    if (computes <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  const double compute_seconds = Query(
+      python, prometheus_port, "ps_worker_phase_seconds_sum{rank=\"0\",phase=\"compute\"}");
+  const double steps = Query(python, prometheus_port, "ps_worker{rank=\"1\",what=\"steps\"}");
+  std::printf("Prometheus read back: live workers %g, bytes pushed %g, OK pushes %g, version %g; "
+              "worker 0: %g computes, %.2f ms each; worker 1: %g steps\n",
+              live, pushed, calls, version, computes, 1e3 * compute_seconds / computes, steps);
   EXPECT_GT(pushed, 0);
   EXPECT_GT(calls, 0);
   EXPECT_GT(version, 0);
+  EXPECT_GT(computes, 0);
+  EXPECT_GT(compute_seconds, 0);
+  EXPECT_GT(steps, 0);
   for (auto& w : workers) w->Signal(SIGKILL);
   prometheus.Signal(SIGTERM);
   server.Signal(SIGTERM);

@@ -46,6 +46,7 @@ void RemoteParameterStore::SendHeartbeats() {
       request.set_rank(session_rank_);
       context.AddMetadata(proto::kSessionMetadataKey, session_);
     }
+    if (options_.report) options_.report(&request);
     proto::HeartbeatReply reply;
     // A failure says nothing the training calls will not: the server is
     // away, restarting, or shutting down.

@@ -58,6 +58,9 @@ struct RemoteStoreOptions {
   // reply's stall report goes to `log`, at most once per
   // stall_log_every, while this worker waits for others. Zero: none.
   absl::Duration heartbeat_interval = absl::Seconds(2);
+  // What each heartbeat reports of this worker for the server's metrics
+  // (steps and per-phase totals, filled into the request). May be empty.
+  std::function<void(proto::HeartbeatRequest*)> report;
   absl::Duration stall_log_every = absl::Seconds(5);
   // The job token sent on every call (common/job_token.h); empty: none.
   std::string job_token;

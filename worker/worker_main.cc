@@ -31,6 +31,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/chrome_trace.h"
 #include "common/clock.h"
 #include "common/cpu_device.h"
@@ -41,6 +42,7 @@
 #include "common/wire_codec.h"
 #include "common/status_macros.h"
 #include "kernels/gemm.h"
+#include "proto/parameter_server.pb.h"
 #include "worker/data/loader.h"
 #include "server/optimizer_flags.h"
 #include "worker/local_parameter_store.h"
@@ -133,6 +135,39 @@ namespace {
 // the trainer reads it after each step.
 std::atomic<bool> stop_requested{false};
 
+// The step phases' totals since the start (seconds and count per phase,
+// and the steps), which the heartbeats report to the server's metrics.
+class PhaseTotals final : public EventObserver {
+ public:
+  void OnEvent(const TimedEvent& event) override {
+    if (event.lane != kTrainerLane || !IsStepPhase(event.kind)) return;
+    absl::MutexLock lock(&mu_);
+    Total& t = totals_[std::string(EventKindName(event.kind))];
+    t.seconds += static_cast<double>(event.end_ns - event.start_ns) / 1e9;
+    ++t.count;
+    if (event.kind == EventKind::kData) ++steps_;
+  }
+  void Fill(proto::HeartbeatRequest* request) const {
+    absl::MutexLock lock(&mu_);
+    request->set_steps(steps_);
+    for (const auto& [phase, t] : totals_) {
+      proto::PhaseTotal* p = request->add_phases();
+      p->set_phase(phase);
+      p->set_seconds(t.seconds);
+      p->set_count(t.count);
+    }
+  }
+
+ private:
+  struct Total {
+    double seconds = 0;
+    int64_t count = 0;
+  };
+  mutable absl::Mutex mu_;
+  std::map<std::string, Total> totals_ ABSL_GUARDED_BY(mu_);
+  int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 std::string FormatSplit(const TimeSplit& s) {
   const double total = s.data + s.compute + s.reduce + s.copy + s.push + s.wait + s.pull;
   if (total <= 0) return "";
@@ -196,8 +231,14 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   }
   PS_ASSIGN_OR_RETURN(server::OptimizerOptions optimizer, server::OptimizerOptionsFromFlags());
 
+  // The trainer's events go to the timeline (if any) and to the totals the
+  // heartbeats report.
+  PhaseTotals phase_totals;
+  ObserverFanOut observers;  // declared before, so destroyed after, the trainer and store
+  observers.Add(&phase_totals);
+  if (trace != nullptr) observers.Add(trace);
   TrainerOptions options;
-  options.observer = trace;
+  options.observer = &observers;
   options.clock = clock;
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.epochs = absl::GetFlag(FLAGS_epochs);
@@ -276,6 +317,9 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     remote_options.rank = absl::GetFlag(FLAGS_rank);
     remote_options.steps_per_epoch = optimizer.schedule.steps_per_epoch;
     remote_options.observer = trace;
+    remote_options.report = [&phase_totals](proto::HeartbeatRequest* request) {
+      phase_totals.Fill(request);
+    };
     remote_options.clock = clock;
     remote_options.connections = absl::GetFlag(FLAGS_connections);
     remote_options.compression = absl::GetFlag(FLAGS_compression);
