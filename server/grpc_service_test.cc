@@ -175,6 +175,24 @@ class GrpcServiceTest : public ::testing::Test {
     return proto::MakeFrame(request, data);
   }
 
+  // A push of iteration 0 from rank 0 (one sample) of one chunk whose data
+  // are `bytes` as they are, in `dtype` and `encoding`.
+  static grpc::ByteBuffer OneChunkPush(int key, int64_t chunk, proto::DType dtype,
+                                       proto::Encoding encoding, const std::string& bytes) {
+    proto::PushRequest request;
+    request.set_rank(0);
+    request.set_iteration(0);
+    request.set_num_samples(1);
+    proto::TensorChunk* c = request.add_chunks();
+    c->set_key(key);
+    c->set_chunk(chunk);
+    c->set_dtype(dtype);
+    c->set_encoding(encoding);
+    c->set_data_bytes(static_cast<int64_t>(bytes.size()));
+    std::vector<grpc::Slice> data = {grpc::Slice(bytes)};
+    return proto::MakeFrame(request, data);
+  }
+
   static std::string Bytes(const grpc::ByteBuffer& buffer) {
     std::vector<grpc::Slice> slices;
     EXPECT_TRUE(buffer.Dump(&slices).ok());
@@ -335,17 +353,7 @@ TEST_F(GrpcServiceTest, MalformedAndHostileCallsGetSpecificStatuses) {
 TEST_F(GrpcServiceTest, HalfPrecisionPushesAndPullsAndTheirMalformedForms) {
   ASSERT_TRUE(Register("a").ok());
   auto frame = [](int key, int64_t chunk, proto::DType dtype, const std::string& bytes) {
-    proto::PushRequest request;
-    request.set_rank(0);
-    request.set_iteration(0);
-    request.set_num_samples(1);
-    proto::TensorChunk* c = request.add_chunks();
-    c->set_key(key);
-    c->set_chunk(chunk);
-    c->set_dtype(dtype);
-    c->set_data_bytes(static_cast<int64_t>(bytes.size()));
-    std::vector<grpc::Slice> data = {grpc::Slice(bytes)};
-    return proto::MakeFrame(request, data);
+    return OneChunkPush(key, chunk, dtype, proto::ENCODING_DENSE, bytes);
   };
   auto halves = [](std::vector<uint16_t> bits) {
     return std::string(reinterpret_cast<const char*>(bits.data()), bits.size() * 2);
@@ -406,23 +414,12 @@ TEST_F(GrpcServiceTest, TopKPushesAreDecodedAndMalformedOnesRefused) {
   ASSERT_TRUE(Register("a").ok());
   auto frame = [](int key, int64_t chunk, proto::Encoding encoding, proto::DType dtype,
                   std::vector<std::pair<uint32_t, float>> pairs) {
-    proto::PushRequest request;
-    request.set_rank(0);
-    request.set_iteration(0);
-    request.set_num_samples(1);
-    proto::TensorChunk* c = request.add_chunks();
-    c->set_key(key);
-    c->set_chunk(chunk);
-    c->set_dtype(dtype);
-    c->set_encoding(encoding);
     std::string bytes;
     for (const auto& [i, v] : pairs) {
       bytes.append(reinterpret_cast<const char*>(&i), 4);
       bytes.append(reinterpret_cast<const char*>(&v), 4);
     }
-    c->set_data_bytes(static_cast<int64_t>(bytes.size()));
-    std::vector<grpc::Slice> data = {grpc::Slice(bytes)};
-    return proto::MakeFrame(request, data);
+    return OneChunkPush(key, chunk, dtype, encoding, bytes);
   };
   const auto topk = proto::ENCODING_TOPK;
   const auto f32 = proto::DTYPE_F32;
