@@ -130,6 +130,32 @@ TEST(MetricsTest, APrometheusServerReadsTheJobBack) {
   EXPECT_GT(computes, 0);
   EXPECT_GT(compute_seconds, 0);
   EXPECT_GT(steps, 0);
+
+  // Every metric the shipped Grafana dashboard draws is one the server serves.
+  const std::string dashboard =
+      testing::ReadFileBytes(testing::RunfilePath("deploy/grafana/ps-dashboard.json"));
+  ASSERT_FALSE(dashboard.empty());
+  std::string served;
+  ASSERT_EQ(testing::RunCommand(
+                absl::StrCat(python, " -c ",
+                             testing::ShellQuote(absl::StrCat(
+                                 "import urllib.request; print(urllib.request.urlopen("
+                                 "'http://127.0.0.1:",
+                                 metrics_port, "/metrics', timeout=5).read().decode())"))),
+                &served),
+            0)
+      << served;
+  const std::regex name("ps_[a-z_]+");
+  int drawn = 0;
+  for (auto it = std::sregex_iterator(dashboard.begin(), dashboard.end(), name);
+       it != std::sregex_iterator(); ++it) {
+    const std::string metric = it->str();
+    if (metric == "ps_job" || metric.rfind("ps_dashboard", 0) == 0) continue;  // the uid
+    ++drawn;
+    EXPECT_NE(served.find("\n" + metric), std::string::npos)
+        << "the dashboard draws " << metric << ", which the server does not serve";
+  }
+  EXPECT_GT(drawn, 5);
   for (auto& w : workers) w->Signal(SIGKILL);
   prometheus.Signal(SIGTERM);
   server.Signal(SIGTERM);
