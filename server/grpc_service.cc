@@ -628,6 +628,7 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
                         server_->ApplyNow(header.rank(), header.based_on_version(),
                                           header.num_samples(), chunks));
     reply->set_staleness(staleness);
+    if (options_.on_staleness) options_.on_staleness(staleness);
     return absl::OkStatus();
   }
   PS_RETURN_IF_ERROR(

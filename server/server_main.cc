@@ -293,6 +293,16 @@ absl::Status Main() {
                        .Name("ps_worker_phase_seconds_count")
                        .Help("Times each worker went through each step phase")
                        .Register(metrics->registry());
+    prometheus::Histogram* staleness =
+        &prometheus::BuildHistogram()
+             .Name("ps_server_push_staleness")
+             .Help("Asynchronous consistency: updates a push's chunks had received since the "
+                   "version it was computed from")
+             .Register(metrics->registry())
+             .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128});
+    service_options.on_staleness = [staleness](int64_t s) {
+      staleness->Observe(static_cast<double>(s));
+    };
     service_options.on_answer = [rpcs](absl::string_view method, absl::StatusCode code) {
       rpcs->Add({{"method", std::string(method)}, {"code", absl::StatusCodeToString(code)}})
           .Increment();
