@@ -6,8 +6,8 @@
 namespace ps::worker::model {
 
 using internal::BadInput;
+using internal::BeginBackward;
 using internal::CheckDevice;
-using internal::CheckGradShape;
 using internal::NoForward;
 
 // --- ConvParameters ---
@@ -89,11 +89,8 @@ absl::StatusOr<Tensor> Conv2d::Forward(const Tensor& x, Mode mode) {
 absl::StatusOr<Tensor> Conv2d::Backward(const Tensor& dy, bool need_dx) {
   if (x_.empty()) return NoForward(Describe());
   PS_ASSIGN_OR_RETURN(Shape out_shape, OutputShape(x_.shape()));
-  PS_RETURN_IF_ERROR(CheckGradShape(Describe(), dy, out_shape));
-  Tensor dx;
-  if (need_dx) {
-    PS_ASSIGN_OR_RETURN(dx, dx_.Get(device(), x_.shape()));
-  }
+  PS_ASSIGN_OR_RETURN(Tensor dx,
+                      BeginBackward(Describe(), x_, dy, out_shape, need_dx, dx_, device()));
   PS_RETURN_IF_ERROR(kernels::Conv2dBackward(
       *device(), conv_.ShapeFor(x_.shape()), x_.data<float>(), conv_.weight(), dy.data<float>(),
       need_dx ? MutableF32(dx) : nullptr, conv_.mutable_weight_grad(), conv_.mutable_bias_grad()));
@@ -158,11 +155,8 @@ absl::StatusOr<Tensor> Conv2dActivationPool::Forward(const Tensor& x, Mode mode)
 absl::StatusOr<Tensor> Conv2dActivationPool::Backward(const Tensor& dy, bool need_dx) {
   if (x_.empty()) return NoForward(Describe());
   PS_ASSIGN_OR_RETURN(Shape out_shape, OutputShape(x_.shape()));
-  PS_RETURN_IF_ERROR(CheckGradShape(Describe(), dy, out_shape));
-  Tensor dx;
-  if (need_dx) {
-    PS_ASSIGN_OR_RETURN(dx, dx_.Get(device(), x_.shape()));
-  }
+  PS_ASSIGN_OR_RETURN(Tensor dx,
+                      BeginBackward(Describe(), x_, dy, out_shape, need_dx, dx_, device()));
   const kernels::ConvActivationPool e = EpilogueFor(a_view_.shape());
   const int32_t* argmax = nullptr;
   if (e.max) {

@@ -36,6 +36,15 @@ absl::Status CheckGradShape(const std::string& layer, const Tensor& dy, const Sh
   return absl::OkStatus();
 }
 
+absl::StatusOr<Tensor> BeginBackward(const std::string& layer, const Tensor& x, const Tensor& dy,
+                                     const Shape& dy_shape, bool need_dx, ActivationBuffer& dx,
+                                     Device* device) {
+  if (x.empty()) return NoForward(layer);
+  PS_RETURN_IF_ERROR(CheckGradShape(layer, dy, dy_shape));
+  if (!need_dx) return Tensor();
+  return dx.Get(device, x.shape());
+}
+
 absl::Status CheckDevice(const std::string& layer, const Tensor& x, Device* device) {
   if (x.device() != device) {
     return absl::InvalidArgumentError(absl::StrCat(layer, ": tensor on ",

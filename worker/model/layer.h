@@ -145,6 +145,14 @@ absl::Status NoForward(const std::string& layer);
 // kInvalidArgument unless dy has the shape of the last forward's output.
 absl::Status CheckGradShape(const std::string& layer, const Tensor& dy, const Shape& expected);
 
+// The start of a Backward that every layer keeping its forward input `x`
+// shares: a Forward ran (NoForward otherwise), dy has `dy_shape`
+// (CheckGradShape), and with need_dx the layer's `dx` buffer shaped like x
+// on `device` (an empty tensor without need_dx).
+absl::StatusOr<Tensor> BeginBackward(const std::string& layer, const Tensor& x, const Tensor& dy,
+                                     const Shape& dy_shape, bool need_dx, ActivationBuffer& dx,
+                                     Device* device);
+
 // kInvalidArgument unless `x` is an F32 tensor on `device`.
 absl::Status CheckDevice(const std::string& layer, const Tensor& x, Device* device);
 

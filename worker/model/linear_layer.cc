@@ -8,8 +8,8 @@ namespace ps::worker::model {
 
 using internal::AddParameter;
 using internal::BadInput;
+using internal::BeginBackward;
 using internal::CheckDevice;
-using internal::CheckGradShape;
 using internal::NoForward;
 
 Linear::Linear(Device* device, int64_t in_features, int64_t out_features)
@@ -47,11 +47,8 @@ absl::StatusOr<Tensor> Linear::Forward(const Tensor& x, Mode mode) {
 
 absl::StatusOr<Tensor> Linear::Backward(const Tensor& dy, bool need_dx) {
   if (x_.empty()) return NoForward(Describe());
-  PS_RETURN_IF_ERROR(CheckGradShape(Describe(), dy, {x_.dim(0), out_features_}));
-  Tensor dx;
-  if (need_dx) {
-    PS_ASSIGN_OR_RETURN(dx, dx_.Get(device(), x_.shape()));
-  }
+  PS_ASSIGN_OR_RETURN(Tensor dx, BeginBackward(Describe(), x_, dy, {x_.dim(0), out_features_},
+                                               need_dx, dx_, device()));
   if (need_dx && wants_gradients_ready()) {
     // The parameter gradients first, handed over, then dx: the same kernels
     // on the same slices as the one call below, so the same results.
