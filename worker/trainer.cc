@@ -653,7 +653,9 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
       }
       double loss_sum, correct;
       PS_RETURN_IF_ERROR(ReadAndResetMetrics(&loss_sum, &correct));
-      iteration = resume;
+      // Asynchronous: the server's version counts every worker's updates,
+      // not this worker's steps; it goes on from its own step.
+      if (!registration_.async) iteration = resume;
       if (iteration < end) begin_epoch(iteration / steps_per_epoch);
       continue;
     }
