@@ -648,14 +648,14 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
       recovery.seconds = SecondsSince(*clock_, recover_start_ns);
       report.recoveries.push_back(recovery);
       if (on_recovery_) on_recovery_(recovery);
-      while (!report.epochs.empty() && report.epochs.back().epoch > resume / steps_per_epoch) {
+      // Asynchronous: the server's version counts every worker's updates,
+      // not this worker's steps; it goes on from its own step.
+      if (!registration_.async) iteration = resume;
+      while (!report.epochs.empty() && report.epochs.back().epoch > iteration / steps_per_epoch) {
         report.epochs.pop_back();
       }
       double loss_sum, correct;
       PS_RETURN_IF_ERROR(ReadAndResetMetrics(&loss_sum, &correct));
-      // Asynchronous: the server's version counts every worker's updates,
-      // not this worker's steps; it goes on from its own step.
-      if (!registration_.async) iteration = resume;
       if (iteration < end) begin_epoch(iteration / steps_per_epoch);
       continue;
     }
