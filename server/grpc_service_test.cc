@@ -72,6 +72,23 @@ struct AsyncPull {
   grpc::Status status;
 };
 
+// Serves `service` on a free loopback port and makes the typed and raw
+// stubs that talk to it.
+void Serve(ParameterServerService* service, std::unique_ptr<grpc::Server>* grpc_server,
+           std::unique_ptr<proto::ParameterServer::Stub>* stub,
+           std::unique_ptr<grpc::GenericStub>* raw_stub) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  *grpc_server = builder.BuildAndStart();
+  ASSERT_NE(port, 0);
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  *stub = proto::ParameterServer::NewStub(channel);
+  *raw_stub = std::make_unique<grpc::GenericStub>(channel);
+}
+
 class GrpcServiceTest : public ::testing::Test {
  protected:
   void SetUp() override { StartServer(ServiceOptions().max_waiting_pulls); }
@@ -89,16 +106,7 @@ class GrpcServiceTest : public ::testing::Test {
     ServiceOptions service_options;
     service_options.max_waiting_pulls = max_waiting_pulls;
     service_ = std::make_unique<ParameterServerService>(server_.get(), service_options);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    grpc_server_ = builder.BuildAndStart();
-    ASSERT_NE(port, 0);
-    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                       grpc::InsecureChannelCredentials());
-    stub_ = proto::ParameterServer::NewStub(channel);
-    raw_stub_ = std::make_unique<grpc::GenericStub>(channel);
+    ASSERT_NO_FATAL_FAILURE(Serve(service_.get(), &grpc_server_, &stub_, &raw_stub_));
   }
   void TearDown() override {
     // Waiting pulls are answered first: the server's Shutdown waits for
@@ -734,16 +742,7 @@ class GrpcServiceCredentialsTest : public GrpcServiceTest {
     ServiceOptions service_options;
     service_options.job_token = kToken;
     service_ = std::make_unique<ParameterServerService>(server_.get(), service_options);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    grpc_server_ = builder.BuildAndStart();
-    ASSERT_NE(port, 0);
-    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                       grpc::InsecureChannelCredentials());
-    stub_ = proto::ParameterServer::NewStub(channel);
-    raw_stub_ = std::make_unique<grpc::GenericStub>(channel);
+    ASSERT_NO_FATAL_FAILURE(Serve(service_.get(), &grpc_server_, &stub_, &raw_stub_));
   }
 
   static ParameterServerOptions Options() {
