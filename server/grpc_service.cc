@@ -75,6 +75,12 @@ absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
     decoded->values.reserve(header_chunks.size());
     decoded->pieces.reserve(header_chunks.size());
   }
+  // A decoded chunk's fp32 values, held in `decoded`, as the domain's piece.
+  auto add_decoded = [&](const proto::TensorChunk& chunk, const std::vector<float>& values) {
+    decoded->pieces.emplace_back(reinterpret_cast<const char*>(values.data()),
+                                 values.size() * sizeof(float));
+    chunks.push_back({chunk.key(), chunk.chunk(), absl::MakeConstSpan(&decoded->pieces.back(), 1)});
+  };
   for (int c = 0; c < header_chunks.size(); ++c) {
     const proto::TensorChunk& chunk = header_chunks[c];
     if (chunk.encoding() != proto::ENCODING_DENSE) {
@@ -95,10 +101,7 @@ absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
         return absl::InvalidArgumentError(absl::StrCat(what, " of key ", chunk.key(), " chunk ",
                                                        chunk.chunk(), ": ", s.message()));
       }
-      decoded->pieces.emplace_back(reinterpret_cast<const char*>(values.data()),
-                                   values.size() * sizeof(float));
-      chunks.push_back(
-          {chunk.key(), chunk.chunk(), absl::MakeConstSpan(&decoded->pieces.back(), 1)});
+      add_decoded(chunk, values);
       continue;
     }
     if (chunk.dtype() != proto::DTYPE_F32 &&
@@ -127,9 +130,7 @@ absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
     }
     std::vector<float>& values = decoded->values.emplace_back(chunk.data_bytes() / 2);
     PS_RETURN_IF_ERROR(codec->Decode(frame.pieces(c), absl::MakeSpan(values)));
-    decoded->pieces.emplace_back(reinterpret_cast<const char*>(values.data()),
-                                 values.size() * sizeof(float));
-    chunks.push_back({chunk.key(), chunk.chunk(), absl::MakeConstSpan(&decoded->pieces.back(), 1)});
+    add_decoded(chunk, values);
   }
   return chunks;
 }
@@ -446,10 +447,7 @@ absl::Status ParameterServerService::CheckOptionalSession(
     const grpc::ServerContextBase& context) const {
   const std::string session = SessionOf(context);
   if (session.empty()) return absl::OkStatus();
-  // The rank does not matter to a pull: any rank's check tells whether the
-  // session is this incarnation's (kAborted) before it looks at the rank.
-  const absl::Status status = server_->CheckSession(-1, session);
-  return status.code() == absl::StatusCode::kAborted ? status : absl::OkStatus();
+  return server_->CheckIncarnation(session);
 }
 
 void ParameterServerService::AnswerAtDeadlines() {

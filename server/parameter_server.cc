@@ -562,7 +562,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   return reg;
 }
 
-absl::Status ParameterServer::CheckSession(int rank, absl::string_view session) const {
+absl::Status ParameterServer::CheckIncarnation(absl::string_view session) const {
   const absl::string_view ours = incarnation_;
   if (session.size() <= ours.size() || !absl::StartsWith(session, ours) ||
       session[ours.size()] != '-') {
@@ -571,6 +571,11 @@ absl::Status ParameterServer::CheckSession(int rank, absl::string_view session) 
                         : "a session of another server process (this one restarted since)",
         ": register again and resume from the server's version"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::CheckSession(int rank, absl::string_view session) const {
+  PS_RETURN_IF_ERROR(CheckIncarnation(session));
   absl::MutexLock lock(&mu_);
   if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
     return absl::NotFoundError(absl::StrCat("no worker holds rank ", rank));

@@ -247,6 +247,9 @@ class ParameterServer {
   // previous process of this one); kNotFound for a rank no worker holds.
   // The transport checks it before a push or initial value is applied.
   absl::Status CheckSession(int rank, absl::string_view session) const;
+  // CheckSession's first check alone: kAborted unless `session` is of this
+  // incarnation (for calls that act as no rank).
+  absl::Status CheckIncarnation(absl::string_view session) const;
   // This server process's random identity, the prefix of its sessions.
   const std::string& incarnation() const { return incarnation_; }
 

@@ -725,6 +725,9 @@ TEST_F(ParameterServerTest, SessionsNameTheirRankAndRegistration) {
   EXPECT_EQ(server->CheckSession(a->rank, absl::StrCat(server->incarnation(), "-00")).code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(server->CheckSession(7, a->session).code(), absl::StatusCode::kNotFound);
+  // The incarnation alone (calls that act as no rank).
+  EXPECT_TRUE(server->CheckIncarnation(b->session).ok());
+  EXPECT_EQ(server->CheckIncarnation("0123456789abcdef-00").code(), absl::StatusCode::kAborted);
   // Registering again (a restarted process) retires the old session.
   auto again = server->Register("a", Signature());
   ASSERT_TRUE(again.ok());
