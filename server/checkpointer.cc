@@ -148,11 +148,13 @@ absl::Status Checkpointer::WriteFinal(absl::Time deadline) {
   return CaptureAndWrite(deadline);
 }
 
-std::map<std::string, std::string> JobSettings(int num_workers,
-                                               const OptimizerOptions& optimizer) {
+std::map<std::string, std::string> JobSettings(const ParameterServerOptions& options) {
+  const OptimizerOptions& optimizer = options.optimizer;
   const LrSchedule& schedule = optimizer.schedule;
   return {
-      {"num_workers", absl::StrCat(num_workers)},
+      {"num_workers", absl::StrCat(options.num_workers)},
+      {"consistency",
+       options.consistency == ParameterServerOptions::Consistency::kAsync ? "async" : "sync"},
       {"lr", absl::StrCat(optimizer.sgd.lr)},
       {"momentum", absl::StrCat(optimizer.sgd.momentum)},
       {"weight_decay", absl::StrCat(optimizer.sgd.weight_decay)},

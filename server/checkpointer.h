@@ -79,9 +79,10 @@ class Checkpointer {
 };
 
 // The job settings a checkpoint records and a resumed server must share:
-// the worker count and the optimizer's (a learning rate that differs would
-// not continue the same training). Keys are the flags' names.
-std::map<std::string, std::string> JobSettings(int num_workers, const OptimizerOptions& optimizer);
+// the worker count, the consistency mode and the optimizer's (a learning
+// rate that differs would not continue the same training). Keys are the
+// flags' names.
+std::map<std::string, std::string> JobSettings(const ParameterServerOptions& options);
 // "" when `saved` (from a checkpoint) and `current` agree, else the
 // differences, e.g. "lr 0.9 in the checkpoint, 0.5 now".
 std::string JobDifferences(const std::map<std::string, std::string>& saved,

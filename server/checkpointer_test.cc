@@ -78,12 +78,20 @@ TEST_F(CheckpointerTest, NoFinalCheckpointOfAHalfAppliedIteration) {
 }
 
 TEST(JobSettingsTest, DifferencesNameTheSetting) {
-  OptimizerOptions a, b;
-  a.sgd.lr = 0.9f;
-  b.sgd.lr = 0.5f;
-  EXPECT_EQ(JobDifferences(JobSettings(2, a), JobSettings(2, a)), "");
-  EXPECT_EQ(JobDifferences(JobSettings(2, a), JobSettings(2, b)), "lr 0.9 in the checkpoint, 0.5 now");
-  EXPECT_NE(JobDifferences(JobSettings(2, a), JobSettings(3, a)).find("num_workers 2"), std::string::npos);
+  ParameterServerOptions a;
+  a.num_workers = 2;
+  a.optimizer.sgd.lr = 0.9f;
+  ParameterServerOptions b = a;
+  b.optimizer.sgd.lr = 0.5f;
+  ParameterServerOptions c = a;
+  c.num_workers = 3;
+  ParameterServerOptions d = a;
+  d.consistency = ParameterServerOptions::Consistency::kAsync;
+  EXPECT_EQ(JobDifferences(JobSettings(a), JobSettings(a)), "");
+  EXPECT_EQ(JobDifferences(JobSettings(a), JobSettings(b)), "lr 0.9 in the checkpoint, 0.5 now");
+  EXPECT_NE(JobDifferences(JobSettings(a), JobSettings(c)).find("num_workers 2"), std::string::npos);
+  EXPECT_EQ(JobDifferences(JobSettings(a), JobSettings(d)),
+            "consistency sync in the checkpoint, async now");
 }
 
 }  // namespace

@@ -199,9 +199,7 @@ absl::Status Main() {
   std::unique_ptr<ParameterServer> server;
   std::string initial_from = "worker rank 0";
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  std::map<std::string, std::string> job = JobSettings(options.num_workers, options.optimizer);
-  // A job trained one way is not resumed the other.
-  job["consistency"] = consistency;
+  const std::map<std::string, std::string> job = JobSettings(options);
   int64_t resumed_version = -1;
   if (!checkpoint_dir.empty()) {
     std::vector<std::string> refused;
