@@ -72,6 +72,21 @@ struct AsyncPull {
   grpc::Status status;
 };
 
+// One raw (framed) call with `context`, 10 s deadline, waited for.
+grpc::Status BlockingRawCall(grpc::GenericStub& stub, grpc::ClientContext* context,
+                             const char* method, const grpc::ByteBuffer& request,
+                             grpc::ByteBuffer* reply) {
+  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Status status;
+  absl::Notification done;
+  stub.UnaryCall(context, method, grpc::StubOptions(), &request, reply, [&](grpc::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status;
+}
+
 // Serves `service` on a free loopback port and makes the typed and raw
 // stubs that talk to it.
 void Serve(ParameterServerService* service, std::unique_ptr<grpc::Server>* grpc_server,
@@ -145,16 +160,7 @@ class GrpcServiceTest : public ::testing::Test {
     grpc::ClientContext context;
     // The last registration's credential, as a worker's store sends it.
     if (!session_.empty()) context.AddMetadata(proto::kSessionMetadataKey, session_);
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    grpc::Status status;
-    absl::Notification done;
-    raw_stub_->UnaryCall(&context, method, grpc::StubOptions(), &request, reply,
-                         [&](grpc::Status s) {
-                           status = std::move(s);
-                           done.Notify();
-                         });
-    done.WaitForNotification();
-    return status;
+    return BlockingRawCall(*raw_stub_, &context, method, request, reply);
   }
   grpc::Status RawCall(const char* method, const std::string& bytes) {
     grpc::Slice slice(bytes);
@@ -791,16 +797,7 @@ class GrpcServiceCredentialsTest : public GrpcServiceTest {
                            const grpc::ByteBuffer& request, grpc::ByteBuffer* reply) {
     grpc::ClientContext context;
     AddCredentials(c, &context);
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    grpc::Status status;
-    absl::Notification done;
-    raw_stub_->UnaryCall(&context, method, grpc::StubOptions(), &request, reply,
-                         [&](grpc::Status s) {
-                           status = std::move(s);
-                           done.Notify();
-                         });
-    done.WaitForNotification();
-    return status;
+    return BlockingRawCall(*raw_stub_, &context, method, request, reply);
   }
 
   // Rank `rank`'s whole gradient of `iteration` (one sample), every element
