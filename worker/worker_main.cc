@@ -266,26 +266,33 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   optimizer.schedule.steps_per_epoch =
       (train.size() + options.batch_size - 1) / options.batch_size;
 
+  // How this worker reaches its servers: their addresses, TLS and the job
+  // token, read once for --check and for the store.
+  const std::vector<std::string> shards =
+      absl::StrSplit(absl::GetFlag(FLAGS_server), ',', absl::SkipWhitespace());
+  ClientTlsOptions tls;
+  std::string job_token;
+  if (!shards.empty()) {
+    tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+    tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+    tls.key_file = absl::GetFlag(FLAGS_tls_key);
+    tls.server_name_override = absl::GetFlag(FLAGS_tls_server_name);
+    PS_ASSIGN_OR_RETURN(job_token, ReadJobToken(absl::GetFlag(FLAGS_job_token_file),
+                                                std::getenv(kJobTokenEnvVar)));
+  }
+
   if (absl::GetFlag(FLAGS_check)) {
-    if (absl::GetFlag(FLAGS_server).empty()) {
-      return absl::InvalidArgumentError("--check needs --server");
-    }
+    if (shards.empty()) return absl::InvalidArgumentError("--check needs --server");
     PS_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> probe, model::Model::Create(model, devices[0]));
-    const std::vector<std::string> addresses =
-        absl::StrSplit(absl::GetFlag(FLAGS_server), ',', absl::SkipWhitespace());
     bool all_ok = true;
-    for (const std::string& address : addresses) {
+    for (const std::string& address : shards) {
       ServerCheckOptions check;
       check.address = address;
-      check.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
-      check.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-      check.tls.key_file = absl::GetFlag(FLAGS_tls_key);
-      check.tls.server_name_override = absl::GetFlag(FLAGS_tls_server_name);
-      PS_ASSIGN_OR_RETURN(check.job_token, ReadJobToken(absl::GetFlag(FLAGS_job_token_file),
-                                                        std::getenv(kJobTokenEnvVar)));
+      check.tls = tls;
+      check.job_token = job_token;
       // A shard holds part of the model under its own names: compared with
       // one server only.
-      if (addresses.size() == 1) {
+      if (shards.size() == 1) {
         check.signature = probe->parameters();
         check.steps_per_epoch = optimizer.schedule.steps_per_epoch;
       }
@@ -306,8 +313,6 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   // Tensor bytes over the wire so far, in a server job.
   std::function<int64_t()> bytes_pushed, bytes_pulled;
   std::function<std::map<int64_t, int64_t>()> staleness;  // one server only
-  const std::vector<std::string> shards =
-      absl::StrSplit(absl::GetFlag(FLAGS_server), ',', absl::SkipWhitespace());
   if (absl::GetFlag(FLAGS_server).empty()) {
     PS_ASSIGN_OR_RETURN(store, LocalParameterStore::Create(optimizer));
   } else {
@@ -328,13 +333,8 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
       std::printf("worker: %s\n", line.c_str());
       std::fflush(stdout);
     };
-    PS_ASSIGN_OR_RETURN(remote_options.job_token,
-                        ReadJobToken(absl::GetFlag(FLAGS_job_token_file),
-                                     std::getenv(kJobTokenEnvVar)));
-    remote_options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
-    remote_options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-    remote_options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
-    remote_options.tls.server_name_override = absl::GetFlag(FLAGS_tls_server_name);
+    remote_options.job_token = job_token;
+    remote_options.tls = tls;
     if (shards.size() <= 1) {
       PS_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterStore> r,
                           RemoteParameterStore::Create(remote_options));
