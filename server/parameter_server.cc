@@ -147,7 +147,7 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
   SgdOptimizer* optimizer = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
+    if (!RankHeldLocked(rank)) {
       return absl::NotFoundError(absl::StrCat("no worker holds rank ", rank));
     }
     if (dropped_[rank]) return std::vector<ChunkId>();
@@ -562,6 +562,10 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   return reg;
 }
 
+bool ParameterServer::RankHeldLocked(int rank) const {
+  return rank >= 0 && rank < static_cast<int>(workers_.size()) && !workers_[rank].id.empty();
+}
+
 absl::Status ParameterServer::CheckIncarnation(absl::string_view session) const {
   const absl::string_view ours = incarnation_;
   if (session.size() <= ours.size() || !absl::StartsWith(session, ours) ||
@@ -577,7 +581,7 @@ absl::Status ParameterServer::CheckIncarnation(absl::string_view session) const 
 absl::Status ParameterServer::CheckSession(int rank, absl::string_view session) const {
   PS_RETURN_IF_ERROR(CheckIncarnation(session));
   absl::MutexLock lock(&mu_);
-  if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
+  if (!RankHeldLocked(rank)) {
     return absl::NotFoundError(absl::StrCat("no worker holds rank ", rank));
   }
   // Compared in constant time: how far a guess matches must not show.
@@ -676,7 +680,7 @@ absl::Status ParameterServer::PushChunks(int rank, int64_t iteration, int64_t nu
 
 absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
                                               int64_t num_samples) const {
-  if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
+  if (!RankHeldLocked(rank)) {
     return absl::NotFoundError(absl::StrCat("push from unregistered worker rank ", rank));
   }
   if (!initialized_) {
@@ -805,7 +809,7 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
   absl::Status shapes;
   {
     absl::MutexLock lock(&mu_);
-    if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
+    if (!RankHeldLocked(rank)) {
       return absl::NotFoundError(absl::StrCat("push from unregistered worker rank ", rank));
     }
     if (!initialized_) {
@@ -927,7 +931,7 @@ absl::Status ParameterServer::InitializeChunks(int rank, absl::Span<const ChunkD
 absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const ChunkBytes> chunks) {
   // Once per job, and before anyone may push or pull: all of it under mu_.
   absl::MutexLock lock(&mu_);
-  if (rank < 0 || rank >= static_cast<int>(workers_.size()) || workers_[rank].id.empty()) {
+  if (!RankHeldLocked(rank)) {
     return absl::NotFoundError(
         absl::StrCat("initial parameters from unregistered worker rank ", rank));
   }

@@ -588,6 +588,8 @@ class ParameterServer {
   // Global index of chunk `chunk` of key `key`, or -1 when either is out of
   // range or no model is known yet.
   int64_t GlobalChunkLocked(int key, int64_t chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a registered worker holds `rank`.
+  bool RankHeldLocked(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks that chunk `chunk` of key `key` exists and returns its element
   // offset within the key and its length.
   absl::Status CheckKeyChunkLocked(int key, int64_t chunk, int64_t* offset, int64_t* length) const
