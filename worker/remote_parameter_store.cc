@@ -401,7 +401,7 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   }
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
-  if (!options_.job_token.empty()) context.AddMetadata(kJobTokenMetadataKey, options_.job_token);
+  AddCredentials(&context);  // the token; no session yet (Reconnect cleared it)
   proto::RegisterReply reply;
   PS_RETURN_IF_ERROR(FromGrpcStatus(stub_->Register(&context, request, &reply),
                                     absl::StrCat("Register with ", options_.server_address)));
