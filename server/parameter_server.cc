@@ -854,13 +854,16 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
       }
       version = ++chunk.version;
     }
-    // Published; the server's version is its chunks' least.
+    // Published; the server's version is its chunks' least, which moves
+    // only when a chunk at it moves (so the scan is not per update).
     absl::MutexLock lock(&mu_);
     chunk_version_[gc] = version;
-    const int64_t least = *std::min_element(chunk_version_.begin(), chunk_version_.end());
-    if (least != version_) {
-      version_ = least;
-      version_ns_ = NowNanos();
+    if (version - 1 == version_) {
+      const int64_t least = *std::min_element(chunk_version_.begin(), chunk_version_.end());
+      if (least != version_) {
+        version_ = least;
+        version_ns_ = NowNanos();
+      }
     }
     ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, version - 1,
                 layout->signature[layout->chunk_key[gc]].name,
