@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -31,8 +32,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   return server;
 }
 
-EventMetrics::EventMetrics(prometheus::Registry& registry, const std::string& prefix)
-    : phases_(prometheus::BuildHistogram()
+EventMetrics::EventMetrics(prometheus::Registry& registry, const std::string& prefix,
+                           prometheus::Labels labels)
+    : labels_(std::move(labels)),
+      phases_(prometheus::BuildHistogram()
                   .Name(prefix + "_phase_seconds")
                   .Help("Time of each step phase (data, compute, reduce, copy to host, push, "
                         "wait, pull, copy to device), in seconds")
@@ -50,17 +53,24 @@ EventMetrics::EventMetrics(prometheus::Registry& registry, const std::string& pr
                   .Help("Timed events, by kind")
                   .Register(registry)) {}
 
+prometheus::Labels EventMetrics::With(const std::string& name, const std::string& value) const {
+  prometheus::Labels labels = labels_;
+  labels[name] = value;
+  return labels;
+}
+
 void EventMetrics::OnEvent(const TimedEvent& event) {
   const std::string kind(EventKindName(event.kind));
   const double seconds = static_cast<double>(event.end_ns - event.start_ns) / 1e9;
-  events_.Add({{"kind", kind}}).Increment();
+  const prometheus::Labels by_kind = With("kind", kind);
+  events_.Add(by_kind).Increment();
   if (IsStepPhase(event.kind) && event.lane == kTrainerLane) {
-    phases_.Add({{"phase", kind}}, SecondsBuckets()).Observe(seconds);
+    phases_.Add(With("phase", kind), SecondsBuckets()).Observe(seconds);
   }
   if (event.kind == EventKind::kPushMessage || event.kind == EventKind::kPullMessage ||
       event.kind == EventKind::kServerPush || event.kind == EventKind::kServerPull) {
-    rpc_bytes_.Add({{"kind", kind}}).Increment(static_cast<double>(event.bytes));
-    rpc_seconds_.Add({{"kind", kind}}, SecondsBuckets()).Observe(seconds);
+    rpc_bytes_.Add(by_kind).Increment(static_cast<double>(event.bytes));
+    rpc_seconds_.Add(by_kind, SecondsBuckets()).Observe(seconds);
   }
 }
 

@@ -26,7 +26,10 @@ namespace ps {
 class MetricsServer {
  public:
   // Serves the registry at http://`address`/metrics ("host:port"; port 0
-  // picks a free one). kUnavailable naming the address when it cannot bind.
+  // picks a free one). kUnavailable naming the address when it cannot bind
+  // or civetweb cannot start its threads. Linking this library raises every
+  // thread stack a caller sizes by the static TLS (common/thread_stack.h):
+  // civetweb's fixed 100 KiB could not hold a CUDA process's.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address);
 
   int port() const { return port_; }
@@ -39,19 +42,27 @@ class MetricsServer {
   int port_ = 0;
 };
 
-// Timed events as metrics, under `prefix` ("ps_worker", "ps_server"):
+// Timed events as metrics, under `prefix` ("ps_worker", "ps_server"), each
+// series also carrying `labels` (a worker's {rank}):
 //   <prefix>_phase_seconds{phase}   histogram of each step phase (kData ..
 //                                   kCopyToDevice: where the step time goes)
 //   <prefix>_rpc_bytes_total{kind}  payload bytes of push and pull messages
 //   <prefix>_rpc_seconds{kind}      histogram of push and pull messages
 //   <prefix>_events_total{kind}     every event, by kind
-// Thread-safe (prometheus-cpp's metrics are); the registry must outlive it.
+// Several EventMetrics with one prefix share the families (the registry
+// merges them), apart by their labels. Thread-safe (prometheus-cpp's
+// metrics are); the registry must outlive it.
 class EventMetrics final : public EventObserver {
  public:
-  EventMetrics(prometheus::Registry& registry, const std::string& prefix);
+  EventMetrics(prometheus::Registry& registry, const std::string& prefix,
+               prometheus::Labels labels = {});
   void OnEvent(const TimedEvent& event) override;
 
  private:
+  // `labels_` and {name: value}.
+  prometheus::Labels With(const std::string& name, const std::string& value) const;
+
+  const prometheus::Labels labels_;
   prometheus::Family<prometheus::Histogram>& phases_;
   prometheus::Family<prometheus::Counter>& rpc_bytes_;
   prometheus::Family<prometheus::Histogram>& rpc_seconds_;
