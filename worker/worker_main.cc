@@ -39,6 +39,7 @@
 #include "common/devices.h"
 #include "common/int_list.h"
 #include "common/job_token.h"
+#include "common/metrics.h"
 #include "common/wire_codec.h"
 #include "common/status_macros.h"
 #include "kernels/gemm.h"
@@ -52,6 +53,7 @@
 #include "worker/sharded_parameter_store.h"
 #include "worker/trainer.h"
 #include "worker/weights.h"
+#include "worker/worker_metrics.h"
 
 ABSL_FLAG(std::string, model, "lenet", "softmax, mlp, lenet, lenet_relu or resnet18");
 ABSL_FLAG(std::string, mlp_hidden, "256", "mlp hidden widths, comma-separated");
@@ -123,6 +125,10 @@ ABSL_FLAG(std::string, tls_server_name, "",
 ABSL_FLAG(std::string, job_token_file, "",
           "file holding the job's shared token (default: $PS_JOB_TOKEN; never a flag value, "
           "which `ps` would show)");
+ABSL_FLAG(int, metrics_port, -1,
+          "serve this worker's Prometheus metrics at http://--metrics_address:PORT/metrics (0: any "
+          "free port, printed; -1: none)");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1", "address the metrics endpoint binds");
 ABSL_FLAG(std::string, trace, "",
           "write a Chrome trace-event timeline (Perfetto, chrome://tracing) here at the end");
 ABSL_FLAG(int64_t, trace_max_events, 1000000,
@@ -231,8 +237,8 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   }
   PS_ASSIGN_OR_RETURN(server::OptimizerOptions optimizer, server::OptimizerOptionsFromFlags());
 
-  // The trainer's events go to the timeline (if any) and to the totals the
-  // heartbeats report.
+  // The trainer's events go to the timeline (if any), to the totals the
+  // heartbeats report, and to the metrics (--metrics_port, added below).
   PhaseTotals phase_totals;
   ObserverFanOut observers;  // declared before, so destroyed after, the trainer and store
   observers.Add(&phase_totals);
@@ -307,6 +313,28 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     return absl::OkStatus();
   }
 
+  // Metrics: the trainer's and the store's timed events, the steps, and the
+  // store's calls (through a MeteredParameterStore around it), declared
+  // before the store and the trainer, which report to them. The endpoint is
+  // never stopped (the process ends with _exit, see main): civetweb's stop
+  // waits out its master thread's 2-second poll, 1.8 s at the end of a run.
+  MetricsServer* metrics = nullptr;
+  std::unique_ptr<WorkerMetrics> worker_metrics;
+  ObserverFanOut rpc_observers;  // the store's events: the timeline and the metrics
+  if (trace != nullptr) rpc_observers.Add(trace);
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<MetricsServer> started,
+                        MetricsServer::Start(absl::StrCat(absl::GetFlag(FLAGS_metrics_address),
+                                                          ":", absl::GetFlag(FLAGS_metrics_port))));
+    metrics = started.release();
+    worker_metrics = std::make_unique<WorkerMetrics>(metrics->registry());
+    observers.Add(worker_metrics.get());
+    rpc_observers.Add(worker_metrics.get());
+    std::printf("metrics at http://%s:%d/metrics\n", absl::GetFlag(FLAGS_metrics_address).c_str(),
+                metrics->port());
+    std::fflush(stdout);
+  }
+
   // The store: the optimizer in this process, or the parameter server (which
   // then owns the initial parameters and the optimizer settings).
   std::unique_ptr<ParameterStore> store;
@@ -321,7 +349,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     remote_options.worker_id = absl::GetFlag(FLAGS_worker_id);
     remote_options.rank = absl::GetFlag(FLAGS_rank);
     remote_options.steps_per_epoch = optimizer.schedule.steps_per_epoch;
-    remote_options.observer = trace;
+    remote_options.observer = rpc_observers.empty() ? nullptr : &rpc_observers;
     remote_options.report = [&phase_totals](proto::HeartbeatRequest* request) {
       phase_totals.Fill(request);
     };
@@ -352,6 +380,9 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
       bytes_pulled = [r = r.get()] { return r->bytes_pulled(); };
       store = std::move(r);
     }
+  }
+  if (worker_metrics != nullptr) {
+    store = std::make_unique<MeteredParameterStore>(std::move(store), worker_metrics.get());
   }
   const bool remote = static_cast<bool>(bytes_pushed);
   options.evaluate = absl::GetFlag(FLAGS_evaluate);
@@ -391,8 +422,14 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   std::fflush(stdout);
 
   const bool bar = absl::GetFlag(FLAGS_progress) && isatty(STDERR_FILENO);
-  if (bar) {
-    trainer->set_step_callback([epochs = options.epochs](const StepProgress& p) {
+  if (bar || worker_metrics != nullptr) {
+    trainer->set_step_callback([bar, epochs = options.epochs, m = worker_metrics.get(),
+                                staleness](const StepProgress& p) {
+      if (m != nullptr) {
+        m->OnStep(p.epoch, p.step_in_epoch, p.samples);
+        if (staleness) m->SetStaleness(staleness());
+      }
+      if (!bar) return;
       if (p.step_in_epoch % 5 != 0 && p.step_in_epoch != p.steps_in_epoch) return;
       const int width = 30;
       const int filled = static_cast<int>(width * p.step_in_epoch / p.steps_in_epoch);
@@ -440,7 +477,8 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     std::fflush(stdout);
   });
 
-  trainer->set_recovery_callback([rank](const TrainingReport::Recovery& r) {
+  trainer->set_recovery_callback([rank, m = worker_metrics.get()](const TrainingReport::Recovery& r) {
+    if (m != nullptr) m->OnRecovery();
     std::printf("worker %d: the server was lost at step %lld (%s); resumed at version %lld "
                 "after %.1f s\n",
                 rank, static_cast<long long>(r.failed_iteration), r.error.c_str(),
