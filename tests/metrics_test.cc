@@ -1,7 +1,10 @@
-// The server's Prometheus metrics, read back through a real Prometheus
-// (Debian's prometheus package) scraping a 2-worker LeNet job: the live
-// workers, the bytes of the pushes the server summed, and the calls answered
-// by method and code.
+// The daemons' Prometheus metrics, read back through a real Prometheus
+// (Debian's prometheus package) scraping a 2-worker LeNet job: from the
+// server, the live workers, the bytes of the pushes it summed, the calls
+// answered by method and code and the workers' phases their heartbeats
+// report; from each worker's own endpoint (a CUDA-linking binary in the
+// default build: common/thread_stack.h), its step-phase histograms, steps,
+// samples, version and bytes pushed.
 
 #include <netinet/in.h>
 #include <signal.h>
@@ -74,6 +77,7 @@ TEST(MetricsTest, APrometheusServerReadsTheJobBack) {
   const std::string metrics_port = match[1];
 
   std::vector<std::unique_ptr<Process>> workers;
+  std::vector<std::string> worker_metrics_ports;
   for (int r = 0; r < 2; ++r) {
     workers.push_back(std::make_unique<Process>(
         testing::RunfilePath("worker/worker"),
@@ -81,15 +85,27 @@ TEST(MetricsTest, APrometheusServerReadsTheJobBack) {
                                  absl::StrCat("--worker_id=w", r), absl::StrCat("--rank=", r),
                                  "--model=lenet", "--batch_size=128", "--epochs=10",
                                  "--max_steps=3000", "--devices=cpu", "--threads=1",
-                                 "--evaluate=false", "--progress=false"},
+                                 "--evaluate=false", "--progress=false", "--metrics_port=0"},
         testing::TestTmpPath(absl::StrCat("worker", r, ".log"))));
+  }
+  // Each worker's own endpoint, printed before it registers.
+  for (const auto& w : workers) {
+    ASSERT_TRUE(WaitForLog(*w, "/metrics\n", std::chrono::seconds(30))) << w->Log();
+    const std::string worker_log = w->Log();
+    ASSERT_TRUE(std::regex_search(worker_log, match,
+                                  std::regex("metrics at http://127.0.0.1:([0-9]+)/metrics")))
+        << worker_log;
+    worker_metrics_ports.push_back(match[1]);
   }
 
   const int prometheus_port = FreePort();
   const std::string config = testing::TestTmpPath("prometheus.yml");
   std::ofstream(config) << "global:\n  scrape_interval: 1s\n"
                         << "scrape_configs:\n  - job_name: ps\n    static_configs:\n"
-                        << "      - targets: ['127.0.0.1:" << metrics_port << "']\n";
+                        << "      - targets: ['127.0.0.1:" << metrics_port << "']\n"
+                        << "  - job_name: ps-workers\n    static_configs:\n"
+                        << "      - targets: ['127.0.0.1:" << worker_metrics_ports[0]
+                        << "', '127.0.0.1:" << worker_metrics_ports[1] << "']\n";
   Process prometheus("/usr/bin/prometheus",
                      {"--config.file=" + config,
                       "--storage.tsdb.path=" + testing::TestTmpPath("tsdb"),
@@ -115,11 +131,12 @@ TEST(MetricsTest, APrometheusServerReadsTheJobBack) {
   double computes = -1;
   while (std::chrono::steady_clock::now() < give_up && computes <= 0) {
     computes = Query(python, prometheus_port,
-                     "ps_worker_phase_seconds_count{rank=\"0\",phase=\"compute\"}");
+                     "ps_worker_phase_seconds_count{job=\"ps\",rank=\"0\",phase=\"compute\"}");
     if (computes <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   const double compute_seconds = Query(
-      python, prometheus_port, "ps_worker_phase_seconds_sum{rank=\"0\",phase=\"compute\"}");
+      python, prometheus_port,
+      "ps_worker_phase_seconds_sum{job=\"ps\",rank=\"0\",phase=\"compute\"}");
   const double steps = Query(python, prometheus_port, "ps_worker{rank=\"1\",what=\"steps\"}");
   std::printf("Prometheus read back: live workers %g, bytes pushed %g, OK pushes %g, version %g; "
               "worker 0: %g computes, %.2f ms each; worker 1: %g steps\n",
@@ -130,6 +147,47 @@ TEST(MetricsTest, APrometheusServerReadsTheJobBack) {
   EXPECT_GT(computes, 0);
   EXPECT_GT(compute_seconds, 0);
   EXPECT_GT(steps, 0);
+
+  // The workers' own endpoints: worker 0's compute histogram (its median
+  // from the buckets, and its mean) and steps, worker 1's bytes pushed and
+  // samples, each from the worker itself.
+  const std::string own = "job=\"ps-workers\",";
+  double own_computes = -1;
+  while (std::chrono::steady_clock::now() < give_up && own_computes <= 0) {
+    own_computes = Query(python, prometheus_port,
+                         "ps_worker_phase_seconds_count{" + own + "rank=\"0\",phase=\"compute\"}");
+    if (own_computes <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  const double own_compute_seconds = Query(
+      python, prometheus_port,
+      "ps_worker_phase_seconds_sum{" + own + "rank=\"0\",phase=\"compute\"}");
+  const double median_compute = Query(
+      python, prometheus_port,
+      "histogram_quantile(0.5, ps_worker_phase_seconds_bucket{" + own +
+          "rank=\"0\",phase=\"compute\"})");
+  const double own_steps = Query(python, prometheus_port,
+                                 "ps_worker_steps_total{" + own + "rank=\"0\"}");
+  double own_pushed = -1;
+  while (std::chrono::steady_clock::now() < give_up && own_pushed <= 0) {
+    own_pushed = Query(python, prometheus_port,
+                       "ps_worker_rpc_bytes_total{" + own + "rank=\"1\",kind=\"push_message\"}");
+    if (own_pushed <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  const double own_samples =
+      Query(python, prometheus_port, "ps_worker_samples_total{" + own + "rank=\"1\"}");
+  const double own_version =
+      Query(python, prometheus_port, "ps_worker_version{" + own + "rank=\"1\"}");
+  std::printf("from the workers: worker 0: %g computes, %.2f ms each, median %.2f ms, %g steps; "
+              "worker 1: %g bytes pushed, %g samples, version %g\n",
+              own_computes, 1e3 * own_compute_seconds / own_computes, 1e3 * median_compute,
+              own_steps, own_pushed, own_samples, own_version);
+  EXPECT_GT(own_computes, 0);
+  EXPECT_GT(own_compute_seconds, 0);
+  EXPECT_GT(median_compute, 0);
+  EXPECT_GT(own_steps, 0);
+  EXPECT_GT(own_pushed, 0);
+  EXPECT_GT(own_samples, 0);
+  EXPECT_GT(own_version, 0);
 
   // Every metric the shipped Grafana dashboard draws is one the server serves.
   const std::string dashboard =
