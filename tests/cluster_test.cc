@@ -1,5 +1,6 @@
 // The daemons as separate processes: a server and two workers on loopback
-// train a small model to the end; the server answers gRPC health checks;
+// train a small model to the end; the server answers gRPC health checks
+// (and ps-health, the containers' health check, reads them);
 // a worker with a different model is refused with the difference named.
 
 #include <signal.h>
@@ -51,6 +52,20 @@ TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
     grpc::health::v1::HealthCheckResponse response;
     ASSERT_TRUE(health->Check(&context, request, &response).ok());
     EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+  // ps-health, the containers' health check, says the same through its exit
+  // status (0: serving), and 2 for an address where nothing listens.
+  {
+    const std::string health_check = testing::RunfilePath("server/health_check");
+    std::string output;
+    EXPECT_EQ(testing::RunCommand(health_check + " --address=" + address, &output), 0) << output;
+    EXPECT_THAT(output, HasSubstr(address + " SERVING"));
+    // Port 1 (tcpmux) is privileged and unused here: a refused connection.
+    const std::string closed = "127.0.0.1:1";
+    EXPECT_EQ(testing::RunCommand(health_check + " --address=" + closed + " --timeout=2s", &output),
+              2)
+        << output;
+    EXPECT_THAT(output, HasSubstr(closed + " not reached"));
   }
 
   std::vector<std::unique_ptr<Process>> workers;
