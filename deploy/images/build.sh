@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Builds the container images offline, from Debian packages only (no
+# registry is reachable, so there is no base image to pull):
+#
+#   localhost/ps-server:TAG      the server, CPU-only build
+#   localhost/ps-worker:TAG      the worker, CPU-only build, with Fashion-MNIST
+#   localhost/ps-worker-gpu:TAG  the worker's CUDA build plus the CUDA runtime
+#                                libraries (only where the toolkit is installed)
+#
+#   bash deploy/images/build.sh [--engine=podman|docker] [--tag=TAG] [--no-gpu]
+#
+# Each image is one root filesystem made by mmdebstrap from this machine's
+# apt sources: Debian's Essential packages (no apt, no package lists inside),
+# catatonit as the init that forwards SIGTERM to the daemon, and exactly the
+# packages owning the libraries `ldd` finds the binary needs. Man pages,
+# documentation (but the copyright files) and translations are left out. The
+# daemons run as the user ps (uid 10001). Then `import` with the entrypoint,
+# user and ports set. Prints each image's size at the end.
+#
+# The binaries come from Bazel: the CPU-only build in its own output base
+# (/var/cache/ps-images/bazel), so it does not evict the default build's
+# outputs, and the default (CUDA) build for the GPU image. They are built
+# with -march=x86-64-v3 (see .bazelrc): the hosts need AVX2.
+#
+# Container engine: podman if installed, else docker if its daemon answers,
+# else podman is installed (with podman-compose, for deploy/compose). Podman runs with deploy/images/containers.conf
+# (runc, explicit ulimits, cgroupfs) unless CONTAINERS_CONF is set. Run as
+# root; about 3-5 minutes when the binaries are built.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+
+engine="" tag=latest gpu=auto
+for arg in "$@"; do
+  case "$arg" in
+    --engine=*) engine="${arg#*=}" ;;
+    --tag=*) tag="${arg#*=}" ;;
+    --no-gpu) gpu=no ;;
+    -h|--help) sed -n '2,28p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
+    *) echo "build.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+# shellcheck source=deploy/images/engine.sh
+source deploy/images/engine.sh
+need=(mmdebstrap)
+[[ -z "$engine" ]] && engine=$(pick_engine)
+# shellcheck disable=SC2207  # package names have no spaces
+need+=($(engine_packages "$engine"))
+missing=()
+for p in "${need[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "build.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+use_engine "$engine"
+
+cache=/var/cache/ps-images
+mkdir -p "$cache"
+cuda="${CUDA_PATH:-/usr/local/cuda}"
+if [[ "$gpu" == auto ]]; then
+  if [[ -x "$cuda/bin/nvcc" ]]; then gpu=yes; else
+    gpu=no; echo "build.sh: no CUDA toolkit at $cuda: no GPU image" >&2
+  fi
+fi
+
+# 1. The binaries.
+echo "build.sh: building the CPU-only binaries (output base $cache/bazel)"
+bazel --output_base="$cache/bazel" build --config=cpu_only --symlink_prefix="$cache/bazel-" \
+  //server:server //server:health_check //worker:worker
+cpu_bin="$cache/bazel-bin"
+if [[ "$gpu" == yes ]]; then
+  echo "build.sh: building the CUDA worker (the default build)"
+  bazel build //worker:worker
+  gpu_bin=$(bazel info bazel-bin)
+fi
+
+# The Debian packages that own the shared libraries `binary` loads; a
+# library no package owns (e.g. the CUDA toolkit's) is printed on stderr
+# and left to the caller.
+packages_for() {
+  local binary=$1 lib real owner
+  ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
+    real=$(realpath "$lib")
+    # usrmerge: dpkg may know the file under /lib or under /usr/lib.
+    owner=$(dpkg -S "$real" 2>/dev/null || dpkg -S "${real#/usr}" 2>/dev/null || true)
+    if [[ -z "$owner" ]]; then echo "$lib" >&2; else echo "${owner%%:*}"; fi
+  done | sort -u
+}
+
+# build_image NAME PORTS "PACKAGES" "COPY-IN..." : one root filesystem made by
+# mmdebstrap, imported as localhost/NAME:$tag running `catatonit -- ENTRY`.
+# Each COPY-IN is SOURCE=DEST, copied in as root (links followed, mode kept).
+build_image() {
+  local name=$1 entry=$2 ports=$3 packages=$4 copies=$5
+  local tar="$cache/$name.tar" hooks=() copy
+  for copy in $copies; do
+    hooks+=(--customize-hook="mkdir -p \"\$1$(dirname "${copy#*=}")\" && cp -L --preserve=mode \"${copy%%=*}\" \"\$1${copy#*=}\"")
+  done
+  echo "build.sh: $name: mmdebstrap with ${packages// /,}"
+  rm -f "$tar"
+  # merged-usr: /bin, /lib and /sbin as links set up by mmdebstrap's hook
+  # (with the empty usr-is-merged package) instead of the usrmerge
+  # package, which pulls in perl (55 MB).
+  mmdebstrap --variant=essential --mode=root --format=tar \
+    --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
+    --include="${packages// /,}" \
+    --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/info/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    --dpkgopt='path-exclude=/usr/share/lintian/*' \
+    --customize-hook='echo "ps:x:10001:10001:parameter server:/var/lib/ps:/usr/sbin/nologin" >> "$1/etc/passwd"' \
+    --customize-hook='echo "ps:x:10001:" >> "$1/etc/group"' \
+    --customize-hook='echo "ps:!:19000::::::" >> "$1/etc/shadow"' \
+    --customize-hook='mkdir -p "$1/var/lib/ps/checkpoints" "$1/var/lib/ps/reports" && chown -R 10001:10001 "$1/var/lib/ps"' \
+    "${hooks[@]}" \
+    --customize-hook='chroot "$1" ldconfig' \
+    --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/etc/apt/sources.list.d/* "$1"/etc/apt/sources.list "$1"/var/cache/apt/* "$1"/var/cache/debconf/*-old "$1"/var/log/*' \
+    bookworm "$tar" /etc/apt/sources.list.d/*.sources
+  local changes=(--change "USER ps" --change "WORKDIR /var/lib/ps"
+                 --change "ENTRYPOINT [\"/usr/bin/catatonit\", \"--\", \"$entry\"]"
+                 --change "LABEL org.opencontainers.image.title=$name")
+  local port
+  for port in $ports; do changes+=(--change "EXPOSE $port"); done
+  engine_cmd rmi -f "localhost/$name:$tag" >/dev/null 2>&1 || true
+  engine_cmd import "${changes[@]}" "$tar" "localhost/$name:$tag" >/dev/null
+  rm -f "$tar"
+}
+
+health="$cpu_bin/server/health_check=/usr/local/bin/ps-health"
+
+# 2. The server: gRPC on 50051, metrics on 9100.
+build_image ps-server /usr/local/bin/ps-server "50051 9100" \
+  "catatonit $(packages_for "$cpu_bin/server/server" | tr '\n' ' ')" \
+  "$cpu_bin/server/server=/usr/local/bin/ps-server $health"
+
+# 3. The CPU worker, with Debian's Fashion-MNIST at its usual path.
+build_image ps-worker /usr/local/bin/ps-worker "9101" \
+  "catatonit dataset-fashion-mnist $(packages_for "$cpu_bin/worker/worker" | tr '\n' ' ')" \
+  "$cpu_bin/worker/worker=/usr/local/bin/ps-worker $health"
+
+# 4. The GPU worker: the CUDA build and the toolkit's runtime libraries at
+# the path of the binary's RUNPATH (the driver comes from the host, through
+# the NVIDIA container toolkit).
+if [[ "$gpu" == yes ]]; then
+  cuda_libs=$(packages_for "$gpu_bin/worker/worker" 2>&1 >/dev/null | sort -u)
+  gpu_packages=$(packages_for "$gpu_bin/worker/worker" 2>/dev/null | tr '\n' ' ')
+  copies="$gpu_bin/worker/worker=/usr/local/bin/ps-worker $health"
+  for lib in $cuda_libs; do copies+=" $lib=$lib"; done
+  build_image ps-worker-gpu /usr/local/bin/ps-worker "9101" \
+    "catatonit dataset-fashion-mnist $gpu_packages" "$copies"
+fi
+
+# 5. Sizes.
+echo
+echo "build.sh: images ($engine):"
+for name in ps-server ps-worker ps-worker-gpu; do
+  bytes=$(engine_cmd image inspect --format '{{.Size}}' "localhost/$name:$tag" 2>/dev/null) || continue
+  printf '  %-28s %6d MB\n' "localhost/$name:$tag" $((bytes / 1000000))
+done
