@@ -17,6 +17,7 @@ PACKAGES=(
   openssl                # deploy/tls/make_test_certs.sh: test CAs and certificates
   prometheus-cpp-dev     # --metrics_port: the daemons' Prometheus metrics
   prometheus             # tests/metrics_test scrapes a real Prometheus server
+  docker-compose         # deploy/compose: `docker-compose config -q` checks compose.yaml
   dataset-fashion-mnist  # real data: /usr/share/datasets/fashion-mnist
   python3 python3-numpy python3-torch  # PyTorch serves as a test oracle
 )
@@ -47,3 +48,8 @@ cuda="${CUDA_PATH:-/usr/local/cuda}"
 if [[ ! -x "$cuda/bin/nvcc" ]]; then
   echo "setup: no CUDA toolkit at $cuda: building CPU-only" >&2
 fi
+
+# The Kubernetes manifests' offline check (//deploy/k8s:manifests_test):
+# Node.js, python3-yaml, and npm's typescript and kubernetes-types in
+# /var/cache/ps-k8s-check.
+bash "$(dirname "$0")/k8s/setup.sh"

@@ -1,0 +1,214 @@
+// Compose: deploy/compose/compose.yaml brought up by podman-compose with the
+// images deploy/images/build.sh makes (two server shards, two workers)
+// trains LeNet on Fashion-MNIST for one epoch and reaches the test accuracy
+// of the same job run as plain processes (within 0.01; synchronous training
+// makes them equal), then is torn down with its volumes.
+//
+// Tagged "container" (kept out of `bazel test //...`): it needs the images
+// built first and about two minutes.
+//
+//   bash deploy/images/build.sh
+//   bazel test --test_tag_filters=container //tests:compose_test
+//
+// compose_config_test, which runs everywhere, checks the file itself.
+
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+#include "common/testing/subprocess.h"
+#include "tests/json_file.h"
+#include "tests/process.h"
+
+namespace ps {
+namespace {
+
+using testing::RunCommand;
+using testing::RunfilePath;
+using testing::ShellQuote;
+using testing::TestTmpPath;
+using tests::Process;
+using tests::WaitForPortFile;
+
+// The job both runs train; the compose side reads it from its .env.
+constexpr int kWorkers = 2;
+constexpr int kShards = 2;
+const char* const kImages[] = {"localhost/ps-server:latest", "localhost/ps-worker:latest"};
+
+// `command` run with podman's settings for these machines; its output.
+int Podman(const std::string& command, std::string* output) {
+  const std::string conf = RunfilePath("deploy/images/containers.conf");
+  // Podman's network plugins run iptables, from /usr/sbin (not on Bazel's
+  // strict test PATH).
+  return RunCommand("export PATH=/usr/sbin:/sbin:$PATH CONTAINERS_CONF=" + ShellQuote(conf) + "; " +
+                        command,
+                    output);
+}
+
+// The shipped .env with `overrides` (NAME=value lines) replacing its values.
+std::string JobFile(const std::vector<std::string>& overrides) {
+  std::istringstream shipped(testing::ReadFileBytes(RunfilePath("deploy/compose/.env")));
+  std::string out, line;
+  while (std::getline(shipped, line)) {
+    bool replaced = false;
+    for (const std::string& o : overrides) {
+      const std::string name = o.substr(0, o.find('=') + 1);
+      if (absl::StartsWith(line, name)) replaced = true;
+    }
+    if (!replaced) absl::StrAppend(&out, line, "\n");
+  }
+  for (const std::string& o : overrides) absl::StrAppend(&out, o, "\n");
+  return out;
+}
+
+// Brings a project up and always takes it down (volumes too), printing the
+// containers' logs when the test failed.
+class ComposeProject {
+ public:
+  ComposeProject(std::string dir, std::string name) : dir_(std::move(dir)), name_(std::move(name)) {}
+  ~ComposeProject() {
+    std::string output;
+    if (::testing::Test::HasFailure()) {
+      Podman("podman ps -a --filter label=com.docker.compose.project=" + name_ +
+                 " --format '{{.Names}} {{.Status}}'",
+             &output);
+      std::cerr << output;
+      for (const std::string& c : Containers("")) {
+        Podman("podman logs " + c + " 2>&1 | tail -30", &output);
+        std::cerr << "--- " << c << " ---\n" << output;
+      }
+    }
+    Compose("down -v", &output);
+  }
+  int Compose(const std::string& args, std::string* output) {
+    return Podman("cd " + ShellQuote(dir_) + " && podman-compose -p " + name_ + " " + args + " 2>&1",
+                  output);
+  }
+  // The project's containers of `service` ("" : all), by name.
+  std::vector<std::string> Containers(const std::string& service) {
+    std::string filter = "--filter label=com.docker.compose.project=" + name_;
+    if (!service.empty()) filter += " --filter label=com.docker.compose.service=" + service;
+    std::string output;
+    Podman("podman ps -a " + filter + " --format '{{.Names}}'", &output);
+    return absl::StrSplit(output, '\n', absl::SkipWhitespace());
+  }
+
+ private:
+  std::string dir_;
+  std::string name_;
+};
+
+double ReportedAccuracy(const std::string& path) {
+  const nlohmann::json report = tests::ReadJsonFile(path);
+  return report.is_object() ? report.value("final_test_accuracy", -1.0) : -1.0;
+}
+
+// The same job as processes on this machine: two shards, two workers.
+double AccuracyOutsideContainers() {
+  std::vector<std::unique_ptr<Process>> servers;
+  std::vector<std::string> addresses;
+  for (int s = 0; s < kShards; ++s) {
+    const std::string port_file = TestTmpPath(absl::StrCat("outside-server-", s, ".port"));
+    servers.push_back(std::make_unique<Process>(
+        RunfilePath("server/server"),
+        std::vector<std::string>{"--port=0", "--port_file=" + port_file,
+                                 absl::StrCat("--num_workers=", kWorkers), "--lr=0.1",
+                                 "--momentum=0.9", "--weight_decay=0"},
+        TestTmpPath(absl::StrCat("outside-server-", s, ".log"))));
+    const int port = WaitForPortFile(port_file);
+    EXPECT_GT(port, 0) << servers.back()->Log();
+    addresses.push_back(absl::StrCat("127.0.0.1:", port));
+  }
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int r = 0; r < kWorkers; ++r) {
+    workers.push_back(std::make_unique<Process>(
+        RunfilePath("worker/worker"),
+        std::vector<std::string>{
+            "--server=" + absl::StrJoin(addresses, ","), absl::StrCat("--worker_id=outside-", r),
+            "--model=lenet", "--dataset=fashion_mnist",
+            "--data_dir=/usr/share/datasets/fashion-mnist", "--epochs=1", "--batch_size=256",
+            "--seed=0", "--devices=cpu", "--threads=1", "--progress=false",
+            "--report=" + TestTmpPath(absl::StrCat("outside-", r, ".json"))},
+        TestTmpPath(absl::StrCat("outside-worker-", r, ".log"))));
+  }
+  for (auto& w : workers) EXPECT_EQ(w->Wait(std::chrono::seconds(600)), 0) << w->Log();
+  return ReportedAccuracy(TestTmpPath("outside-0.json"));
+}
+
+TEST(ComposeTest, TrainsLeNetForOneEpochLikeTheSameJobOutsideContainers) {
+  std::string output;
+  for (const char* image : kImages) {
+    ASSERT_EQ(Podman(absl::StrCat("podman image exists ", image), &output), 0)
+        << "the image " << image << " is missing: run `bash deploy/images/build.sh` first";
+  }
+
+  // The project: the shipped compose.yaml and its .env, the job cut to one
+  // epoch and one thread per worker (two workers share this machine's two
+  // cores), the reports in a folder this test reads.
+  const std::string dir = TestTmpPath("project");
+  const std::string reports = TestTmpPath("reports");
+  ASSERT_EQ(RunCommand("mkdir -p " + dir + " " + reports + " && chmod 777 " + reports +
+                           " && cp " + ShellQuote(RunfilePath("deploy/compose/compose.yaml")) +
+                           " " + dir,
+                       &output),
+            0)
+      << output;
+  std::ofstream(dir + "/.env")
+      << JobFile({absl::StrCat("NUM_WORKERS=", kWorkers), "EPOCHS=1", "THREADS=1",
+                  "PS_REPORTS=" + reports});
+
+  const auto start = std::chrono::steady_clock::now();
+  ComposeProject project(dir, absl::StrCat("pscompose", getpid()));
+  ASSERT_EQ(project.Compose("up -d", &output), 0) << output;
+  const std::string up_output = output;
+  const std::vector<std::string> workers = project.Containers("worker");
+  ASSERT_EQ(workers.size(), kWorkers) << output;
+  ASSERT_EQ(project.Containers("").size(), kWorkers + kShards);
+  for (const std::string& w : workers) {
+    ASSERT_EQ(Podman("timeout 600 podman wait " + w, &output), 0) << output;
+    EXPECT_EQ(std::string(absl::StripAsciiWhitespace(output)), "0")
+        << w << " exited " << output << "\n" << up_output;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  // Both shards are still up and healthy by gRPC's health service, as the
+  // compose file's check asks it (run by hand: podman schedules health
+  // checks with systemd timers, and these machines run no systemd).
+  for (const char* service : {"server-0", "server-1"}) {
+    for (const std::string& s : project.Containers(service)) {
+      EXPECT_EQ(Podman("podman healthcheck run " + s, &output), 0) << s << ": " << output;
+    }
+  }
+
+  // Every worker wrote its report (named after its container), all with
+  // the same parameters and so the same accuracy.
+  std::vector<double> inside;
+  Podman("ls " + reports, &output);
+  for (absl::string_view name : absl::StrSplit(output, '\n', absl::SkipWhitespace())) {
+    inside.push_back(ReportedAccuracy(absl::StrCat(reports, "/", name)));
+  }
+  ASSERT_EQ(inside.size(), kWorkers) << output;
+  EXPECT_EQ(inside[0], inside[1]);
+  // LeNet (sigmoid, as d2l's) after one epoch: about 0.4; chance is 0.1.
+  EXPECT_GT(inside[0], 0.25);
+
+  const double outside = AccuracyOutsideContainers();
+  EXPECT_NEAR(inside[0], outside, 0.01);
+  std::cout << "compose: " << kShards << " shards, " << kWorkers << " workers, one LeNet epoch in "
+            << seconds << " s; test accuracy " << inside[0] << " in containers, " << outside
+            << " outside\n";
+}
+
+}  // namespace
+}  // namespace ps
