@@ -41,6 +41,8 @@ for arg in "$@"; do
   esac
 done
 
+# The build's own dependencies (Bazel and the libraries), then the images'.
+bash deploy/setup.sh
 # shellcheck source=deploy/images/engine.sh
 source deploy/images/engine.sh
 need=(mmdebstrap)
