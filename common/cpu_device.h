@@ -16,12 +16,16 @@ namespace ps {
 // split their work with ParallelFor, which runs on the calling thread plus
 // num_threads - 1 pool threads owned by this device, so D devices with
 // cores / D threads each never oversubscribe the machine.
-class CpuDevice final : public Device {
+//
+// Not final only so that a test double (common/fake_device.h) can stand in
+// for a device whose memory is not host memory.
+class CpuDevice : public Device {
  public:
   CpuDevice(int index, int num_threads);
   ~CpuDevice() override;
 
   int num_threads() const { return num_threads_; }
+  bool is_host_memory() const override { return true; }
 
   // Calls fn(begin, end) over disjoint ranges covering [0, n), in parallel on
   // up to num_threads threads, each range at least `min_chunk` long (to keep

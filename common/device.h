@@ -53,6 +53,13 @@ class Device {
   DeviceType type() const { return type_; }
   bool is_cpu() const { return type_ == DeviceType::kCpu; }
   bool is_cuda() const { return type_ == DeviceType::kCuda; }
+  // Whether this device's memory is host memory, which the host may read
+  // and write directly: then a host buffer and a device buffer are the same
+  // kind of memory, and a copy between them is one that need not exist (the
+  // trainer pushes from a CPU device's gradients and pulls into its
+  // parameters where they lie). True for CPU devices, false for CUDA
+  // devices, whose pointers the host may not dereference.
+  virtual bool is_host_memory() const { return false; }
   // "cpu:0", "cuda:1". Unique among the devices of a process.
   const std::string& name() const { return name_; }
 

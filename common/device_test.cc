@@ -62,6 +62,11 @@ TEST(CpuDeviceTest, ParallelForCoversEveryIndexOnce) {
   }
 }
 
+TEST(CpuDeviceTest, ItsMemoryIsHostMemory) {
+  CpuDevice device(0, 1);
+  EXPECT_TRUE(device.is_host_memory());
+}
+
 TEST(CpuDeviceTest, CountsHostCopies) {
   CpuDevice device(0, 1);
   std::vector<float> a(10, 1.f), b(10);

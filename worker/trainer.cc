@@ -171,7 +171,7 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
     PS_ASSIGN_OR_RETURN(r->inputs, Tensor::Empty(r->device, input_shape));
     PS_ASSIGN_OR_RETURN(r->labels, Tensor::Empty(r->device, {r->capacity}, DType::kI32));
     PS_ASSIGN_OR_RETURN(r->metrics, Tensor::Zeros(r->device, {2}));
-    if (!r->device->is_cpu()) {
+    if (!r->device->is_host_memory()) {
       PS_ASSIGN_OR_RETURN(void* images,
                           r->device->AllocateHost(r->capacity * sample_elements * sizeof(float)));
       r->host_inputs = static_cast<float*>(images);
@@ -182,7 +182,7 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   }
   float* gradients = nullptr;
   float* parameters = nullptr;
-  if (devices_[0]->is_cpu()) {
+  if (devices_[0]->is_host_memory()) {
     // Device 0's memory is host memory: push straight from its gradients,
     // pull straight into its parameters, no copy between host buffers.
     gradients = static_cast<float*>(replicas_[0]->flat_gradients().mutable_raw_data());
@@ -208,7 +208,8 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   // Overlap needs each layer's gradients as backward makes them, in memory
   // the pushes can read: one CPU device (several would need a reduction per
   // layer between their threads; a CUDA device, events per layer).
-  overlapping_ = options_.overlap && devices_.size() == 1 && devices_[0]->is_cpu();
+  overlapping_ = options_.overlap && devices_.size() == 1 && devices_[0]->is_cpu() &&
+                 devices_[0]->is_host_memory();
   if (options_.replay_compute) PS_RETURN_IF_ERROR(CalibrateReplay());
   for (Device* device : devices_) device->ResetCounters();
   return absl::OkStatus();
@@ -271,7 +272,7 @@ absl::Status Trainer::StageBatch(Replica& r, const data::Dataset& data,
                                  absl::Span<const int64_t> indices) const {
   const int64_t n = static_cast<int64_t>(indices.size());
   const int64_t image_elements = n * NumElements(data.sample_shape);
-  if (r.device->is_cpu()) {
+  if (r.device->is_host_memory()) {
     // Device memory is host memory: gather straight into the input tensors.
     return data::GatherBatch(data, indices, options_.normalization,
                              absl::MakeSpan(r.inputs.mutable_data<float>(), image_elements),

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/cpu_device.h"
+#include "common/fake_device.h"
 #include "common/timed_event.h"
 #include "gtest/gtest.h"
 #include "worker/data/synthetic.h"
@@ -26,14 +27,17 @@ using testing::MomentumSgd;
 using testing::SyntheticDataset;
 
 // Trains `steps` steps with `d` CPU devices (1 thread each) and returns the
-// final parameters.
+// final parameters. `staged`: devices that say their memory is not host
+// memory (StagedCpuDevice), so the trainer takes a CUDA device's path.
 std::vector<float> TrainWithDevices(const std::string& model_name, int d, int64_t batch,
                                     int64_t steps, const data::Dataset& data,
-                                    int64_t* bytes_to_host, int64_t* bytes_to_device) {
+                                    int64_t* bytes_to_host, int64_t* bytes_to_device,
+                                    bool staged = false, bool overlap = true) {
   std::vector<std::unique_ptr<CpuDevice>> owned;
   std::vector<Device*> devices;
   for (int i = 0; i < d; ++i) {
-    owned.push_back(std::make_unique<CpuDevice>(i, 1));
+    owned.push_back(staged ? std::make_unique<StagedCpuDevice>(i, 1)
+                           : std::make_unique<CpuDevice>(i, 1));
     devices.push_back(owned.back().get());
   }
   auto store = LocalParameterStore::Create(MomentumSgd());
@@ -44,6 +48,7 @@ std::vector<float> TrainWithDevices(const std::string& model_name, int d, int64_
   options.max_steps = steps;
   options.seed = 7;
   options.evaluate = false;
+  options.overlap = overlap;
   model::ModelConfig model;
   model.name = model_name;
   model.mlp_hidden = {32};
@@ -104,6 +109,33 @@ TEST(TrainerTest, CpuDevicesCopyNoModelBytesBetweenHostBuffers) {
     TrainWithDevices("lenet", d, 60, 3, data, &to_host, &to_device);
     EXPECT_EQ(to_host, 0) << d << " devices";
     EXPECT_EQ(to_device, 0) << d << " devices";
+  }
+}
+
+// The other side of the distinction: devices whose memory is not host
+// memory (a CUDA device's path, here on CPU arithmetic) copy one model's
+// worth each way per step through device 0, and end with the same
+// parameters, bit for bit, as CPU devices that copy nothing (with overlap
+// on one device and without it).
+TEST(TrainerTest, OnlyDevicesWithoutHostMemoryCopyModelBytes) {
+  const data::Dataset data = SyntheticDataset(256);
+  for (int d : {1, 2}) {
+    for (bool overlap : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(d, " devices, overlap ", overlap));
+      int64_t host_to_host = -1, host_to_device = -1;
+      const auto in_place = TrainWithDevices("lenet", d, 60, 3, data, &host_to_host,
+                                             &host_to_device, /*staged=*/false, overlap);
+      EXPECT_EQ(host_to_host, 0);
+      EXPECT_EQ(host_to_device, 0);
+      int64_t to_host = -1, to_device = -1;
+      const auto staged = TrainWithDevices("lenet", d, 60, 3, data, &to_host, &to_device,
+                                           /*staged=*/true, overlap);
+      const int64_t model_bytes = static_cast<int64_t>(in_place.size() * sizeof(float));
+      EXPECT_GT(model_bytes, 0);
+      EXPECT_EQ(to_host, model_bytes);
+      EXPECT_EQ(to_device, model_bytes);
+      EXPECT_EQ(staged, in_place);
+    }
   }
 }
 
