@@ -1,133 +1,292 @@
 #include "worker/local_parameter_store.h"
 
-#include <limits>
+#include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
+#include "server/f32_pieces.h"
 
 namespace ps::worker {
 
 absl::StatusOr<std::unique_ptr<LocalParameterStore>> LocalParameterStore::Create(
     const server::OptimizerOptions& optimizer, int optimizer_threads) {
+  PS_RETURN_IF_ERROR(server::ValidateOptimizerOptions(optimizer));
   std::unique_ptr<LocalParameterStore> store(new LocalParameterStore());
+  store->optimizer_options_ = optimizer;
   store->device_ = std::make_unique<CpuDevice>(0, optimizer_threads);
-  server::ParameterServerOptions options;
-  options.num_workers = 1;
-  options.optimizer = optimizer;
-  // In process nothing bounds a message: one chunk per key.
-  options.chunk_elements = std::numeric_limits<int64_t>::max() / 2;
-  store->steps_per_epoch_ = optimizer.schedule.steps_per_epoch;
-  PS_ASSIGN_OR_RETURN(store->server_,
-                      server::ParameterServer::Create(options, store->device_.get()));
   return store;
 }
 
 absl::StatusOr<ParameterStore::Registration> LocalParameterStore::Register(
     const std::vector<ParamSpec>& signature, absl::Span<const float> proposed) {
-  PS_ASSIGN_OR_RETURN(server::ParameterServer::Registration reg,
-                      server_->Register("local", signature, /*requested_rank=*/-1,
-                                        steps_per_epoch_));
+  absl::MutexLock lock(&mu_);
+  Registration out;  // rank 0 of 1
+  if (optimizer_ != nullptr) {
+    // This worker again: it resumes where the store is.
+    if (signature != signature_) {
+      return absl::FailedPreconditionError(
+          "registered again with another model signature than the store's");
+    }
+    out.version = version_;
+    return out;
+  }
+  if (signature.empty()) return absl::InvalidArgumentError("the signature is empty");
+  std::vector<int64_t> ends;
+  int64_t total = 0;
+  for (const ParamSpec& spec : signature) {
+    if (spec.dtype != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", spec.name, "' is ",
+                                                     DTypeName(spec.dtype),
+                                                     "; the store holds F32 only"));
+    }
+    total += NumElements(spec.shape);
+    ends.push_back(total);
+  }
+  if (static_cast<int64_t>(proposed.size()) != total) {
+    return absl::InvalidArgumentError(absl::StrCat("initial parameters of ", proposed.size(),
+                                                   " elements for a model of ", total));
+  }
+  // The server's rule: an epoch schedule needs the steps of an epoch.
+  server::OptimizerOptions options = optimizer_options_;
+  const int64_t steps_per_epoch = options.schedule.steps_per_epoch;
+  if (steps_per_epoch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the worker states ", steps_per_epoch, " steps per epoch"));
+  }
+  if (options.schedule.unit == server::LrSchedule::Unit::kEpochs &&
+      options.schedule.step_size > 0 && steps_per_epoch < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the learning rate decays every ", options.schedule.step_size,
+        " epochs, but the worker states no steps per epoch"));
+  }
+  options.schedule.steps_per_epoch = std::max<int64_t>(1, steps_per_epoch);
+  PS_ASSIGN_OR_RETURN(optimizer_, server::SgdOptimizer::Create(options, total, device_.get()));
   signature_ = signature;
-  key_ends_.clear();
-  int64_t offset = 0;
-  for (const ParamSpec& spec : signature_) {
-    offset += NumElements(spec.shape);
-    key_ends_.push_back(offset);
-  }
-  rank_ = reg.rank;
-  if (reg.send_initial_parameters) {
-    PS_ASSIGN_OR_RETURN(std::vector<server::ParameterServer::ChunkData> chunks,
-                        ChunkPerKey(proposed));
-    PS_RETURN_IF_ERROR(server_->InitializeChunks(rank_, chunks));
-  }
-  Registration out;
-  out.rank = reg.rank;
-  out.num_workers = reg.num_workers;
-  out.version = reg.version;
+  segment_ends_ = std::move(ends);
+  own_params_.assign(proposed.begin(), proposed.end());
+  own_gradients_.assign(total, 0.f);
+  params_ = absl::MakeSpan(own_params_);
+  gradients_ = absl::MakeConstSpan(own_gradients_);
+  segment_version_.assign(signature_.size(), 0);
+  pending_.assign(signature_.size(), false);
+  pending_samples_.assign(signature_.size(), 0);
   return out;
 }
 
-absl::StatusOr<std::vector<server::ParameterServer::ChunkData>> LocalParameterStore::ChunkPerKey(
-    absl::Span<const float> flat) const {
-  std::vector<server::ParameterServer::ChunkData> chunks;
-  chunks.reserve(signature_.size());
-  int64_t offset = 0;
-  for (int key = 0; key < static_cast<int>(signature_.size()); ++key) {
-    const int64_t n = NumElements(signature_[key].shape);
-    if (offset + n > static_cast<int64_t>(flat.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a buffer of ", flat.size(), " elements is shorter than the model"));
-    }
-    chunks.push_back({key, /*chunk=*/0, flat.subspan(offset, n)});
-    offset += n;
-  }
-  return chunks;
+std::vector<int64_t> LocalParameterStore::SegmentEnds() const {
+  absl::MutexLock lock(&mu_);
+  return segment_ends_;
 }
 
-absl::Status LocalParameterStore::Push(int64_t iteration, int64_t num_samples,
-                                       absl::Span<const float> gradient) {
-  // One chunk per key, all pushed at once: all or nothing, as a message is.
-  PS_ASSIGN_OR_RETURN(std::vector<server::ParameterServer::ChunkData> chunks,
-                      ChunkPerKey(gradient));
-  return server_->PushChunks(rank_, iteration, num_samples, chunks);
+int64_t LocalParameterStore::version() const {
+  absl::MutexLock lock(&mu_);
+  return version_;
 }
 
-absl::Status LocalParameterStore::WaitForVersion(int64_t version) {
-  // With one worker the version exists as soon as its push returns; waiting
-  // for any other version would never end, so it is an error.
-  if (server_->version() >= version) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "version ", version, " does not exist; the local store is at ", server_->version()));
-}
-
-absl::StatusOr<int64_t> LocalParameterStore::Pull(int64_t version, absl::Span<float> params) {
-  return server_->Pull(version, absl::Now(), params);
-}
-
-std::vector<int64_t> LocalParameterStore::SegmentEnds() const { return key_ends_; }
-
-absl::Status LocalParameterStore::CheckSegments(int first, int last, size_t flat_size) const {
-  if (first < 0 || last < first || last > static_cast<int>(signature_.size())) {
+absl::Status LocalParameterStore::CheckSegmentsLocked(int first, int last,
+                                                      size_t flat_size) const {
+  if (optimizer_ == nullptr) return absl::FailedPreconditionError("the store is not registered");
+  if (first < 0 || last < first || last > static_cast<int>(segment_ends_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("segments [", first, ", ", last,
                                                    ") out of range: the model has ",
-                                                   signature_.size()));
+                                                   segment_ends_.size()));
   }
-  const int64_t size = key_ends_.empty() ? 0 : key_ends_.back();
-  if (static_cast<int64_t>(flat_size) != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a buffer of ", flat_size, " elements for a model of ", size));
+  if (static_cast<int64_t>(flat_size) != segment_ends_.back()) {
+    return absl::InvalidArgumentError(absl::StrCat("a buffer of ", flat_size,
+                                                   " elements for a model of ",
+                                                   segment_ends_.back()));
   }
   return absl::OkStatus();
 }
 
+absl::Status LocalParameterStore::ApplyPendingLocked(int s) {
+  if (!pending_[s]) return absl::OkStatus();
+  pending_[s] = false;
+  // No samples (an empty part of the batch): the parameters stay, as on the
+  // server.
+  if (pending_samples_[s] == 0) return absl::OkStatus();
+  const int64_t begin = SegmentBegin(s);
+  const int64_t n = segment_ends_[s] - begin;
+  // Update number segment_version_[s] - 1, in place.
+  return optimizer_->ApplyRange(segment_version_[s] - 1, pending_samples_[s], begin,
+                                gradients_.subspan(begin, n), params_.subspan(begin, n));
+}
+
+absl::Status LocalParameterStore::PushLocked(int64_t iteration, int64_t num_samples, int first,
+                                             int last, absl::Span<const float> gradient) {
+  PS_RETURN_IF_ERROR(CheckSegmentsLocked(first, last, gradient.size()));
+  const bool in_place = gradient.data() == gradients_.data();
+  if (bound_ && !in_place) {
+    return absl::InvalidArgumentError(
+        "a push from another buffer than the gradient buffer bound to the store");
+  }
+  // 1. Everything is checked before anything is taken.
+  if (iteration != version_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "push for iteration ", iteration, " but the store is at iteration ", version_));
+  }
+  if (num_samples < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("push claims ", num_samples, " samples"));
+  }
+  if (iteration_samples_ >= 0 && num_samples != iteration_samples_) {
+    return absl::FailedPreconditionError(absl::StrCat("push claims ", num_samples,
+                                                      " samples but ", iteration_samples_,
+                                                      " were claimed earlier in iteration ",
+                                                      iteration));
+  }
+  for (int s = first; s < last; ++s) {
+    if (segment_version_[s] != version_) {
+      return absl::AlreadyExistsError(absl::StrCat("'", signature_[s].name,
+                                                   "' was pushed already in iteration ",
+                                                   iteration));
+    }
+    if (bound_ && pending_[s]) {
+      // Its gradient buffer holds this iteration's gradient already, so the
+      // last one's update is lost: the caller broke the binding's contract.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", signature_[s].name, "' is pushed for iteration ", iteration,
+          " before its update of iteration ", iteration - 1, " was pulled"));
+    }
+  }
+  for (int s = first; s < last; ++s) {
+    const int64_t begin = SegmentBegin(s);
+    const int64_t bytes = (segment_ends_[s] - begin) * static_cast<int64_t>(sizeof(float));
+    const absl::string_view piece(reinterpret_cast<const char*>(gradient.data() + begin), bytes);
+    float bad = 0.f;
+    if (const int64_t i = server::FirstNonFinite({&piece, 1}, &bad); i >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("element ", i, " of '", signature_[s].name,
+                                                     "' is ", bad,
+                                                     "; refusing a non-finite value"));
+    }
+  }
+  // 2. Taken: each segment's update waits for its parameters to be asked
+  //    for. Unbound, the gradient is copied in (after the update of the last
+  //    one it replaces).
+  for (int s = first; s < last; ++s) {
+    PS_RETURN_IF_ERROR(ApplyPendingLocked(s));
+    if (!in_place) {
+      const int64_t begin = SegmentBegin(s);
+      std::memcpy(own_gradients_.data() + begin, gradient.data() + begin,
+                  (segment_ends_[s] - begin) * sizeof(float));
+    }
+    pending_[s] = true;
+    pending_samples_[s] = num_samples;
+    ++segment_version_[s];
+  }
+  iteration_samples_ = num_samples;
+  segments_pushed_ += last - first;
+  if (segments_pushed_ == static_cast<int>(segment_ends_.size())) {
+    ++version_;
+    segments_pushed_ = 0;
+    iteration_samples_ = -1;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalParameterStore::PullLocked(int64_t version, int first, int last,
+                                             absl::Span<float> params, bool newer_ok) {
+  PS_RETURN_IF_ERROR(CheckSegmentsLocked(first, last, params.size()));
+  for (int s = first; s < last; ++s) {
+    if (segment_version_[s] < version) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("version ", version, " of '", signature_[s].name,
+                       "' does not exist: it is at ", segment_version_[s]));
+    }
+    if (!newer_ok && segment_version_[s] != version) {
+      return absl::InternalError(absl::StrCat("pulled version ", segment_version_[s], " of '",
+                                              signature_[s].name, "' where version ", version,
+                                              " was asked for"));
+    }
+  }
+  const bool in_place = params.data() == params_.data();
+  for (int s = first; s < last; ++s) {
+    PS_RETURN_IF_ERROR(ApplyPendingLocked(s));
+    if (!in_place) {
+      const int64_t begin = SegmentBegin(s);
+      std::memcpy(params.data() + begin, params_.data() + begin,
+                  (segment_ends_[s] - begin) * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalParameterStore::Push(int64_t iteration, int64_t num_samples,
+                                       absl::Span<const float> gradient) {
+  absl::MutexLock lock(&mu_);
+  const int segments = static_cast<int>(segment_ends_.size());
+  return PushLocked(iteration, num_samples, 0, segments, gradient);
+}
+
+absl::Status LocalParameterStore::WaitForVersion(int64_t version) {
+  absl::MutexLock lock(&mu_);
+  // With one worker the version exists as soon as its push returns; waiting
+  // for any other version would never end, so it is an error.
+  if (optimizer_ != nullptr && version_ >= version) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "version ", version, " does not exist; the local store is at ", version_));
+}
+
+absl::StatusOr<int64_t> LocalParameterStore::Pull(int64_t version, absl::Span<float> params) {
+  absl::MutexLock lock(&mu_);
+  if (optimizer_ != nullptr && version_ < version) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "version ", version, " does not exist; the local store is at ", version_));
+  }
+  // As the server's: every segment is at least the store's version, some
+  // (pushed in the iteration in progress) one newer.
+  const int segments = static_cast<int>(segment_ends_.size());
+  PS_RETURN_IF_ERROR(PullLocked(version_, 0, segments, params, /*newer_ok=*/true));
+  return version_;
+}
+
 void LocalParameterStore::PushSegments(int64_t iteration, int64_t num_samples, int first,
                                        int last, absl::Span<const float> gradient, Done done) {
-  absl::Status status = CheckSegments(first, last, gradient.size());
-  if (status.ok()) {
-    absl::StatusOr<std::vector<server::ParameterServer::ChunkData>> chunks =
-        ChunkPerKey(gradient);
-    status = chunks.ok() ? server_->PushChunks(rank_, iteration, num_samples,
-                                               absl::MakeConstSpan(*chunks).subspan(
-                                                   first, last - first))
-                         : chunks.status();
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    status = PushLocked(iteration, num_samples, first, last, gradient);
   }
-  done(status);
+  // Unlocked: `done` may start the next call (the scheduler pumps from it).
+  done(std::move(status));
 }
 
 void LocalParameterStore::PullSegments(int64_t version, int first, int last,
                                        absl::Span<float> params, Done done) {
-  if (absl::Status s = CheckSegments(first, last, params.size()); !s.ok()) return done(s);
-  std::vector<server::ParameterServer::ChunkOut> outs;
-  for (int key = first; key < last; ++key) {
-    const int64_t begin = key == 0 ? 0 : key_ends_[key - 1];
-    outs.push_back({key, /*chunk=*/0, params.subspan(begin, key_ends_[key] - begin)});
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    status = PullLocked(version, first, last, params, /*newer_ok=*/false);
   }
-  absl::StatusOr<int64_t> got = server_->PullChunks(version, absl::Now(), outs);
-  if (got.ok() && *got != version) {
-    got = absl::InternalError(
-        absl::StrCat("pulled version ", *got, " where version ", version, " was asked for"));
+  done(std::move(status));
+}
+
+absl::Status LocalParameterStore::BindBuffers(absl::Span<const float> gradients,
+                                              absl::Span<float> params) {
+  absl::MutexLock lock(&mu_);
+  if (optimizer_ == nullptr) return absl::FailedPreconditionError("the store is not registered");
+  const int64_t size = segment_ends_.back();
+  if (static_cast<int64_t>(gradients.size()) != size ||
+      static_cast<int64_t>(params.size()) != size) {
+    return absl::InvalidArgumentError(absl::StrCat("buffers of ", gradients.size(), " and ",
+                                                   params.size(), " elements for a model of ",
+                                                   size));
   }
-  done(got.status());
+  // The current parameters, every pushed update applied, move into the
+  // caller's buffer; from here on the store's own are not needed.
+  for (int s = 0; s < static_cast<int>(segment_ends_.size()); ++s) {
+    PS_RETURN_IF_ERROR(ApplyPendingLocked(s));
+  }
+  if (params.data() != params_.data()) {
+    std::memcpy(params.data(), params_.data(), size * sizeof(float));
+  }
+  params_ = params;
+  gradients_ = gradients;
+  bound_ = true;
+  own_params_ = std::vector<float>();
+  own_gradients_ = std::vector<float>();
+  return absl::OkStatus();
 }
 
 }  // namespace ps::worker

@@ -1,63 +1,128 @@
 #ifndef PS_WORKER_LOCAL_PARAMETER_STORE_H_
 #define PS_WORKER_LOCAL_PARAMETER_STORE_H_
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/cpu_device.h"
-#include "server/parameter_server.h"
+#include "server/optimizer.h"
 #include "worker/parameter_store.h"
 
 namespace ps::worker {
 
-// The parameter store of single-process training: the server's own
-// aggregation and optimizer code (server::ParameterServer) with one worker,
-// called in process. Gradients and parameters still move through host
-// buffers exactly as they would over the wire, so local and distributed
-// training differ only in the transport.
+// The parameter store of single-process training: one worker, and the
+// server's optimizer (server::SgdOptimizer, the same update of the same sum:
+// with one worker the sum is that worker's gradient) applied in process.
+//
+// Bound to the trainer's buffers (BindBuffers), it keeps no parameters or
+// gradients of its own and copies nothing: the parameters are the caller's
+// buffer, updated in place, and the gradients are read where backward wrote
+// them, so a CPU device's step moves no model bytes between host buffers.
+// Unbound, pushes copy the gradient in and pulls copy the parameters out, as
+// over a wire. Either way a segment's update is applied when its new
+// parameters are first asked for (its pull, a Pull, or its next push), not
+// when it is pushed: a layer may push its weight gradients while it still
+// reads its weights (push_pull_scheduler.h's EarlyGradientsFrom), and the
+// update must not change them under it. Updates are element-wise, so
+// applying them per segment in any order gives bit for bit what the server
+// gives (server::SgdOptimizer::ApplyRange).
+//
+// Every call completes inside the call (`done` runs before it returns).
+// Thread-safe, though the protocol has one caller thread.
 class LocalParameterStore final : public ParameterStore {
  public:
   // `optimizer_threads` CPU threads run the SGD update. The schedule's
   // steps_per_epoch is the one this worker states at registration.
+  // kInvalidArgument for invalid optimizer options.
   static absl::StatusOr<std::unique_ptr<LocalParameterStore>> Create(
       const server::OptimizerOptions& optimizer, int optimizer_threads = 1);
 
+  // Rank 0 of 1 at version 0, starting from `proposed`. kInvalidArgument for
+  // an empty signature, a tensor that is not F32, or a proposal that is not
+  // the model's size; kFailedPrecondition for an epoch schedule without
+  // steps per epoch. A second registration with the same signature keeps
+  // the store's parameters and version (kFailedPrecondition for another).
   absl::StatusOr<Registration> Register(const std::vector<ParamSpec>& signature,
                                         absl::Span<const float> proposed) override;
   absl::Status Push(int64_t iteration, int64_t num_samples,
                     absl::Span<const float> gradient) override;
+  // kFailedPrecondition for a version that does not exist: with one worker
+  // it never will by waiting.
   absl::Status WaitForVersion(int64_t version) override;
+  // kDeadlineExceeded for a version that does not exist.
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override;
 
-  // One segment per tensor. Both calls do their work inside the call and run
-  // `done` before returning; a pull of a segment whose version does not
-  // exist yet fails at once (kDeadlineExceeded): with one worker it exists
-  // as soon as its push returns.
+  // One segment per tensor. A push of segments [first, last) checks them all
+  // before taking any (all or nothing): kInvalidArgument for a bad range,
+  // buffer size or sample count, or a non-finite value (named);
+  // kFailedPrecondition for an iteration that is not the current one,
+  // samples that differ from this iteration's earlier pushes, or (bound) a
+  // segment whose previous update was never pulled; kAlreadyExists for a
+  // segment pushed already in this iteration. A pull of a segment whose
+  // version does not exist yet fails at once (kDeadlineExceeded); with one
+  // worker it exists as soon as its push returns.
   std::vector<int64_t> SegmentEnds() const override;
   void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
                     absl::Span<const float> gradient, Done done) override;
   void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
                     Done done) override;
 
-  server::ParameterServer& server() { return *server_; }
+  // Zero copy (parameter_store.h): after registration, with every pushed
+  // update pulled. The current parameters are written into `params` once,
+  // here; the store's own buffers are freed.
+  absl::Status BindBuffers(absl::Span<const float> gradients, absl::Span<float> params) override;
+
+  // The version every segment has reached (pushed counts: it is published).
+  int64_t version() const;
 
  private:
   LocalParameterStore() = default;
 
-  // `flat` (signature order) as one chunk per key; kInvalidArgument when it
-  // is shorter than the model.
-  absl::StatusOr<std::vector<server::ParameterServer::ChunkData>> ChunkPerKey(
-      absl::Span<const float> flat) const;
-  // kInvalidArgument unless [first, last) is a range of keys and `flat`
+  // kInvalidArgument unless [first, last) is a range of segments and `flat`
   // holds the model.
-  absl::Status CheckSegments(int first, int last, size_t flat_size) const;
+  absl::Status CheckSegmentsLocked(int first, int last, size_t flat_size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PushLocked(int64_t iteration, int64_t num_samples, int first, int last,
+                          absl::Span<const float> gradient) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks segments [first, last) against `version` (kDeadlineExceeded for
+  // one not there yet, kInternal for one past it unless `newer_ok`), applies
+  // their pending updates and copies them to `params` unless it is the
+  // store's own buffer.
+  absl::Status PullLocked(int64_t version, int first, int last, absl::Span<float> params,
+                          bool newer_ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies segment s's pushed update to the parameters, if one is pending.
+  absl::Status ApplyPendingLocked(int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t SegmentBegin(int s) const { return s == 0 ? 0 : segment_ends_[s - 1]; }
 
-  std::unique_ptr<CpuDevice> device_;
-  std::unique_ptr<server::ParameterServer> server_;
-  std::vector<ParamSpec> signature_;
-  std::vector<int64_t> key_ends_;  // SegmentEnds(): each key's end, flat
-  int rank_ = 0;
-  int64_t steps_per_epoch_ = 0;
+  server::OptimizerOptions optimizer_options_;
+  std::unique_ptr<CpuDevice> device_;  // runs the update
+
+  mutable absl::Mutex mu_;
+  std::unique_ptr<server::SgdOptimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  std::vector<ParamSpec> signature_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> segment_ends_ ABSL_GUARDED_BY(mu_);  // each tensor's end, flat
+  // The parameters and the pushed gradients: the store's own vectors, or
+  // the caller's buffers once bound.
+  std::vector<float> own_params_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> own_gradients_ ABSL_GUARDED_BY(mu_);
+  absl::Span<float> params_ ABSL_GUARDED_BY(mu_);
+  absl::Span<const float> gradients_ ABSL_GUARDED_BY(mu_);
+  bool bound_ ABSL_GUARDED_BY(mu_) = false;
+  // Per segment: its published version (pushes of iterations < it), and
+  // whether the update of the last push is still to be applied, over how
+  // many samples.
+  std::vector<int64_t> segment_version_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> pending_samples_ ABSL_GUARDED_BY(mu_);
+  // The iteration being pushed (every segment has at least it), how many
+  // segments have pushed it, and the samples its pushes claim (-1: none yet).
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  int segments_pushed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t iteration_samples_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 }  // namespace ps::worker

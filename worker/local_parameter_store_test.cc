@@ -1,9 +1,14 @@
 #include "worker/local_parameter_store.h"
 
+#include <cmath>
+#include <cstdint>
+#include <random>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/parameter_server.h"
 
 namespace ps::worker {
 namespace {
@@ -77,7 +82,7 @@ TEST(LocalParameterStoreTest, RefusesWhatWouldNeverComplete) {
             absl::StatusCode::kFailedPrecondition);
   std::vector<float> with_nan = {0, 0, 0, 0, 0, NAN};
   EXPECT_EQ((*store)->Push(0, 1, with_nan).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*store)->server().version(), 0);  // nothing applied
+  EXPECT_EQ((*store)->version(), 0);  // nothing applied
 }
 
 TEST(LocalParameterStoreTest, ProposalOfTheWrongSizeIsRefused) {
@@ -103,6 +108,136 @@ TEST(LocalParameterStoreTest, EpochScheduleUsesTheStatedStepsPerEpoch) {
   }
   ASSERT_TRUE((*store)->Pull(3, absl::MakeSpan(params)).ok());
   EXPECT_FLOAT_EQ(params[0], -2.5f);  // 1 + 1 in epoch 0, 0.5 in epoch 1
+}
+
+absl::Status PushSync(ParameterStore& store, int64_t iteration, int64_t samples, int first,
+                      int last, absl::Span<const float> gradient) {
+  return AwaitDone([&](ParameterStore::Done done) {
+    store.PushSegments(iteration, samples, first, last, gradient, std::move(done));
+  });
+}
+absl::Status PullSync(ParameterStore& store, int64_t version, int first, int last,
+                      absl::Span<float> params) {
+  return AwaitDone([&](ParameterStore::Done done) {
+    store.PullSegments(version, first, last, params, std::move(done));
+  });
+}
+
+// Bound to the caller's buffers the store keeps nothing of its own: the
+// parameters are updated where they lie, from the gradients where they lie,
+// and only when their pull comes (a layer may push its weight gradients
+// while it still reads its weights).
+TEST(LocalParameterStoreTest, BoundBuffersAreUpdatedInPlaceWhenPulled) {
+  server::OptimizerOptions sgd;
+  sgd.sgd.lr = 0.5f;
+  auto store = LocalParameterStore::Create(sgd);
+  ASSERT_TRUE(store.ok());
+  std::vector<float> grad(6, 0.f), params(6, -1.f);
+  EXPECT_EQ((*store)->BindBuffers(grad, absl::MakeSpan(params)).code(),
+            absl::StatusCode::kFailedPrecondition);  // not registered
+  ASSERT_TRUE((*store)->Register(Signature(), {1, 2, 3, 4, 5, 6}).ok());
+  EXPECT_EQ((*store)->BindBuffers(grad, absl::MakeSpan(params.data(), 5)).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*store)->BindBuffers(grad, absl::MakeSpan(params)).ok());
+  EXPECT_EQ(params, (std::vector<float>{1, 2, 3, 4, 5, 6}));  // the current version, once
+  ASSERT_TRUE(PullSync(**store, 0, 0, 2, absl::MakeSpan(params)).ok());
+
+  grad = {2, 2, 2, 2, 4, 4};
+  ASSERT_TRUE(PushSync(**store, 0, 2, 0, 2, grad).ok());
+  EXPECT_EQ((*store)->version(), 1);
+  EXPECT_EQ(params, (std::vector<float>{1, 2, 3, 4, 5, 6}));  // not before the pull
+  ASSERT_TRUE(PullSync(**store, 1, 1, 2, absl::MakeSpan(params)).ok());
+  EXPECT_EQ(params, (std::vector<float>{1, 2, 3, 4, 4, 5}));
+  ASSERT_TRUE(PullSync(**store, 1, 0, 1, absl::MakeSpan(params)).ok());
+  EXPECT_EQ(params, (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f, 4, 5}));
+  // Pulling again applies nothing again.
+  ASSERT_TRUE(PullSync(**store, 1, 0, 2, absl::MakeSpan(params)).ok());
+  EXPECT_EQ(params, (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f, 4, 5}));
+
+  // A push from another buffer, and one that would lose an update (its
+  // gradient rewritten before the last update was pulled), are refused.
+  std::vector<float> other(6, 1.f);
+  EXPECT_EQ(PushSync(**store, 1, 2, 0, 2, other).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(PushSync(**store, 1, 2, 1, 2, grad).ok());
+  ASSERT_TRUE(PushSync(**store, 1, 2, 0, 1, grad).ok());
+  ASSERT_TRUE(PullSync(**store, 2, 0, 1, absl::MakeSpan(params)).ok());
+  EXPECT_EQ(PushSync(**store, 2, 2, 1, 2, grad).code(), absl::StatusCode::kFailedPrecondition);
+  // Another buffer may still read the parameters (a copy).
+  std::vector<float> copy(6, 0.f);
+  auto pulled = (*store)->Pull(2, absl::MakeSpan(copy));
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(copy, params);
+}
+
+// The store's arithmetic is the server's: the same SGD (momentum, weight
+// decay, an epoch schedule) of the same sum, bit for bit, bound or not,
+// over gradients with zeros of both signs, pushed per segment back to
+// front and whole, and an iteration without samples.
+TEST(LocalParameterStoreTest, UpdatesAreTheServersBitForBit) {
+  server::OptimizerOptions sgd;
+  sgd.sgd.lr = 0.1f;
+  sgd.sgd.momentum = 0.9f;
+  sgd.sgd.weight_decay = 5e-4f;
+  sgd.schedule.unit = server::LrSchedule::Unit::kEpochs;
+  sgd.schedule.step_size = 1;
+  sgd.schedule.gamma = 0.5f;
+  sgd.schedule.steps_per_epoch = 3;
+  const std::vector<ParamSpec> signature = {
+      {"a", {3, 5}, DType::kF32}, {"b", {5}, DType::kF32}, {"c", {7}, DType::kF32}};
+  const int64_t n = 27;
+  std::mt19937 rng(11);
+  auto uniform = [&rng] { return static_cast<double>(rng() >> 8) * 0x1.0p-24; };
+  std::vector<float> initial(n);
+  for (float& v : initial) v = static_cast<float>(uniform() - 0.5);
+
+  CpuDevice device(0, 1);
+  server::ParameterServerOptions server_options;
+  server_options.optimizer = sgd;
+  auto server = server::ParameterServer::Create(server_options, signature, initial, &device);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto reg = (*server)->Register("w", signature, -1, sgd.schedule.steps_per_epoch);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  auto unbound = LocalParameterStore::Create(sgd);
+  auto bound = LocalParameterStore::Create(sgd);
+  ASSERT_TRUE(unbound.ok() && bound.ok());
+  ASSERT_TRUE((*unbound)->Register(signature, initial).ok());
+  ASSERT_TRUE((*bound)->Register(signature, initial).ok());
+  std::vector<float> grad(n), params(n), unbound_params(n), server_params(n);
+  ASSERT_TRUE((*bound)->BindBuffers(grad, absl::MakeSpan(params)).ok());
+
+  for (int64_t it = 0; it < 8; ++it) {
+    for (float& g : grad) {
+      const double u = uniform();
+      g = u < 0.1 ? 0.f : u < 0.2 ? -0.f : static_cast<float>(u - 0.6);
+    }
+    const int64_t samples = it == 4 ? 0 : 4 + it;
+    const int64_t ends[] = {15, 20, 27};
+    for (int key = 0; key < 3; ++key) {
+      const int64_t begin = key == 0 ? 0 : ends[key - 1];
+      ASSERT_TRUE((*server)
+                      ->Push(reg->rank, it, key, 0, samples,
+                             absl::MakeConstSpan(grad).subspan(begin, ends[key] - begin))
+                      .ok());
+    }
+    if (it % 2 == 0) {
+      for (int s = 2; s >= 0; --s) ASSERT_TRUE(PushSync(**bound, it, samples, s, s + 1, grad).ok());
+      ASSERT_TRUE((*unbound)->Push(it, samples, grad).ok());
+    } else {
+      ASSERT_TRUE(PushSync(**bound, it, samples, 0, 3, grad).ok());
+      for (int s = 2; s >= 0; --s) {
+        ASSERT_TRUE(PushSync(**unbound, it, samples, s, s + 1, grad).ok());
+      }
+    }
+    ASSERT_TRUE(PullSync(**bound, it + 1, 0, 3, absl::MakeSpan(params)).ok());
+    ASSERT_TRUE(PullSync(**unbound, it + 1, 0, 3, absl::MakeSpan(unbound_params)).ok());
+    ASSERT_TRUE((*server)->Pull(it + 1, absl::Now(), absl::MakeSpan(server_params)).ok());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::signbit(params[i]), std::signbit(server_params[i])) << it << " " << i;
+      ASSERT_EQ(params[i], server_params[i]) << "iteration " << it << " element " << i;
+      ASSERT_EQ(std::signbit(unbound_params[i]), std::signbit(server_params[i]));
+      ASSERT_EQ(unbound_params[i], server_params[i]) << "iteration " << it << " element " << i;
+    }
+  }
 }
 
 }  // namespace

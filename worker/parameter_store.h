@@ -129,6 +129,25 @@ class ParameterStore {
                                                  absl::Span<const float> proposed) {
     return absl::UnimplementedError("this parameter store cannot reconnect");
   }
+
+  // Zero copy in one address space: a store that keeps its parameters in
+  // this process (the local store) may work in the caller's own flat host
+  // buffers instead of copies of them. Once BindBuffers returns OK, `params`
+  // holds the store's parameters (their current values are written there
+  // now) and pulls update them in place, and pushes read `gradients` where
+  // it lies; every later push and pull passes exactly these buffers
+  // (kInvalidArgument for a push from another), and both must outlive the
+  // store. The contracts above become stricter: a segment of `gradients`
+  // must not change from its push until its pull has completed (the store
+  // may read it until then), and the caller never writes `params` (a pull
+  // writes a segment while it is in flight, as before). Call after
+  // Register, with no call in flight. kUnimplemented (the default) for a
+  // store that cannot: the caller goes on as without. kInvalidArgument for
+  // buffers that do not hold the model; kFailedPrecondition before
+  // registration.
+  virtual absl::Status BindBuffers(absl::Span<const float> gradients, absl::Span<float> params) {
+    return absl::UnimplementedError("this parameter store does not work in the caller's buffers");
+  }
 };
 
 // Whether a store call's error means the server went away or restarted, so

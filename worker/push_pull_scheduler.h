@@ -64,7 +64,9 @@ struct PushPullOptions {
 // until its push is done, and the parameter buffer's bucket must not be
 // read between GradientsReadyFrom covering it and AwaitParameters returning
 // for it: the caller's forward waits, and backward writes a bucket's
-// gradients only after the forward that waited for it.
+// gradients only after the forward that waited for it. So a bucket's
+// gradients also stay unchanged until its pull is done, which a store that
+// works in these very buffers relies on (ParameterStore::BindBuffers).
 //
 // Errors: the first failing push or pull is kept; every later Await returns
 // it and nothing more is issued.

@@ -199,6 +199,15 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
 
   wire_gradients_ = absl::MakeConstSpan(gradients, num_parameters_);
   wire_parameters_ = absl::MakeSpan(parameters, num_parameters_);
+  // A store in this process works in those buffers themselves (updating the
+  // parameters in place, reading the gradients where they lie) rather than
+  // in copies of its own. The scheduler keeps the binding's contract: a
+  // bucket's gradients are written again only by the backward after the
+  // forward that waited for its pull.
+  if (absl::Status bound = store_->BindBuffers(wire_gradients_, wire_parameters_);
+      !bound.ok() && !absl::IsUnimplemented(bound)) {
+    return bound;
+  }
   // Rank 0 may have to send its initial parameters again to a server that
   // restarted without a checkpoint (see Recover).
   if (options_.recover_from_server_loss && registration_.rank == 0) {

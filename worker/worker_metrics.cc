@@ -253,6 +253,11 @@ void MeteredParameterStore::PullSegments(int64_t version, int first, int last,
       });
 }
 
+absl::Status MeteredParameterStore::BindBuffers(absl::Span<const float> gradients,
+                                                absl::Span<float> params) {
+  return store_->BindBuffers(gradients, params);
+}
+
 absl::StatusOr<std::vector<int>> MeteredParameterStore::Members(int64_t iteration,
                                                                 int num_workers) {
   return store_->Members(iteration, num_workers);

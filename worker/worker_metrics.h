@@ -138,6 +138,7 @@ class MeteredParameterStore final : public ParameterStore {
   absl::StatusOr<std::vector<int>> Members(int64_t iteration, int num_workers) override;
   absl::StatusOr<Registration> Reconnect(const std::vector<ParamSpec>& signature,
                                          absl::Span<const float> proposed) override;
+  absl::Status BindBuffers(absl::Span<const float> gradients, absl::Span<float> params) override;
 
  private:
   // Bytes of segments [first, last) (0 for a range the store will refuse).
