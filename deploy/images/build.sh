@@ -125,7 +125,10 @@ build_image() {
     --customize-hook='chroot "$1" ldconfig' \
     --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/etc/apt/sources.list.d/* "$1"/etc/apt/sources.list "$1"/var/cache/apt/* "$1"/var/cache/debconf/*-old "$1"/var/log/*' \
     bookworm "$tar" /etc/apt/sources.list.d/*.sources
+  # An imported image has no environment: PATH is set as a Debian shell's,
+  # for `exec ps-health` and the manifests' `sh -c`.
   local changes=(--change "USER ps" --change "WORKDIR /var/lib/ps"
+                 --change "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
                  --change "ENTRYPOINT [\"/usr/bin/catatonit\", \"--\", \"$entry\"]"
                  --change "LABEL org.opencontainers.image.title=$name")
   local port

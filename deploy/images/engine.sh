@@ -31,12 +31,13 @@ use_engine() {
 
 engine_cmd() { "$ENGINE" "$@"; }
 
-# podman needs runc here (crun fails on these machines' hybrid cgroups) and,
-# with its CNI network backend, the dnsname plugin, without which containers
-# cannot resolve each other's service names ("Domain name not found").
+# podman needs runc here (crun fails on these machines' hybrid cgroups),
+# catatonit for the pause image of pods (`podman kube play`) and, with its
+# CNI network backend, the dnsname plugin, without which containers cannot
+# resolve each other's service names ("Domain name not found").
 engine_packages() {
   case "$1" in
-    podman) echo podman runc podman-compose golang-github-containernetworking-plugin-dnsname ;;
+    podman) echo podman runc catatonit podman-compose golang-github-containernetworking-plugin-dnsname ;;
     docker) echo docker-compose ;;
   esac
 }
