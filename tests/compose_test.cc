@@ -89,6 +89,8 @@ class ComposeProject {
       }
     }
     Compose("down -v", &output);
+    // podman-compose 1.0.3's down leaves the project's network behind.
+    Podman("podman network rm -f " + name_ + "_default", &output);
   }
   int Compose(const std::string& args, std::string* output) {
     return Podman("cd " + ShellQuote(dir_) + " && podman-compose -p " + name_ + " " + args + " 2>&1",
