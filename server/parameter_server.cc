@@ -10,7 +10,10 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "server/f32_pieces.h"
 
@@ -80,9 +83,44 @@ std::string RandomHex(int bytes) {
 
 }  // namespace
 
+absl::Status ParseConsistency(absl::string_view text, ParameterServerOptions* options) {
+  if (text == "sync" || text == "async") {
+    options->consistency = text == "sync" ? ParameterServerOptions::Consistency::kSync
+                                          : ParameterServerOptions::Consistency::kAsync;
+    options->staleness = 0;
+    return absl::OkStatus();
+  }
+  int64_t bound = -1;
+  if (absl::ConsumePrefix(&text, "ssp:") && !text.empty() &&
+      std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+      absl::SimpleAtoi(text, &bound) && bound <= ParameterServerOptions::kMaxStaleness) {
+    options->consistency = ParameterServerOptions::Consistency::kSsp;
+    options->staleness = bound;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "consistency '", text, "': use sync, async or ssp:S (S a whole number of steps, 0 to ",
+      ParameterServerOptions::kMaxStaleness, ")"));
+}
+
+std::string ConsistencyName(const ParameterServerOptions& options) {
+  switch (options.consistency) {
+    case ParameterServerOptions::Consistency::kAsync:
+      return "async";
+    case ParameterServerOptions::Consistency::kSsp:
+      return absl::StrCat("ssp:", options.staleness);
+    case ParameterServerOptions::Consistency::kSync:
+      break;
+  }
+  return "sync";
+}
+
 ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevice* device,
                                  std::string incarnation)
     : options_(options),
+      window_(options.consistency == ParameterServerOptions::Consistency::kSsp
+                  ? options.staleness + 1
+                  : 1),
       device_(device),
       workers_(options.num_workers),
       incarnation_(std::move(incarnation)) {
@@ -130,6 +168,9 @@ void ParameterServer::AdvanceMembershipLocked() {
 absl::StatusOr<std::vector<int>> ParameterServer::Members(int64_t iteration) const {
   absl::MutexLock lock(&mu_);
   if (iteration == version_) return members_;
+  // Under ssp:S > 0 nobody is dropped: every iteration in flight (and the
+  // one after) has the same members.
+  if (window_ > 1 && iteration > version_ && iteration <= version_ + window_) return members_;
   if (iteration == version_ + 1 && next_frozen_) return next_members_;
   if (iteration < version_) {
     return absl::OutOfRangeError(absl::StrCat("iteration ", iteration, " is past (the server is at ",
@@ -150,6 +191,11 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
     if (!RankHeldLocked(rank)) {
       return absl::NotFoundError(absl::StrCat("no worker holds rank ", rank));
     }
+    if (window_ > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot drop rank ", rank, " under ", ConsistencyName(options_),
+          ": shrinking the job is supported under sync and ssp:0 only"));
+    }
     if (dropped_[rank]) return std::vector<ChunkId>();
     int others = 0;
     for (int r = 0; r < static_cast<int>(dropped_.size()); ++r) others += r != rank && !dropped_[r];
@@ -165,9 +211,9 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
     layout = layout_.get();
     optimizer = optimizer_.get();
     if (layout == nullptr || !took_part) return std::vector<ChunkId>();
-    const WorkerState& worker = workers_[rank];
+    const WorkerPushes& pushes = workers_[rank].slots[SlotOf(version_)];
     for (int64_t gc = 0; gc < layout->total_chunks; ++gc) {
-      if (!worker.pushed[gc] && !worker.carried[gc]) to_waive.push_back(gc);
+      if (!pushes.pushed[gc] && !pushes.carried[gc]) to_waive.push_back(gc);
     }
   }
   // Waive its parts not pushed: chunks that now have every other part are
@@ -180,21 +226,24 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
     if (chunk.version != iteration || chunk.waived[rank]) continue;
     chunk.waived[rank] = true;
     ++chunk.waived_count;
-    DrainHeldLocked(chunk);
-    if (chunk.pushes + chunk.waived_count == num_workers) complete.push_back(gc);
+    Aggregation& agg = chunk.slots[SlotOf(iteration)];
+    DrainHeldLocked(chunk, agg);
+    if (agg.pushes + chunk.waived_count == num_workers) complete.push_back(gc);
   }
   std::vector<ChunkId> ids;
   {
     // Counted before any is applied, as a push's completions are (so a
     // state capture does not take the iteration for untouched).
     absl::MutexLock lock(&mu_);
-    chunks_completed_ += static_cast<int64_t>(complete.size());
+    iterations_[SlotOf(iteration)].completed += static_cast<int64_t>(complete.size());
     for (const int64_t gc : complete) {
       const int key = layout->chunk_key[gc];
       ids.push_back({key, gc - layout->key_first_chunk[key]});
     }
   }
-  for (const int64_t gc : complete) PS_RETURN_IF_ERROR(ApplyChunk(*layout, optimizer, iteration, gc));
+  for (const int64_t gc : complete) {
+    PS_RETURN_IF_ERROR(CompleteChunk(*layout, optimizer, iteration, gc));
+  }
   return ids;
 }
 
@@ -225,8 +274,13 @@ ParameterServer::Progress ParameterServer::progress() const {
     wp.last_push_iteration = w.last_push_iteration;
     wp.last_push_ns = w.last_push_ns;
     wp.dropped = dropped_[r] || !participating_[r];
-    for (size_t gc = 0; gc < w.pushed.size(); ++gc) {
-      if (w.pushed[gc] || w.carried[gc]) ++wp.pushed_chunks;
+    wp.next_iteration = version_;
+    if (!w.slots.empty()) {
+      wp.pushed_chunks = w.slots[SlotOf(version_)].chunks;
+      while (wp.next_iteration < version_ + window_ &&
+             w.slots[SlotOf(wp.next_iteration)].chunks >= p.total_chunks) {
+        ++wp.next_iteration;
+      }
     }
     p.workers.push_back(std::move(wp));
   }
@@ -245,6 +299,12 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
   }
   if (options.observer != nullptr && options.clock == nullptr) {
     return absl::InvalidArgumentError("an event observer needs a clock");
+  }
+  if (options.consistency == ParameterServerOptions::Consistency::kSsp &&
+      (options.staleness < 0 || options.staleness > ParameterServerOptions::kMaxStaleness)) {
+    return absl::InvalidArgumentError(absl::StrCat("ssp staleness must be 0 to ",
+                                                   ParameterServerOptions::kMaxStaleness,
+                                                   ", got ", options.staleness));
   }
   PS_RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
   return std::unique_ptr<ParameterServer>(new ParameterServer(options, device, RandomHex(8)));
@@ -416,26 +476,34 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
       chunk.params = given ? std::make_shared<std::vector<float>>(params.begin() + offset,
                                                                   params.begin() + offset + length)
                            : std::make_shared<std::vector<float>>(length, 0.f);
-      chunk.grad_sum.assign(length, 0.f);
-      chunk.early.resize(workers_.size());
+      chunk.slots.resize(window_);
+      for (Aggregation& agg : chunk.slots) {
+        agg.grad_sum.assign(length, 0.f);
+        agg.early.resize(workers_.size());
+      }
       chunk.waived.assign(workers_.size(), false);
     }
   }
   layout_ = std::move(layout);
   chunk_version_.assign(chunks, 0);
-  chunks_applied_ = 0;
   early_elements_ = 0;
   initialized_ = given;
   named_initial_.clear();
   initial_received_.assign(given ? 0 : chunks, false);
   initial_chunks_received_ = 0;
   for (WorkerState& w : workers_) {
-    w.pushed.assign(chunks, false);
-    w.carried.assign(chunks, false);
-    w.num_samples = -1;
+    w.slots.assign(window_, WorkerPushes());
+    for (WorkerPushes& pushes : w.slots) {
+      pushes.pushed.assign(chunks, false);
+      pushes.carried.assign(chunks, false);
+    }
   }
-  claims_.assign(chunks, 0);
-  chunks_completed_ = 0;
+  iterations_.assign(window_, IterationState());
+  for (IterationState& it : iterations_) {
+    it.claims.assign(chunks, 0);
+    it.ready.assign(chunks, false);
+  }
+  applying_.assign(chunks, false);
   return absl::OkStatus();
 }
 
@@ -536,11 +604,13 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   steps_per_epoch_ = steps_per_epoch;
   WorkerState& worker = workers_[rank];
   if (worker.id == worker_id && initialized_) {
-    // A previous process of this worker: what it pushed of the iteration
-    // in progress is in the sums already (see Register in the header).
-    for (size_t gc = 0; gc < worker.pushed.size(); ++gc) {
-      if (worker.pushed[gc]) worker.carried[gc] = true;
-      worker.pushed[gc] = false;
+    // A previous process of this worker: what it pushed of the iterations
+    // in flight is in the sums already (see Register in the header).
+    for (WorkerPushes& pushes : worker.slots) {
+      for (size_t gc = 0; gc < pushes.pushed.size(); ++gc) {
+        if (pushes.pushed[gc]) pushes.carried[gc] = true;
+        pushes.pushed[gc] = false;
+      }
     }
   }
   worker.id = worker_id;
@@ -687,7 +757,16 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
     return absl::FailedPreconditionError(
         "push before the initial parameters are complete (version 0 does not exist yet)");
   }
-  if (iteration != version_) {
+  if (options_.consistency == ParameterServerOptions::Consistency::kSsp &&
+      iteration >= version_ + window_) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "push for iteration ", iteration, " runs ahead of the ", ConsistencyName(options_),
+        " bound: it may be computed once every rank has pushed iteration ",
+        iteration - window_, " (version ", iteration - window_ + 1,
+        "), and the server is at version ", version_, ", waiting for ranks ",
+        absl::StrJoin(RanksMissingLocked(), ", ")));
+  }
+  if (iteration < version_ || iteration >= version_ + window_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "push for iteration ", iteration, " but the server is at iteration ", version_));
   }
@@ -702,13 +781,25 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
         "push claims ", num_samples, " samples; at most ", kMaxSamplesPerPush,
         " (so that the workers' sum cannot overflow)"));
   }
-  const WorkerState& worker = workers_[rank];
-  if (num_samples < 0 || (worker.num_samples >= 0 && num_samples != worker.num_samples)) {
+  const WorkerPushes& pushes = workers_[rank].slots[SlotOf(iteration)];
+  if (num_samples < 0 || (pushes.num_samples >= 0 && num_samples != pushes.num_samples)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "push claims ", num_samples, " samples but worker rank ", rank, " claimed ",
-        worker.num_samples, " earlier in iteration ", iteration));
+        pushes.num_samples, " earlier in iteration ", iteration));
   }
   return absl::OkStatus();
+}
+
+std::vector<int> ParameterServer::RanksMissingLocked() const {
+  std::vector<int> missing;
+  const int64_t total = layout_ == nullptr ? 0 : layout_->total_chunks;
+  for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {
+    if (!participating_[r]) continue;
+    if (workers_[r].slots.empty() || workers_[r].slots[SlotOf(version_)].chunks < total) {
+      missing.push_back(r);
+    }
+  }
+  return missing;
 }
 
 absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
@@ -730,7 +821,8 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     start_ns = EventStartNanos();
     PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
     layout = layout_.get();
-    shapes = CheckChunkShapesLocked(chunks, workers_[rank].pushed, what, &global_chunks);
+    shapes = CheckChunkShapesLocked(chunks, workers_[rank].slots[SlotOf(iteration)].pushed, what,
+                                    &global_chunks);
   }
   // 2. Check the values, under no lock (they are the message's own), of
   //    the chunks before any that failed step 1: errors come in chunk order.
@@ -750,25 +842,28 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     absl::MutexLock lock(&mu_);
     PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
     WorkerState& worker = workers_[rank];
+    WorkerPushes& pushes = worker.slots[SlotOf(iteration)];
+    IterationState& state = iterations_[SlotOf(iteration)];
     for (size_t c = 0; c < chunks.size(); ++c) {
-      if (worker.pushed[global_chunks[c]]) return AlreadyError(*layout, chunks[c], what);
+      if (pushes.pushed[global_chunks[c]]) return AlreadyError(*layout, chunks[c], what);
     }
     for (size_t c = 0; c < chunks.size(); ++c) {
       const int64_t gc = global_chunks[c];
-      worker.pushed[gc] = true;
-      if (worker.carried[gc]) {
-        worker.carried[gc] = false;
+      pushes.pushed[gc] = true;
+      if (pushes.carried[gc]) {
+        pushes.carried[gc] = false;
         carried[c] = true;
-      } else if (++claims_[gc] == options_.num_workers) {
-        ++chunks_completed_;
+      } else {
+        ++pushes.chunks;
+        if (++state.claims[gc] == options_.num_workers) ++state.completed;
       }
     }
-    if (!chunks.empty()) worker.num_samples = num_samples;
+    if (!chunks.empty()) pushes.num_samples = num_samples;
     // The next iteration's members are announced with the first push of
     // this one (workers read them from the replies to split its batch).
     if (!next_frozen_) FreezeNextMembersLocked();
     worker.heard_ns = worker.last_push_ns = NowNanos();
-    worker.last_push_iteration = iteration;
+    worker.last_push_iteration = std::max(worker.last_push_iteration, iteration);
     optimizer = optimizer_.get();
   }
   // 4. Add each chunk to its sum, in rank order (see SumInRankOrderLocked),
@@ -779,9 +874,10 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     if (carried[c]) continue;
     Chunk& chunk = layout->chunks[global_chunks[c]];
     absl::MutexLock lock(&chunk.mu);
-    SumInRankOrderLocked(rank, chunk, chunks[c].pieces);
-    chunk.samples += num_samples;
-    if (++chunk.pushes + chunk.waived_count == num_workers) complete.push_back(global_chunks[c]);
+    Aggregation& agg = chunk.slots[SlotOf(iteration)];
+    SumInRankOrderLocked(rank, chunk, agg, chunks[c].pieces);
+    agg.samples += num_samples;
+    if (++agg.pushes + chunk.waived_count == num_workers) complete.push_back(global_chunks[c]);
   }
   if (options_.observer != nullptr) {
     int64_t bytes = 0;
@@ -791,8 +887,12 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
                 bytes, start_ns);
   }
   // 5. Apply and publish each chunk this message completed, in message
-  //    order; the last chunk of the iteration also publishes the version.
-  for (const int64_t gc : complete) PS_RETURN_IF_ERROR(ApplyChunk(*layout, optimizer, iteration, gc));
+  //    order (under ssp:S, once the chunk's earlier iterations are
+  //    applied: then with them); the last chunk of the iteration also
+  //    publishes the version.
+  for (const int64_t gc : complete) {
+    PS_RETURN_IF_ERROR(CompleteChunk(*layout, optimizer, iteration, gc));
+  }
   return absl::OkStatus();
 }
 
@@ -842,12 +942,13 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
       absl::MutexLock lock(&chunk.mu);
       staleness = std::max(staleness, chunk.version - based_on_version);
       if (num_samples > 0 && layout->chunk_length[gc] > 0) {
-        AssignPiecesTo(chunks[c].pieces, chunk.grad_sum.data());
+        std::vector<float>& grad = chunk.slots[0].grad_sum;
+        AssignPiecesTo(chunks[c].pieces, grad.data());
         std::shared_ptr<std::vector<float>> next = NextParamsLocked(chunk);
         absl::MutexLockMaybe device_lock(device_->num_threads() > 1 ? &device_mu_ : nullptr);
         PS_RETURN_IF_ERROR(optimizer->ApplyRange(chunk.version / options_.num_workers,
-                                                 num_samples, layout->chunk_offset[gc],
-                                                 chunk.grad_sum, *chunk.params,
+                                                 num_samples, layout->chunk_offset[gc], grad,
+                                                 *chunk.params,
                                                  absl::MakeSpan(*next)));
         chunk.previous = std::move(chunk.params);
         chunk.params = std::move(next);
@@ -872,57 +973,57 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
   return std::max<int64_t>(0, staleness);
 }
 
-void ParameterServer::SumInRankOrderLocked(int rank, Chunk& chunk,
+void ParameterServer::SumInRankOrderLocked(int rank, Chunk& chunk, Aggregation& agg,
                                            absl::Span<const absl::string_view> data) {
   const int64_t n = PiecesBytes(data) / static_cast<int64_t>(sizeof(float));
   if (n == 0) return;  // an empty tensor: nothing to sum, in any order
-  SkipWaivedLocked(chunk);
-  if (chunk.ranks_summed != rank) {
+  SkipWaivedLocked(chunk, agg);
+  if (agg.ranks_summed != rank) {
     // A lower rank's part is still missing: hold this one until its turn.
-    chunk.early[rank].resize(n);
-    CopyPiecesTo(data, chunk.early[rank].data());
+    agg.early[rank].resize(n);
+    CopyPiecesTo(data, agg.early[rank].data());
     early_elements_ += n;
     return;
   }
-  float* sum = chunk.grad_sum.data();
+  float* sum = agg.grad_sum.data();
   // The first part (rank 0's, unless it is waived) starts the sum: 0 + g
   // written without reading the old sum, so the sum needs no zeroing
   // between iterations.
-  if (!chunk.sum_started) {
+  if (!agg.sum_started) {
     AssignPiecesTo(data, sum);
-    chunk.sum_started = true;
+    agg.sum_started = true;
   } else {
     AddPiecesTo(data, sum);
   }
-  ++chunk.ranks_summed;
-  DrainHeldLocked(chunk);
+  ++agg.ranks_summed;
+  DrainHeldLocked(chunk, agg);
 }
 
-void ParameterServer::SkipWaivedLocked(Chunk& chunk) {
+void ParameterServer::SkipWaivedLocked(const Chunk& chunk, Aggregation& agg) {
   const int num_workers = static_cast<int>(chunk.waived.size());
-  while (chunk.ranks_summed < num_workers && chunk.waived[chunk.ranks_summed]) {
-    ++chunk.ranks_summed;
+  while (agg.ranks_summed < num_workers && chunk.waived[agg.ranks_summed]) {
+    ++agg.ranks_summed;
   }
 }
 
-void ParameterServer::DrainHeldLocked(Chunk& chunk) {
+void ParameterServer::DrainHeldLocked(const Chunk& chunk, Aggregation& agg) {
   // Every held part whose turn has come, in rank order, past waived ranks.
-  const int num_workers = static_cast<int>(chunk.early.size());
-  float* sum = chunk.grad_sum.data();
+  const int num_workers = static_cast<int>(agg.early.size());
+  float* sum = agg.grad_sum.data();
   for (;;) {
-    SkipWaivedLocked(chunk);
-    if (chunk.ranks_summed >= num_workers || chunk.early[chunk.ranks_summed].empty()) return;
-    std::vector<float> held = std::move(chunk.early[chunk.ranks_summed]);
-    chunk.early[chunk.ranks_summed] = std::vector<float>();
+    SkipWaivedLocked(chunk, agg);
+    if (agg.ranks_summed >= num_workers || agg.early[agg.ranks_summed].empty()) return;
+    std::vector<float> held = std::move(agg.early[agg.ranks_summed]);
+    agg.early[agg.ranks_summed] = std::vector<float>();
     const int64_t n = static_cast<int64_t>(held.size());
-    if (!chunk.sum_started) {
+    if (!agg.sum_started) {
       std::copy(held.begin(), held.end(), sum);
-      chunk.sum_started = true;
+      agg.sum_started = true;
     } else {
       for (int64_t i = 0; i < n; ++i) sum[i] += held[i];
     }
     early_elements_ -= n;
-    ++chunk.ranks_summed;
+    ++agg.ranks_summed;
   }
 }
 
@@ -965,66 +1066,120 @@ absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const Ch
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::ApplyChunk(const Layout& layout, SgdOptimizer* optimizer,
-                                         int64_t iteration, int64_t global_chunk) {
-  const int64_t start_ns = EventStartNanos();
-  const int64_t length = layout.chunk_length[global_chunk];
-  {
-    Chunk& chunk = layout.chunks[global_chunk];
-    absl::MutexLock lock(&chunk.mu);
-    // Every worker has pushed this chunk, so `samples` covers all of them.
-    if (chunk.samples > 0) {
-      absl::MutexLockMaybe device_lock(device_->num_threads() > 1 ? &device_mu_ : nullptr);
-      // Into the next buffer, keeping these parameters as the previous
-      // ones for exact pulls (see PullChunkViews).
-      std::shared_ptr<std::vector<float>> next = NextParamsLocked(chunk);
-      PS_RETURN_IF_ERROR(optimizer->ApplyRange(iteration, chunk.samples,
-                                               layout.chunk_offset[global_chunk], chunk.grad_sum,
-                                               *chunk.params, absl::MakeSpan(*next)));
-      chunk.previous = std::move(chunk.params);
-      chunk.params = std::move(next);
-    } else {
-      // No samples: the parameters stay; version - 1's are the same.
-      chunk.previous = chunk.params;
-    }
-    chunk.version = iteration + 1;
-    chunk.pushes = 0;
-    chunk.ranks_summed = 0;
-    chunk.sum_started = false;
-    chunk.samples = 0;
-  }
-  // Publish it; the event is reported under mu_ too, so that once a
-  // version is visible every update event of it is in.
-  std::vector<std::function<void(State)>> captures;
-  State state;
+absl::Status ParameterServer::CompleteChunk(const Layout& layout, SgdOptimizer* optimizer,
+                                            int64_t iteration, int64_t global_chunk) {
   {
     absl::MutexLock lock(&mu_);
-    chunk_version_[global_chunk] = iteration + 1;
-    const bool last = ++chunks_applied_ == layout.total_chunks;
-    if (last) {
-      // The iteration's last chunk: every worker's pushes are all in.
-      chunks_applied_ = 0;
-      chunks_completed_ = 0;
-      std::fill(claims_.begin(), claims_.end(), 0);
-      for (WorkerState& w : workers_) {
-        std::fill(w.pushed.begin(), w.pushed.end(), false);
-        std::fill(w.carried.begin(), w.carried.end(), false);
-        w.num_samples = -1;
-      }
-      ++version_;
-      version_ns_ = NowNanos();
-      AdvanceMembershipLocked();
-      // The boundary: no push of the next iteration can have been
-      // accepted yet (it needed this version), so nothing moves while the
-      // state is copied.
-      if (!captures_.empty()) captures = TakeCapturesLocked(&state);
-    }
-    ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, iteration,
-                layout.signature[layout.chunk_key[global_chunk]].name,
-                length * static_cast<int64_t>(sizeof(float)), start_ns);
+    iterations_[SlotOf(iteration)].ready[global_chunk] = true;
   }
-  for (auto& done : captures) done(state);
+  return AdvanceChunk(layout, optimizer, global_chunk);
+}
+
+absl::Status ParameterServer::ApplyAggregationLocked(const Layout& layout, SgdOptimizer* optimizer,
+                                                     int64_t iteration, int64_t global_chunk,
+                                                     Chunk& chunk) {
+  Aggregation& agg = chunk.slots[SlotOf(iteration)];
+  // Every worker has pushed this chunk, so `samples` covers all of them.
+  if (agg.samples > 0) {
+    absl::MutexLockMaybe device_lock(device_->num_threads() > 1 ? &device_mu_ : nullptr);
+    // Into the next buffer, keeping these parameters as the previous ones
+    // for exact pulls (see PullChunkViews).
+    std::shared_ptr<std::vector<float>> next = NextParamsLocked(chunk);
+    PS_RETURN_IF_ERROR(optimizer->ApplyRange(iteration, agg.samples,
+                                             layout.chunk_offset[global_chunk], agg.grad_sum,
+                                             *chunk.params, absl::MakeSpan(*next)));
+    chunk.previous = std::move(chunk.params);
+    chunk.params = std::move(next);
+  } else {
+    // No samples: the parameters stay; version - 1's are the same.
+    chunk.previous = chunk.params;
+  }
+  chunk.version = iteration + 1;
+  agg.pushes = 0;
+  agg.ranks_summed = 0;
+  agg.sum_started = false;
+  agg.samples = 0;
   return absl::OkStatus();
+}
+
+absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* optimizer,
+                                           int64_t global_chunk) {
+  for (;;) {
+    // 1. Claim the chunk's next update, if it is ready and allowed: its
+    //    iteration is the chunk's version (the slot cannot hold a later
+    //    iteration's: those need version_ past this one).
+    int64_t iteration = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (applying_[global_chunk]) return absl::OkStatus();  // its applier goes on
+      iteration = chunk_version_[global_chunk];
+      IterationState& it = iterations_[SlotOf(iteration)];
+      if (!it.ready[global_chunk]) return absl::OkStatus();
+      if (iteration >= apply_limit_) {
+        held_back_ = true;  // applied once the capture is served
+        return absl::OkStatus();
+      }
+      it.ready[global_chunk] = false;
+      applying_[global_chunk] = true;
+    }
+    // 2. The update, under the chunk's lock alone.
+    const int64_t start_ns = EventStartNanos();
+    absl::Status applied;
+    {
+      Chunk& chunk = layout.chunks[global_chunk];
+      absl::MutexLock lock(&chunk.mu);
+      applied = ApplyAggregationLocked(layout, optimizer, iteration, global_chunk, chunk);
+    }
+    // 3. Publish it; the event is reported under mu_ too, so that once a
+    //    version is visible every update event of it is in.
+    std::vector<std::function<void(State)>> captures;
+    State state;
+    bool resume = false;
+    {
+      absl::MutexLock lock(&mu_);
+      applying_[global_chunk] = false;
+      if (!applied.ok()) return applied;
+      chunk_version_[global_chunk] = iteration + 1;
+      IterationState& it = iterations_[SlotOf(iteration)];
+      if (++it.applied == layout.total_chunks) {
+        // The iteration's last chunk (iteration == version_: each chunk's
+        // iterations are applied in order): every worker's pushes are in.
+        it.applied = 0;
+        it.completed = 0;
+        std::fill(it.claims.begin(), it.claims.end(), 0);
+        for (WorkerState& w : workers_) {
+          WorkerPushes& pushes = w.slots[SlotOf(iteration)];
+          std::fill(pushes.pushed.begin(), pushes.pushed.end(), false);
+          std::fill(pushes.carried.begin(), pushes.carried.end(), false);
+          pushes.chunks = 0;
+          pushes.num_samples = -1;
+        }
+        ++version_;
+        version_ns_ = NowNanos();
+        AdvanceMembershipLocked();
+        // The boundary a capture waits for: every chunk at version_, none
+        // ahead (the updates past it are held back), nothing moves while
+        // the state is copied.
+        if (version_ >= apply_limit_) {
+          if (!captures_.empty()) captures = TakeCapturesLocked(&state);
+          apply_limit_ = kNoLimit;
+          resume = held_back_;
+          held_back_ = false;
+        }
+      }
+      ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, iteration,
+                  layout.signature[layout.chunk_key[global_chunk]].name,
+                  layout.chunk_length[global_chunk] * static_cast<int64_t>(sizeof(float)),
+                  start_ns);
+    }
+    for (auto& done : captures) done(state);
+    if (resume) {
+      // The updates the capture held back (this chunk's: the loop goes on).
+      for (int64_t gc = 0; gc < layout.total_chunks; ++gc) {
+        if (gc != global_chunk) PS_RETURN_IF_ERROR(AdvanceChunk(layout, optimizer, gc));
+      }
+    }
+  }
 }
 
 std::vector<std::function<void(ParameterServer::State)>> ParameterServer::TakeCapturesLocked(
@@ -1058,18 +1213,46 @@ void ParameterServer::CaptureState(std::function<void(State)> done) {
     absl::MutexLock lock(&mu_);
     captures_.push_back(std::move(done));
     // At a boundary now (version 0 exists, no chunk of the iteration in
-    // progress completed): served here. Otherwise by the push that ends
-    // the iteration, or, before version 0, by this check once it exists.
-    if (!initialized_ || chunks_completed_ > 0) return;
+    // progress completed, so none is ahead of it): served here. Otherwise
+    // by the push that completes the iteration at which no chunk is ahead,
+    // the updates past it held back until then; or, before version 0, once
+    // version 1 exists.
+    if (!initialized_ || iterations_[SlotOf(version_)].completed > 0) {
+      if (apply_limit_ == kNoLimit) {
+        // The least version no chunk can pass: a chunk is at its published
+        // version, or one further while its update is being applied.
+        int64_t limit = version_ + 1;
+        for (size_t gc = 0; gc < chunk_version_.size(); ++gc) {
+          limit = std::max(limit, chunk_version_[gc] + (applying_[gc] ? 1 : 0));
+        }
+        apply_limit_ = limit;
+      }
+      return;
+    }
     captures = TakeCapturesLocked(&state);
   }
   for (auto& capture : captures) capture(state);
 }
 
 int ParameterServer::CancelCaptures() {
-  absl::MutexLock lock(&mu_);
-  const int n = static_cast<int>(captures_.size());
-  captures_.clear();
+  const Layout* layout = nullptr;
+  SgdOptimizer* optimizer = nullptr;
+  int n = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    n = static_cast<int>(captures_.size());
+    captures_.clear();
+    apply_limit_ = kNoLimit;
+    if (!held_back_) return n;
+    held_back_ = false;
+    layout = layout_.get();
+    optimizer = optimizer_.get();
+  }
+  // The updates the dropped captures held back.
+  for (int64_t gc = 0; gc < layout->total_chunks; ++gc) {
+    const absl::Status applied = AdvanceChunk(*layout, optimizer, gc);
+    if (!applied.ok()) break;  // an optimizer invariant; the pushes report theirs
+  }
   return n;
 }
 

@@ -29,9 +29,16 @@ struct ParameterServerOptions {
   // equivalence with one device's SGD). kAsync: every push is applied as it
   // arrives, scaled by its own samples (ApplyNow), each chunk's version
   // advancing per update; workers never wait for each other, and a pull of
-  // version 0 returns the newest parameters.
-  enum class Consistency { kSync, kAsync };
+  // version 0 returns the newest parameters. kSsp: stale synchronous
+  // parallel with bound `staleness` (S, see "Stale synchronous parallel"
+  // below): the iterations of kSync, applied in order, but up to S + 1 of
+  // them in flight at once; S = 0 is kSync bit for bit.
+  enum class Consistency { kSync, kAsync, kSsp };
   Consistency consistency = Consistency::kSync;
+  // kSsp's bound S, 0 .. kMaxStaleness (kInvalidArgument beyond); ignored
+  // otherwise.
+  int64_t staleness = 0;
+  static constexpr int64_t kMaxStaleness = 64;
   OptimizerOptions optimizer;
   // Gradients and parameters move in chunks of at most this many elements
   // per key, which bounds every message: the default keeps a chunk's whole
@@ -66,6 +73,14 @@ struct ParameterServerOptions {
   const Clock* clock = Clock::Real();
 };
 
+// "sync", "async" or "ssp:S" (S a whole number 0 .. kMaxStaleness) as
+// --consistency and RegisterReply.consistency spell it: sets
+// options->consistency and options->staleness. kInvalidArgument, naming
+// the choices, for anything else.
+absl::Status ParseConsistency(absl::string_view text, ParameterServerOptions* options);
+// The inverse: "sync", "async" or "ssp:S".
+std::string ConsistencyName(const ParameterServerOptions& options);
+
 // One named tensor of initial values, matched to the workers' signature by
 // name (a safetensors file's tensors have no order).
 struct NamedTensor {
@@ -97,11 +112,11 @@ struct NamedTensor {
 // Memory: the parameters, their previous version (for exact pulls; each
 // update reads one buffer and writes the other, out of place, at the cost
 // of an in-place update), the momentum buffer (with momentum), one gradient
-// sum (a model's worth each), plus the chunks held early for their rank's
-// turn (see below: at most num_workers - 1 models when pushes arrive in
-// reverse rank order), plus one chunk's copy for each chunk that a
-// ChunkViews holder still views when the chunk is updated (copy on write,
-// per chunk).
+// sum (S + 1 under ssp:S; a model's worth each), plus the chunks held early
+// for their rank's turn (see below: at most num_workers - 1 models per
+// iteration in flight when pushes arrive in reverse rank order), plus one
+// chunk's copy for each chunk that a ChunkViews holder still views when the
+// chunk is updated (copy on write, per chunk).
 //
 // The server knows no model: the signature (names, shapes, order of the
 // trainable parameters) comes from the first worker to register, and every
@@ -117,6 +132,31 @@ struct NamedTensor {
 // before a lower rank's is held until its turn: no extra memory when pushes
 // arrive in rank order, at most (num_workers - 1) models' worth when they
 // arrive in reverse (held_elements() says how much is held now).
+//
+// Stale synchronous parallel (Consistency::kSsp, bound S; Ho et al. 2013,
+// Bosen): a worker may begin step t once every worker has pushed step
+// t - S - 1, i.e. once version t - S exists, and computes it from whatever
+// newer parameters it pulls (of version t - S or later, chunks possibly of
+// different versions). The updates are those of kSync: iteration k's
+// update of a chunk is the rank-order sum of every worker's push of
+// iteration k, applied once all have arrived and iteration k - 1's update
+// of that chunk is applied, with the learning rate of step k; so the
+// iterations are applied in order, one chunk at a time, and only what the
+// workers computed their gradients from differs from kSync (with S = 0,
+// nothing: ssp:0 is kSync bit for bit). The server enforces the bound: a
+// push for iteration t is accepted only while version() >= t - S, so
+// iterations version() .. version() + S are in flight at once, each with
+// its own sums, held parts and per-worker bookkeeping (S + 1 of each, and
+// S + 1 gradient sums of a model each in memory); a push beyond is refused
+// with kOutOfRange naming the bound and the ranks the iteration in progress
+// waits for. A worker's pull for step t asks for version t - S and waits
+// for it (the gRPC service holds it). Rejoining works as under kSync (the
+// worker resumes at version(), and what its previous process pushed of
+// every iteration in flight is counted once), though under S > 0 the
+// rejoined worker computes from the newest parameters, not exactly
+// version(), so only S = 0 stays bit-identical. State captures wait for a
+// boundary with no chunk ahead of version() (see CaptureState). Shrinking
+// (DropWorker) is not supported under S > 0: kFailedPrecondition.
 //
 // Every method is thread-safe. Bad input never changes state: a rejected
 // push leaves the pending sums and the parameters untouched.
@@ -185,7 +225,10 @@ class ParameterServer {
   // from now: on this thread at once when the iteration in progress has
   // completed no chunk yet (nothing of it has been applied), otherwise on
   // the thread of the push that completes the iteration, just before the
-  // new version is published (so no update can run meanwhile). Copies the
+  // new version is published (so no update can run meanwhile). Under kSsp
+  // with S > 0 the updates of the next iterations wait meanwhile (their
+  // pushes are still accepted and summed) so that no chunk is ahead of the
+  // captured version; they are applied right after the capture. Copies the
   // parameters and momentum (two models of memory, a few milliseconds per
   // 10M parameters) under the bookkeeping lock. Before version 0 exists the
   // request waits for version 1. `done` must not call back into the server.
@@ -266,7 +309,10 @@ class ParameterServer {
     std::string id;              // empty: no worker holds the rank
     int64_t heard_ns = -1;       // last Register, Push or Heartbeat
     int64_t pushed_chunks = 0;   // of the iteration in progress
-    int64_t last_push_iteration = -1;
+    // The first iteration from the version on that the rank has not pushed
+    // whole: the step it is at (under kSsp it may be up to S ahead).
+    int64_t next_iteration = 0;
+    int64_t last_push_iteration = -1;  // the latest it pushed any of
     int64_t last_push_ns = -1;
     bool dropped = false;  // out of the job (DropWorker), not expected
   };
@@ -286,9 +332,13 @@ class ParameterServer {
   // Errors, each leaving all state untouched: kNotFound unknown rank,
   // kOutOfRange key or chunk out of range, kInvalidArgument wrong chunk length
   // or a non-finite value (named), kFailedPrecondition iteration is not the
-  // current one or num_samples differs from this worker's earlier chunks,
-  // kAlreadyExists the chunk was already pushed this iteration (even when
-  // every worker has pushed it and it has been applied).
+  // current one (under kSsp: is past, or the server is asynchronous) or
+  // num_samples differs from this worker's earlier chunks of the iteration,
+  // kOutOfRange under kSsp for an iteration beyond version() + S (ahead of
+  // the staleness bound: the message names the bound and the ranks the
+  // iteration in progress waits for), kAlreadyExists the chunk was already
+  // pushed this iteration (even when every worker has pushed it and it has
+  // been applied).
   absl::Status Push(int rank, int64_t iteration, int key, int64_t chunk, int64_t num_samples,
                     absl::Span<const float> gradient);
   // The most samples one push may claim (kInvalidArgument beyond): the sum
@@ -425,7 +475,9 @@ class ParameterServer {
   // Register's version is that iteration (kUnavailable "try again" while
   // the next iteration's is announced without it). Returns the chunks the
   // drop completed (their waiting pulls can be answered). kNotFound for a
-  // rank no worker holds; kFailedPrecondition for the last member.
+  // rank no worker holds; kFailedPrecondition for the last member, and
+  // under kSsp with S > 0 (several iterations in flight, each with its
+  // members: not supported).
   absl::StatusOr<std::vector<ChunkId>> DropWorker(int rank);
 
   // The ranks taking part in iteration `iteration`, ascending: a worker's
@@ -453,8 +505,22 @@ class ParameterServer {
   const ParameterServerOptions& options() const { return options_; }
 
  private:
-  // One chunk: its parameters and this iteration's aggregation of it, under
-  // the chunk's own lock (see "Locks" above).
+  // One iteration's aggregation of one chunk: the sum of ranks 0 ..
+  // ranks_summed - 1's gradients, the parts of higher ranks that arrived
+  // early ([rank], empty if none), how many workers pushed it (counted apart
+  // from ranks_summed, which an empty tensor's chunk never advances) and the
+  // samples their pushes cover.
+  struct Aggregation {
+    std::vector<float> grad_sum;
+    int ranks_summed = 0;
+    bool sum_started = false;
+    std::vector<std::vector<float>> early;
+    int pushes = 0;
+    int64_t samples = 0;
+  };
+
+  // One chunk: its parameters and the aggregations of the iterations in
+  // flight, under the chunk's own lock (see "Locks" above).
   struct Chunk {
     absl::Mutex mu;
     // A buffer of its own, so that an update copies only a chunk that a
@@ -467,22 +533,15 @@ class ParameterServer {
     std::shared_ptr<std::vector<float>> previous ABSL_GUARDED_BY(mu);
     // Updates applied to params (published to chunk_version_ just after).
     int64_t version ABSL_GUARDED_BY(mu) = 0;
-    // This iteration: the sum of ranks 0 .. ranks_summed - 1's gradients,
-    // the parts of higher ranks that arrived early ([rank], empty if none),
-    // how many workers pushed it (counted apart from ranks_summed, which an
-    // empty tensor's chunk never advances) and the samples their pushes
-    // cover.
-    std::vector<float> grad_sum ABSL_GUARDED_BY(mu);
-    int ranks_summed ABSL_GUARDED_BY(mu) = 0;
-    bool sum_started ABSL_GUARDED_BY(mu) = false;
-    // Ranks whose part of this chunk the iteration does without (dropped
-    // from the job, DropWorker): skipped in the rank order and counted as
-    // pushed.
+    // Iteration k's aggregation is slots[k % window_] (one slot but under
+    // kSsp, where iterations version_ .. version_ + S are in flight);
+    // asynchronous updates use slots[0].grad_sum as their scratch.
+    std::vector<Aggregation> slots ABSL_GUARDED_BY(mu);
+    // Ranks whose part of this chunk the iteration in progress does without
+    // (dropped from the job, DropWorker; one slot only): skipped in the
+    // rank order and counted as pushed.
     std::vector<bool> waived ABSL_GUARDED_BY(mu);
     int waived_count ABSL_GUARDED_BY(mu) = 0;
-    std::vector<std::vector<float>> early ABSL_GUARDED_BY(mu);
-    int pushes ABSL_GUARDED_BY(mu) = 0;
-    int64_t samples ABSL_GUARDED_BY(mu) = 0;
   };
 
   // The model laid out flat in signature order and cut into chunks (per
@@ -538,15 +597,18 @@ class ParameterServer {
   // The kAlreadyExists of chunk `chunk`, already `what`.
   static absl::Status AlreadyError(const Layout& layout, const ChunkBytes& chunk,
                                    absl::string_view what);
-  // Adds `data` (worker `rank`'s part of `chunk`) to the chunk's sum if
-  // every lower rank's part is in, then any held parts whose turn has come;
-  // otherwise holds it.
-  void SumInRankOrderLocked(int rank, Chunk& chunk, absl::Span<const absl::string_view> data)
+  // Adds `data` (worker `rank`'s part of `chunk` in aggregation `agg`, one
+  // of its slots) to the sum if every lower rank's part is in, then any
+  // held parts whose turn has come; otherwise holds it.
+  void SumInRankOrderLocked(int rank, Chunk& chunk, Aggregation& agg,
+                            absl::Span<const absl::string_view> data)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Moves the chunk's place in the rank order past waived ranks.
-  static void SkipWaivedLocked(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Moves the aggregation's place in the rank order past waived ranks.
+  static void SkipWaivedLocked(const Chunk& chunk, Aggregation& agg)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Adds the held parts whose turn has come.
-  void DrainHeldLocked(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  void DrainHeldLocked(const Chunk& chunk, Aggregation& agg)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // The chunk's parameters to write: a fresh copy first when a ChunkViews
   // still holds its current buffer (copy on write).
   static std::vector<float>& MutableParamsLocked(Chunk& chunk)
@@ -561,12 +623,30 @@ class ParameterServer {
   // CaptureState requests, which it returns to be run outside mu_.
   std::vector<std::function<void(State)>> TakeCapturesLocked(State* state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies iteration `iteration`'s update to global chunk `global_chunk`,
-  // which every worker has pushed, under the chunk's lock, then publishes
-  // it under mu_; after the iteration's last chunk, publishes version + 1
-  // and resets the per-iteration state.
-  absl::Status ApplyChunk(const Layout& layout, SgdOptimizer* optimizer, int64_t iteration,
-                          int64_t global_chunk) ABSL_LOCKS_EXCLUDED(mu_);
+  // Global chunk `global_chunk` of iteration `iteration` has every
+  // worker's part summed: marks it ready and applies what may be applied of
+  // the chunk (AdvanceChunk).
+  absl::Status CompleteChunk(const Layout& layout, SgdOptimizer* optimizer, int64_t iteration,
+                             int64_t global_chunk) ABSL_LOCKS_EXCLUDED(mu_);
+  // Applies the chunk's ready iterations in order, from its version on, up
+  // to apply_limit_: each claimed under mu_ (one thread at a time applies a
+  // chunk; another finding it busy leaves its ready iteration to that one),
+  // updated under the chunk's lock (ApplyAggregation), then published under
+  // mu_; the last chunk of an iteration publishes version + 1 and resets
+  // the iteration's slot (and serves the captures, releasing the updates
+  // they held back).
+  absl::Status AdvanceChunk(const Layout& layout, SgdOptimizer* optimizer, int64_t global_chunk)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The optimizer step of iteration `iteration` on the chunk, from its
+  // slot's sum, which it resets.
+  absl::Status ApplyAggregationLocked(const Layout& layout, SgdOptimizer* optimizer,
+                                      int64_t iteration, int64_t global_chunk, Chunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Iterations in flight at once: S + 1 under kSsp, else 1.
+  int64_t SlotOf(int64_t iteration) const { return iteration % window_; }
+  // The ranks that have not pushed all of iteration version_ (for
+  // refusals and stall lines).
+  std::vector<int> RanksMissingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (releasing mu_) until `version` exists; kDeadlineExceeded after
   // `deadline`.
   absl::Status AwaitVersionLocked(int64_t version, absl::Time deadline)
@@ -603,6 +683,7 @@ class ParameterServer {
                    int64_t bytes, int64_t start_ns) const;
 
   const ParameterServerOptions options_;
+  const int64_t window_;  // iterations in flight at once (SlotOf)
   CpuDevice* const device_;
   // Serialises the optimizer's kernels on a device of several threads,
   // whose ParallelFor runs one job at a time (common/cpu_device.h); on one
@@ -615,7 +696,6 @@ class ParameterServer {
   // Per global chunk: its version as published (Chunk::version, copied
   // under mu_ once the update is written), which waits and HasChunks read.
   std::vector<int64_t> chunk_version_ ABSL_GUARDED_BY(mu_);
-  int64_t chunks_applied_ ABSL_GUARDED_BY(mu_) = 0;  // this iteration
   // Gradient elements held early in the chunks, this iteration.
   std::atomic<int64_t> early_elements_{0};
   // Created at the first registration, when the steps per epoch are known;
@@ -632,30 +712,50 @@ class ParameterServer {
   std::vector<bool> initial_received_ ABSL_GUARDED_BY(mu_);  // per global chunk
   int64_t initial_chunks_received_ ABSL_GUARDED_BY(mu_) = 0;
 
+  // One worker's pushes of one iteration in flight.
+  struct WorkerPushes {
+    // Per global chunk: claimed by a message that passed every check (its
+    // sum may still be under way).
+    std::vector<bool> pushed;
+    // Per global chunk: pushed by a previous process of this worker, which
+    // registered again since; a push of it is accepted and dropped (see
+    // Register).
+    std::vector<bool> carried;
+    int64_t chunks = 0;        // pushed or carried
+    int64_t num_samples = -1;  // -1 before the first chunk
+  };
   struct WorkerState {
     std::string id;
     std::string session;  // the last registration's credential
     int64_t heard_ns = -1;
     int64_t last_push_iteration = -1;
     int64_t last_push_ns = -1;
-    // Per global chunk, this iteration: claimed by a message that passed
-    // every check (its sum may still be under way).
-    std::vector<bool> pushed;
-    // Per global chunk, this iteration: pushed by a previous process of
-    // this worker, which registered again since; a push of it is accepted
-    // and dropped (see Register).
-    std::vector<bool> carried;
-    int64_t num_samples = -1;  // this iteration; -1 before the first chunk
+    std::vector<WorkerPushes> slots;  // iteration k's in slots[SlotOf(k)]
   };
   std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
 
   const std::string incarnation_;
-  // Per global chunk, this iteration: how many workers have claimed it
-  // (PushChunkBytes step 3); chunks_completed_ counts those all have, whose
-  // update may be under way. None completed: nothing of the iteration is
-  // applied, the state is at a boundary.
-  std::vector<int> claims_ ABSL_GUARDED_BY(mu_);
-  int64_t chunks_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  // One iteration in flight, server-wide. Per global chunk: how many
+  // workers have claimed it (PushChunkBytes step 3), and whether every
+  // worker's part is summed and its update not yet taken up (ready);
+  // `completed` counts the chunks all have claimed, whose update may be
+  // under way (none for the iteration in progress: nothing of it is
+  // applied, the state is at a boundary), `applied` those published.
+  struct IterationState {
+    std::vector<int> claims;
+    std::vector<bool> ready;
+    int64_t completed = 0;
+    int64_t applied = 0;
+  };
+  std::vector<IterationState> iterations_ ABSL_GUARDED_BY(mu_);  // by SlotOf
+  // Per global chunk: a thread is applying its updates (AdvanceChunk).
+  std::vector<bool> applying_ ABSL_GUARDED_BY(mu_);
+  // Iterations from this one on are not applied (a capture waits for the
+  // boundary at this version; kNoLimit otherwise), and whether one was held
+  // back by it.
+  static constexpr int64_t kNoLimit = INT64_MAX;
+  int64_t apply_limit_ ABSL_GUARDED_BY(mu_) = kNoLimit;
+  bool held_back_ ABSL_GUARDED_BY(mu_) = false;
   int64_t version_ns_ ABSL_GUARDED_BY(mu_) = -1;  // when version_ was published
   std::vector<std::function<void(State)>> captures_ ABSL_GUARDED_BY(mu_);
 

@@ -1022,6 +1022,317 @@ TEST_F(ParameterServerTest, AsyncAppliesEachPushAsItArrives) {
   EXPECT_EQ(out, (std::vector<float>{0, 1, 2, 3, 4, 5, -1.5f, -2.5f}));
 }
 
+// Whether two float vectors are equal bit for bit; names the first element
+// that differs.
+::testing::AssertionResult BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) {
+    return ::testing::AssertionFailure() << a.size() << " vs " << b.size() << " elements";
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs " << b[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(ConsistencyTest, ParsesItsNames) {
+  ParameterServerOptions options;
+  ASSERT_TRUE(ParseConsistency("ssp:2", &options).ok());
+  EXPECT_EQ(options.consistency, ParameterServerOptions::Consistency::kSsp);
+  EXPECT_EQ(options.staleness, 2);
+  EXPECT_EQ(ConsistencyName(options), "ssp:2");
+  ASSERT_TRUE(ParseConsistency("ssp:0", &options).ok());
+  EXPECT_EQ(ConsistencyName(options), "ssp:0");
+  ASSERT_TRUE(ParseConsistency("async", &options).ok());
+  EXPECT_EQ(ConsistencyName(options), "async");
+  ASSERT_TRUE(ParseConsistency("sync", &options).ok());
+  EXPECT_EQ(ConsistencyName(options), "sync");
+  for (const char* bad : {"", "ssp", "ssp:", "ssp:-1", "ssp:+1", "ssp:1.5", "ssp:x", "ssp:65",
+                          "ssp:99999999999999999999", "SSP:1", "bsp"}) {
+    const absl::Status s = ParseConsistency(bad, &options);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("ssp:S")) << bad;
+  }
+  EXPECT_EQ(ConsistencyName(options), "sync");  // unchanged by the refusals
+  CpuDevice device(0, 1);
+  options.consistency = ParameterServerOptions::Consistency::kSsp;
+  options.staleness = ParameterServerOptions::kMaxStaleness + 1;
+  EXPECT_EQ(ParameterServer::Create(options, &device).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A server of two workers under ssp:S with MakeServer's model (chunks of
+// 4: key 0 in chunks 0 and 1, key 1 in one), both registered.
+std::unique_ptr<ParameterServer> MakeSspServer(int64_t staleness, CpuDevice* device,
+                                               float momentum = 0.f) {
+  ParameterServerOptions options;
+  options.num_workers = 2;
+  options.chunk_elements = 4;
+  options.optimizer.sgd.lr = 0.5f;
+  options.optimizer.sgd.momentum = momentum;
+  options.optimizer.sgd.weight_decay = 0.01f;
+  options.optimizer.schedule.unit = LrSchedule::Unit::kSteps;
+  options.optimizer.schedule.step_size = 2;
+  options.optimizer.schedule.gamma = 0.5f;
+  if (staleness >= 0) {
+    options.consistency = ParameterServerOptions::Consistency::kSsp;
+    options.staleness = staleness;
+  }
+  auto server = ParameterServer::Create(options, Signature(), Initial(), device);
+  EXPECT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE((*server)->Register("w0", Signature(), 0).ok());
+  EXPECT_TRUE((*server)->Register("w1", Signature(), 1).ok());
+  return std::move(server).value();
+}
+
+const std::vector<std::pair<int, int64_t>>& AllChunks() {
+  static const auto* chunks = new std::vector<std::pair<int, int64_t>>{{0, 0}, {0, 1}, {1, 0}};
+  return *chunks;
+}
+
+void PushIteration(ParameterServer& server, int rank, int64_t it) {
+  for (const auto& [key, chunk] : AllChunks()) PushChunkOf(server, rank, it, key, chunk);
+}
+
+// The bound: a rank may push iteration t once version t - S exists, so the
+// fast rank runs S iterations ahead of the slowest and no further; what it
+// pulls to begin step t (version t - S) waits for the slow rank's push of
+// t - S - 1; a push past the bound is refused with kOutOfRange naming the
+// bound and the ranks waited for, and changes nothing.
+TEST_F(ParameterServerTest, SspHoldsTheFastRankAtTheBound) {
+  auto server = MakeSspServer(/*staleness=*/1, &device_);
+  PushIteration(*server, 0, 0);
+  PushIteration(*server, 0, 1);  // one ahead: within ssp:1
+  EXPECT_EQ(server->version(), 0);
+  const std::vector<float> before = Params(*server);
+  std::vector<float> g(4, 1.f);
+  const absl::Status ahead = server->Push(0, 2, 0, 0, 3, g);
+  EXPECT_EQ(ahead.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(ahead.message(), HasSubstr("ssp:1"));
+  EXPECT_THAT(ahead.message(), HasSubstr("waiting for ranks 1"));
+  EXPECT_EQ(Params(*server), before);
+  EXPECT_EQ(server->held_elements(), 0);
+  // Where each rank is: rank 0 at step 2 (waiting), rank 1 at 0.
+  const ParameterServer::Progress progress = server->progress();
+  EXPECT_EQ(progress.workers[0].next_iteration, 2);
+  EXPECT_EQ(progress.workers[0].last_push_iteration, 1);
+  EXPECT_EQ(progress.workers[1].next_iteration, 0);
+  // Rank 0's step 2 needs version 1: its pull waits for rank 1's push of 0.
+  EXPECT_FALSE(server->HasChunks(1, {{0, 0}}));
+  std::vector<float> out(4);
+  EXPECT_EQ(server->PullChunks(1, absl::Now() + absl::Milliseconds(20), {{0, 0, absl::MakeSpan(out)}})
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  absl::Notification pulled;
+  std::thread waiter([&] {
+    auto v = server->PullChunks(1, absl::Now() + absl::Seconds(20), {{0, 0, absl::MakeSpan(out)}});
+    EXPECT_TRUE(v.ok()) << v.status();
+    if (v.ok()) {
+      EXPECT_EQ(*v, 1);  // iteration 1 waits for rank 1 too
+    }
+    pulled.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_FALSE(pulled.HasBeenNotified());
+  PushIteration(*server, 1, 0);
+  waiter.join();
+  EXPECT_EQ(server->version(), 1);
+  // Now step 2 may be pushed; past iterations and repeats are refused.
+  PushIteration(*server, 0, 2);
+  PushChunkOf(*server, 1, 0, 0, 0, absl::StatusCode::kFailedPrecondition);
+  PushChunkOf(*server, 0, 2, 1, 0, absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(server->Push(0, 3, 0, 0, 3, g).code(), absl::StatusCode::kOutOfRange);
+  PushIteration(*server, 1, 1);
+  EXPECT_EQ(server->version(), 2);
+  PushIteration(*server, 1, 2);
+  EXPECT_EQ(server->version(), 3);
+  // No shrinking with iterations in flight.
+  EXPECT_EQ(server->DropWorker(1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The updates are sync's: whatever order the pushes of the iterations in
+// flight arrive in (a rank ahead, iterations of one rank out of order,
+// chunks reversed), iteration k's update is the rank-order sum of the
+// step-k pushes at step k's learning rate, so ssp:S ends bit for bit where
+// sync does, with momentum, weight decay and a step schedule.
+TEST_F(ParameterServerTest, SspAppliesTheIterationsInOrderBitForBitAsSync) {
+  auto sync = MakeSspServer(/*staleness=*/-1, &device_, /*momentum=*/0.9f);
+  for (int64_t it = 0; it < 9; ++it) {
+    PushIteration(*sync, 0, it);
+    PushIteration(*sync, 1, it);
+  }
+  EXPECT_EQ(sync->version(), 9);
+  const std::vector<float> reference = Params(*sync);
+  for (const int64_t staleness : {0, 2}) {
+    auto ssp = MakeSspServer(staleness, &device_, 0.9f);
+    const int64_t window = staleness + 1;
+    for (int64_t first = 0; first < 9; first += window) {
+      // The window [first, first + S]: rank 1 pushes its iterations last
+      // first, chunks reversed, then rank 0; nothing is applied until
+      // rank 0's iteration `first`, and then everything.
+      for (const int rank : {1, 0}) {
+        for (int64_t it = std::min<int64_t>(9, first + window) - 1; it >= first; --it) {
+          for (auto c = AllChunks().rbegin(); c != AllChunks().rend(); ++c) {
+            PushChunkOf(*ssp, rank, it, c->first, c->second);
+          }
+        }
+        EXPECT_EQ(ssp->version(), rank == 1 ? first : std::min<int64_t>(9, first + window));
+      }
+    }
+    EXPECT_EQ(ssp->held_elements(), 0);
+    EXPECT_TRUE(BitIdentical(Params(*ssp), reference)) << "ssp:" << staleness;
+  }
+}
+
+// A capture under ssp:S waits for a boundary with no chunk ahead: the
+// updates past it wait (their pushes are summed), the state is exactly
+// sync's at that version (parameters and momentum), the held updates follow,
+// and a server resumed from it goes on bit for bit. Cancelled captures
+// release what they held.
+TEST_F(ParameterServerTest, SspCaptureHoldsTheUpdatesAheadOfItsBoundary) {
+  auto sync = MakeSspServer(-1, &device_, /*momentum=*/0.9f);
+  std::vector<ParameterServer::State> reference;
+  for (int64_t it = 0; it < 5; ++it) {
+    PushIteration(*sync, 0, it);
+    PushIteration(*sync, 1, it);
+    if (it == 1) sync->CaptureState([&](ParameterServer::State s) { reference.push_back(s); });
+  }
+  ASSERT_EQ(reference.size(), 1u);
+  ASSERT_EQ(reference[0].version, 2);
+
+  auto server = MakeSspServer(/*staleness=*/1, &device_, 0.9f);
+  // The bias (key 1) runs two updates ahead of the server's version 0.
+  for (const int64_t it : {0, 1}) {
+    for (int rank = 0; rank < 2; ++rank) PushChunkOf(*server, rank, it, 1, 0);
+  }
+  EXPECT_TRUE(server->HasChunks(2, {{1, 0}}));
+  std::vector<ParameterServer::State> captured;
+  server->CaptureState([&](ParameterServer::State s) { captured.push_back(std::move(s)); });
+  EXPECT_TRUE(captured.empty());
+  // Iteration 0 completes (version 1): no boundary yet, the bias is at 2.
+  for (const auto& [key, chunk] : {std::pair<int, int64_t>{0, 0}, {0, 1}}) {
+    for (int rank = 0; rank < 2; ++rank) PushChunkOf(*server, rank, 0, key, chunk);
+  }
+  EXPECT_EQ(server->version(), 1);
+  EXPECT_TRUE(captured.empty());
+  // Iteration 2's bias, complete, waits for the capture.
+  for (int rank = 0; rank < 2; ++rank) PushChunkOf(*server, rank, 2, 1, 0);
+  EXPECT_FALSE(server->HasChunks(3, {{1, 0}}));
+  // Iteration 1 completes: version 2 is the boundary, captured, then the
+  // bias's update of iteration 2 is applied.
+  for (const auto& [key, chunk] : {std::pair<int, int64_t>{0, 0}, {0, 1}}) {
+    for (int rank = 0; rank < 2; ++rank) PushChunkOf(*server, rank, 1, key, chunk);
+  }
+  ASSERT_EQ(captured.size(), 1u);
+  EXPECT_EQ(captured[0].version, 2);
+  EXPECT_TRUE(BitIdentical(captured[0].parameters, reference[0].parameters));
+  EXPECT_TRUE(BitIdentical(captured[0].momentum, reference[0].momentum));
+  EXPECT_TRUE(server->HasChunks(3, {{1, 0}}));
+  EXPECT_EQ(server->version(), 2);
+
+  // A capture dropped before its boundary lets the updates it held go.
+  for (int rank = 0; rank < 2; ++rank) PushChunkOf(*server, rank, 2, 0, 0);  // version 2 in progress
+  server->CaptureState([&](ParameterServer::State) { ADD_FAILURE() << "cancelled"; });
+  for (int rank = 0; rank < 2; ++rank) PushChunkOf(*server, rank, 3, 1, 0);
+  EXPECT_FALSE(server->HasChunks(4, {{1, 0}}));  // held: the capture waits for version 3
+  EXPECT_EQ(server->CancelCaptures(), 1);
+  EXPECT_TRUE(server->HasChunks(4, {{1, 0}}));
+  for (int rank = 0; rank < 2; ++rank) PushChunkOf(*server, rank, 2, 0, 1);
+  EXPECT_EQ(server->version(), 3);
+  for (int rank = 0; rank < 2; ++rank) {
+    PushChunkOf(*server, rank, 3, 0, 0);
+    PushChunkOf(*server, rank, 3, 0, 1);
+  }
+  for (int rank = 0; rank < 2; ++rank) PushIteration(*server, rank, 4);
+  EXPECT_EQ(server->version(), 5);
+  EXPECT_TRUE(BitIdentical(Params(*server), Params(*sync)));
+
+  // Resumed from the captured state, under ssp:1 again: the same bits.
+  ParameterServerOptions options = server->options();
+  auto resumed = ParameterServer::CreateFromState(options, captured[0], &device_);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_TRUE((*resumed)->Register("w0", Signature(), 0).ok());
+  ASSERT_TRUE((*resumed)->Register("w1", Signature(), 1).ok());
+  for (const int64_t it : {3, 2}) PushIteration(**resumed, 1, it);
+  for (const int64_t it : {2, 3}) PushIteration(**resumed, 0, it);
+  for (int rank = 0; rank < 2; ++rank) PushIteration(**resumed, rank, 4);
+  EXPECT_EQ((*resumed)->version(), 5);
+  EXPECT_TRUE(BitIdentical(Params(**resumed), Params(*sync)));
+}
+
+// A worker that rejoins under ssp:S resumes at the server's version; what
+// its previous process pushed of every iteration in flight is counted
+// once.
+TEST_F(ParameterServerTest, SspRejoiningWorkerIsCountedOnceInEveryIterationInFlight) {
+  auto sync = MakeSspServer(-1, &device_);
+  for (int64_t it = 0; it < 3; ++it) {
+    PushIteration(*sync, 0, it);
+    PushIteration(*sync, 1, it);
+  }
+  auto server = MakeSspServer(/*staleness=*/2, &device_);
+  // Rank 1 pushes all of iteration 0, part of 1 and of 2, and restarts.
+  PushIteration(*server, 1, 0);
+  PushChunkOf(*server, 1, 1, 1, 0);
+  PushChunkOf(*server, 1, 2, 0, 1);
+  PushChunkOf(*server, 0, 1, 1, 0);
+  auto rejoined = server->Register("w1", Signature());
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ(rejoined->rank, 1);
+  EXPECT_EQ(rejoined->version, 0);
+  // It pushes everything again: the earlier parts are dropped.
+  for (int64_t it = 0; it < 3; ++it) PushIteration(*server, 1, it);
+  for (int64_t it = 0; it < 3; ++it) {
+    for (const auto& [key, chunk] : AllChunks()) {
+      if (it == 1 && key == 1) continue;  // pushed before
+      PushChunkOf(*server, 0, it, key, chunk);
+    }
+  }
+  EXPECT_EQ(server->version(), 3);
+  EXPECT_EQ(server->held_elements(), 0);
+  EXPECT_TRUE(BitIdentical(Params(*server), Params(*sync)));
+}
+
+// Learning-rate warm-up follows the step, so a server resumed from a state
+// captured inside the warm-up goes on with the warm-up's next fraction:
+// lr 0.8 over 4 warm-up steps, gradient 1 over 1 sample, is 0.2, 0.4, 0.6,
+// 0.8, then the step decay (x0.5 every 5 steps).
+TEST_F(ParameterServerTest, WarmUpContinuesAcrossARestoreStepByStep) {
+  const std::vector<ParamSpec> signature = {{"w", {1}, DType::kF32}};
+  ParameterServerOptions options;
+  options.num_workers = 1;
+  options.optimizer.sgd.lr = 0.8f;
+  options.optimizer.schedule.warmup_steps = 4;
+  options.optimizer.schedule.unit = LrSchedule::Unit::kSteps;
+  options.optimizer.schedule.step_size = 5;
+  options.optimizer.schedule.gamma = 0.5f;
+  const float expected_lr[] = {0.2f, 0.4f, 0.6f, 0.8f, 0.8f, 0.4f, 0.4f};
+  auto created = ParameterServer::Create(options, signature, {0.f}, &device_);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<ParameterServer> server = std::move(created).value();
+  ASSERT_TRUE(server->Register("w", signature).ok());
+  float want = 0.f;
+  for (int64_t step = 0; step < 7; ++step) {
+    if (step == 2) {
+      // A restart from the state captured at version 2.
+      std::vector<ParameterServer::State> captured;
+      server->CaptureState([&](ParameterServer::State s) { captured.push_back(std::move(s)); });
+      ASSERT_EQ(captured.size(), 1u);
+      EXPECT_EQ(captured[0].version, 2);
+      auto resumed = ParameterServer::CreateFromState(options, captured[0], &device_);
+      ASSERT_TRUE(resumed.ok()) << resumed.status();
+      server = std::move(resumed).value();
+      ASSERT_TRUE(server->Register("w", signature).ok());
+    }
+    ASSERT_TRUE(server->Push(0, step, 0, 0, 1, std::vector<float>{1.f}).ok());
+    want -= expected_lr[step];
+    std::vector<float> out(1);
+    ASSERT_TRUE(server->Pull(step + 1, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
+    EXPECT_FLOAT_EQ(out[0], want) << "step " << step;
+  }
+}
+
 // Per-chunk updates give the bits of one SgdOptimizer::Apply of the whole
 // model to the rank-order sum, over iterations with momentum and weight
 // decay, whatever order the chunks arrive in (reverse rank order included),
@@ -1144,6 +1455,7 @@ struct ConcurrencyCase {
   int64_t chunk_elements = 0;
   int device_threads = 1;
   int64_t iterations = 0;
+  int64_t ssp = -1;  // -1: sync; else ssp:S with this S
 
   struct ChunkRef {
     int key;
@@ -1191,6 +1503,10 @@ ParameterServerOptions ConcurrencyOptions(const ConcurrencyCase& c) {
   options.optimizer.sgd.momentum = 0.9f;
   options.optimizer.sgd.weight_decay = 1e-3f;
   options.optimizer.sgd.nesterov = true;
+  if (c.ssp >= 0) {
+    options.consistency = ParameterServerOptions::Consistency::kSsp;
+    options.staleness = c.ssp;
+  }
   return options;
 }
 
@@ -1230,34 +1546,44 @@ std::vector<float> AllParams(ParameterServer& server) {
   return out;
 }
 
-// Whether two float vectors are equal bit for bit; names the first element
-// that differs.
-::testing::AssertionResult BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) {
-    return ::testing::AssertionFailure() << a.size() << " vs " << b.size() << " elements";
-  }
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-      return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs " << b[i];
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 // One thread per worker pushing its messages in a random order each
 // iteration, and pullers taking views (some held across later updates) of
 // random chunks at each next version, all at once.
-std::vector<float> TrainConcurrently(const ConcurrencyCase& c, uint32_t seed) {
+// With `captured`, a thread also asks for the state every few versions
+// (CaptureState) while the workers push, and collects what it gets.
+std::vector<float> TrainConcurrently(const ConcurrencyCase& c, uint32_t seed,
+                                     std::vector<ParameterServer::State>* captured = nullptr) {
   CpuDevice device(0, c.device_threads);
   std::unique_ptr<ParameterServer> server = MakeConcurrencyServer(c, &device);
   const std::vector<std::vector<ConcurrencyCase::ChunkRef>> messages = c.Messages();
   const std::vector<ConcurrencyCase::ChunkRef> all_chunks = c.Chunks();
   std::vector<std::thread> threads;
+  absl::Mutex captured_mu;
+  int64_t requested = 0;
+  if (captured != nullptr) {
+    threads.emplace_back([&] {
+      for (int64_t v = 3; v < c.iterations; v += 5) {
+        EXPECT_TRUE(server->WaitForVersion(v, absl::Now() + absl::Seconds(60)).ok());
+        {
+          absl::MutexLock lock(&captured_mu);
+          ++requested;
+        }
+        server->CaptureState([&](ParameterServer::State state) {
+          absl::MutexLock lock(&captured_mu);
+          captured->push_back(std::move(state));
+        });
+      }
+    });
+  }
   for (int rank = 0; rank < kConcurrentWorkers; ++rank) {
     threads.emplace_back([&, rank] {
       std::mt19937 rng(seed * 131 + rank);
       std::vector<size_t> order(messages.size());
       for (int64_t it = 0; it < c.iterations; ++it) {
+        // Under ssp:S a worker begins step it once version it - S exists.
+        if (c.ssp >= 0 && it - c.ssp > 0) {
+          EXPECT_TRUE(server->WaitForVersion(it - c.ssp, absl::Now() + absl::Seconds(60)).ok());
+        }
         const std::vector<float> gradient = WorkerGradient(c, it, rank);
         for (size_t m = 0; m < order.size(); ++m) order[m] = m;
         std::shuffle(order.begin(), order.end(), rng);
@@ -1266,7 +1592,9 @@ std::vector<float> TrainConcurrently(const ConcurrencyCase& c, uint32_t seed) {
           EXPECT_TRUE(s.ok()) << "rank " << rank << " iteration " << it << ": " << s;
           if (!s.ok()) return;
         }
-        EXPECT_TRUE(server->WaitForVersion(it + 1, absl::Now() + absl::Seconds(60)).ok());
+        if (c.ssp < 0) {
+          EXPECT_TRUE(server->WaitForVersion(it + 1, absl::Now() + absl::Seconds(60)).ok());
+        }
       }
     });
   }
@@ -1310,14 +1638,20 @@ std::vector<float> TrainConcurrently(const ConcurrencyCase& c, uint32_t seed) {
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(server->version(), c.iterations);
   EXPECT_EQ(server->held_elements(), 0);
+  if (captured != nullptr) {
+    absl::MutexLock lock(&captured_mu);
+    EXPECT_EQ(static_cast<int64_t>(captured->size()), requested);
+  }
   return AllParams(*server);
 }
 
 // The same pushes one at a time: each iteration rank 0's messages in order,
-// then rank 1's, ...
-std::vector<float> TrainSerially(const ConcurrencyCase& c) {
+// then rank 1's, ... With `by_version`, the parameters of every version.
+std::vector<float> TrainSerially(const ConcurrencyCase& c,
+                                 std::vector<std::vector<float>>* by_version = nullptr) {
   CpuDevice device(0, 1);
   std::unique_ptr<ParameterServer> server = MakeConcurrencyServer(c, &device);
+  if (by_version != nullptr) by_version->push_back(AllParams(*server));
   for (int64_t it = 0; it < c.iterations; ++it) {
     for (int rank = 0; rank < kConcurrentWorkers; ++rank) {
       const std::vector<float> gradient = WorkerGradient(c, it, rank);
@@ -1325,6 +1659,7 @@ std::vector<float> TrainSerially(const ConcurrencyCase& c) {
         EXPECT_TRUE(PushMessage(*server, rank, it, gradient, message).ok());
       }
     }
+    if (by_version != nullptr) by_version->push_back(AllParams(*server));
   }
   EXPECT_EQ(server->version(), c.iterations);
   return AllParams(*server);
@@ -1345,6 +1680,37 @@ TEST(ParameterServerConcurrencyTest, ConcurrentPushesAndPullsEqualOneThreadBitFo
   const std::vector<float> reference = TrainSerially(small);
   for (uint32_t seed = 1; seed <= 3; ++seed) {
     EXPECT_TRUE(BitIdentical(TrainConcurrently(small, seed), reference)) << "seed " << seed;
+  }
+}
+
+// Stale synchronous parallel: workers running up to S iterations apart,
+// pushing each iteration's messages in random orders from their threads,
+// with pulls and state captures in flight, give the bits of the serial sync
+// run (the iterations are applied in order), and every captured state is
+// that run's at its version.
+TEST(ParameterServerConcurrencyTest, SspWorkersAheadEqualOneThreadSyncBitForBit) {
+  ConcurrencyCase c;
+  c.signature = {{"w1", {16, 40}, DType::kF32},
+                 {"b1", {40}, DType::kF32},
+                 {"empty", {0}, DType::kF32},
+                 {"w2", {7, 33}, DType::kF32},
+                 {"b2", {7}, DType::kF32}};
+  c.chunk_elements = 64;
+  c.iterations = 40;
+  std::vector<std::vector<float>> by_version;
+  const std::vector<float> reference = TrainSerially(c, &by_version);
+  for (const int64_t ssp : {0, 1, 3}) {
+    c.ssp = ssp;
+    for (uint32_t seed = 1; seed <= 2; ++seed) {
+      std::vector<ParameterServer::State> captured;
+      EXPECT_TRUE(BitIdentical(TrainConcurrently(c, seed, &captured), reference))
+          << "ssp:" << ssp << " seed " << seed;
+      for (const ParameterServer::State& state : captured) {
+        ASSERT_LT(state.version, static_cast<int64_t>(by_version.size()));
+        EXPECT_TRUE(BitIdentical(state.parameters, by_version[state.version]))
+            << "ssp:" << ssp << " seed " << seed << " state of version " << state.version;
+      }
+    }
   }
 }
 
