@@ -5,6 +5,11 @@
 # machine would be. Prints how long each command took.
 #
 #   bash deploy/fresh/run.sh [--keep]     # as root; about 20-30 minutes
+#   bash deploy/fresh/run.sh --images     # instead: deploy/images/build.sh
+#
+# --images runs the image build on the fresh machine instead (privileged,
+# since mmdebstrap mounts /proc in its chroot and podman runs nested, on
+# the vfs storage driver); the images stay inside that container.
 #
 # The checkout's committed HEAD is cloned into the container's work folder,
 # so uncommitted changes are not part of the run. Logs: /tmp/ps-fresh/*.log.
@@ -12,8 +17,14 @@
 # ../shared/ENVIRONMENT.md describes (runc, explicit ulimits, cgroupfs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-keep=0
-[[ "${1:-}" == "--keep" ]] && keep=1
+keep=0 images=0
+for arg in "$@"; do
+  case "$arg" in
+    --keep) keep=1 ;;
+    --images) images=1 ;;
+    *) echo "fresh/run.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
 
 work=/tmp/ps-fresh
 mkdir -p "$work"
@@ -66,16 +77,25 @@ timed() {
   return $rc
 }
 timed cluster bash deploy/local_cluster.sh && timed test bash deploy/test.sh'
+run_flags=()
+if ((images)); then
+  script="${script%%timed cluster*}timed images bash deploy/images/build.sh"
+  run_flags=(--privileged -e STORAGE_DRIVER=vfs)
+fi
 name=ps-fresh-run
 podman rm -f "$name" >/dev/null 2>&1 || true
 rc=0
-podman run --name "$name" --network=host \
+podman run --name "$name" --network=host "${run_flags[@]}" \
   -v /etc/apt/sources.list.d:/etc/apt/sources.list.d:ro \
   -v "$work/src:/src" -v "$work:/logs" \
   ps-fresh-debian12 bash -c "$script" || rc=$?
 ((keep)) || podman rm -f "$name" >/dev/null 2>&1 || true
 echo "fresh machine: exit $rc"
 cat "$work/times" 2>/dev/null || true
+if ((images)); then
+  grep -E "^  localhost/|no CUDA toolkit" "$work/images.log" || tail -20 "$work/images.log"
+  exit "$rc"
+fi
 grep -E "final test accuracy|setup: no CUDA" "$work/cluster.log" || tail -20 "$work/cluster.log"
 tail -3 "$work/test.log" 2>/dev/null || true
 exit "$rc"
