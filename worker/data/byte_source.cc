@@ -56,7 +56,17 @@ absl::StatusOr<std::unique_ptr<ByteSource>> ByteSource::Open(const std::string& 
   if (std::ferror(source->file_)) {
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
   }
+  source->content_bytes_hint_ = source->file_bytes_;
   if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+    // The trailer's ISIZE, little-endian, in the file's last 4 bytes (a gzip
+    // file has at least a 10-byte header and an 8-byte trailer).
+    unsigned char isize[4];
+    source->content_bytes_hint_ = -1;
+    if (source->file_bytes_ >= 18 && std::fseek(source->file_, -4, SEEK_END) == 0 &&
+        std::fread(isize, 1, 4, source->file_) == 4) {
+      source->content_bytes_hint_ = int64_t{isize[0]} | int64_t{isize[1]} << 8 |
+                                    int64_t{isize[2]} << 16 | int64_t{isize[3]} << 24;
+    }
     std::fclose(source->file_);
     source->file_ = nullptr;
     gzFile gz = gzopen(path.c_str(), "rb");
@@ -142,6 +152,7 @@ absl::StatusOr<int64_t> ByteSource::Read(void* buffer, int64_t n) {
 
 absl::Status ByteSource::ReadExactly(int64_t n, absl::string_view what, std::vector<uint8_t>* out) {
   const int64_t expected_end = bytes_read_ + n;
+  if (expected_end <= content_bytes_hint_) out->reserve(out->size() + n);
   int64_t remaining = n;
   while (remaining > 0) {
     const int64_t piece = std::min(remaining, kChunkBytes);
@@ -164,16 +175,24 @@ absl::Status ByteSource::ReadExactly(int64_t n, absl::string_view what, std::vec
 }
 
 absl::Status ByteSource::ReadToEnd(std::vector<uint8_t>* out) {
+  if (content_bytes_hint_ > bytes_read_) {
+    // One byte more than the hint: the read that finds the end fits too.
+    out->reserve(out->size() + (content_bytes_hint_ - bytes_read_) + 1);
+  }
   while (true) {
     const size_t old_size = out->size();
-    out->resize(old_size + kChunkBytes);
-    absl::StatusOr<int64_t> got = Read(out->data() + old_size, kChunkBytes);
+    // Within the capacity while there is some, so that the vector is not
+    // reallocated.
+    const int64_t spare = static_cast<int64_t>(out->capacity() - old_size);
+    const int64_t piece = spare > 0 ? std::min(spare, kChunkBytes) : kChunkBytes;
+    out->resize(old_size + piece);
+    absl::StatusOr<int64_t> got = Read(out->data() + old_size, piece);
     if (!got.ok()) {
       out->resize(old_size);
       return got.status();
     }
     out->resize(old_size + *got);
-    if (*got < kChunkBytes) return absl::OkStatus();
+    if (*got < piece) return absl::OkStatus();
   }
 }
 

@@ -21,7 +21,12 @@ namespace ps::worker::data::internal {
 // Built for hostile input: the readers check a header's claims against
 // max_content_bytes() before allocating, and ReadExactly() grows its output
 // as data actually arrives, so a corrupt length costs no more memory than the
-// file really holds.
+// file really holds. Where the file says how much content it holds
+// (content_bytes_hint()), the output's capacity is reserved up front, so it
+// is allocated once instead of doubling (a doubling vector leaves all its
+// earlier blocks in the heap: 63 MB for Fashion-MNIST's 47 MB of pixels); a
+// hint that lies costs address space only, since pages are written as data
+// arrives.
 //
 // Not thread-safe. Owns its file handle, closed on destruction.
 class ByteSource {
@@ -45,6 +50,10 @@ class ByteSource {
   int64_t max_content_bytes() const;
   // Content bytes consumed so far.
   int64_t bytes_read() const { return bytes_read_; }
+  // What the file says its content's size is, not checked: the file's size
+  // for a raw file; for gzip, the size its trailer records (ISIZE: the
+  // last member's uncompressed size modulo 2^32), -1 when it has none.
+  int64_t content_bytes_hint() const { return content_bytes_hint_; }
 
   // Reads up to `n` bytes into `buffer` and returns how many were read: fewer
   // than `n` only at the end of the content. kDataLoss for a corrupt or
@@ -72,6 +81,7 @@ class ByteSource {
 
   std::string path_;
   int64_t file_bytes_ = 0;
+  int64_t content_bytes_hint_ = -1;
   int64_t bytes_read_ = 0;
   std::FILE* file_ = nullptr;  // a raw file, or
   void* gz_ = nullptr;         // a gzFile (kept out of this header: zlib.h)

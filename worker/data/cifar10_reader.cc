@@ -12,48 +12,40 @@ namespace ps::worker::data {
 namespace {
 
 constexpr int64_t kNumClasses = 10;
-constexpr int64_t kPixelBytes = kCifar10RecordBytes - 1;
+// Records are read this many at a time (3 MB) and scattered straight into
+// the dataset, so a file never sits in memory whole beside it.
+constexpr int64_t kRecordsPerRead = 1024;
 
-// Appends the records of one file to `dataset`.
-absl::Status AppendCifarFile(const std::string& path, Dataset* dataset) {
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<internal::ByteSource> source,
-                      internal::ByteSource::Open(path));
-  std::vector<uint8_t> bytes;
-  // A raw file can be checked before reading it; a gzip one after.
-  if (!source->gzipped()) {
-    if (source->file_bytes() % kCifar10RecordBytes != 0) {
-      return absl::DataLossError(
-          absl::StrCat(path, ": truncated or corrupt: ", source->file_bytes(),
-                       " bytes is not a whole number of ", kCifar10RecordBytes, "-byte records (",
-                       source->file_bytes() / kCifar10RecordBytes, " records and ",
-                       source->file_bytes() % kCifar10RecordBytes, " stray bytes)"));
-    }
-    bytes.reserve(source->file_bytes());
-  }
-  PS_RETURN_IF_ERROR(source->ReadToEnd(&bytes));
-  const int64_t size = static_cast<int64_t>(bytes.size());
-  if (size % kCifar10RecordBytes != 0) {
+// Appends the records of `source` to `dataset`.
+absl::Status AppendCifarFile(internal::ByteSource& source, Dataset* dataset) {
+  const std::string& path = source.path();
+  auto not_whole = [&](int64_t size) {
     return absl::DataLossError(
         absl::StrCat(path, ": truncated or corrupt: ", size, " bytes",
-                     source->gzipped() ? " (decompressed)" : "", " is not a whole number of ",
+                     source.gzipped() ? " (decompressed)" : "", " is not a whole number of ",
                      kCifar10RecordBytes, "-byte records (", size / kCifar10RecordBytes,
                      " records and ", size % kCifar10RecordBytes, " stray bytes)"));
+  };
+  // A raw file can be checked before reading it; a gzip one at its end.
+  if (!source.gzipped() && source.file_bytes() % kCifar10RecordBytes != 0) {
+    return not_whole(source.file_bytes());
   }
-  const int64_t records = size / kCifar10RecordBytes;
-  const int64_t first = dataset->size();
-  dataset->labels.resize(first + records);
-  dataset->pixels.resize((first + records) * kPixelBytes);
-  for (int64_t r = 0; r < records; ++r) {
-    const uint8_t* record = bytes.data() + r * kCifar10RecordBytes;
-    if (record[0] >= kNumClasses) {
-      return absl::DataLossError(absl::StrCat(path, ": label ", record[0], " of record ", r,
-                                              " is outside [0, ", kNumClasses, ")"));
+  std::vector<uint8_t> block(kRecordsPerRead * kCifar10RecordBytes);
+  for (int64_t record = 0;;) {
+    PS_ASSIGN_OR_RETURN(const int64_t got,
+                        source.Read(block.data(), static_cast<int64_t>(block.size())));
+    if (got % kCifar10RecordBytes != 0) return not_whole(source.bytes_read());
+    for (int64_t r = 0; r < got / kCifar10RecordBytes; ++r, ++record) {
+      const uint8_t* bytes = block.data() + r * kCifar10RecordBytes;
+      if (bytes[0] >= kNumClasses) {
+        return absl::DataLossError(absl::StrCat(path, ": label ", bytes[0], " of record ", record,
+                                                " is outside [0, ", kNumClasses, ")"));
+      }
+      dataset->labels.push_back(bytes[0]);
+      dataset->pixels.insert(dataset->pixels.end(), bytes + 1, bytes + kCifar10RecordBytes);
     }
-    dataset->labels[first + r] = record[0];
-    std::copy(record + 1, record + kCifar10RecordBytes,
-              dataset->pixels.data() + (first + r) * kPixelBytes);
+    if (got < static_cast<int64_t>(block.size())) return absl::OkStatus();
   }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -63,9 +55,19 @@ absl::StatusOr<Dataset> LoadCifar10Files(const std::vector<std::string>& paths) 
   dataset.name = "cifar10";
   dataset.sample_shape = {3, 32, 32};
   dataset.num_classes = kNumClasses;
+  // Every file opened first, so that the dataset is allocated once, at the
+  // size the files state (see ByteSource::content_bytes_hint).
+  std::vector<std::unique_ptr<internal::ByteSource>> sources;
+  int64_t records = 0;
   for (const std::string& path : paths) {
-    PS_RETURN_IF_ERROR(AppendCifarFile(path, &dataset));
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<internal::ByteSource> source,
+                        internal::ByteSource::Open(path));
+    records += std::max<int64_t>(0, source->content_bytes_hint()) / kCifar10RecordBytes;
+    sources.push_back(std::move(source));
   }
+  dataset.labels.reserve(records);
+  dataset.pixels.reserve(records * (kCifar10RecordBytes - 1));
+  for (auto& source : sources) PS_RETURN_IF_ERROR(AppendCifarFile(*source, &dataset));
   return dataset;
 }
 

@@ -57,6 +57,7 @@ TEST(Cifar10ReaderTest, TrainSplitInFileOrder) {
   EXPECT_EQ(dataset->num_classes, 10);
   ASSERT_EQ(dataset->size(), 10);
   EXPECT_TRUE(ValidateDataset(*dataset).ok());
+  EXPECT_EQ(dataset->pixels.capacity(), dataset->pixels.size());  // allocated once
   for (int64_t i = 0; i < 10; ++i) {
     EXPECT_EQ(dataset->labels[i], i);
     const Bytes expected = PatternBytes(kPixels, static_cast<uint8_t>(10 * (i / 2 + 1) + i % 2));
@@ -71,6 +72,7 @@ TEST(Cifar10ReaderTest, GzippedTestSplitInArchiveSubdirectory) {
   absl::StatusOr<Dataset> dataset = LoadCifar10(dir, "test");
   ASSERT_TRUE(dataset.ok()) << dataset.status();
   ASSERT_EQ(dataset->size(), 3);
+  EXPECT_EQ(dataset->pixels.capacity(), dataset->pixels.size());  // from the gzip trailers
   EXPECT_EQ(dataset->labels, (std::vector<int32_t>{3, 1, 4}));
   EXPECT_EQ(Bytes(dataset->sample(2), dataset->sample(2) + kPixels), PatternBytes(kPixels, 202));
 }

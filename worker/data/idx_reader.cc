@@ -88,7 +88,6 @@ absl::StatusOr<IdxHeader> ReadIdxHeader(const std::string& path, uint32_t magic,
 
 // Reads the data a header promised and checks that nothing follows it.
 absl::Status ReadIdxData(IdxHeader& header, const char* kind, std::vector<uint8_t>* out) {
-  out->reserve(header.source->gzipped() ? 0 : header.data_bytes);
   PS_RETURN_IF_ERROR(header.source->ReadExactly(
       header.data_bytes, absl::StrCat(absl::StrJoin(header.dims, " x "), " bytes of ", kind), out));
   return header.source->ExpectEnd();

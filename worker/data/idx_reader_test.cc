@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/rng.h"
+#include "worker/data/byte_source.h"
 #include "worker/data/test_util.h"
 
 namespace ps::worker::data {
@@ -85,6 +86,26 @@ TEST(IdxReaderTest, LargerThanOneReadChunk) {
   ASSERT_TRUE(dataset.ok()) << dataset.status();
   EXPECT_EQ(dataset->pixels, pixels);
   EXPECT_EQ(dataset->labels[1234], 4);
+  // Allocated once at the size the gzip trailer states, not doubled piece
+  // by piece (which leaves every earlier block in the heap).
+  EXPECT_EQ(dataset->pixels.capacity(), pixels.size());
+}
+
+TEST(IdxReaderTest, ContentSizeHints) {
+  const std::string dir = TestDir("idx_hints");
+  const Bytes content = IdxImages(3, 2, 2, PatternBytes(12, 5));
+  WriteFile(dir + "/raw", content);
+  WriteFile(dir + "/gz", Gzip(content));
+  WriteFile(dir + "/tiny", Bytes{0x1f, 0x8b, 8});
+  for (const char* name : {"raw", "gz"}) {
+    auto source = internal::ByteSource::Open(dir + "/" + name);
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_EQ((*source)->content_bytes_hint(), static_cast<int64_t>(content.size())) << name;
+  }
+  // Too short to have a trailer: no hint (and the read fails on its own).
+  auto tiny = internal::ByteSource::Open(dir + "/tiny");
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_EQ((*tiny)->content_bytes_hint(), -1);
 }
 
 TEST(IdxReaderTest, LoadMnistLikeFindsStandardNames) {
