@@ -189,20 +189,25 @@ TEST(MetricsTest, APrometheusServerReadsTheJobBack) {
   EXPECT_GT(own_samples, 0);
   EXPECT_GT(own_version, 0);
 
-  // Every metric the shipped Grafana dashboard draws is one the server serves.
+  // Every metric the shipped Grafana dashboard draws is one the server or a
+  // worker serves.
   const std::string dashboard =
       testing::ReadFileBytes(testing::RunfilePath("deploy/grafana/ps-dashboard.json"));
   ASSERT_FALSE(dashboard.empty());
   std::string served;
-  ASSERT_EQ(testing::RunCommand(
-                absl::StrCat(python, " -c ",
-                             testing::ShellQuote(absl::StrCat(
-                                 "import urllib.request; print(urllib.request.urlopen("
-                                 "'http://127.0.0.1:",
-                                 metrics_port, "/metrics', timeout=5).read().decode())"))),
-                &served),
-            0)
-      << served;
+  for (const std::string& endpoint : {metrics_port, worker_metrics_ports[0]}) {
+    std::string text;
+    ASSERT_EQ(testing::RunCommand(
+                  absl::StrCat(python, " -c ",
+                               testing::ShellQuote(absl::StrCat(
+                                   "import urllib.request; print(urllib.request.urlopen("
+                                   "'http://127.0.0.1:",
+                                   endpoint, "/metrics', timeout=5).read().decode())"))),
+                  &text),
+              0)
+        << text;
+    served += text;
+  }
   const std::regex name("ps_[a-z_]+");
   int drawn = 0;
   for (auto it = std::sregex_iterator(dashboard.begin(), dashboard.end(), name);
@@ -211,7 +216,7 @@ TEST(MetricsTest, APrometheusServerReadsTheJobBack) {
     if (metric == "ps_job" || metric.rfind("ps_dashboard", 0) == 0) continue;  // the uid
     ++drawn;
     EXPECT_NE(served.find("\n" + metric), std::string::npos)
-        << "the dashboard draws " << metric << ", which the server does not serve";
+        << "the dashboard draws " << metric << ", which neither the server nor a worker serves";
   }
   EXPECT_GT(drawn, 5);
   for (auto& w : workers) w->Signal(SIGKILL);
