@@ -153,8 +153,7 @@ std::map<std::string, std::string> JobSettings(const ParameterServerOptions& opt
   const LrSchedule& schedule = optimizer.schedule;
   return {
       {"num_workers", absl::StrCat(options.num_workers)},
-      {"consistency",
-       options.consistency == ParameterServerOptions::Consistency::kAsync ? "async" : "sync"},
+      {"consistency", ConsistencyName(options)},
       {"lr", absl::StrCat(optimizer.sgd.lr)},
       {"momentum", absl::StrCat(optimizer.sgd.momentum)},
       {"weight_decay", absl::StrCat(optimizer.sgd.weight_decay)},

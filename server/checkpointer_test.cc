@@ -92,6 +92,14 @@ TEST(JobSettingsTest, DifferencesNameTheSetting) {
   EXPECT_NE(JobDifferences(JobSettings(a), JobSettings(c)).find("num_workers 2"), std::string::npos);
   EXPECT_EQ(JobDifferences(JobSettings(a), JobSettings(d)),
             "consistency sync in the checkpoint, async now");
+  ParameterServerOptions e = a;
+  ASSERT_TRUE(ParseConsistency("ssp:2", &e).ok());
+  EXPECT_EQ(JobDifferences(JobSettings(a), JobSettings(e)),
+            "consistency sync in the checkpoint, ssp:2 now");
+  ParameterServerOptions f = a;
+  f.optimizer.schedule.warmup_steps = 100;
+  EXPECT_EQ(JobDifferences(JobSettings(a), JobSettings(f)),
+            "lr_warmup_steps 0 in the checkpoint, 100 now");
 }
 
 }  // namespace

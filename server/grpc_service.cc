@@ -527,10 +527,7 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   reply->set_session(reg.session);
   for (int member : reg.members) reply->add_members(member);
   reply->set_shrinks(options_.shrinks);
-  reply->set_consistency(server_->options().consistency ==
-                                 ParameterServerOptions::Consistency::kAsync
-                             ? "async"
-                             : "sync");
+  reply->set_consistency(ConsistencyName(server_->options()));
   return absl::OkStatus();
 }
 
@@ -631,6 +628,13 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
   }
   PS_RETURN_IF_ERROR(
       server_->PushChunkBytes(header.rank(), header.iteration(), header.num_samples(), chunks));
+  if (server_->options().consistency == ParameterServerOptions::Consistency::kSsp) {
+    // The iterations before this one whose updates its parameters lacked.
+    const int64_t staleness =
+        std::max<int64_t>(0, header.iteration() - header.based_on_version());
+    reply->set_staleness(staleness);
+    if (options_.on_staleness) options_.on_staleness(staleness);
+  }
   // Announced by the first push of the iteration (this one or earlier); the
   // version may have moved on since, and then the members are past.
   absl::StatusOr<std::vector<int>> members = server_->Members(header.iteration() + 1);
@@ -686,6 +690,9 @@ absl::Status ParameterServerService::DoHeartbeat(const grpc::ServerContextBase& 
   }
   const ParameterServer::Progress progress = server_->progress();
   reply->set_version(progress.version);
+  for (const ParameterServer::WorkerProgress& w : progress.workers) {
+    reply->add_rank_steps(w.next_iteration);
+  }
   const Clock* clock = server_->options().clock;
   if (clock != nullptr) {
     const Stall stall = FindStall(progress, clock->NowNanos(), options_.stall_report_after,

@@ -92,8 +92,9 @@ struct ServiceOptions {
   // Told each call's method ("Push", ...) and final code as it is answered
   // (for metrics); must be thread-safe and quick. May be empty.
   std::function<void(absl::string_view method, absl::StatusCode code)> on_answer;
-  // Asynchronous consistency: told each accepted push's staleness (updates
-  // behind). May be empty.
+  // Asynchronous and ssp:S consistency: told each accepted push's
+  // staleness (async: updates behind; ssp: iterations behind). May be
+  // empty.
   std::function<void(int64_t staleness)> on_staleness;
 };
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -1002,6 +1003,107 @@ TEST_F(GrpcServiceCredentialsTest, EachWorkerActsOnlyWithItsOwnSessionOfThisServ
   ASSERT_TRUE(PushAllWith({kToken, a.session()}, 0, 1, 1).ok());
   EXPECT_EQ(server_->version(), 2);
   EXPECT_EQ(ParametersAt(2), (std::vector<float>{-3, -2, -1, 0, 1, 2, 3, 4}));
+}
+
+// Stale synchronous parallel over the wire: the registration says
+// "ssp:1", a push past the bound is OUT_OF_RANGE naming it, a push reply
+// carries its staleness (iteration - based_on_version, also told to
+// on_staleness), the step-t pull (version t - S) waits for the slow rank's
+// push and is answered by it, and heartbeats say at which step each rank is.
+class GrpcServiceSspTest : public GrpcServiceCredentialsTest {
+ protected:
+  void SetUp() override {
+    ParameterServerOptions options = Options();
+    ASSERT_TRUE(ParseConsistency("ssp:1", &options).ok());
+    auto server = ParameterServer::Create(options, Signature(), {1, 2, 3, 4, 5, 6, 7, 8}, &device_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server).value();
+    ServiceOptions service_options;
+    service_options.on_staleness = [this](int64_t staleness) {
+      absl::MutexLock lock(&staleness_mu_);
+      staleness_.push_back(staleness);
+    };
+    service_ = std::make_unique<ParameterServerService>(server_.get(), service_options);
+    ASSERT_NO_FATAL_FAILURE(Serve(service_.get(), &grpc_server_, &stub_, &raw_stub_));
+  }
+
+  // Rank `rank`'s whole gradient of `iteration` (every element 1, one
+  // sample) in one message, computed from version `based_on`; the reply's
+  // staleness into *staleness.
+  grpc::Status PushWhole(const std::string& session, int rank, int64_t iteration,
+                         int64_t based_on, int64_t* staleness = nullptr) {
+    proto::PushRequest header;
+    header.set_rank(rank);
+    header.set_iteration(iteration);
+    header.set_num_samples(1);
+    header.set_based_on_version(based_on);
+    const std::vector<float> ones(4, 1.f);
+    std::vector<grpc::Slice> data;
+    for (const auto& [key, chunk, n] :
+         std::vector<std::tuple<int, int64_t, size_t>>{{0, 0, 4}, {0, 1, 2}, {1, 0, 2}}) {
+      proto::TensorChunk* c = header.add_chunks();
+      c->set_key(key);
+      c->set_chunk(chunk);
+      c->set_data_bytes(static_cast<int64_t>(n * sizeof(float)));
+      data.emplace_back(ones.data(), n * sizeof(float));
+    }
+    grpc::ByteBuffer reply;
+    grpc::Status s =
+        RawCallWith({"", session}, proto::kPushMethod, proto::MakeFrame(header, data), &reply);
+    if (s.ok() && staleness != nullptr) {
+      proto::PushReply message;
+      EXPECT_TRUE(proto::ParseMessage(reply, "push reply", &message).ok());
+      *staleness = message.staleness();
+    }
+    return s;
+  }
+
+  absl::Mutex staleness_mu_;
+  std::vector<int64_t> staleness_ ABSL_GUARDED_BY(staleness_mu_);
+};
+
+TEST_F(GrpcServiceSspTest, TheBoundHoldsTheFastRanksPullAndRefusesItsPushAhead) {
+  proto::RegisterReply a, b;
+  ASSERT_TRUE(RegisterWith({}, "a", &a).ok());
+  ASSERT_TRUE(RegisterWith({}, "b", &b).ok());
+  EXPECT_EQ(a.consistency(), "ssp:1");
+  // Rank 0 runs one step ahead: iteration 1 from version 0, one behind.
+  int64_t staleness = -1;
+  ASSERT_TRUE(PushWhole(a.session(), 0, 0, 0, &staleness).ok());
+  EXPECT_EQ(staleness, 0);
+  ASSERT_TRUE(PushWhole(a.session(), 0, 1, 0, &staleness).ok());
+  EXPECT_EQ(staleness, 1);
+  grpc::Status s = PushWhole(a.session(), 0, 2, 0);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_THAT(s.error_message(), HasSubstr("ahead of the ssp:1 bound"));
+  EXPECT_THAT(s.error_message(), HasSubstr("waiting for ranks 1"));
+  // Its pull for step 2 (version 1) waits for rank 1's push of step 0.
+  AsyncPull pull;
+  Completions done;
+  StartPull(&pull, {{0, 0}}, /*version=*/1, /*timeout_ms=*/60000, &done);
+  ASSERT_TRUE(AwaitWaitingPulls(1));
+  proto::HeartbeatRequest beat;
+  beat.set_rank(0);
+  proto::HeartbeatReply where;
+  {
+    grpc::ClientContext context;
+    AddCredentials({"", a.session()}, &context);
+    ASSERT_TRUE(stub_->Heartbeat(&context, beat, &where).ok());
+  }
+  EXPECT_EQ(where.version(), 0);
+  EXPECT_THAT(where.rank_steps(), ::testing::ElementsAre(2, 0));
+  ASSERT_TRUE(PushWhole(b.session(), 1, 0, 0, &staleness).ok());
+  ASSERT_TRUE(done.WaitFor(1, absl::Seconds(10)));
+  ASSERT_TRUE(pull.status.ok()) << pull.status.error_message();
+  proto::PullReply pulled;
+  ASSERT_TRUE(ParsePullReply(pull.frame, &pulled).ok());
+  EXPECT_EQ(pulled.version(), 1);
+  // lr 1, (1 + 1) / 2 samples: every element down by 1.
+  EXPECT_EQ(Values(pulled.chunks(0)), (std::vector<float>{0, 1, 2, 3}));
+  ASSERT_TRUE(PushWhole(a.session(), 0, 2, 1, &staleness).ok());
+  EXPECT_EQ(staleness, 1);
+  absl::MutexLock lock(&staleness_mu_);
+  EXPECT_THAT(staleness_, ::testing::ElementsAre(0, 1, 0, 1));
 }
 
 }  // namespace

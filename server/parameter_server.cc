@@ -91,9 +91,10 @@ absl::Status ParseConsistency(absl::string_view text, ParameterServerOptions* op
     return absl::OkStatus();
   }
   int64_t bound = -1;
-  if (absl::ConsumePrefix(&text, "ssp:") && !text.empty() &&
-      std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-      absl::SimpleAtoi(text, &bound) && bound <= ParameterServerOptions::kMaxStaleness) {
+  absl::string_view digits = text;
+  if (absl::ConsumePrefix(&digits, "ssp:") && !digits.empty() &&
+      std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+      absl::SimpleAtoi(digits, &bound) && bound <= ParameterServerOptions::kMaxStaleness) {
     options->consistency = ParameterServerOptions::Consistency::kSsp;
     options->staleness = bound;
     return absl::OkStatus();

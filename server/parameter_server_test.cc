@@ -1052,6 +1052,7 @@ TEST(ConsistencyTest, ParsesItsNames) {
                           "ssp:99999999999999999999", "SSP:1", "bsp"}) {
     const absl::Status s = ParseConsistency(bad, &options);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("'", bad, "'"))) << bad;
     EXPECT_THAT(s.message(), HasSubstr("ssp:S")) << bad;
   }
   EXPECT_EQ(ConsistencyName(options), "sync");  // unchanged by the refusals

@@ -75,8 +75,10 @@ ABSL_FLAG(absl::Duration, liveness_timeout, absl::Seconds(10),
 ABSL_FLAG(absl::Duration, stall_report_every, absl::Seconds(5),
           "while an iteration waits for missing workers, report which ones this often");
 ABSL_FLAG(std::string, consistency, "sync",
-          "sync (every iteration sums all workers' pushes: one device's SGD on the global batch) "
-          "or async (each push applied as it arrives; workers never wait for each other)");
+          "sync (every iteration sums all workers' pushes: one device's SGD on the global batch), "
+          "async (each push applied as it arrives; workers never wait for each other) or ssp:S "
+          "(stale synchronous parallel: sync's updates, but a worker may begin step t once every "
+          "worker has pushed step t-S-1; ssp:0 is sync)");
 ABSL_FLAG(std::string, on_worker_loss, "wait",
           "wait: wait for a lost worker to come back (it rejoins at its rank and the current "
           "step: bit-identical), up to --worker_loss_timeout, then fail the job; shrink: drop a "
@@ -172,12 +174,9 @@ absl::Status Main() {
   ParameterServerOptions options;
   options.num_workers = absl::GetFlag(FLAGS_num_workers);
   options.chunk_elements = absl::GetFlag(FLAGS_chunk_bytes) / 4;
-  const std::string consistency = absl::GetFlag(FLAGS_consistency);
-  if (consistency == "async") {
-    options.consistency = ParameterServerOptions::Consistency::kAsync;
-  } else if (consistency != "sync") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--consistency=", consistency, ": use sync or async"));
+  if (absl::Status parsed = ParseConsistency(absl::GetFlag(FLAGS_consistency), &options);
+      !parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--consistency: ", parsed.message()));
   }
   PS_ASSIGN_OR_RETURN(options.optimizer, OptimizerOptionsFromFlags());
   // Metrics: the timed events, the calls' codes, and the job's state.
@@ -261,6 +260,14 @@ absl::Status Main() {
         absl::StrCat("--on_worker_loss=", on_worker_loss, ": use wait or shrink"));
   }
   const bool shrink = on_worker_loss == "shrink";
+  if (shrink && options.consistency == ParameterServerOptions::Consistency::kSsp &&
+      options.staleness > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--on_worker_loss=shrink with --consistency=", ConsistencyName(options),
+        " is not supported: shrinking changes an iteration's members, and under ssp:S with S > 0 "
+        "several iterations are in flight at once; use --on_worker_loss=wait (a lost worker "
+        "rejoins), or sync / ssp:0"));
+  }
   ServiceOptions service_options;
   service_options.shrinks = shrink;
   prometheus::Family<prometheus::Counter>* rpcs = nullptr;
@@ -295,7 +302,8 @@ absl::Status Main() {
         &prometheus::BuildHistogram()
              .Name("ps_server_push_staleness")
              .Help("Asynchronous consistency: updates a push's chunks had received since the "
-                   "version it was computed from")
+                   "version it was computed from; ssp:S: iterations before the pushed one whose "
+                   "updates its parameters lacked")
              .Register(metrics->registry())
              .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128});
     service_options.on_staleness = [staleness](int64_t s) {
@@ -339,8 +347,9 @@ absl::Status Main() {
       UsesTls(tls) ? (tls.client_ca_file.empty() ? "TLS" : "mutual TLS")
                    : (IsLoopback(bind_address) ? "plaintext (loopback)"
                                                : "INSECURE plaintext (--insecure)");
-  std::printf("parameter server for %d workers at %s, %s%s, initial parameters from %s\n",
-              options.num_workers, advertised.c_str(), security.c_str(),
+  std::printf("parameter server for %d workers (%s) at %s, %s%s, initial parameters from %s\n",
+              options.num_workers, ConsistencyName(options).c_str(), advertised.c_str(),
+              security.c_str(),
               service_options.job_token.empty() ? "" : ", job token required",
               initial_from.c_str());
   if (!IsLoopback(bind_address)) {
