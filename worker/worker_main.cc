@@ -209,8 +209,10 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
                       data::LoadDataset(dataset, absl::GetFlag(FLAGS_data_dir), "test"));
   data::Dataset validation;
   if (absl::GetFlag(FLAGS_validation_fraction) != 0) {
+    // In place: the training set is never held twice.
     PS_ASSIGN_OR_RETURN(data::HoldoutSplit split,
-                        data::SplitHoldout(train, absl::GetFlag(FLAGS_validation_fraction),
+                        data::SplitHoldout(std::move(train),
+                                           absl::GetFlag(FLAGS_validation_fraction),
                                            absl::GetFlag(FLAGS_seed)));
     train = std::move(split.train);
     validation = std::move(split.validation);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
@@ -175,7 +176,11 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name, const std::string& 
       "unknown dataset '", name, "': known datasets are cifar10, fashion_mnist, mnist, synthetic"));
 }
 
-absl::StatusOr<HoldoutSplit> SplitHoldout(const Dataset& all, double fraction, uint64_t seed) {
+namespace {
+
+// The samples SplitHoldout(all, fraction, seed) holds out, as a mask.
+absl::StatusOr<std::vector<bool>> HoldoutMask(const Dataset& all, double fraction,
+                                              uint64_t seed) {
   if (!(fraction >= 0) || fraction >= 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("validation fraction ", fraction, " is not in [0, 1)"));
@@ -190,6 +195,10 @@ absl::StatusOr<HoldoutSplit> SplitHoldout(const Dataset& all, double fraction, u
   std::vector<int64_t> order = EpochOrder(n, MixSeed(seed, 0x7a11d47a5e7ULL), 0, true);
   std::vector<bool> validation(n, false);
   for (int64_t i = 0; i < held; ++i) validation[order[i]] = true;
+  return validation;
+}
+
+HoldoutSplit EmptySplitLike(const Dataset& all) {
   HoldoutSplit split;
   for (Dataset* d : {&split.train, &split.validation}) {
     d->name = all.name;
@@ -197,6 +206,16 @@ absl::StatusOr<HoldoutSplit> SplitHoldout(const Dataset& all, double fraction, u
     d->num_classes = all.num_classes;
   }
   split.validation.name = absl::StrCat(all.name, " (validation)");
+  return split;
+}
+
+}  // namespace
+
+absl::StatusOr<HoldoutSplit> SplitHoldout(const Dataset& all, double fraction, uint64_t seed) {
+  PS_ASSIGN_OR_RETURN(const std::vector<bool> validation, HoldoutMask(all, fraction, seed));
+  const int64_t n = all.size();
+  const int64_t held = std::count(validation.begin(), validation.end(), true);
+  HoldoutSplit split = EmptySplitLike(all);
   const int64_t bytes = all.sample_elements();
   split.validation.pixels.reserve(held * bytes);
   split.train.pixels.reserve((n - held) * bytes);
@@ -205,6 +224,37 @@ absl::StatusOr<HoldoutSplit> SplitHoldout(const Dataset& all, double fraction, u
     to.pixels.insert(to.pixels.end(), all.sample(i), all.sample(i) + bytes);
     to.labels.push_back(all.labels[i]);
   }
+  return split;
+}
+
+absl::StatusOr<HoldoutSplit> SplitHoldout(Dataset&& all, double fraction, uint64_t seed) {
+  PS_ASSIGN_OR_RETURN(const std::vector<bool> validation, HoldoutMask(all, fraction, seed));
+  const int64_t n = all.size();
+  const int64_t held = std::count(validation.begin(), validation.end(), true);
+  HoldoutSplit split = EmptySplitLike(all);
+  const int64_t bytes = all.sample_elements();
+  split.validation.pixels.reserve(held * bytes);
+  split.validation.labels.reserve(held);
+  // The training samples move forward within `all`'s own buffers (sample i
+  // goes to slot kept <= i, so nothing unread is overwritten), in order.
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint8_t* sample = all.pixels.data() + i * bytes;
+    if (validation[i]) {
+      split.validation.pixels.insert(split.validation.pixels.end(), sample, sample + bytes);
+      split.validation.labels.push_back(all.labels[i]);
+      continue;
+    }
+    if (kept != i) {
+      std::memmove(all.pixels.data() + kept * bytes, sample, bytes);
+      all.labels[kept] = all.labels[i];
+    }
+    ++kept;
+  }
+  all.pixels.resize(kept * bytes);
+  all.labels.resize(kept);
+  split.train.pixels = std::move(all.pixels);
+  split.train.labels = std::move(all.labels);
   return split;
 }
 

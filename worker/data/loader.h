@@ -36,6 +36,11 @@ struct HoldoutSplit {
   Dataset validation;
 };
 absl::StatusOr<HoldoutSplit> SplitHoldout(const Dataset& all, double fraction, uint64_t seed);
+// The same split, taking `all`'s memory for the training set (its samples
+// moved forward in place), so that the dataset is never held twice: the
+// peak is `all` plus the validation set. `all` is left empty, unless the
+// fraction is refused (then it is unchanged).
+absl::StatusOr<HoldoutSplit> SplitHoldout(Dataset&& all, double fraction, uint64_t seed);
 
 // How uint8 pixels become model inputs: x = pixel * scale, then, per channel
 // c, (x - mean[c]) / std[c]. mean and std are in units of x (after scaling)

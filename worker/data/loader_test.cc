@@ -323,6 +323,29 @@ int64_t NumberOf(const Dataset& d, int64_t i) { return d.sample(i)[0] | (d.sampl
 // The validation samples never appear in the training set, together they
 // are all of it, each keeps its label, and the split is a function of the
 // seed alone.
+// Taking the dataset's memory gives the same split as copying it.
+TEST(SplitHoldoutTest, InPlaceIsTheSameSplit) {
+  const Dataset all = Numbered(1000);
+  for (double fraction : {0.0, 0.1, 0.5}) {
+    auto copied = SplitHoldout(all, fraction, 7);
+    Dataset taken = all;
+    const uint8_t* memory = taken.pixels.data();
+    auto in_place = SplitHoldout(std::move(taken), fraction, 7);
+    ASSERT_TRUE(copied.ok() && in_place.ok());
+    EXPECT_EQ(in_place->train.pixels, copied->train.pixels) << fraction;
+    EXPECT_EQ(in_place->train.labels, copied->train.labels) << fraction;
+    EXPECT_EQ(in_place->validation.pixels, copied->validation.pixels) << fraction;
+    EXPECT_EQ(in_place->validation.labels, copied->validation.labels) << fraction;
+    EXPECT_EQ(in_place->validation.name, copied->validation.name);
+    EXPECT_EQ(in_place->train.sample_shape, copied->train.sample_shape);
+    EXPECT_EQ(in_place->train.pixels.data(), memory);  // not copied
+    EXPECT_TRUE(ValidateDataset(in_place->train).ok());
+  }
+  Dataset refused = all;
+  EXPECT_FALSE(SplitHoldout(std::move(refused), 1.0, 7).ok());
+  EXPECT_EQ(refused.size(), 1000);  // untouched
+}
+
 TEST(SplitHoldoutTest, DisjointCompleteAndSeeded) {
   const Dataset all = Numbered(1000);
   auto split = SplitHoldout(all, 0.1, 7);
