@@ -57,6 +57,7 @@ std::string TrainingReportToJson(const TrainingReport& r) {
   j["global_samples_per_second"] = r.global_samples_per_second;
   j["model_bytes_to_host_per_step"] = r.model_bytes_to_host_per_step;
   j["model_bytes_to_device_per_step"] = r.model_bytes_to_device_per_step;
+  j["peak_rss_bytes"] = r.peak_rss_bytes;
   j["compute"] = r.compute;
   j["replay_step_s"] = r.replay_step_seconds;
   j["time_split"] = SplitToJson(r.split);

@@ -8,6 +8,7 @@
 //
 //   bazel run -c opt //worker:worker -- --model=lenet --epochs=10
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <signal.h>
@@ -521,6 +522,15 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
                     : absl::StrCat(" as ", codec->name(), ", ", report.model_parameters * 4,
                                    " in fp32")
                           .c_str());
+  }
+
+  // Peak resident memory of the whole process, as /usr/bin/time -v reports
+  // it ("Maximum resident set size"; Linux counts ru_maxrss in KiB).
+  struct rusage usage = {};
+  if (getrusage(RUSAGE_SELF, &usage) == 0) {
+    report.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+    std::printf("worker %d: peak resident memory %.1f MB\n", rank,
+                static_cast<double>(report.peak_rss_bytes) / 1e6);
   }
 
   if (report.stopped_at_step >= 0) {
