@@ -52,6 +52,12 @@ class ParameterStore {
     // pulls bring the newest parameters, whatever version they ask for;
     // the worker runs its own steps from 0, waiting for nobody.
     bool async = false;
+    // Stale synchronous parallel (ssp:S): S. The protocol and the updates
+    // are sync's, but a pull of version v brings any parameters of version
+    // v - S or newer (the newest there are, waiting only while version
+    // v - S does not exist), so a step computes from parameters up to S
+    // updates behind. 0 under sync (and ssp:0, which is sync).
+    int64_t staleness_bound = 0;
   };
 
   // Registers this worker's model signature. `proposed` holds this worker's
@@ -73,7 +79,8 @@ class ParameterStore {
 
   // Copies version `version` (or a newer one) into `params`; returns the
   // version copied. Remote stores copy exactly `version` (after Register
-  // or Reconnect: the version a worker resumes from).
+  // or Reconnect: the version a worker resumes from), or under ssp:S the
+  // newest of version `version` - S or later.
   virtual absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) = 0;
 
   // The segments, as ascending (non-decreasing: a segment may be empty) end

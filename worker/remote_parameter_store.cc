@@ -5,7 +5,9 @@
 #include <cstring>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -34,6 +36,7 @@ RemoteParameterStore::~RemoteParameterStore() {
 
 void RemoteParameterStore::SendHeartbeats() {
   absl::Time last_log = absl::InfinitePast();
+  absl::Time last_bound_log = absl::InfinitePast();
   while (!stop_heartbeats_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
     proto::HeartbeatRequest request;
     grpc::ClientContext context;
@@ -51,6 +54,32 @@ void RemoteParameterStore::SendHeartbeats() {
     // A failure says nothing the training calls will not: the server is
     // away, restarting, or shutting down.
     if (!stub_->Heartbeat(&context, request, &reply).ok()) continue;
+    if (stale_pulls() && options_.log &&
+        absl::Now() - last_bound_log >= options_.stall_log_every) {
+      // A pull still waiting for a version the server lacks: the step it is
+      // for (version + S) is held back by the ranks that have not pushed
+      // the iteration before that version.
+      int64_t waits_for = -1;
+      {
+        absl::MutexLock lock(&async_mu_);
+        if (!pulls_in_flight_.empty()) waits_for = pulls_in_flight_.rbegin()->first;
+      }
+      if (waits_for > reply.version()) {
+        std::vector<std::string> ranks, steps;
+        for (int r = 0; r < reply.rank_steps_size(); ++r) {
+          if (r == request.rank() || reply.rank_steps(r) >= waits_for) continue;
+          ranks.push_back(absl::StrCat(r));
+          steps.push_back(absl::StrCat(reply.rank_steps(r)));
+        }
+        if (!ranks.empty()) {
+          last_bound_log = absl::Now();
+          options_.log(absl::StrCat("step ", waits_for + staleness_bound_, " waits for ranks ",
+                                    absl::StrJoin(ranks, ", "), " (at step",
+                                    steps.size() > 1 ? "s " : " ", absl::StrJoin(steps, ", "),
+                                    "; ssp:", staleness_bound_, ")"));
+        }
+      }
+    }
     // Waiting for others: their ranks are missing, not only ours.
     bool others = false;
     for (int rank : reply.missing_ranks()) others |= rank != request.rank();
@@ -405,6 +434,23 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   proto::RegisterReply reply;
   PS_RETURN_IF_ERROR(FromGrpcStatus(stub_->Register(&context, request, &reply),
                                     absl::StrCat("Register with ", options_.server_address)));
+  // The server's consistency: "sync" (or empty: an older server), "async"
+  // or "ssp:S".
+  bool ssp = false;
+  int64_t staleness_bound = 0;
+  if (absl::StartsWith(reply.consistency(), "ssp:")) {
+    ssp = absl::SimpleAtoi(absl::string_view(reply.consistency()).substr(4), &staleness_bound) &&
+          staleness_bound >= 0;
+    if (!ssp) {
+      return absl::InternalError(absl::StrCat("server ", options_.server_address,
+                                              " sent consistency '", reply.consistency(), "'"));
+    }
+  } else if (!reply.consistency().empty() && reply.consistency() != "sync" &&
+             reply.consistency() != "async") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the server at ", options_.server_address, " runs with consistency '",
+        reply.consistency(), "', which this worker does not know (sync, async, ssp:S)"));
+  }
   if (reply.chunk_elements() < 1 || reply.num_workers() < 1 || reply.rank() < 0 ||
       reply.rank() >= reply.num_workers()) {
     return absl::InternalError(absl::StrCat("server ", options_.server_address,
@@ -458,7 +504,10 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   out.members.assign(reply.members().begin(), reply.members().end());
   out.dynamic_members = reply.shrinks();
   out.async = reply.consistency() == "async";
+  out.staleness_bound = staleness_bound;
   async_ = out.async;
+  ssp_ = ssp;
+  staleness_bound_ = staleness_bound;
   {
     absl::MutexLock lock(&async_mu_);
     pulled_version_.assign(messages_.size(), reply.version());
@@ -523,7 +572,7 @@ void RemoteParameterStore::PushSegments(int64_t iteration, int64_t num_samples, 
   }
   const int rank = rank_;
   int64_t based_on = 0;
-  if (async_) {
+  if (async_ || ssp_) {
     // The least version the pushed messages' parameters came from.
     absl::MutexLock lock(&async_mu_);
     based_on = *std::min_element(pulled_version_.begin() + first, pulled_version_.begin() + last);
@@ -548,7 +597,7 @@ absl::Status RemoteParameterStore::ReadPushReply(const grpc::ByteBuffer& reply) 
   if (absl::Status s = proto::ParseMessage(reply, "push reply", &message); !s.ok()) {
     return absl::InternalError(absl::StrCat("server sent a malformed ", s.message()));
   }
-  if (async_) {
+  if (async_ || ssp_) {
     absl::MutexLock lock(&async_mu_);
     ++staleness_[message.staleness()];
   }
@@ -619,14 +668,22 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
   const int64_t timeout_ms = absl::ToInt64Milliseconds(timeout);
   int64_t elements = 0;
   for (int m = first; m < last; ++m) elements += message_elements_[m];
+  // Asynchronous: whatever is newest, at once. ssp:S: the newest of version
+  // - S or later, once that exists (the staleness bound).
+  const bool stale = stale_pulls();
+  const int64_t asked =
+      async_ ? 0 : stale ? std::max<int64_t>(0, version - staleness_bound_) : version;
+  if (stale) {
+    absl::MutexLock lock(&async_mu_);
+    ++pulls_in_flight_[asked];
+  }
   StartMessages(
       "Pull", proto::kPullMethod, EventKind::kPullMessage, version - 1, first, last,
-      timeout + absl::Seconds(5), [this, version, timeout_ms, exact](size_t m, const Lend&) {
+      timeout + absl::Seconds(5), [this, asked, timeout_ms, exact, stale](size_t m, const Lend&) {
         proto::PullRequest request;
-        // Asynchronous: whatever is newest, at once.
-        request.set_version(async_ ? 0 : version);
+        request.set_version(asked);
         request.set_timeout_ms(timeout_ms);
-        request.set_exact(exact && !async_);
+        request.set_exact(exact && !async_ && !stale);
         request.set_dtype(pull_codec_->dtype() == DType::kF16    ? proto::DTYPE_F16
                           : pull_codec_->dtype() == DType::kBF16 ? proto::DTYPE_BF16
                                                                  : proto::DTYPE_F32);
@@ -672,16 +729,22 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
           }
         }
         (*versions)[m - first] = reply.version();
-        if (async_) {
+        if (async_ || ssp_) {
           absl::MutexLock lock(&async_mu_);
           if (m < pulled_version_.size()) pulled_version_[m] = reply.version();
         }
         return absl::OkStatus();
       },
-      [this, version, exact, elements, versions, done = std::move(done)](absl::Status status) {
+      [this, version, asked, exact, stale, elements, versions,
+       done = std::move(done)](absl::Status status) {
+        if (stale) {
+          absl::MutexLock lock(&async_mu_);
+          if (--pulls_in_flight_[asked] == 0) pulls_in_flight_.erase(asked);
+        }
         if (!status.ok()) return done(status);
-        if (async_) {
-          // The newest of each message: versions differ by design.
+        if (async_ || stale) {
+          // The newest of each message (asynchronous; or ssp:S, each at
+          // least version - S): versions differ by design.
           bytes_pulled_ += pull_codec_->EncodedBytes(elements);
           return done(versions->empty()
                           ? version

@@ -56,7 +56,10 @@ struct RemoteStoreOptions {
   // A heartbeat (with the session) this often once registered, so the
   // server knows this worker lives while it computes a long step; its
   // reply's stall report goes to `log`, at most once per
-  // stall_log_every, while this worker waits for others. Zero: none.
+  // stall_log_every, while this worker waits for others. Under ssp:S a
+  // step held back by the staleness bound is logged too, at most once per
+  // stall_log_every, naming the slow ranks and their steps ("step 120
+  // waits for ranks 1 (at step 117; ssp:2)"). Zero: none.
   absl::Duration heartbeat_interval = absl::Seconds(2);
   // What each heartbeat reports of this worker for the server's metrics
   // (steps and per-phase totals, filled into the request). May be empty.
@@ -136,7 +139,9 @@ class RemoteParameterStore final : public ParameterStore {
   bool sent_initial_parameters() const { return sent_initial_parameters_; }
   // Asynchronous consistency: how many pushes (messages) were how stale,
   // as the server's replies said (updates their chunks received since the
-  // version they were computed from).
+  // version they were computed from). ssp:S: iterations behind (the
+  // pushed iteration less the least version its message's parameters came
+  // from; 0 to S, all 0 under ssp:0).
   std::map<int64_t, int64_t> staleness_histogram() const;
 
  private:
@@ -230,12 +235,23 @@ class RemoteParameterStore final : public ParameterStore {
   // message's chunks are encoded at their flat offset (so messages in
   // flight at once never share bytes) and lent to gRPC from here.
   std::vector<char> push_scratch_;
-  bool async_ = false;  // the server's consistency, from the registration
-  // Asynchronous: per message, the version its last pull brought (the
-  // version its next push is computed from), and the staleness replies.
+  // The server's consistency, from the registration: asynchronous, or
+  // ssp:S (ssp_, with staleness_bound_ = S).
+  bool async_ = false;
+  bool ssp_ = false;
+  int64_t staleness_bound_ = 0;
+  // Pulls of version v ask for the newest parameters of version v - S or
+  // later (not exactly v): ssp:S with S > 0.
+  bool stale_pulls() const { return ssp_ && staleness_bound_ > 0; }
+  // Asynchronous and ssp: per message, the version its last pull brought
+  // (the version its next push is computed from), and the staleness
+  // replies; ssp:S > 0: the versions pulls in flight ask for (how many
+  // each), which the heartbeat thread reads to say whom a held-back step
+  // waits for.
   mutable absl::Mutex async_mu_;
   std::vector<int64_t> pulled_version_ ABSL_GUARDED_BY(async_mu_);
   std::map<int64_t, int64_t> staleness_ ABSL_GUARDED_BY(async_mu_);
+  std::map<int64_t, int> pulls_in_flight_ ABSL_GUARDED_BY(async_mu_);
   // The last registration's credential and rank, as the heartbeat thread
   // reads them (the training thread writes them only in Register and
   // Reconnect, under the lock, and reads session_ unlocked).

@@ -127,6 +127,12 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
   // Step 3: one job, one rank, one version.
   for (size_t i = 1; i < shards_.size(); ++i) {
     const Registration& r = registrations[i];
+    if (r.async != decided.async || r.staleness_bound != decided.staleness_bound) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shards_[i].index, " (", shards_[i].address, ") runs another consistency than "
+          "shard ", first.index, " (", first.address, "): start every shard with the same "
+          "--consistency"));
+    }
     if (r.rank != decided.rank || r.num_workers != decided.num_workers ||
         r.version != decided.version) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -40,11 +40,14 @@ class Trainer::StepPhases {
     open_ = true;
   }
   void End() { Report(clock_->NowNanos()); }
+  // Nanoseconds in kWait phases so far.
+  int64_t wait_ns() const { return wait_ns_; }
 
  private:
   void Report(int64_t now) {
     if (!open_) return;
     event_.end_ns = now;
+    if (event_.kind == EventKind::kWait) wait_ns_ += now - event_.start_ns;
     observer_->OnEvent(event_);
     open_ = false;
   }
@@ -53,6 +56,7 @@ class Trainer::StepPhases {
   const Clock* const clock_;
   TimedEvent event_;
   bool open_ = false;
+  int64_t wait_ns_ = 0;
 };
 
 // Per-device state besides the model.
@@ -108,6 +112,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
     return absl::InvalidArgumentError(absl::StrCat("epochs must be >= 1, got ", options.epochs));
   }
   if (options.clock == nullptr) return absl::InvalidArgumentError("trainer needs a clock");
+  if (!(options.slowdown >= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slowdown must be >= 1 (1: none), got ", options.slowdown));
+  }
   if (train == nullptr || train->size() == 0) {
     return absl::InvalidArgumentError("training dataset is empty");
   }
@@ -246,6 +254,14 @@ absl::Status Trainer::StartFrom(int64_t version) {
                                                             wire_gradients_, wire_parameters_,
                                                             version));
   return absl::OkStatus();
+}
+
+absl::Status Trainer::CatchUp(int64_t version) {
+  PS_RETURN_IF_ERROR(store_->WaitForVersion(version));
+  // Nothing is in flight (the epoch's communication has finished), and no
+  // chunk can be past `version`: its next update needs this worker's push.
+  scheduler_.reset();
+  return StartFrom(version);
 }
 
 absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& cause) {
@@ -495,10 +511,17 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
 
   // 2. Forward/backward (or its replay).
   phases.Begin(EventKind::kCompute);
+  const int64_t compute_start_ns = clock_->NowNanos();
   if (options_.replay_compute) {
     PS_RETURN_IF_ERROR(ReplayCompute(iteration, phases));
   } else {
     PS_RETURN_IF_ERROR(Compute(iteration, shard_sizes, phases));
+  }
+  if (options_.slowdown > 1) {
+    // The emulated slower host: its compute took `slowdown` times as long.
+    const int64_t busy_ns = clock_->NowNanos() - compute_start_ns - phases.wait_ns();
+    absl::SleepFor(absl::Nanoseconds(
+        static_cast<int64_t>((options_.slowdown - 1) * static_cast<double>(busy_ns))));
   }
   if (overlapping_) {
     // Whatever the layers did not hand over (none have parameters outside a
@@ -642,6 +665,7 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     // epoch ends (evaluation, weights, the next epoch's stats).
     if (status.ok() && (step + 1 == steps_per_epoch || iteration + 1 == end)) {
       status = FinishCommunication();
+      if (status.ok() && registration_.staleness_bound > 0) status = CatchUp(iteration + 1);
     }
     if (!status.ok()) {
       if (!options_.recover_from_server_loss || !IsServerLost(status)) return status;

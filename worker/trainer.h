@@ -66,6 +66,12 @@ struct TrainerOptions {
   bool replay_compute = false;
   int64_t replay_calibration_steps = 5;
 
+  // An emulated slower host, for experiments (a worker with half the
+  // compute speed: 2): after each step's forward/backward (or its replay)
+  // the worker sleeps (slowdown - 1) x that compute's time, less any wait
+  // for parameters inside it. 1: none; kInvalidArgument below 1.
+  double slowdown = 1;
+
   // When a step fails because the store lost its server (IsServerLost: it
   // went away, shut down or restarted), Run reconnects (the store waits
   // within its bounds), rolls back to the version the server has (a
@@ -212,6 +218,11 @@ class Trainer {
   // Pulls exactly `version` into every replica and starts a scheduler that
   // holds it.
   absl::Status StartFrom(int64_t version);
+  // Stale synchronous (registration_.staleness_bound > 0), at the end of an
+  // epoch: waits until every worker's steps up to `version` are applied and
+  // starts from it, so the epoch's evaluation and weights see the model
+  // sync would (this worker's pulls may have been up to S updates behind).
+  absl::Status CatchUp(int64_t version);
   // Reconnects after `cause` (a lost server), and StartFrom the server's
   // version, which it returns.
   absl::StatusOr<int64_t> Recover(const absl::Status& cause);
