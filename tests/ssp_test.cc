@@ -48,9 +48,10 @@ struct Outcome {
 };
 
 // Two workers training an MLP for `steps` steps against one server of
-// `consistency`; worker rank 1 slowed down `slowdown` times.
+// `consistency`; worker rank 1 slowed down `slowdown` times (with
+// `slowdown_period`, both in turns: TrainerOptions::slowdown_period).
 Outcome Train(const std::string& consistency, int64_t steps, double slowdown = 1,
-              float momentum = 0.9f) {
+              float momentum = 0.9f, int64_t slowdown_period = 0) {
   Outcome run;
   const worker::data::Dataset data = Data();
   server::ParameterServerOptions server_options;
@@ -86,7 +87,9 @@ Outcome Train(const std::string& consistency, int64_t steps, double slowdown = 1
       trainer_options.seed = kSeed;
       trainer_options.evaluate = false;
       trainer_options.push_pull.bucket_bytes = 0;  // one bucket per message
-      if (w == 1) trainer_options.slowdown = slowdown;
+      // Slowed: worker 1, or with a period both, taking turns.
+      if (w == 1 || slowdown_period > 0) trainer_options.slowdown = slowdown;
+      trainer_options.slowdown_period = slowdown_period;
       worker::model::ModelConfig model;
       model.name = "mlp";
       model.mlp_hidden = {48, 24};
@@ -126,6 +129,21 @@ TEST(SspTest, SspZeroIsSyncBitForBit) {
     EXPECT_EQ(ssp.staleness[w].begin()->first, 0);
     EXPECT_TRUE(sync.staleness[w].empty());
   }
+}
+
+// The emulated slower host changes when things happen, not what: sync
+// with worker 1 at a third of the speed (every step, or taking turns) ends
+// bit for bit where it does without.
+TEST(SspTest, SlowdownChangesNoBitUnderSync) {
+  const Outcome plain = Train("sync", 14);
+  const Outcome slowed = Train("sync", 14, /*slowdown=*/3);
+  const Outcome turns = Train("sync", 14, /*slowdown=*/3, 0.9f, /*slowdown_period=*/2);
+  ASSERT_FALSE(plain.server_params.empty());
+  EXPECT_TRUE(BitIdentical(slowed.server_params, plain.server_params));
+  EXPECT_TRUE(BitIdentical(turns.server_params, plain.server_params));
+  // Rank 1 spent about three times rank 0's compute when slowed.
+  auto compute = [](const Outcome& o, int w) { return o.reports[w].split.compute; };
+  EXPECT_GT(compute(slowed, 1), 2 * compute(slowed, 0));
 }
 
 // Plain SGD: with momentum 0.9 this model's loss grew under staleness 2

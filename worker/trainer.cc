@@ -112,9 +112,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
     return absl::InvalidArgumentError(absl::StrCat("epochs must be >= 1, got ", options.epochs));
   }
   if (options.clock == nullptr) return absl::InvalidArgumentError("trainer needs a clock");
-  if (!(options.slowdown >= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slowdown must be >= 1 (1: none), got ", options.slowdown));
+  if (!(options.slowdown >= 1) || options.slowdown_period < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slowdown must be >= 1 (1: none) and its period >= 0, got ", options.slowdown, " and ",
+        options.slowdown_period));
   }
   if (train == nullptr || train->size() == 0) {
     return absl::InvalidArgumentError("training dataset is empty");
@@ -367,28 +368,55 @@ absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_
 // handed to the scheduler as backward produces them.
 class Trainer::OverlapHooks final : public model::ParameterHooks {
  public:
-  OverlapHooks(PushPullScheduler* scheduler, StepPhases* phases)
-      : scheduler_(scheduler), phases_(phases) {}
+  // `slowdown` > 1: an emulated slower host (TrainerOptions::slowdown).
+  OverlapHooks(PushPullScheduler* scheduler, StepPhases* phases, double slowdown = 1,
+               const Clock* clock = nullptr)
+      : scheduler_(scheduler),
+        phases_(phases),
+        slowdown_(slowdown),
+        clock_(clock),
+        mark_ns_(slowdown > 1 ? clock->NowNanos() : 0) {}
 
   absl::Status BeforeForward(int64_t begin, int64_t end) override {
+    Stretch();
     if (scheduler_->HasParameters(begin, end)) return scheduler_->AwaitParameters(begin, end);
     // Exposed communication: the step waits for the pulls. (One device: the
     // forward runs on the trainer's thread, so the phases still tile.)
     phases_->Begin(EventKind::kWait);
     absl::Status status = scheduler_->AwaitParameters(begin, end);
     phases_->Begin(EventKind::kCompute);
+    if (slowdown_ > 1) mark_ns_ = clock_->NowNanos();  // waiting is not compute
     return status;
   }
   void GradientsReady(int64_t begin, int64_t end) override {
+    Stretch();
     scheduler_->EarlyGradientsFrom(begin);
   }
   void AfterBackward(int64_t begin, int64_t end) override {
+    Stretch();
     scheduler_->GradientsReadyFrom(begin);
+  }
+  // Sleeps (slowdown - 1) x the compute since the last hook, so each part of
+  // the pass takes slowdown times as long and each layer's gradients leave
+  // when a slower host's would; called at the end of the pass too.
+  // What a sleep overshoots is owed back to the next one (many short sleeps
+  // would otherwise add up past the factor).
+  void Stretch() {
+    if (slowdown_ <= 1) return;
+    const int64_t now = clock_->NowNanos();
+    owed_ns_ += static_cast<int64_t>((slowdown_ - 1) * static_cast<double>(now - mark_ns_));
+    if (owed_ns_ > 0) absl::SleepFor(absl::Nanoseconds(owed_ns_));
+    mark_ns_ = clock_->NowNanos();
+    owed_ns_ -= mark_ns_ - now;
   }
 
  private:
   PushPullScheduler* const scheduler_;
   StepPhases* const phases_;
+  const double slowdown_;
+  const Clock* const clock_;
+  int64_t mark_ns_;
+  int64_t owed_ns_ = 0;
 };
 
 absl::Status Trainer::CalibrateReplay() {
@@ -433,7 +461,7 @@ absl::Status Trainer::Compute(int64_t iteration, const std::vector<int64_t>& sha
   // forward waits layer by layer for the previous iteration's pulls, and its
   // backward pushes layer by layer.
   const int d_count = static_cast<int>(devices_.size());
-  OverlapHooks hooks(scheduler_.get(), &phases);
+  OverlapHooks hooks(scheduler_.get(), &phases, overlapping_ ? SlowdownAt(iteration) : 1, clock_);
   auto run_replica = [&](int d) -> absl::Status {
     ScopedEvent event(options_.observer, clock_, EventKind::kCompute, DeviceLane(d), iteration);
     Replica& r = *replica_state_[d];
@@ -458,7 +486,9 @@ absl::Status Trainer::Compute(int64_t iteration, const std::vector<int64_t>& sha
     if (d_count > 1) PS_RETURN_IF_ERROR(r.device->Synchronize());
     return absl::OkStatus();
   };
-  return device_threads_->RunOnAll(run_replica);
+  PS_RETURN_IF_ERROR(device_threads_->RunOnAll(run_replica));
+  hooks.Stretch();  // the pass's tail, after its last hook
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::ReplayCompute(int64_t iteration, StepPhases& phases) {
@@ -466,7 +496,7 @@ absl::Status Trainer::ReplayCompute(int64_t iteration, StepPhases& phases) {
   // the pass did there, through the hooks a real pass would call (real
   // time: the replay stands in for real work).
   ScopedEvent event(options_.observer, clock_, EventKind::kCompute, DeviceLane(0), iteration);
-  OverlapHooks hooks(scheduler_.get(), &phases);
+  OverlapHooks hooks(scheduler_.get(), &phases, overlapping_ ? SlowdownAt(iteration) : 1, clock_);
   for (const ComputeProfile::Point& point : replay_profile_.points) {
     absl::SleepFor(absl::Nanoseconds(point.gap_ns));
     if (!overlapping_) continue;
@@ -478,7 +508,14 @@ absl::Status Trainer::ReplayCompute(int64_t iteration, StepPhases& phases) {
       hooks.AfterBackward(point.begin, point.end);
     }
   }
+  hooks.Stretch();
   return absl::OkStatus();
+}
+
+double Trainer::SlowdownAt(int64_t iteration) const {
+  if (options_.slowdown_period <= 0) return options_.slowdown;
+  return (iteration / options_.slowdown_period + registration_.rank) % 2 == 0 ? options_.slowdown
+                                                                                : 1;
 }
 
 absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
@@ -517,11 +554,12 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   } else {
     PS_RETURN_IF_ERROR(Compute(iteration, shard_sizes, phases));
   }
-  if (options_.slowdown > 1) {
-    // The emulated slower host: its compute took `slowdown` times as long.
+  if (const double slowdown = SlowdownAt(iteration); slowdown > 1 && !overlapping_) {
+    // The emulated slower host, before anything is pushed (overlapping, the
+    // hooks stretch each part of the pass instead).
     const int64_t busy_ns = clock_->NowNanos() - compute_start_ns - phases.wait_ns();
     absl::SleepFor(absl::Nanoseconds(
-        static_cast<int64_t>((options_.slowdown - 1) * static_cast<double>(busy_ns))));
+        static_cast<int64_t>((slowdown - 1) * static_cast<double>(busy_ns))));
   }
   if (overlapping_) {
     // Whatever the layers did not hand over (none have parameters outside a

@@ -67,10 +67,17 @@ struct TrainerOptions {
   int64_t replay_calibration_steps = 5;
 
   // An emulated slower host, for experiments (a worker with half the
-  // compute speed: 2): after each step's forward/backward (or its replay)
-  // the worker sleeps (slowdown - 1) x that compute's time, less any wait
-  // for parameters inside it. 1: none; kInvalidArgument below 1.
+  // compute speed: 2): each step's forward/backward (or its replay) takes
+  // `slowdown` times as long, the worker sleeping (slowdown - 1) x the
+  // compute, waits for parameters left out. Overlapping, the sleep is cut
+  // at every layer hook (each part of the pass stretched, each layer's
+  // gradients pushed when a slower host's would be); otherwise it comes
+  // after the pass, before the push. 1: none; kInvalidArgument below 1.
   double slowdown = 1;
+  // 0: every step is slowed. P > 0: a straggler that moves: only the steps
+  // of alternate blocks of P, rank r's blocks offset by r (with two workers
+  // one of them is the slow one at every step, each half the time).
+  int64_t slowdown_period = 0;
 
   // When a step fails because the store lost its server (IsServerLost: it
   // went away, shut down or restarted), Run reconnects (the store waits
@@ -223,6 +230,8 @@ class Trainer {
   // starts from it, so the epoch's evaluation and weights see the model
   // sync would (this worker's pulls may have been up to S updates behind).
   absl::Status CatchUp(int64_t version);
+  // The slowdown of step `iteration` (TrainerOptions::slowdown_period).
+  double SlowdownAt(int64_t iteration) const;
   // Reconnects after `cause` (a lost server), and StartFrom the server's
   // version, which it returns.
   absl::StatusOr<int64_t> Recover(const absl::Status& cause);

@@ -100,6 +100,9 @@ ABSL_FLAG(double, slowdown, 1,
           "emulate a host this many times slower at compute, for experiments: after each "
           "step's forward/backward (or its replay) sleep (slowdown - 1) x its time (2: half "
           "the speed; 1: none)");
+ABSL_FLAG(int64_t, slowdown_period, 0,
+          "with --slowdown: 0 slows every step; P > 0 only alternate blocks of P steps, rank r's "
+          "offset by r (two workers so slowed take turns being the straggler)");
 ABSL_FLAG(int, connections, ps::worker::RemoteStoreOptions().connections,
           "TCP connections to each server shard for pushes, and as many for pulls (more can "
           "fill a fast link one stream cannot)");
@@ -265,6 +268,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   options.replay_compute = compute == "replay";
   options.replay_calibration_steps = absl::GetFlag(FLAGS_replay_calibration_steps);
   options.slowdown = absl::GetFlag(FLAGS_slowdown);
+  options.slowdown_period = absl::GetFlag(FLAGS_slowdown_period);
   options.push_pull.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
   options.push_pull.max_bytes_in_flight = absl::GetFlag(FLAGS_max_bytes_in_flight);
   options.seed = absl::GetFlag(FLAGS_seed);
