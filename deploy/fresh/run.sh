@@ -78,9 +78,14 @@ timed() {
 }
 timed cluster bash deploy/local_cluster.sh && timed test bash deploy/test.sh'
 run_flags=()
+# npm's registry is reached through this machine's egress proxy, whose CA
+# the host trusts system-wide: the fresh machine trusts it too (node reads
+# NODE_EXTRA_CA_CERTS), as apt's plain-HTTP mirror needs nothing.
+ca=/etc/ssl/certs/ca-certificates.crt
+[[ -f "$ca" ]] && run_flags+=(-v "$ca:/etc/host-ca.crt:ro" -e NODE_EXTRA_CA_CERTS=/etc/host-ca.crt)
 if ((images)); then
   script="${script%%timed cluster*}timed images bash deploy/images/build.sh"
-  run_flags=(--privileged -e STORAGE_DRIVER=vfs)
+  run_flags+=(--privileged -e STORAGE_DRIVER=vfs)
 fi
 name=ps-fresh-run
 podman rm -f "$name" >/dev/null 2>&1 || true
