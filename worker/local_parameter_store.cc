@@ -66,9 +66,9 @@ absl::StatusOr<ParameterStore::Registration> LocalParameterStore::Register(
   signature_ = signature;
   segment_ends_ = std::move(ends);
   own_params_.assign(proposed.begin(), proposed.end());
-  own_gradients_.assign(total, 0.f);
   params_ = absl::MakeSpan(own_params_);
-  gradients_ = absl::MakeConstSpan(own_gradients_);
+  // The store's own gradient buffer is made by the first push that copies
+  // (none when the caller binds its buffers first).
   segment_version_.assign(signature_.size(), 0);
   pending_.assign(signature_.size(), false);
   pending_samples_.assign(signature_.size(), 0);
@@ -164,6 +164,10 @@ absl::Status LocalParameterStore::PushLocked(int64_t iteration, int64_t num_samp
   // 2. Taken: each segment's update waits for its parameters to be asked
   //    for. Unbound, the gradient is copied in (after the update of the last
   //    one it replaces).
+  if (!in_place && own_gradients_.empty()) {
+    own_gradients_.assign(segment_ends_.back(), 0.f);
+    gradients_ = absl::MakeConstSpan(own_gradients_);
+  }
   for (int s = first; s < last; ++s) {
     PS_RETURN_IF_ERROR(ApplyPendingLocked(s));
     if (!in_place) {
@@ -201,6 +205,10 @@ absl::Status LocalParameterStore::PullLocked(int64_t version, int first, int las
     }
   }
   const bool in_place = params.data() == params_.data();
+  if (!in_place && own_gradients_.empty()) {
+    own_gradients_.assign(segment_ends_.back(), 0.f);
+    gradients_ = absl::MakeConstSpan(own_gradients_);
+  }
   for (int s = first; s < last; ++s) {
     PS_RETURN_IF_ERROR(ApplyPendingLocked(s));
     if (!in_place) {

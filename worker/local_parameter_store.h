@@ -105,8 +105,9 @@ class LocalParameterStore final : public ParameterStore {
   std::unique_ptr<server::SgdOptimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   std::vector<ParamSpec> signature_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> segment_ends_ ABSL_GUARDED_BY(mu_);  // each tensor's end, flat
-  // The parameters and the pushed gradients: the store's own vectors, or
-  // the caller's buffers once bound.
+  // The parameters and the pushed gradients: the store's own vectors (the
+  // gradients' made by the first push that copies), or the caller's buffers
+  // once bound.
   std::vector<float> own_params_ ABSL_GUARDED_BY(mu_);
   std::vector<float> own_gradients_ ABSL_GUARDED_BY(mu_);
   absl::Span<float> params_ ABSL_GUARDED_BY(mu_);

@@ -146,8 +146,7 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   }
   // Registration decides how the global batch is split across workers, and
   // so the largest shard each device sees.
-  std::vector<float> proposed(model::TotalElements(replicas_[0]->parameters()));
-  num_parameters_ = static_cast<int64_t>(proposed.size());
+  num_parameters_ = model::TotalElements(replicas_[0]->parameters());
   for (auto& replica : replicas_) PS_RETURN_IF_ERROR(replica->Initialize(options_.seed));
   if (!options_.init_weights.empty()) {
     // Read the file once, into device 0; its parameters reach the other
@@ -161,8 +160,18 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
       }
     }
   }
-  PS_RETURN_IF_ERROR(replicas_[0]->flat_parameters().CopyToHost(absl::MakeSpan(proposed)));
-  PS_ASSIGN_OR_RETURN(registration_, store_->Register(replicas_[0]->parameters(), proposed));
+  // The proposal: device 0's parameters where they lie when its memory is
+  // host memory (no model-sized copy just to register), else a host copy.
+  std::vector<float> proposed;
+  absl::Span<const float> proposal;
+  if (devices_[0]->is_host_memory()) {
+    proposal = absl::MakeConstSpan(replicas_[0]->flat_parameters().data<float>(), num_parameters_);
+  } else {
+    proposed.resize(num_parameters_);
+    PS_RETURN_IF_ERROR(replicas_[0]->flat_parameters().CopyToHost(absl::MakeSpan(proposed)));
+    proposal = proposed;
+  }
+  PS_ASSIGN_OR_RETURN(registration_, store_->Register(replicas_[0]->parameters(), proposal));
 
   // A job that may shrink can leave this worker the whole global batch.
   const int64_t worker_part =
@@ -220,7 +229,7 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   // Rank 0 may have to send its initial parameters again to a server that
   // restarted without a checkpoint (see Recover).
   if (options_.recover_from_server_loss && registration_.rank == 0) {
-    initial_parameters_ = std::move(proposed);
+    initial_parameters_.assign(proposal.begin(), proposal.end());
   }
   PS_RETURN_IF_ERROR(StartFrom(registration_.version));
   // Overlap needs each layer's gradients as backward makes them, in memory
