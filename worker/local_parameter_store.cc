@@ -85,6 +85,11 @@ int64_t LocalParameterStore::version() const {
   return version_;
 }
 
+int64_t LocalParameterStore::bytes_copied() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_copied_;
+}
+
 absl::Status LocalParameterStore::CheckSegmentsLocked(int first, int last,
                                                       size_t flat_size) const {
   if (optimizer_ == nullptr) return absl::FailedPreconditionError("the store is not registered");
@@ -174,6 +179,7 @@ absl::Status LocalParameterStore::PushLocked(int64_t iteration, int64_t num_samp
       const int64_t begin = SegmentBegin(s);
       std::memcpy(own_gradients_.data() + begin, gradient.data() + begin,
                   (segment_ends_[s] - begin) * sizeof(float));
+      bytes_copied_ += (segment_ends_[s] - begin) * static_cast<int64_t>(sizeof(float));
     }
     pending_[s] = true;
     pending_samples_[s] = num_samples;
@@ -215,6 +221,7 @@ absl::Status LocalParameterStore::PullLocked(int64_t version, int first, int las
       const int64_t begin = SegmentBegin(s);
       std::memcpy(params.data() + begin, params_.data() + begin,
                   (segment_ends_[s] - begin) * sizeof(float));
+      bytes_copied_ += (segment_ends_[s] - begin) * static_cast<int64_t>(sizeof(float));
     }
   }
   return absl::OkStatus();

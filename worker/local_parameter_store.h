@@ -78,6 +78,9 @@ class LocalParameterStore final : public ParameterStore {
 
   // The version every segment has reached (pushed counts: it is published).
   int64_t version() const;
+  // Model bytes copied by pushes (into the store) and pulls (out of it),
+  // since creation: none once bound to the caller's buffers.
+  int64_t bytes_copied() const;
 
  private:
   LocalParameterStore() = default;
@@ -124,6 +127,7 @@ class LocalParameterStore final : public ParameterStore {
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int segments_pushed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t iteration_samples_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t bytes_copied_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ps::worker

@@ -153,6 +153,7 @@ TEST(LocalParameterStoreTest, BoundBuffersAreUpdatedInPlaceWhenPulled) {
   // Pulling again applies nothing again.
   ASSERT_TRUE(PullSync(**store, 1, 0, 2, absl::MakeSpan(params)).ok());
   EXPECT_EQ(params, (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f, 4, 5}));
+  EXPECT_EQ((*store)->bytes_copied(), 0);
 
   // A push from another buffer, and one that would lose an update (its
   // gradient rewritten before the last update was pulled), are refused.
@@ -167,6 +168,7 @@ TEST(LocalParameterStoreTest, BoundBuffersAreUpdatedInPlaceWhenPulled) {
   auto pulled = (*store)->Pull(2, absl::MakeSpan(copy));
   ASSERT_TRUE(pulled.ok()) << pulled.status();
   EXPECT_EQ(copy, params);
+  EXPECT_EQ((*store)->bytes_copied(), 6 * 4);
 }
 
 // The store's arithmetic is the server's: the same SGD (momentum, weight

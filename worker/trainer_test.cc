@@ -32,7 +32,8 @@ using testing::SyntheticDataset;
 std::vector<float> TrainWithDevices(const std::string& model_name, int d, int64_t batch,
                                     int64_t steps, const data::Dataset& data,
                                     int64_t* bytes_to_host, int64_t* bytes_to_device,
-                                    bool staged = false, bool overlap = true) {
+                                    bool staged = false, bool overlap = true,
+                                    int64_t* store_bytes_copied = nullptr) {
   std::vector<std::unique_ptr<CpuDevice>> owned;
   std::vector<Device*> devices;
   for (int i = 0; i < d; ++i) {
@@ -61,6 +62,7 @@ std::vector<float> TrainWithDevices(const std::string& model_name, int d, int64_
     *bytes_to_host = static_cast<int64_t>(report->model_bytes_to_host_per_step);
     *bytes_to_device = static_cast<int64_t>(report->model_bytes_to_device_per_step);
   }
+  if (store_bytes_copied != nullptr) *store_bytes_copied = (*store)->bytes_copied();
   auto params = (*trainer)->model().flat_parameters().ToVector();
   EXPECT_TRUE(params.ok());
   return *params;
@@ -99,16 +101,20 @@ TEST(TrainerTest, OneStepIsTheSameOnOneTwoAndThreeDevices) {
 }
 
 // A CPU device 0's memory is host memory: pushes read its gradients and
-// pulls write its parameters in place, so no model bytes are copied between
-// host buffers, whatever D (trainer_gpu_test checks the one copy each way of
-// a CUDA device 0).
+// pulls write its parameters in place, and the local store updates them
+// there, so no model bytes are copied between host buffers, whatever D
+// (trainer_gpu_test checks the one copy each way of a CUDA device 0).
 TEST(TrainerTest, CpuDevicesCopyNoModelBytesBetweenHostBuffers) {
   const data::Dataset data = SyntheticDataset(256);
   for (int d : {1, 2, 3}) {
-    int64_t to_host = -1, to_device = -1;
-    TrainWithDevices("lenet", d, 60, 3, data, &to_host, &to_device);
-    EXPECT_EQ(to_host, 0) << d << " devices";
-    EXPECT_EQ(to_device, 0) << d << " devices";
+    for (bool overlap : {true, false}) {
+      int64_t to_host = -1, to_device = -1, store_copied = -1;
+      TrainWithDevices("lenet", d, 60, 3, data, &to_host, &to_device, /*staged=*/false, overlap,
+                       &store_copied);
+      EXPECT_EQ(to_host, 0) << d << " devices";
+      EXPECT_EQ(to_device, 0) << d << " devices";
+      EXPECT_EQ(store_copied, 0) << d << " devices";
+    }
   }
 }
 
