@@ -219,8 +219,12 @@ for a in "$bundle"/ps-gpu-bundle.tar.gz "$bundle"/ps-gpu-bundle.tar.xz; do
 done
 [[ -z "$archive" ]] && fatal "no bundle at $bundle (ps-gpu-bundle.tar.gz or .tar.xz); build it" \
   "with bash deploy/gpu/build_bundle.sh and carry it (carry [\"out/gpu_bundle\"])"
-busybox="$bundle/busybox"  # static: runs without this machine's C library
-[[ -x "$busybox" ]] || busybox=""
+# The bundle's busybox is static: it runs without this machine's C library
+# (copied, in case the copy that came lost its mode).
+busybox=""
+if [[ -f "$bundle/busybox" ]] && cp "$bundle/busybox" "$work/busybox" && chmod +x "$work/busybox"; then
+  busybox="$work/busybox"
+fi
 sum=""
 if command -v sha256sum > /dev/null; then
   sum=$(sha256sum "$archive" | cut -c1-64)
@@ -253,7 +257,7 @@ if [[ "$key" == unverified || ! -f "$BROOT/.complete" ]]; then
     unpacker="the bundle's busybox (no $tool or python3 here)"
     "$busybox" tar -C "$dest" -x${zflag}f "$archive" > "$LOGS/unpack.log" 2>&1
   else
-    fatal "neither $tool nor python3 nor $bundle/busybox here to unpack $archive"
+    fatal "neither $tool nor python3 nor a busybox in $bundle here to unpack $archive"
   fi || fatal "unpacking $archive with $unpacker failed: $(tail -3 "$LOGS/unpack.log")"
   touch "$BROOT/.complete"
 else
