@@ -84,8 +84,12 @@ run_flags=()
 ca=/etc/ssl/certs/ca-certificates.crt
 [[ -f "$ca" ]] && run_flags+=(-v "$ca:/etc/host-ca.crt:ro" -e NODE_EXTRA_CA_CERTS=/etc/host-ca.crt)
 if ((images)); then
-  script="${script%%timed cluster*}timed images bash deploy/images/build.sh"
-  run_flags+=(--privileged -e STORAGE_DRIVER=vfs)
+  # Nested podman: overlay cannot stack on the outer container's overlay,
+  # so the inner one stores images with vfs.
+  script="${script%%timed cluster*}mkdir -p /etc/containers
+printf \"[storage]\\ndriver = \\\"vfs\\\"\\nrunroot = \\\"/run/containers/storage\\\"\\ngraphroot = \\\"/var/lib/containers/storage\\\"\\n\" > /etc/containers/storage.conf
+timed images bash deploy/images/build.sh"
+  run_flags+=(--privileged)
 fi
 name=ps-fresh-run
 podman rm -f "$name" >/dev/null 2>&1 || true
