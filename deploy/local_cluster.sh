@@ -28,6 +28,11 @@
 #                             it again on its port: it resumes from its newest
 #                             checkpoint and the workers roll back to it (one
 #                             server shard only)
+#   --consistency=MODE [sync] the servers' sync, async or ssp:S
+#   --slowdown=F [1]          the last worker emulates a host F times slower at
+#                             compute (worker --slowdown), for experiments
+#   --slowdown_period=P [0]   with --slowdown: every worker is slowed, in turns
+#                             of P steps (a straggler that moves)
 # Anything after `--` goes to every worker unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +40,8 @@ cd "$(dirname "$0")/.."
 workers=2 servers=1 devices=cpu:1 threads="" model=lenet epochs=10 batch_size=256 lr=0.9
 momentum=0 weight_decay=0 seed=0 dataset=fashion_mnist
 data_dir=/usr/share/datasets/fashion-mnist port=0 logs="" report=""
-checkpoint_dir="" checkpoint_every_steps=100 restart_server=0
+checkpoint_dir="" checkpoint_every_steps=100 restart_server=0 consistency=sync slowdown=1
+slowdown_period=0
 extra=()
 while (($#)); do
   case "$1" in
@@ -58,8 +64,11 @@ while (($#)); do
     --checkpoint_dir=*) checkpoint_dir="${1#*=}" ;;
     --checkpoint_every_steps=*) checkpoint_every_steps="${1#*=}" ;;
     --restart_server) restart_server=1 ;;
+    --consistency=*) consistency="${1#*=}" ;;
+    --slowdown=*) slowdown="${1#*=}" ;;
+    --slowdown_period=*) slowdown_period="${1#*=}" ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,30p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
     *) echo "local_cluster: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -95,7 +104,7 @@ trap 'echo "local_cluster: interrupted" >&2; exit 130' INT TERM
 addresses=()
 server_pids=()
 server_flags=(--num_workers="$workers" --lr="$lr" --momentum="$momentum"
-              --weight_decay="$weight_decay")
+              --weight_decay="$weight_decay" --consistency="$consistency")
 [[ -n "$checkpoint_dir" ]] && server_flags+=(--checkpoint_dir="$checkpoint_dir"
                                              --checkpoint_every_steps="$checkpoint_every_steps")
 # start_server S PORT: starts shard S on PORT (0: any free one), appending to
@@ -133,6 +142,9 @@ for ((r = 0; r < workers; r++)); do
          --devices="$devices" --threads="$threads" --progress=false)
   ((r == 0)) && [[ -n "$report" ]] && flags+=(--report="$report")
   ((r != 0)) && flags+=(--evaluate=false)
+  if [[ "$slowdown" != 1 ]] && ((slowdown_period > 0 || r == workers - 1)); then
+    flags+=(--slowdown="$slowdown" --slowdown_period="$slowdown_period")
+  fi
   "$bin/worker/worker" "${flags[@]}" "${extra[@]}" >"$logs/worker-$r.log" 2>&1 &
   worker_pids+=($!)
   pids+=($!)

@@ -459,6 +459,13 @@ absl::Status Trainer::CalibrateReplay() {
     if (timed) PS_RETURN_IF_ERROR(hooks.EndPass());
   }
   replay_profile_ = hooks.profile();
+  if (options_.replay_step_seconds > 0 && replay_profile_.step_ns() > 0) {
+    const double scale = options_.replay_step_seconds * 1e9 /
+                         static_cast<double>(replay_profile_.step_ns());
+    for (ComputeProfile::Point& point : replay_profile_.points) {
+      point.gap_ns = static_cast<int64_t>(static_cast<double>(point.gap_ns) * scale);
+    }
+  }
   // The data order starts afresh for the real steps.
   order_epoch_ = -1;
   return absl::OkStatus();

@@ -65,6 +65,10 @@ struct TrainerOptions {
   // and accuracy read 0. One device only (kInvalidArgument otherwise).
   bool replay_compute = false;
   int64_t replay_calibration_steps = 5;
+  // > 0: the measured pass scaled to take this long (every gap in
+  // proportion), so runs compare at one compute time whatever else loads
+  // the machine while they calibrate.
+  double replay_step_seconds = 0;
 
   // An emulated slower host, for experiments (a worker with half the
   // compute speed: 2): each step's forward/backward (or its replay) takes

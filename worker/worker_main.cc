@@ -96,6 +96,9 @@ ABSL_FLAG(std::string, compute, "real",
           "pass each step, layer by layer, pushing and pulling real gradients (experiments "
           "with more emulated hosts than cores)");
 ABSL_FLAG(int64_t, replay_calibration_steps, 5, "passes --compute=replay times");
+ABSL_FLAG(double, replay_step_ms, 0,
+          "with --compute=replay: scale the measured pass to take this many milliseconds (0: as "
+          "measured), so runs compare at one compute time whatever else loads the machine");
 ABSL_FLAG(double, slowdown, 1,
           "emulate a host this many times slower at compute, for experiments: after each "
           "step's forward/backward (or its replay) sleep (slowdown - 1) x its time (2: half "
@@ -267,6 +270,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   }
   options.replay_compute = compute == "replay";
   options.replay_calibration_steps = absl::GetFlag(FLAGS_replay_calibration_steps);
+  options.replay_step_seconds = absl::GetFlag(FLAGS_replay_step_ms) / 1e3;
   options.slowdown = absl::GetFlag(FLAGS_slowdown);
   options.slowdown_period = absl::GetFlag(FLAGS_slowdown_period);
   options.push_pull.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
