@@ -13,6 +13,7 @@ PACKAGES=(
   nlohmann-json3-dev     # JSON: the report and safetensors headers
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev
+  libdnnl-dev            # oneDNN 2.6: ResNet-18's convolutions on CPU (kernels/conv_dnnl.h)
   zlib1g-dev
   openssl                # deploy/tls/make_test_certs.sh: test CAs and certificates
   prometheus-cpp-dev     # --metrics_port: the daemons' Prometheus metrics

@@ -66,6 +66,12 @@ def _system_libs_impl(ctx):
     # Debian's libbenchmark-dev ships libbenchmark_main without a .pc file.
     lines.append('cc_library(name = "grpc_health", linkopts = ["-lgrpc++_reflection"], deps = [":grpc"])')
     lines.append('cc_library(name = "benchmark_main", linkopts = ["-lbenchmark_main"], deps = [":benchmark"])')
+    # libdnnl-dev (oneDNN 2.6, built by Debian against GCC's OpenMP) ships CMake
+    # files and no .pc file. libgomp is named too: kernels/conv_dnnl.cc sets
+    # the OpenMP thread count of the threads that run oneDNN's primitives.
+    if not ctx.path("/usr/include/oneapi/dnnl/dnnl.hpp").exists:
+        fail("oneDNN's headers (/usr/include/oneapi/dnnl) not found; run deploy/setup.sh")
+    lines.append('cc_library(name = "dnnl", linkopts = ["-ldnnl", "-lgomp"])')
     lines.append('exports_files(["protoc", "grpc_cpp_plugin"])')
     ctx.file("BUILD", "\n".join(lines) + "\n")
     ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)
