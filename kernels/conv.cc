@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/conv_cpu.h"
+#include "kernels/conv_dnnl.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm.h"
 
@@ -188,6 +189,10 @@ absl::Status Conv2dForward(Device& device, const Conv2dShape& shape, const float
   PS_RETURN_IF_ERROR(ValidateConv2dShape(shape));
   PS_RETURN_IF_ERROR(CheckPointers(x, weight, y));
   if (device.is_cpu()) {
+    internal::DnnlLayout layout;
+    if (internal::PreferDnnlConvForward(shape, &layout)) {
+      return internal::Conv2dForwardDnnl(AsCpu(device), shape, layout, x, weight, bias, y);
+    }
     return internal::Conv2dForwardCpu(AsCpu(device), shape, x, weight, bias, y);
   }
 #ifdef PS_WITH_CUDA
@@ -204,6 +209,11 @@ absl::Status Conv2dBackward(Device& device, const Conv2dShape& shape, const floa
   PS_RETURN_IF_ERROR(CheckPointers(x, weight, dweight));
   if (dy == nullptr) return absl::InvalidArgumentError("Conv2dBackward: dy is null");
   if (device.is_cpu()) {
+    internal::DnnlLayout layout;
+    if (internal::PreferDnnlConvBackward(shape, dx != nullptr, &layout)) {
+      return internal::Conv2dBackwardDnnl(AsCpu(device), shape, layout, x, weight, dy, dx,
+                                          dweight, dbias);
+    }
     return internal::Conv2dBackwardCpu(AsCpu(device), shape, x, weight, dy, dx, dweight, dbias);
   }
 #ifdef PS_WITH_CUDA

@@ -1,10 +1,13 @@
 #include "kernels/conv.h"
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/cpu_device.h"
 #include "kernels/activation_pool.h"
+#include "kernels/conv_cpu.h"
+#include "kernels/conv_dnnl.h"
 #include "kernels/gemm.h"
 #include "kernels/test_util.h"
 
@@ -144,16 +147,80 @@ class ScopedBlasThreads {
   const int saved_;
 };
 
-// Runs the CPU kernels on every shape against the reference, on a device
-// with `threads` threads and BLAS set to `blas_threads` (which selects how
-// the CPU kernel spreads its blocks; see conv_cpu.h).
-void CheckCpuAgainstReference(int threads, int blas_threads) {
+// Which CPU path a check runs: conv.h's entry points (which choose per
+// shape), conv_cpu.h's kernels, or oneDNN's in either layout.
+enum class CpuPath { kDispatch, kOurs, kDnnlPlain, kDnnlBlocked };
+
+std::string PathName(CpuPath path) {
+  switch (path) {
+    case CpuPath::kDispatch:
+      return "dispatch";
+    case CpuPath::kOurs:
+      return "ours";
+    case CpuPath::kDnnlPlain:
+      return "dnnl plain";
+    case CpuPath::kDnnlBlocked:
+      return "dnnl blocked";
+  }
+  return "?";
+}
+
+internal::DnnlLayout LayoutOf(CpuPath path) {
+  return path == CpuPath::kDnnlPlain ? internal::DnnlLayout::kPlain
+                                     : internal::DnnlLayout::kBlocked;
+}
+
+absl::Status ForwardOn(CpuPath path, CpuDevice& cpu, const Conv2dShape& s, const float* x,
+                       const float* w, const float* b, float* y) {
+  switch (path) {
+    case CpuPath::kDispatch:
+      return Conv2dForward(cpu, s, x, w, b, y);
+    case CpuPath::kOurs:
+      return internal::Conv2dForwardCpu(cpu, s, x, w, b, y);
+    default:
+      return internal::Conv2dForwardDnnl(cpu, s, LayoutOf(path), x, w, b, y);
+  }
+}
+
+absl::Status BackwardOn(CpuPath path, CpuDevice& cpu, const Conv2dShape& s, const float* x,
+                        const float* w, const float* dy, float* dx, float* dw, float* db) {
+  switch (path) {
+    case CpuPath::kDispatch:
+      return Conv2dBackward(cpu, s, x, w, dy, dx, dw, db);
+    case CpuPath::kOurs:
+      return internal::Conv2dBackwardCpu(cpu, s, x, w, dy, dx, dw, db);
+    default:
+      return internal::Conv2dBackwardDnnl(cpu, s, LayoutOf(path), x, w, dy, dx, dw, db);
+  }
+}
+
+// ResNet-18's layer kinds at small batches (what conv.h sends to oneDNN):
+// the 7x7 stem on one channel, 3x3 with and without stride, 1x1 strided
+// shortcuts, a 1x1 image under a padded 3x3 kernel (only the centre tap is
+// inside), and channel counts that are not multiples of oneDNN's 16-wide
+// blocks.
+const Conv2dShape kResNetShapes[] = {
+    MakeShape(32, 1, 28, 28, 64, 7, 7, 2, 2, 3, 3),  // b1.conv
+    MakeShape(3, 64, 7, 7, 64, 3, 3, 1, 1, 1, 1),    // stage1
+    MakeShape(2, 64, 7, 7, 128, 3, 3, 2, 2, 1, 1),   // stage2.block0.conv1
+    MakeShape(2, 64, 7, 7, 128, 1, 1, 2, 2, 0, 0),   // stage2.block0.conv3
+    MakeShape(2, 32, 2, 2, 48, 3, 3, 1, 1, 1, 1),    // 2x2 image, O % 16 != 0
+    MakeShape(3, 64, 1, 1, 32, 3, 3, 1, 1, 1, 1),    // stage4's 1x1 image
+    MakeShape(17, 24, 5, 5, 40, 3, 3, 1, 1, 1, 1),   // odd batch and sizes
+};
+
+// Runs one CPU path on every shape against the reference, on a device with
+// `threads` threads and BLAS set to `blas_threads` (which selects how our
+// kernel spreads its blocks; see conv_cpu.h).
+void CheckCpuAgainstReference(int threads, int blas_threads, CpuPath path = CpuPath::kOurs) {
   const ScopedBlasThreads blas(blas_threads);
   CpuDevice cpu(0, threads);
   uint64_t seed = 1;
-  for (const Conv2dShape& s : kShapes) {
+  std::vector<Conv2dShape> shapes(std::begin(kShapes), std::end(kShapes));
+  shapes.insert(shapes.end(), std::begin(kResNetShapes), std::end(kResNetShapes));
+  for (const Conv2dShape& s : shapes) {
     SCOPED_TRACE(Describe(s) + " threads=" + std::to_string(threads) +
-                 " blas_threads=" + std::to_string(blas_threads));
+                 " blas_threads=" + std::to_string(blas_threads) + " path=" + PathName(path));
     ASSERT_TRUE(ValidateConv2dShape(s).ok()) << ValidateConv2dShape(s);
     const auto x = RandomVector(InSize(s), seed++);
     const auto w = RandomVector(WeightSize(s), seed++);
@@ -161,16 +228,16 @@ void CheckCpuAgainstReference(int threads, int blas_threads) {
     const auto dy = RandomVector(OutSize(s), seed++);
 
     std::vector<float> y(OutSize(s), -7.f);
-    ASSERT_TRUE(Conv2dForward(cpu, s, x.data(), w.data(), b.data(), y.data()).ok());
+    ASSERT_TRUE(ForwardOn(path, cpu, s, x.data(), w.data(), b.data(), y.data()).ok());
     EXPECT_TRUE(AllClose(y, ReferenceForward(s, x, w, b.data()), 1e-4f, 1e-4f));
-    ASSERT_TRUE(Conv2dForward(cpu, s, x.data(), w.data(), nullptr, y.data()).ok());
+    ASSERT_TRUE(ForwardOn(path, cpu, s, x.data(), w.data(), nullptr, y.data()).ok());
     EXPECT_TRUE(AllClose(y, ReferenceForward(s, x, w, nullptr), 1e-4f, 1e-4f));
 
     // Outputs start as garbage: they must be overwritten, not accumulated.
     const Grads ref = ReferenceBackward(s, x, w, dy);
     std::vector<float> dx(x.size(), 9.f), dw(w.size(), 9.f), db(b.size(), 9.f);
     ASSERT_TRUE(
-        Conv2dBackward(cpu, s, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data())
+        BackwardOn(path, cpu, s, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data())
             .ok());
     // dweight and dbias sum up to batch * OH * OW products.
     EXPECT_TRUE(AllClose(dx, ref.dx, 1e-4f, 1e-4f));
@@ -178,13 +245,14 @@ void CheckCpuAgainstReference(int threads, int blas_threads) {
     EXPECT_TRUE(AllClose(db, ref.db, 1e-3f, 1e-4f));
     std::fill(dw.begin(), dw.end(), 9.f);
     ASSERT_TRUE(
-        Conv2dBackward(cpu, s, x.data(), w.data(), dy.data(), nullptr, dw.data(), nullptr).ok());
+        BackwardOn(path, cpu, s, x.data(), w.data(), dy.data(), nullptr, dw.data(), nullptr).ok());
     EXPECT_TRUE(AllClose(dw, ref.dw, 1e-3f, 1e-4f));
     // Without dx (a model's first layer), with dbias.
     std::fill(dw.begin(), dw.end(), 9.f);
     std::fill(db.begin(), db.end(), 9.f);
     ASSERT_TRUE(
-        Conv2dBackward(cpu, s, x.data(), w.data(), dy.data(), nullptr, dw.data(), db.data()).ok());
+        BackwardOn(path, cpu, s, x.data(), w.data(), dy.data(), nullptr, dw.data(), db.data())
+            .ok());
     EXPECT_TRUE(AllClose(dw, ref.dw, 1e-3f, 1e-4f));
     EXPECT_TRUE(AllClose(db, ref.db, 1e-3f, 1e-4f));
   }
@@ -200,31 +268,89 @@ TEST(ConvCpuTest, MatchesReferenceWithThreadsRunningBlocks) { CheckCpuAgainstRef
 // shape) run their blocks in order with the GEMMs threaded.
 TEST(ConvCpuTest, MatchesReferenceWithThreadedBlas) { CheckCpuAgainstReference(2, 2); }
 
+// oneDNN's primitives in both layouts, on one thread and on a team of two
+// (the device's thread count becomes the OpenMP team's).
+TEST(ConvDnnlTest, PlainMatchesReference) {
+  CheckCpuAgainstReference(1, 1, CpuPath::kDnnlPlain);
+  CheckCpuAgainstReference(2, 2, CpuPath::kDnnlPlain);
+}
+
+TEST(ConvDnnlTest, BlockedMatchesReference) {
+  CheckCpuAgainstReference(1, 1, CpuPath::kDnnlBlocked);
+  CheckCpuAgainstReference(2, 2, CpuPath::kDnnlBlocked);
+}
+
+// What conv.h's entry points choose per shape and pass.
+TEST(ConvDnnlTest, DispatchMatchesReference) {
+  CheckCpuAgainstReference(1, 1, CpuPath::kDispatch);
+  CheckCpuAgainstReference(2, 2, CpuPath::kDispatch);
+}
+
+// Two devices of one thread each run the same primitives at once (each
+// call its own memory and scratchpad), as two model replicas do.
+TEST(ConvDnnlTest, ConcurrentCallsFromTwoDevices) {
+  const Conv2dShape s = MakeShape(8, 64, 7, 7, 64, 3, 3, 1, 1, 1, 1);
+  const auto w = RandomVector(WeightSize(s), 1);
+  const auto b = RandomVector(s.out_channels, 2);
+  std::vector<std::vector<float>> x, y;
+  for (int d = 0; d < 2; ++d) {
+    x.push_back(RandomVector(InSize(s), 3 + d));
+    y.emplace_back(OutSize(s));
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> status(2);
+  for (int d = 0; d < 2; ++d) {
+    threads.emplace_back([&, d] {
+      CpuDevice cpu(d, 1);
+      for (int i = 0; i < 20 && status[d].ok(); ++i) {
+        status[d] = internal::Conv2dForwardDnnl(cpu, s, internal::DnnlLayout::kBlocked,
+                                                x[d].data(), w.data(), b.data(), y[d].data());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int d = 0; d < 2; ++d) {
+    ASSERT_TRUE(status[d].ok()) << status[d];
+    EXPECT_TRUE(AllClose(y[d], ReferenceForward(s, x[d], w, b.data()), 1e-4f, 1e-4f));
+  }
+}
+
 // Central differences of L = sum(y * g), which is linear in each of x,
 // weight and bias, so the only error is rounding.
-TEST(ConvCpuTest, BackwardMatchesNumericGradient) {
+void CheckNumericGradient(CpuPath path) {
   CpuDevice cpu(0, 1);
   for (const Conv2dShape& s :
-       {MakeShape(2, 2, 5, 6, 3, 3, 3, 2, 2, 1, 1), MakeShape(1, 3, 4, 5, 2, 2, 3, 1, 2, 1, 0)}) {
-    SCOPED_TRACE(Describe(s));
+       {MakeShape(2, 2, 5, 6, 3, 3, 3, 2, 2, 1, 1), MakeShape(1, 3, 4, 5, 2, 2, 3, 1, 2, 1, 0),
+        MakeShape(2, 16, 3, 3, 32, 3, 3, 1, 1, 1, 1), MakeShape(2, 16, 4, 4, 32, 1, 1, 2, 2, 0, 0)}) {
+    SCOPED_TRACE(Describe(s) + " path=" + PathName(path));
     auto x = RandomVector(InSize(s), 1);
     auto w = RandomVector(WeightSize(s), 2);
     auto b = RandomVector(s.out_channels, 3);
     const auto g = RandomVector(OutSize(s), 4);
     auto loss = [&]() {
       std::vector<float> y(OutSize(s));
-      EXPECT_TRUE(Conv2dForward(cpu, s, x.data(), w.data(), b.data(), y.data()).ok());
+      EXPECT_TRUE(ForwardOn(path, cpu, s, x.data(), w.data(), b.data(), y.data()).ok());
       double l = 0;
       for (size_t i = 0; i < y.size(); ++i) l += double(y[i]) * g[i];
       return l;
     };
     std::vector<float> dx(x.size()), dw(w.size()), db(b.size());
     ASSERT_TRUE(
-        Conv2dBackward(cpu, s, x.data(), w.data(), g.data(), dx.data(), dw.data(), db.data()).ok());
-    EXPECT_TRUE(AllClose(dx, NumericGradient(&x, 1e-2f, loss), 1e-3f, 1e-3f));
-    EXPECT_TRUE(AllClose(dw, NumericGradient(&w, 1e-2f, loss), 1e-3f, 1e-3f));
-    EXPECT_TRUE(AllClose(db, NumericGradient(&b, 1e-2f, loss), 1e-3f, 1e-3f));
+        BackwardOn(path, cpu, s, x.data(), w.data(), g.data(), dx.data(), dw.data(), db.data())
+            .ok());
+    // Sums of up to 144 products per output: float32 rounding in the loss
+    // over a 2e-2 step.
+    EXPECT_TRUE(AllClose(dx, NumericGradient(&x, 1e-2f, loss), 2e-3f, 1e-3f));
+    EXPECT_TRUE(AllClose(dw, NumericGradient(&w, 1e-2f, loss), 2e-3f, 1e-3f));
+    EXPECT_TRUE(AllClose(db, NumericGradient(&b, 1e-2f, loss), 2e-3f, 1e-3f));
   }
+}
+
+TEST(ConvCpuTest, BackwardMatchesNumericGradient) { CheckNumericGradient(CpuPath::kOurs); }
+
+TEST(ConvDnnlTest, BackwardMatchesNumericGradient) {
+  CheckNumericGradient(CpuPath::kDnnlPlain);
+  CheckNumericGradient(CpuPath::kDnnlBlocked);
 }
 
 TEST(ConvTest, ValidateNamesTheBadField) {
@@ -321,8 +447,12 @@ FusedResult RunConvActivationPool(Device& device, bool fused, const Conv2dShape&
                     .ok());
     return r;
   }
+  // The unfused reference is our own convolution (the one the fused kernels
+  // build on), whichever path conv.h would choose for the shape.
   std::vector<float> conv(OutSize(s)), dconv(OutSize(s));
-  EXPECT_TRUE(Conv2dForward(device, s, x.data(), w.data(), b.data(), conv.data()).ok());
+  EXPECT_TRUE(
+      internal::Conv2dForwardCpu(AsCpu(device), s, x.data(), w.data(), b.data(), conv.data())
+          .ok());
   if (e.max) {
     EXPECT_TRUE(ActivationMaxPool2dForward(device, e.activation, e.pool, conv.data(), r.a.data(),
                                            r.y.data(), r.argmax.data())
@@ -338,8 +468,8 @@ FusedResult RunConvActivationPool(Device& device, bool fused, const Conv2dShape&
                                             dconv.data())
                     .ok());
   }
-  EXPECT_TRUE(Conv2dBackward(device, s, x.data(), w.data(), dconv.data(), r.dx.data(),
-                             r.dw.data(), r.db.data())
+  EXPECT_TRUE(internal::Conv2dBackwardCpu(AsCpu(device), s, x.data(), w.data(), dconv.data(),
+                                          r.dx.data(), r.dw.data(), r.db.data())
                   .ok());
   return r;
 }
