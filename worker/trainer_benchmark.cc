@@ -4,6 +4,7 @@
 //
 //   bazel run //worker:trainer_benchmark
 //   bazel run //worker:trainer_benchmark -- --steps=100 --models=lenet
+//   bazel run //worker:trainer_benchmark -- --models=resnet18 --batch_size=64 --steps=10
 
 #include <chrono>
 #include <cstdio>
@@ -22,7 +23,11 @@
 
 ABSL_FLAG(int64_t, steps, 40, "measured steps per configuration (after 5 warm-up steps)");
 ABSL_FLAG(int64_t, batch_size, 256, "global batch");
-ABSL_FLAG(std::string, models, "lenet,mlp", "models to measure (mlp: 784-1024-1024-10)");
+ABSL_FLAG(std::string, models, "lenet,mlp",
+          "models to measure (mlp: 784-1024-1024-10; resnet18: D2L's, on 28x28 input)");
+ABSL_FLAG(std::string, configs, "1x1,1x2,2x1",
+          "devices x threads per device to measure, e.g. 1x1,1x2 (1 device of 1 thread, then "
+          "1 device of 2 threads)");
 
 namespace ps::worker {
 namespace {
@@ -68,7 +73,7 @@ absl::Status Measure(const std::string& model_name, const Config& c, const data:
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const TimeSplit& t = (*trainer)->time_split();
   const double ms = 1e3 / steps;
-  std::printf("%-6s %-22s %9.2f %11.0f %8.2f %8.2f %8.2f %8.2f %8.2f\n", model_name.c_str(),
+  std::printf("%-8s %-22s %9.2f %11.0f %8.2f %8.2f %8.2f %8.2f %8.2f\n", model_name.c_str(),
               c.label, 1e3 * seconds / steps, batch * steps / seconds, t.data * ms,
               t.compute * ms, t.reduce * ms, t.copy * ms, (t.push + t.wait + t.pull) * ms);
   return absl::OkStatus();
@@ -84,15 +89,32 @@ int Run() {
     std::fprintf(stderr, "%s\n", data.status().ToString().c_str());
     return 1;
   }
+  std::vector<Config> configs;
+  for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_configs), ',')) {
+    const Config known[] = {{"1 device x 1 thread", 1, 1},
+                            {"1 device x 2 threads", 1, 2},
+                            {"2 devices x 1 thread", 2, 1}};
+    const char* names[] = {"1x1", "1x2", "2x1"};
+    bool found = false;
+    for (int i = 0; i < 3; ++i) {
+      if (spec == names[i]) {
+        configs.push_back(known[i]);
+        found = true;
+      }
+    }
+    if (!found) {
+      std::fprintf(stderr, "--configs: unknown \"%s\"; known: 1x1, 1x2, 2x1\n",
+                   std::string(spec).c_str());
+      return 1;
+    }
+  }
   std::printf("global batch %lld, %lld measured steps\n", static_cast<long long>(batch),
               static_cast<long long>(steps));
   std::printf("times per step in ms; store = push + wait + pull (in process here)\n");
-  std::printf("%-6s %-22s %9s %11s %8s %8s %8s %8s %8s\n", "model", "devices", "step ms",
+  std::printf("%-8s %-22s %9s %11s %8s %8s %8s %8s %8s\n", "model", "devices", "step ms",
               "samples/s", "data", "compute", "reduce", "copy", "store");
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
-    for (const Config& c : {Config{"1 device x 1 thread", 1, 1},
-                            Config{"1 device x 2 threads", 1, 2},
-                            Config{"2 devices x 1 thread", 2, 1}}) {
+    for (const Config& c : configs) {
       if (absl::Status s = Measure(std::string(name), c, *data, batch, steps); !s.ok()) {
         std::fprintf(stderr, "%s\n", s.ToString().c_str());
         return 1;
