@@ -25,6 +25,8 @@ ABSL_FLAG(int64_t, steps, 40, "measured steps per configuration (after 5 warm-up
 ABSL_FLAG(int64_t, batch_size, 256, "global batch");
 ABSL_FLAG(std::string, models, "lenet,mlp",
           "models to measure (mlp: 784-1024-1024-10; resnet18: D2L's, on 28x28 input)");
+ABSL_FLAG(int, blas_threads, 0,
+          "OpenBLAS threads; 0: the device's thread count (as the worker sets it)");
 ABSL_FLAG(std::string, configs, "1x1,1x2,2x1",
           "devices x threads per device to measure, e.g. 1x1,1x2 (1 device of 1 thread, then "
           "1 device of 2 threads)");
@@ -46,7 +48,8 @@ absl::Status Measure(const std::string& model_name, const Config& c, const data:
     owned.push_back(std::make_unique<CpuDevice>(d, c.threads_per_device));
     devices.push_back(owned.back().get());
   }
-  kernels::SetBlasThreads(c.threads_per_device);
+  const int blas = absl::GetFlag(FLAGS_blas_threads);
+  kernels::SetBlasThreads(blas > 0 ? blas : c.threads_per_device);
   server::OptimizerOptions sgd;
   sgd.sgd.lr = 0.1f;
   sgd.sgd.momentum = 0.9f;
