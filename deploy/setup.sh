@@ -27,21 +27,8 @@ PACKAGES=(
 source "$(dirname "$0")/experiments/packages.sh"
 PACKAGES+=("${EXPERIMENT_PACKAGES[@]}")
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
-
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends "${missing[@]}"
-else
-  echo "setup: all packages present"
-fi
+source "$(dirname "$0")/apt.sh"
+apt_install setup "${PACKAGES[@]}"
 
 # The build leaves CUDA out by itself where the toolkit is missing (see the
 # root BUILD); say so once, on stderr, which the launchers keep visible.

@@ -28,15 +28,8 @@ done
 
 work=/tmp/ps-fresh
 mkdir -p "$work"
-export DEBIAN_FRONTEND=noninteractive
-need=()
-for p in podman runc mmdebstrap; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-done
-if ((${#need[@]})); then
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends "${need[@]}"
-fi
+source deploy/apt.sh
+apt_install fresh/run.sh podman runc mmdebstrap
 
 cat >"$work/containers.conf" <<'CONF'
 [containers]

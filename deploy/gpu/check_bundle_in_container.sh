@@ -37,15 +37,8 @@ done
 bundle=$(cd "$bundle" && pwd)
 [[ "$bundle" == "$repo"/* ]] || { echo "check_bundle_in_container: the bundle must lie in the repository" >&2; exit 2; }
 
-export DEBIAN_FRONTEND=noninteractive
-need=()
-for p in podman runc mmdebstrap; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-done
-if ((${#need[@]})); then
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends "${need[@]}"
-fi
+source "$repo/deploy/apt.sh"
+apt_install check_bundle_in_container podman runc mmdebstrap
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$repo/deploy/images/containers.conf}"
 
 logs=/var/cache/ps-gpu-bundle/container

@@ -49,16 +49,9 @@ need=(mmdebstrap)
 [[ -z "$engine" ]] && engine=$(pick_engine)
 # shellcheck disable=SC2207  # package names have no spaces
 need+=($(engine_packages "$engine"))
-missing=()
-for p in "${need[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "build.sh: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+# shellcheck source=deploy/apt.sh
+source deploy/apt.sh
+apt_install build.sh "${need[@]}"
 use_engine "$engine"
 
 cache=/var/cache/ps-images

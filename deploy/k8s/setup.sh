@@ -14,20 +14,11 @@ dir="${PS_K8S_CHECK_DIR:-/var/cache/ps-k8s-check}"
 # apt: Debian's nodejs brings node; npm is its own package there, but other
 # builds of nodejs (NodeSource's) ship npm inside and conflict with it, so
 # npm is only asked for when no npm command exists.
-missing=()
-for p in python3 python3-yaml; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
-command -v node >/dev/null 2>&1 || missing+=(nodejs)
-command -v npm >/dev/null 2>&1 || missing+=(npm)
-if ((${#missing[@]})); then
-  echo "k8s setup: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+source "$(dirname "$0")/../apt.sh"
+packages=(python3 python3-yaml)
+command -v node >/dev/null 2>&1 || packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+apt_install "k8s setup" "${packages[@]}"
 
 # The version an installed npm package says it is ("" when absent).
 installed_version() {
