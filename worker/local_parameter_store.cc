@@ -169,18 +169,10 @@ absl::Status LocalParameterStore::PushLocked(int64_t iteration, int64_t num_samp
   // 2. Taken: each segment's update waits for its parameters to be asked
   //    for. Unbound, the gradient is copied in (after the update of the last
   //    one it replaces).
-  if (!in_place && own_gradients_.empty()) {
-    own_gradients_.assign(segment_ends_.back(), 0.f);
-    gradients_ = absl::MakeConstSpan(own_gradients_);
-  }
+  if (!in_place) EnsureOwnGradientsLocked();
   for (int s = first; s < last; ++s) {
     PS_RETURN_IF_ERROR(ApplyPendingLocked(s));
-    if (!in_place) {
-      const int64_t begin = SegmentBegin(s);
-      std::memcpy(own_gradients_.data() + begin, gradient.data() + begin,
-                  (segment_ends_[s] - begin) * sizeof(float));
-      bytes_copied_ += (segment_ends_[s] - begin) * static_cast<int64_t>(sizeof(float));
-    }
+    if (!in_place) CopySegmentLocked(s, gradient.data(), own_gradients_.data());
     pending_[s] = true;
     pending_samples_[s] = num_samples;
     ++segment_version_[s];
@@ -193,6 +185,19 @@ absl::Status LocalParameterStore::PushLocked(int64_t iteration, int64_t num_samp
     iteration_samples_ = -1;
   }
   return absl::OkStatus();
+}
+
+void LocalParameterStore::EnsureOwnGradientsLocked() {
+  if (!own_gradients_.empty()) return;
+  own_gradients_.assign(segment_ends_.back(), 0.f);
+  gradients_ = absl::MakeConstSpan(own_gradients_);
+}
+
+void LocalParameterStore::CopySegmentLocked(int s, const float* from, float* to) {
+  const int64_t begin = SegmentBegin(s);
+  const int64_t bytes = (segment_ends_[s] - begin) * static_cast<int64_t>(sizeof(float));
+  std::memcpy(to + begin, from + begin, bytes);
+  bytes_copied_ += bytes;
 }
 
 absl::Status LocalParameterStore::PullLocked(int64_t version, int first, int last,
@@ -211,18 +216,10 @@ absl::Status LocalParameterStore::PullLocked(int64_t version, int first, int las
     }
   }
   const bool in_place = params.data() == params_.data();
-  if (!in_place && own_gradients_.empty()) {
-    own_gradients_.assign(segment_ends_.back(), 0.f);
-    gradients_ = absl::MakeConstSpan(own_gradients_);
-  }
+  if (!in_place) EnsureOwnGradientsLocked();
   for (int s = first; s < last; ++s) {
     PS_RETURN_IF_ERROR(ApplyPendingLocked(s));
-    if (!in_place) {
-      const int64_t begin = SegmentBegin(s);
-      std::memcpy(params.data() + begin, params_.data() + begin,
-                  (segment_ends_[s] - begin) * sizeof(float));
-      bytes_copied_ += (segment_ends_[s] - begin) * static_cast<int64_t>(sizeof(float));
-    }
+    if (!in_place) CopySegmentLocked(s, params_.data(), params.data());
   }
   return absl::OkStatus();
 }

@@ -100,6 +100,11 @@ class LocalParameterStore final : public ParameterStore {
   // Applies segment s's pushed update to the parameters, if one is pending.
   absl::Status ApplyPendingLocked(int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t SegmentBegin(int s) const { return s == 0 ? 0 : segment_ends_[s - 1]; }
+  // Unbound: the store's own model-sized gradient buffer, made on first use.
+  void EnsureOwnGradientsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies segment `s` of the model-sized buffer `from` into `to`, counted
+  // in bytes_copied_.
+  void CopySegmentLocked(int s, const float* from, float* to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   server::OptimizerOptions optimizer_options_;
   std::unique_ptr<CpuDevice> device_;  // runs the update
