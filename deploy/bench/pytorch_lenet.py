@@ -60,14 +60,16 @@ def load_data(data_dir, samples):
     return x, y, f"random pixels and labels ({samples} samples)"
 
 
-def measure(x, y, threads, batch, lr, warmup, steps, repeats):
-    """Samples/s of `steps` timed training steps after `warmup` untimed ones,
-    `repeats` times over: (best rate, its ms/step, median rate, last loss)."""
+def measure(x, y, threads, batch, lr, warmup, steps, repeats, model_name="lenet", momentum=0.0):
+    """Samples/s of `steps` timed training steps of torch_models' `model_name`
+    (SGD at `lr` and `momentum`) after `warmup` untimed ones, `repeats` times
+    over: (best rate, its ms/step, median rate, last loss). pytorch_resnet.py
+    measures ResNet-18 with it."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = torch_models.init_like_cpp(torch_models.build("lenet"))
+    model = torch_models.init_like_cpp(torch_models.build(model_name))
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     loss_fn = nn.CrossEntropyLoss()
     batches = x.shape[0] // batch
 

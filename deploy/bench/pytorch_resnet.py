@@ -21,48 +21,18 @@ import argparse
 import os
 import platform
 import sys
-import time
 
-import numpy as np
 import torch
-from torch import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "worker", "model"))
-import torch_models  # noqa: E402  (worker/model/torch_models.py)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pytorch_lenet  # noqa: E402  (beside this file: the timed training loop)
 
 
 def measure(x, y, threads, batch, lr, warmup, steps, repeats):
-    """(best samples/s, its ms/step, median samples/s, last loss)."""
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = torch_models.init_like_cpp(torch_models.build("resnet18"))
-    model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    batches = x.shape[0] // batch
-
-    def step(i):
-        b = i % batches
-        xb, yb = x[b * batch:(b + 1) * batch], y[b * batch:(b + 1) * batch]
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xb), yb)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    for i in range(warmup):
-        step(i)
-    rates = []
-    i = warmup
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(steps):
-            loss = step(i)
-            i += 1
-        rates.append(batch * steps / (time.perf_counter() - start))
-    best = max(rates)
-    return best, 1e3 * batch / best, float(np.median(rates)), loss.item()
+    """(best samples/s, its ms/step, median samples/s, last loss), timed as
+    pytorch_lenet.py times LeNet, with trainer_benchmark's momentum 0.9."""
+    return pytorch_lenet.measure(x, y, threads, batch, lr, warmup, steps, repeats,
+                                 model_name="resnet18", momentum=0.9)
 
 
 def main():
