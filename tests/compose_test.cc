@@ -27,6 +27,7 @@
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "common/testing/subprocess.h"
+#include "tests/containers.h"
 #include "tests/json_file.h"
 #include "tests/process.h"
 
@@ -38,22 +39,12 @@ using testing::RunfilePath;
 using testing::ShellQuote;
 using testing::TestTmpPath;
 using tests::Process;
+using tests::RunWithPodman;
 using tests::WaitForPortFile;
 
 // The job both runs train; the compose side reads it from its .env.
 constexpr int kWorkers = 2;
 constexpr int kShards = 2;
-const char* const kImages[] = {"localhost/ps-server:latest", "localhost/ps-worker:latest"};
-
-// `command` run with podman's settings for these machines; its output.
-int Podman(const std::string& command, std::string* output) {
-  const std::string conf = RunfilePath("deploy/images/containers.conf");
-  // Podman's network plugins run iptables, from /usr/sbin (not on Bazel's
-  // strict test PATH).
-  return RunCommand("export PATH=/usr/sbin:/sbin:$PATH CONTAINERS_CONF=" + ShellQuote(conf) + "; " +
-                        command,
-                    output);
-}
 
 // The shipped .env with `overrides` (NAME=value lines) replacing its values.
 std::string JobFile(const std::vector<std::string>& overrides) {
@@ -79,29 +70,29 @@ class ComposeProject {
   ~ComposeProject() {
     std::string output;
     if (::testing::Test::HasFailure()) {
-      Podman("podman ps -a --filter label=com.docker.compose.project=" + name_ +
+      RunWithPodman("podman ps -a --filter label=com.docker.compose.project=" + name_ +
                  " --format '{{.Names}} {{.Status}}'",
              &output);
       std::cerr << output;
       for (const std::string& c : Containers("")) {
-        Podman("podman logs " + c + " 2>&1 | tail -30", &output);
+        RunWithPodman("podman logs " + c + " 2>&1 | tail -30", &output);
         std::cerr << "--- " << c << " ---\n" << output;
       }
     }
     Compose("down -v", &output);
     // podman-compose 1.0.3's down leaves the project's network behind.
-    Podman("podman network rm -f " + name_ + "_default", &output);
+    RunWithPodman("podman network rm -f " + name_ + "_default", &output);
   }
   int Compose(const std::string& args, std::string* output) {
-    return Podman("cd " + ShellQuote(dir_) + " && podman-compose -p " + name_ + " " + args + " 2>&1",
-                  output);
+    return RunWithPodman(
+        "cd " + ShellQuote(dir_) + " && podman-compose -p " + name_ + " " + args + " 2>&1", output);
   }
   // The project's containers of `service` ("" : all), by name.
   std::vector<std::string> Containers(const std::string& service) {
     std::string filter = "--filter label=com.docker.compose.project=" + name_;
     if (!service.empty()) filter += " --filter label=com.docker.compose.service=" + service;
     std::string output;
-    Podman("podman ps -a " + filter + " --format '{{.Names}}'", &output);
+    RunWithPodman("podman ps -a " + filter + " --format '{{.Names}}'", &output);
     return absl::StrSplit(output, '\n', absl::SkipWhitespace());
   }
 
@@ -148,11 +139,8 @@ double AccuracyOutsideContainers() {
 }
 
 TEST(ComposeTest, TrainsLeNetForOneEpochLikeTheSameJobOutsideContainers) {
+  ASSERT_TRUE(tests::ImagesBuilt({"localhost/ps-server:latest", "localhost/ps-worker:latest"}));
   std::string output;
-  for (const char* image : kImages) {
-    ASSERT_EQ(Podman(absl::StrCat("podman image exists ", image), &output), 0)
-        << "the image " << image << " is missing: run `bash deploy/images/build.sh` first";
-  }
 
   // The project: the shipped compose.yaml and its .env, the job cut to one
   // epoch and one thread per worker (two workers share this machine's two
@@ -177,7 +165,7 @@ TEST(ComposeTest, TrainsLeNetForOneEpochLikeTheSameJobOutsideContainers) {
   ASSERT_EQ(workers.size(), kWorkers) << output;
   ASSERT_EQ(project.Containers("").size(), kWorkers + kShards);
   for (const std::string& w : workers) {
-    ASSERT_EQ(Podman("timeout 600 podman wait " + w, &output), 0) << output;
+    ASSERT_EQ(RunWithPodman("timeout 600 podman wait " + w, &output), 0) << output;
     EXPECT_EQ(std::string(absl::StripAsciiWhitespace(output)), "0")
         << w << " exited " << output << "\n" << up_output;
   }
@@ -189,14 +177,14 @@ TEST(ComposeTest, TrainsLeNetForOneEpochLikeTheSameJobOutsideContainers) {
   // checks with systemd timers, and these machines run no systemd).
   for (const char* service : {"server-0", "server-1"}) {
     for (const std::string& s : project.Containers(service)) {
-      EXPECT_EQ(Podman("podman healthcheck run " + s, &output), 0) << s << ": " << output;
+      EXPECT_EQ(RunWithPodman("podman healthcheck run " + s, &output), 0) << s << ": " << output;
     }
   }
 
   // Every worker wrote its report (named after its container), all with
   // the same parameters and so the same accuracy.
   std::vector<double> inside;
-  Podman("ls " + reports, &output);
+  RunCommand("ls " + reports, &output);
   for (absl::string_view name : absl::StrSplit(output, '\n', absl::SkipWhitespace())) {
     inside.push_back(ReportedAccuracy(absl::StrCat(reports, "/", name)));
   }

@@ -27,6 +27,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/testing/subprocess.h"
+#include "tests/containers.h"
 
 namespace ps {
 namespace {
@@ -40,12 +41,10 @@ using testing::TestTmpPath;
 constexpr int kServers = 2;
 constexpr int kWorkers = 2;
 
+// `command` with its stderr, given 300 s at most (a pod that never starts
+// must not hang the test).
 int Podman(const std::string& command, std::string* output) {
-  // iptables (podman's network plugins) lives in /usr/sbin, off Bazel's PATH.
-  const std::string conf = RunfilePath("deploy/images/containers.conf");
-  return RunCommand("export PATH=/usr/sbin:/sbin:$PATH CONTAINERS_CONF=" + ShellQuote(conf) + "; timeout 300 " +
-                        command + " 2>&1",
-                    output);
+  return tests::RunWithPodman("timeout 300 " + command + " 2>&1", output);
 }
 
 // Plays the pods on their own network; removes pods and network at the end,
@@ -105,11 +104,8 @@ double FinalAccuracy(const std::string& log) {
 }
 
 TEST(K8sPlayTest, TheCpuOverlaysContainersTrainLeNetInPods) {
+  ASSERT_TRUE(tests::ImagesBuilt({"localhost/ps-server:latest", "localhost/ps-worker:latest"}));
   std::string output;
-  for (const char* image : {"localhost/ps-server:latest", "localhost/ps-worker:latest"}) {
-    ASSERT_EQ(Podman(absl::StrCat("podman image exists ", image), &output), 0)
-        << "the image " << image << " is missing: run `bash deploy/images/build.sh` first";
-  }
   const std::string pods = TestTmpPath("pods");
   const std::string token_dir = TestTmpPath("token");
   ASSERT_EQ(RunCommand("mkdir -p " + token_dir + " && chmod 755 " + token_dir, &output), 0);

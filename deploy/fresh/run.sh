@@ -13,8 +13,9 @@
 #
 # The checkout's committed HEAD is cloned into the container's work folder,
 # so uncommitted changes are not part of the run. Logs: /tmp/ps-fresh/*.log.
-# Needs podman, runc and mmdebstrap (installed from apt here); settings as
-# ../shared/ENVIRONMENT.md describes (runc, explicit ulimits, cgroupfs).
+# Needs podman, runc and mmdebstrap (installed from apt here); podman runs
+# with deploy/images/containers.conf, the settings ../shared/ENVIRONMENT.md
+# describes (runc, explicit ulimits, cgroupfs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 keep=0 images=0
@@ -31,15 +32,9 @@ mkdir -p "$work"
 source deploy/apt.sh
 apt_install fresh/run.sh podman runc mmdebstrap
 
-cat >"$work/containers.conf" <<'CONF'
-[containers]
-default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-CONF
-export CONTAINERS_CONF="$work/containers.conf"
+# shellcheck source=deploy/images/engine.sh
+source deploy/images/engine.sh
+use_engine podman  # podman's settings for these machines (containers.conf)
 
 # 1. A minimal Debian 12 root filesystem, its apt lists removed.
 if ! podman image exists ps-fresh-debian12; then
