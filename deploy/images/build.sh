@@ -147,8 +147,9 @@ build_image ps-worker /usr/local/bin/ps-worker "9101" \
 # the path of the binary's RUNPATH (the driver comes from the host, through
 # the NVIDIA container toolkit).
 if [[ "$gpu" == yes ]]; then
-  cuda_libs=$(packages_for "$gpu_bin/worker/worker" 2>&1 >/dev/null | sort -u)
-  gpu_packages=$(packages_for "$gpu_bin/worker/worker" 2>/dev/null | tr '\n' ' ')
+  # One pass: the packages on stdout, the libraries no package owns on stderr.
+  gpu_packages=$(packages_for "$gpu_bin/worker/worker" 2>"$cache/unowned-libraries" | tr '\n' ' ')
+  cuda_libs=$(sort -u "$cache/unowned-libraries")
   copies="$gpu_bin/worker/worker=/usr/local/bin/ps-worker $health"
   for lib in $cuda_libs; do copies+=" $lib=$lib"; done
   build_image ps-worker-gpu /usr/local/bin/ps-worker "9101" \
