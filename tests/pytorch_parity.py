@@ -19,7 +19,10 @@ does the comparing.
       "float32" is the parity oracle; "float64" computes the same steps in
       double precision (saved rounded to float32), a nearly exact answer that
       tells a bug (far from it) from ill-conditioning (PyTorch's own float32
-      run just as far from it).
+      run just as far from it). "float32_im2col" is float32 with PyTorch's
+      oneDNN convolutions turned off (im2col and BLAS instead): a second,
+      equally valid float32 answer, whose distance from the float64 one
+      measures how far float32 rounding alone can move these steps.
 
 SAMPLES holds "pixels" (U8 [N, C, H, W], raw) and "labels" (I64 [N]); inputs
 are pixels / 255, the trainer's default Normalization. MODEL may carry mlp
@@ -163,9 +166,11 @@ def main(argv):
     torch.set_num_threads(2)
     if len(argv) == 6 and argv[1] == "evaluate":
         evaluate(*argv[2:6])
-    elif len(argv) == 11 and argv[1] == "sgd" and argv[10] in ("float32", "float64"):
+    elif len(argv) == 11 and argv[1] == "sgd" and argv[10] in ("float32", "float64",
+                                                              "float32_im2col"):
+        torch.backends.mkldnn.enabled = argv[10] != "float32_im2col"
         sgd(argv[2], argv[3], argv[4], float(argv[5]), float(argv[6]), float(argv[7]),
-            int(argv[8]), argv[9], getattr(torch, argv[10]))
+            int(argv[8]), argv[9], getattr(torch, argv[10].split("_")[0]))
     else:
         raise SystemExit(__doc__)
 

@@ -36,7 +36,6 @@
 #include "common/cpu_device.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
-#include "kernels/gemm.h"
 #include "server/optimizer.h"
 #include "worker/data/dataset.h"
 #include "worker/data/loader.h"
@@ -134,8 +133,6 @@ class PytorchParityTest : public ::testing::Test {
   // Debian's interpreter first: python3-torch lives there, while a python3
   // earlier on PATH (pyenv, a virtualenv) may lack torch.
   static void SetUpTestSuite() {
-    // The BLAS kernels the worker daemon runs with (its main() does this).
-    std::cout << "OpenBLAS kernels: " << kernels::SelectBlasCore() << "\n";
     const std::string python = testing::FindPython("torch, numpy");
     if (python.empty()) return;
     python_ = new std::string(python);
@@ -266,8 +263,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(AccuracyCase{"lenet", 128, 300, 0.1f, 0.9f, 10000, 0.25, 0.0},
                       AccuracyCase{"mlp", 128, 100, 0.05f, 0.9f, 10000, 0.7, 0.9},
                       // Without momentum: at 0.9 a fresh batch-norm ResNet
-                      // diverges in both frameworks.
-                      AccuracyCase{"resnet18", 32, 16, 0.05f, 0.f, 1000, 0.3, 0.8}),
+                      // diverges in both frameworks. 32 steps, not 16: after
+                      // 16, rounding alone moves the accuracy between 0.20
+                      // and 0.45 (PyTorch under 1e-7 relative perturbations
+                      // of the stem's output: 0.28-0.45; ours 0.20, 0.39 or
+                      // 0.42 with different GEMM kernels); after 32,
+                      // PyTorch's spread is 0.53-0.60.
+                      AccuracyCase{"resnet18", 32, 32, 0.05f, 0.f, 1000, 0.3, 0.8}),
     [](const ::testing::TestParamInfo<AccuracyCase>& info) { return info.param.model; });
 
 // (b): the same steps from the same weights, here and with torch.optim.SGD.
@@ -421,7 +423,7 @@ TEST_P(SgdParityTest, StepsGiveTorchOptimSgdsParameters) {
   const std::string samples = testing::TestTmpPath(tag + "_batches.safetensors");
   ASSERT_TRUE(WriteSamples(Slice(*train_, 0, c.steps * c.batch_size), samples).ok());
   std::map<std::string, SafetensorsFile> torch;
-  for (const char* dtype : {"float32", "float64"}) {
+  for (const char* dtype : {"float32", "float64", "float32_im2col"}) {
     const std::string out = testing::TestTmpPath(absl::StrCat(tag, "_w1_torch_", dtype, ".safetensors"));
     RunScript(absl::StrFormat("sgd %s %s %s %.9g %.9g %.9g %d %s %s", TorchSpec(config),
                               testing::ShellQuote(w0), testing::ShellQuote(samples), sgd.sgd.lr,
@@ -441,12 +443,18 @@ TEST_P(SgdParityTest, StepsGiveTorchOptimSgdsParameters) {
   // to the steps taken), floats within kAtol + kRtol * |torch|.
   const Distance parity = Compare(*ours, torch["float32"], "C++", "torch");
   const Distance ours_to_exact = Compare(*ours, torch["float64"], "C++", "torch f64");
-  const Distance torch_to_exact = Compare(torch["float32"], torch["float64"], "torch", "torch f64");
+  // PyTorch's float32 spread: the farther of its two float32 answers (its
+  // oneDNN convolutions, and im2col with BLAS) from its float64 one.
+  Distance torch_to_exact = Compare(torch["float32"], torch["float64"], "torch", "torch f64");
+  const Distance im2col_to_exact =
+      Compare(torch["float32_im2col"], torch["float64"], "torch im2col", "torch f64");
+  if (im2col_to_exact.worst > torch_to_exact.worst) torch_to_exact = im2col_to_exact;
   const double update = LargestChange(torch["float32"], *before);
   const double step_error = RelativeStepError(*ours, torch["float32"], *before);
   const double step_error_exact = RelativeStepError(*ours, torch["float64"], *before);
   const double torch_step_error_exact =
-      RelativeStepError(torch["float32"], torch["float64"], *before);
+      std::max(RelativeStepError(torch["float32"], torch["float64"], *before),
+               RelativeStepError(torch["float32_im2col"], torch["float64"], *before));
   for (const NamedHostTensor& t : ours->tensors) {
     if (t.dtype == SafetensorsDType::kI64) {
       EXPECT_EQ(*t.ToInt64s(), std::vector<int64_t>{c.steps}) << t.name;
@@ -455,19 +463,24 @@ TEST_P(SgdParityTest, StepsGiveTorchOptimSgdsParameters) {
   std::cout << absl::StreamFormat(
       "%s, %d step(s) of batch %d at lr %g: %d floats in %d tensors; max |C++ - torch| %.3e, "
       "worst |diff| / (%.0e + %.0e |torch|) = %.3f at %s; against float64 torch: C++ %.3f, "
-      "torch float32 %.3f; largest update |W1 - W0| %.3e; relative error of the whole step "
-      "against torch %.2e, against float64 torch: C++ %.2e, torch float32 %.2e\n",
+      "torch float32 (the farther of two) %.3f; largest update |W1 - W0| %.3e; relative error "
+      "of the whole step against torch %.2e, against float64 torch: C++ %.2e, torch float32 "
+      "(the farther of two) %.2e\n",
       c.model, c.steps, c.batch_size, c.lr, parity.floats, ours->tensors.size(), parity.max_abs,
       kAtol, kRtol, parity.worst, parity.where, ours_to_exact.worst, torch_to_exact.worst,
       update, step_error, step_error_exact, torch_step_error_exact);
-  // PyTorch in float32 is the oracle where it agrees with its own float64
-  // result to the tolerance. Where it does not, a float32 comparison would
-  // measure PyTorch's rounding, so there only the float64 result counts. (So
-  // far: ResNet-18 on synthetic data, where PyTorch's float32 gradient of the
-  // stem conv is 6.5e-3 off its float64 one, 55 tolerances after one step,
-  // and three ResNet-18 steps on either dataset.) Either way we must be at
-  // least as close to that result as PyTorch's float32 is, and within the
-  // tolerance of it where PyTorch's float32 is.
+  // PyTorch in float32 is the oracle where both its float32 answers agree
+  // with its float64 one to the tolerance. Where they do not, a float32
+  // comparison would measure rounding, so there only the float64 result
+  // counts, and we must be at least as close to it as PyTorch's float32 is.
+  // (So far: ResNet-18 on synthetic data, where PyTorch's float32 gradient of
+  // the stem conv is 6.5e-3 off its float64 one, 55 tolerances after one
+  // step; and three ResNet-18 steps on Fashion-MNIST, where PyTorch's oneDNN
+  // float32 run is 0.22 tolerances from float64 but its im2col one 1068: a
+  // ReLU input within rounding of zero decides a different way, and one such
+  // decision moves a layer's gradient by about 1 / sqrt(its size), 4e-3 at
+  // 65,536 values. A 1e-6 relative perturbation of the stem conv's output
+  // changes PyTorch's float32 gradients by 7.7e-3 after one step.)
   const std::string diagnosis = absl::StrCat(
       "Against PyTorch in float64, C++ is ", ours_to_exact.worst, " tolerances off (",
       ours_to_exact.where, ") and PyTorch's float32 ", torch_to_exact.worst, " (",
