@@ -19,7 +19,20 @@ void ChunkRange(int64_t n, int chunks, int chunk, int64_t* begin, int64_t* end) 
   *end = *begin + base + (chunk < extra ? 1 : 0);
 }
 
+// Set while this thread runs a part of a ParallelFor cut into several.
+thread_local bool in_parallel_part = false;
+
+// Runs fn(begin, end) as such a part.
+void RunPart(const std::function<void(int64_t, int64_t)>& fn, int64_t begin, int64_t end) {
+  const bool outer = in_parallel_part;
+  in_parallel_part = true;
+  fn(begin, end);
+  in_parallel_part = outer;
+}
+
 }  // namespace
+
+bool CpuDevice::InParallelPart() { return in_parallel_part; }
 
 CpuDevice::CpuDevice(int index, int num_threads)
     : Device(DeviceType::kCpu, absl::StrCat("cpu:", index)),
@@ -57,7 +70,7 @@ void CpuDevice::WorkerLoop(int worker) {
     if (worker < chunks) {
       int64_t begin, end;
       ChunkRange(n, chunks, worker, &begin, &end);
-      (*job)(begin, end);
+      RunPart(*job, begin, end);
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -87,7 +100,7 @@ void CpuDevice::ParallelFor(int64_t n, int64_t min_chunk,
   work_ready_.notify_all();
   int64_t begin, end;
   ChunkRange(n, chunks, 0, &begin, &end);
-  fn(begin, end);
+  RunPart(fn, begin, end);
   std::unique_lock<std::mutex> lock(mu_);
   work_done_.wait(lock, [&] { return pending_ == 0; });
   job_ = nullptr;

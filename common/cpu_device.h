@@ -34,6 +34,12 @@ class CpuDevice : public Device {
   void ParallelFor(int64_t n, int64_t min_chunk,
                    const std::function<void(int64_t begin, int64_t end)>& fn);
 
+  // True while the calling thread runs one of several parts of some
+  // device's ParallelFor (false when the loop ran whole on its caller). Such
+  // a part has one core to itself, so libraries that thread their own calls
+  // (GEMM) keep them on this thread rather than oversubscribe the machine.
+  static bool InParallelPart();
+
   absl::StatusOr<void*> Allocate(int64_t bytes) override;
   void Deallocate(void* ptr) override;
   absl::StatusOr<void*> AllocateHost(int64_t bytes) override { return Allocate(bytes); }

@@ -62,6 +62,21 @@ TEST(CpuDeviceTest, ParallelForCoversEveryIndexOnce) {
   }
 }
 
+TEST(CpuDeviceTest, MarksThePartsOfASplitLoopOnly) {
+  CpuDevice device(0, 2);
+  EXPECT_FALSE(CpuDevice::InParallelPart());
+  std::atomic<int> marked{0}, parts{0};
+  device.ParallelFor(2, 1, [&](int64_t, int64_t) {
+    ++parts;
+    if (CpuDevice::InParallelPart()) ++marked;
+  });
+  EXPECT_EQ(parts.load(), 2);
+  EXPECT_EQ(marked.load(), 2);
+  EXPECT_FALSE(CpuDevice::InParallelPart());
+  // A loop too small to split runs whole on its caller, unmarked.
+  device.ParallelFor(1, 1, [&](int64_t, int64_t) { EXPECT_FALSE(CpuDevice::InParallelPart()); });
+}
+
 TEST(CpuDeviceTest, ItsMemoryIsHostMemory) {
   CpuDevice device(0, 1);
   EXPECT_TRUE(device.is_host_memory());

@@ -16,17 +16,11 @@ namespace {
 
 // One block's im2col columns aim at this many bytes (at least one sample).
 // Small blocks win: the columns are written, packed and read while they are
-// still in L1/L2, and OpenBLAS's GEMMs with a few hundred to a few thousand
-// columns run fastest (its small-matrix kernels skip packing; beyond about
-// 7000 columns it slows down 3x). Measured for LeNet's layers at batch 256
-// on one core: 128-256 KiB within noise of each other, 512 KiB 10-50% and
-// 768 KiB up to 2.5x slower.
+// still in L1/L2. Measured for LeNet's layers at batch 256 on one core (with
+// OpenBLAS's GEMMs, which slowed down 3x beyond about 7000 columns):
+// 128-256 KiB within noise of each other, 512 KiB 10-50% and 768 KiB up to
+// 2.5x slower.
 constexpr int64_t kBlockColumnBytes = 192 << 10;
-
-// OpenBLAS runs a GEMM with fewer multiply-adds than this on the calling
-// thread whatever its thread count (interface/gemm.c: m * n * k below
-// GEMM_MULTITHREAD_THRESHOLD (4, as Debian builds it) x 65536).
-constexpr int64_t kBlasSingleThreadMacs = 4 * 65536;
 
 // Eight floats, for the copy loops below: GCC at -O2 does not vectorise loops
 // whose trip count is unknown, and these loops run over short image rows.
@@ -311,20 +305,9 @@ Plan MakePlan(const Geometry& g, const CpuDevice& device) {
   Plan plan;
   const int64_t sample_bytes = g.k * g.p * static_cast<int64_t>(sizeof(float));
   plan.block = std::clamp<int64_t>(kBlockColumnBytes / sample_bytes, 1, g.batch);
-  // Threads run whole blocks when each of their GEMMs stays on its caller's
-  // thread: always with a single-threaded BLAS, and with a multi-threaded
-  // one when the blocks can be made small enough for OpenBLAS not to thread
-  // their GEMMs (concurrent threaded calls would spin against each other).
-  // Otherwise the blocks run in order and BLAS threads the GEMMs, which are
-  // then large enough to gain from it.
-  bool run_blocks_on_threads = device.num_threads() > 1;
-  if (run_blocks_on_threads && BlasThreads() > 1) {
-    // Every GEMM of a block does O * K * block * P multiply-adds.
-    const int64_t macs_per_sample = g.o * g.k * g.p;
-    const int64_t max_block = (kBlasSingleThreadMacs - 1) / macs_per_sample;
-    run_blocks_on_threads = max_block >= 1;
-    if (run_blocks_on_threads) plan.block = std::min(plan.block, max_block);
-  }
+  // With several threads each runs whole blocks (im2col, GEMM, write-back),
+  // its GEMMs then single-threaded (see gemm.h): the copies are spread too.
+  const bool run_blocks_on_threads = device.num_threads() > 1;
   plan.num_blocks = (g.batch + plan.block - 1) / plan.block;
   if (run_blocks_on_threads && plan.num_blocks > 1) {
     plan.workers = static_cast<int>(std::min<int64_t>(device.num_threads(), plan.num_blocks));

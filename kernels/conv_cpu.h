@@ -12,12 +12,9 @@
 // one GEMM per block and folds weight^T * dy back onto dx (col2im).
 //
 // Threads: on a CpuDevice with several threads each thread runs whole blocks
-// with its own scratch and partial gradients, summed at the end. Its GEMMs
-// must then stay on that thread (concurrent multi-threaded OpenBLAS calls
-// spin against each other): they do with SetBlasThreads(1), and with more
-// BLAS threads when the blocks can be cut small enough for OpenBLAS not to
-// thread them (true of LeNet's layers). Otherwise the blocks run in order on
-// the calling thread and BLAS threads their (then large) GEMMs.
+// with its own scratch and partial gradients, summed at the end; its GEMMs
+// stay on that thread (gemm.h: a GEMM inside a ParallelFor part is
+// single-threaded), so the GEMM's threads and the device's never compete.
 //
 // Scratch: slot 0 holds each thread's columns and a zero-bordered input
 // plane, slot 1 its GEMM output or dy block and partial gradients.

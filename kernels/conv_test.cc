@@ -137,7 +137,7 @@ Grads ReferenceBackward(const Conv2dShape& s, const std::vector<float>& x,
           std::vector<float>(db.begin(), db.end())};
 }
 
-// Sets OpenBLAS's thread count for a scope (it is process-wide).
+// Sets the GEMM thread count for a scope (it is process-wide).
 class ScopedBlasThreads {
  public:
   explicit ScopedBlasThreads(int threads) : saved_(BlasThreads()) { SetBlasThreads(threads); }
@@ -260,12 +260,11 @@ void CheckCpuAgainstReference(int threads, int blas_threads, CpuPath path = CpuP
 
 TEST(ConvCpuTest, MatchesReferenceOnOneThread) { CheckCpuAgainstReference(1, 1); }
 
-// Two device threads, each running whole blocks with a single-threaded BLAS.
+// Two device threads, each running whole blocks with single-threaded GEMMs.
 TEST(ConvCpuTest, MatchesReferenceWithThreadsRunningBlocks) { CheckCpuAgainstReference(2, 1); }
 
-// Two device threads and a two-thread BLAS: threads run blocks small enough
-// for OpenBLAS not to thread their GEMMs; larger layers (the 64-channel
-// shape) run their blocks in order with the GEMMs threaded.
+// Two device threads and two GEMM threads: the threads run whole blocks and
+// their GEMMs stay single-threaded inside those parts.
 TEST(ConvCpuTest, MatchesReferenceWithThreadedBlas) { CheckCpuAgainstReference(2, 2); }
 
 // oneDNN's primitives in both layouts, on one thread and on a team of two

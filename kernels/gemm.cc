@@ -1,29 +1,33 @@
 #include "kernels/gemm.h"
 
-#include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/cpu_device.h"
 #include "common/status_macros.h"
 #include "kernels/dispatch.h"
-
-// OpenBLAS's run-time kernel selection in DYNAMIC_ARCH builds: exported by
-// the library but declared in no header. Weak, so a build against an
-// OpenBLAS without it still links (and SelectBlasCore does nothing).
-extern "C" {
-void gotoblas_dynamic_init(void) __attribute__((weak));
-void gotoblas_dynamic_quit(void) __attribute__((weak));
-}
+#include "oneapi/dnnl/dnnl.h"
 
 namespace ps::kernels {
 namespace {
 
-// OpenBLAS and cuBLAS take 32-bit sizes and leading dimensions.
+// Threads a GEMM called outside a CpuDevice::ParallelFor part may use
+// (SetBlasThreads). Until set: every core, as OpenMP's default would.
+std::atomic<int>& GemmThreads() {
+  static std::atomic<int> threads{
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
+  return threads;
+}
+
+// oneDNN and cuBLAS take 32-bit sizes and leading dimensions.
 absl::Status CheckBlasSize(const char* op, const char* what, int64_t value) {
   if (value < 0) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": ", what, " = ", value, " is negative"));
@@ -107,10 +111,36 @@ void GemmCpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float 
              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
              int64_t ldc) {
   if (m == 0 || n == 0) return;
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
+  if (k == 0) {
+    // C = beta * C, BLAS's result for an empty product, which dnnl_sgemm
+    // refuses to compute. beta == 0 writes zeros, so NaNs in C do not survive.
+    for (int64_t i = 0; i < m; ++i) {
+      float* row = c + i * ldc;
+      if (beta == 0.f) {
+        std::fill(row, row + n, 0.f);
+      } else if (beta != 1.f) {
+        for (int64_t j = 0; j < n; ++j) row[j] *= beta;
+      }
+    }
+    return;
+  }
+  // oneDNN threads a GEMM over the calling thread's OpenMP team, whose size
+  // is a per-thread setting: set it on every call, since any thread may call
+  // (and conv_dnnl sets it to 1 for its primitives).
+  const int threads =
+      CpuDevice::InParallelPart() ? 1 : GemmThreads().load(std::memory_order_relaxed);
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+  const dnnl_status_t status =
+      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c,
+                 ldc);
+  if (status != dnnl_success) {
+    // The callers checked every size and pointer (see CheckGemmArgs), which
+    // is all dnnl_sgemm validates: a failure here is a bug, not bad input.
+    std::fprintf(stderr, "dnnl_sgemm failed with status %d (m=%lld n=%lld k=%lld)\n",
+                 static_cast<int>(status), static_cast<long long>(m), static_cast<long long>(n),
+                 static_cast<long long>(k));
+    std::abort();
+  }
 }
 
 }  // namespace internal
@@ -151,7 +181,7 @@ absl::Status GemmStridedBatched(Device& device, bool trans_a, bool trans_b, int6
   }
   if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
   if (device.is_cpu()) {
-    // OpenBLAS 0.3.21 has no batched GEMM; each call is threaded on its own.
+    // Each matrix is one GEMM call, threaded on its own.
     for (int64_t i = 0; i < batch; ++i) {
       internal::GemmCpu(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, Lda(trans_a, m, k),
                         b + i * stride_b, Ldb(trans_b, n, k), beta, c + i * stride_c, n);
@@ -167,50 +197,10 @@ absl::Status GemmStridedBatched(Device& device, bool trans_a, bool trans_b, int6
 #endif
 }
 
-std::string BlasCoreName() {
-  const char* name = openblas_get_corename();
-  return name != nullptr ? name : "";
-}
-
-std::string SelectBlasCore() {
-  // The user's (or the machine's) explicit choice stands.
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return BlasCoreName();
-  const std::string core = BlasCoreName();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const char* wanted = nullptr;
-  if (core == "Prescott") {
-    // OpenBLAS's fallback: pick by features.
-    if (__builtin_cpu_is("intel") && __builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
-      wanted = "SkylakeX";
-    } else if (avx2) {
-      wanted = "Haswell";
-    }
-  } else if (__builtin_cpu_is("amd") && avx2 &&
-             (core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids")) {
-    wanted = "Haswell";  // see gemm.h
-  }
-  // Only DYNAMIC_ARCH builds (Debian's) can switch kernels at run time.
-  if (wanted == nullptr || gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) {
-    return core;
-  }
-  // OpenBLAS's one way to force a kernel set is OPENBLAS_CORETYPE, read by
-  // its initialisation: set it (it was unset, see above) for the
-  // re-initialisation only.
-  setenv("OPENBLAS_CORETYPE", wanted, 1);
-  gotoblas_dynamic_quit();
-  gotoblas_dynamic_init();
-  unsetenv("OPENBLAS_CORETYPE");
-  return BlasCoreName();
-}
-
 void SetBlasThreads(int threads) {
-  static std::once_flag select_core;
-  std::call_once(select_core, [] { SelectBlasCore(); });
-  openblas_set_num_threads(std::max(1, threads));
+  GemmThreads().store(std::max(1, threads), std::memory_order_relaxed);
 }
 
-int BlasThreads() { return openblas_get_num_threads(); }
+int BlasThreads() { return GemmThreads().load(std::memory_order_relaxed); }
 
 }  // namespace ps::kernels

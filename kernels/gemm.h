@@ -1,7 +1,14 @@
 #ifndef PS_KERNELS_GEMM_H_
 #define PS_KERNELS_GEMM_H_
 
-// Dense fp32 matrix multiply: OpenBLAS on CPU, cuBLAS on CUDA.
+// Dense fp32 matrix multiply: oneDNN on CPU, cuBLAS on CUDA.
+//
+// On CPU, oneDNN's sgemm (the library PyTorch runs its convolutions on, JIT
+// compiled for the CPU's widest vectors) rather than OpenBLAS: on this
+// project's AMD Zen 4 machines it ran the MLP's and ResNet-18's GEMM shapes
+// 1.3-2.6x faster than Debian's OpenBLAS 0.3.21 under the Haswell kernels
+// those machines select (OPENBLAS_CORETYPE=Haswell, since OpenBLAS's
+// AVX-512 kernels drift there); see the README's compute section.
 //
 // All matrices are row-major and contiguous. op(A) is A or A^T, an m x k
 // matrix; op(B) is k x n; C is m x n:
@@ -12,7 +19,6 @@
 // CUDA device in a build without CUDA.
 
 #include <cstdint>
-#include <string>
 
 #include "absl/status/status.h"
 #include "common/device.h"
@@ -29,43 +35,17 @@ absl::Status GemmStridedBatched(Device& device, bool trans_a, bool trans_b, int6
                                 const float* b, int64_t stride_b, float beta, float* c,
                                 int64_t stride_c, int64_t batch);
 
-// Sets how many threads OpenBLAS uses for one call (process-wide: OpenBLAS
-// has no per-call setting). The trainer sets cores / D so that D CPU devices
-// running concurrently do not oversubscribe the machine. The first call also
-// runs SelectBlasCore(), so call it from main() before any BLAS work starts.
-//
-// The convolution and linear kernels split their work across a CpuDevice's
-// own threads when their GEMMs then stay single-threaded (concurrent
-// multi-threaded OpenBLAS calls spin against each other): always with
-// SetBlasThreads(1); with more BLAS threads, convolution does so when it can
-// cut its GEMMs below OpenBLAS's threading threshold, linear never (it then
-// lets BLAS thread each GEMM). See conv_cpu.h and linear_cpu.h.
+// Sets how many threads one CPU GEMM may use (process-wide). The trainer
+// sets cores / D so that D CPU devices running concurrently do not
+// oversubscribe the machine. A GEMM called from a part of a
+// CpuDevice::ParallelFor cut into several always runs on its caller's thread
+// alone: the convolution and linear kernels split their work across a
+// device's own threads that way when that pays, and otherwise make one GEMM
+// call that these threads share (see conv_cpu.h and linear_cpu.h).
 void SetBlasThreads(int threads);
 
-// The number of threads OpenBLAS currently uses for one call (what the last
-// SetBlasThreads set, or OpenBLAS's default of all cores).
+// What SetBlasThreads last set (every core before the first call).
 int BlasThreads();
-
-// Makes OpenBLAS use the fastest kernels this CPU runs, and returns the name
-// of the kernel set in use afterwards ("SkylakeX", "Haswell", ...).
-//
-// OpenBLAS picks its kernels by CPU model when it loads, and 0.3.21 (Debian
-// 12) does not know models newer than about 2021 (Sapphire and Emerald
-// Rapids among them): it falls back to its SSE3 "Prescott" kernels, which run
-// SGEMM 5-6x slower than its AVX-512 ones on the same core. When that has
-// happened this re-selects by the CPU's features (AVX-512 on Intel ->
-// SkylakeX, AVX2 and FMA -> Haswell). On AMD processors with AVX-512 (Zen 4)
-// it picks Cooperlake's AVX-512 kernels, which such machines' administrators
-// steer away from (OPENBLAS_CORETYPE=Haswell) and under which our ResNet-18
-// three-step parity with PyTorch drifts 28 tolerances (Haswell: 0.2); so
-// there too it selects Haswell, which Zen 4 runs at the same width. A set
-// OPENBLAS_CORETYPE is always left alone. Process-wide, and not safe while
-// any thread is inside a BLAS call: call it (or SetBlasThreads) from main()
-// first. Idempotent.
-std::string SelectBlasCore();
-
-// The OpenBLAS kernel set in use, e.g. "SkylakeX" or "Prescott".
-std::string BlasCoreName();
 
 namespace internal {
 
@@ -73,7 +53,8 @@ namespace internal {
 // leading dimensions (elements between rows), so CPU kernels can multiply
 // sub-blocks of larger matrices without copying them. The caller has checked
 // the sizes (non-negative, each below 2^31) and pointers. Runs on the calling
-// thread plus OpenBLAS's own threads (see SetBlasThreads).
+// thread plus BlasThreads() - 1 OpenMP threads, or on the calling thread
+// alone inside a ParallelFor part (see SetBlasThreads).
 void GemmCpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
              int64_t ldc);

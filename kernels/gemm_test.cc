@@ -148,33 +148,30 @@ TEST(GemmCpuTest, BlasThreadsRoundTrip) {
   EXPECT_EQ(BlasThreads(), before);
 }
 
-// Run after the reference checks above (gtest keeps declaration order), so
-// both kernel sets are checked on a CPU where OpenBLAS falls back.
-TEST(GemmCpuTest, SelectBlasCoreAvoidsTheSse3FallbackAndStaysCorrect) {
-  const std::string core = SelectBlasCore();
-  EXPECT_EQ(core, BlasCoreName());
-  EXPECT_EQ(SelectBlasCore(), core);  // idempotent
-  // Debian's OpenBLAS is a DYNAMIC_ARCH build, which can always switch.
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma")) {
-    EXPECT_NE(core, "Prescott");
-    // Not the AVX-512 sets on AMD (see gemm.h).
-    if (__builtin_cpu_is("amd")) {
-      EXPECT_EQ(core, "Haswell");
+// Threaded GEMMs, and GEMMs made concurrently from the parts of a split
+// loop (which run single-threaded), give the reference result.
+TEST(GemmCpuTest, MatchesReferenceThreadedAndFromParallelParts) {
+  const int saved = BlasThreads();
+  SetBlasThreads(2);
+  CpuDevice cpu(0, 2);
+  const GemmCase cs = {128, 96, 200, 1.f, 0.25f};
+  const auto a = RandomVector(cs.m * cs.k, 11), b = RandomVector(cs.k * cs.n, 12);
+  const auto c0 = RandomVector(cs.m * cs.n, 13);
+  const auto expected = ReferenceGemm(false, true, cs.m, cs.n, cs.k, cs.alpha, a, b, cs.beta, c0);
+  auto c = c0;
+  ASSERT_TRUE(
+      Gemm(cpu, false, true, cs.m, cs.n, cs.k, cs.alpha, a.data(), b.data(), cs.beta, c.data())
+          .ok());
+  EXPECT_TRUE(AllClose(c, expected, 1e-4f, 1e-4f));
+  std::vector<std::vector<float>> outs(4, c0);
+  cpu.ParallelFor(4, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      internal::GemmCpu(false, true, cs.m, cs.n, cs.k, cs.alpha, a.data(), cs.k, b.data(), cs.k,
+                        cs.beta, outs[i].data(), cs.n);
     }
-  }
-  CpuDevice cpu(0, 1);
-  for (const GemmCase& cs : kCases) {
-    SCOPED_TRACE(::testing::Message()
-                 << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " core=" << core);
-    const auto a = RandomVector(cs.m * cs.k, 7), b = RandomVector(cs.k * cs.n, 8);
-    auto c = RandomVector(cs.m * cs.n, 9);
-    const auto expected = ReferenceGemm(true, false, cs.m, cs.n, cs.k, cs.alpha, a, b, cs.beta, c);
-    ASSERT_TRUE(
-        Gemm(cpu, true, false, cs.m, cs.n, cs.k, cs.alpha, a.data(), b.data(), cs.beta, c.data())
-            .ok());
-    EXPECT_TRUE(AllClose(c, expected, 1e-4f, 1e-4f));
-  }
+  });
+  for (const auto& out : outs) EXPECT_TRUE(AllClose(out, expected, 1e-4f, 1e-4f));
+  SetBlasThreads(saved);
 }
 
 TEST(GemmCudaTest, MatchesCpu) {

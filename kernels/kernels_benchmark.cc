@@ -3,14 +3,11 @@
 //   bazel run -c opt //kernels:kernels_benchmark -- --benchmark_repetitions=5
 //   (add --benchmark_report_aggregates_only for just the aggregates)
 //
-// Each benchmark takes the device's thread count and the BLAS thread count
-// as its last two arguments: "threads:1/blas:1" is one core. With two device
-// threads the convolution's threads each run whole blocks of samples; with
-// blas:2 those blocks are cut small enough for OpenBLAS not to thread their
-// GEMMs (see conv_cpu.h). GEMM alone with blas:2 is OpenBLAS's threading.
-//
-// The first benchmark to run calls SetBlasThreads, which also makes OpenBLAS
-// use this CPU's AVX-512 kernels (SelectBlasCore); the label names them.
+// Each benchmark takes the device's thread count and the GEMM thread count
+// (SetBlasThreads) as its last two arguments: "threads:1/blas:1" is one
+// core. With two device threads the convolution's threads each run whole
+// blocks of samples, their GEMMs single-threaded (see conv_cpu.h). GEMM
+// alone with blas:2 is oneDNN's threading over two OpenMP threads.
 
 #include <algorithm>
 #include <cstdint>
@@ -31,7 +28,6 @@ void SetFlopCounter(benchmark::State& state, double flops_per_iteration) {
   state.counters["FLOPS"] =
       benchmark::Counter(flops_per_iteration, benchmark::Counter::kIsIterationInvariantRate,
                          benchmark::Counter::kIs1000);
-  state.SetLabel(BlasCoreName());
 }
 
 // Arguments: m, n, k, trans_a, trans_b, device threads, BLAS threads.

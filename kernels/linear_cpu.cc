@@ -16,9 +16,9 @@ constexpr int64_t kMinChunkElements = 1 << 15;
 constexpr int64_t kMinSliceRows = 32;
 
 // Runs fn(begin, end) over slices of [0, rows) that each call a GEMM on
-// their rows. With a single-threaded BLAS the device's threads take one
-// slice each; with a multi-threaded BLAS a single slice runs on the calling
-// thread and BLAS threads it, so the two thread pools never compete.
+// their rows. With single-threaded GEMMs the device's threads take one
+// slice each; with multi-threaded GEMMs a single slice runs on the calling
+// thread and oneDNN threads it, so the two thread pools never compete.
 template <typename Fn>
 void Slices(CpuDevice& device, int64_t rows, const Fn& fn) {
   if (rows <= 0) return;

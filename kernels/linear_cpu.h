@@ -4,8 +4,9 @@
 // The CPU implementation behind linear.h; same contracts. Sizes have been
 // checked (non-negative, below 2^31) and every pointer is host memory.
 //
-// Threads: with a multi-threaded BLAS (SetBlasThreads > 1) each GEMM is one
-// call that BLAS spreads over its threads. With a single-threaded BLAS the
+// Threads: with multi-threaded GEMMs (SetBlasThreads > 1) each GEMM is one
+// call that oneDNN spreads over its OpenMP threads: a large layer's weights
+// are then read once, not once per slice. With single-threaded GEMMs the
 // device's threads each run a GEMM on a slice of the rows. The bias passes
 // use the device's threads.
 

@@ -57,7 +57,7 @@ Grads ReferenceBackward(const LinearCase& cs, const std::vector<float>& x,
           std::vector<float>(db.begin(), db.end())};
 }
 
-// Sets OpenBLAS's thread count for a scope (it is process-wide).
+// Sets the GEMM thread count for a scope (it is process-wide).
 class ScopedBlasThreads {
  public:
   explicit ScopedBlasThreads(int threads) : saved_(BlasThreads()) { SetBlasThreads(threads); }

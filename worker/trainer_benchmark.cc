@@ -26,7 +26,7 @@ ABSL_FLAG(int64_t, batch_size, 256, "global batch");
 ABSL_FLAG(std::string, models, "lenet,mlp",
           "models to measure (mlp: 784-1024-1024-10; resnet18: D2L's, on 28x28 input)");
 ABSL_FLAG(int, blas_threads, 0,
-          "OpenBLAS threads; 0: the device's thread count (as the worker sets it)");
+          "GEMM threads (SetBlasThreads); 0: the device's thread count (as the worker sets it)");
 ABSL_FLAG(std::string, configs, "1x1,1x2,2x1",
           "devices x threads per device to measure, e.g. 1x1,1x2 (1 device of 1 thread, then "
           "1 device of 2 threads)");
