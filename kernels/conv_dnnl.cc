@@ -302,25 +302,29 @@ constexpr int64_t kChannelBlock = 16;
 
 // Measured per ResNet-18 layer by kernels/conv_benchmark.cc (README,
 // Benchmarks). Backward: oneDNN's blocked direct convolution, reorders
-// included, beats im2col + OpenBLAS on every layer with at least 32 output
+// included, beats im2col + GEMM on every layer with at least 32 output
 // channels (up to 6x on stage 4's 1x1 images, where 8 of the 9 taps fall in
 // the padding that im2col multiplies anyway), except dx with fewer than 16
 // input channels (the 1-channel stem, whose dx a model skips).
 //
-// Forward: oneDNN's blocked forward is 1.5-4x faster than ours per layer
-// and its outputs match ours within 6e-6 on every call of a training step,
-// yet with it pytorch_parity_test's ResNet-18 steps drift from torch
-// (1 step: 127 tolerances with forward_training primitives; 3 steps: 199
-// with forward_inference ones), and with the plain layout its 16-step
-// accuracy check falls below its floor; the cause was not found, so the
-// forward stays ours (with its 1x1-image shortcut, conv_cpu.cc) until it is.
+// Forward (batch 64 and 256, one and two threads, against im2col + oneDNN's
+// sgemm): the blocked primitive is 1.3-3x faster on ResNet's 3x3 layers
+// whose output keeps at least 4 pixels per unit of stride squared (stage 1,
+// stage 2, stage 3's stride-1 layers and stage 2's stride-2 entry), and
+// slower on the strided entries to stages 3 and 4 (2x2 and 1x1 outputs),
+// on the 1x1 shortcut convolutions (1.4-17x slower) and on stage 4's 1x1
+// images (our one-tap GEMM, 4-10x faster); the stem (1 input channel) is a
+// tie. (Its choice once seemed to make pytorch_parity_test's three ResNet-18
+// steps drift from PyTorch's; the drift was float32 ill-conditioning, which
+// PyTorch's own two float32 convolutions show too: see that test.)
 //
 // LeNet's narrow layers (6 and 16 output channels) stay ours either way,
 // which keeps the fused kernels bit-identical to an unfused Conv2d there.
 bool PreferDnnlConvForward(const Conv2dShape& shape, DnnlLayout* layout) {
-  (void)shape;
   *layout = DnnlLayout::kBlocked;
-  return false;
+  const int64_t pixels = shape.out_height() * shape.out_width();
+  return shape.kernel_h * shape.kernel_w > 1 && shape.out_channels >= 32 &&
+         shape.in_channels >= 16 && pixels >= 4 * shape.stride_h * shape.stride_w;
 }
 
 bool PreferDnnlConvBackward(const Conv2dShape& shape, bool need_dx, DnnlLayout* layout) {

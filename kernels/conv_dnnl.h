@@ -3,9 +3,9 @@
 
 // oneDNN's convolution (Debian's libdnnl 2.6, the library PyTorch 1.13 runs
 // on this machine) behind conv.h's CPU path, for the layer shapes and passes
-// where it is faster than conv_cpu.h's im2col + OpenBLAS (today ResNet's
-// backward passes; the forward is implemented and tested but not chosen,
-// see conv_dnnl.cc); same contracts as conv.h. The shape has been validated
+// where it is faster than conv_cpu.h's im2col + GEMM (ResNet's backward
+// passes and most of its 3x3 forwards, see conv_dnnl.cc); same contracts as
+// conv.h. The shape has been validated
 // and every pointer is host memory.
 //
 // Layout: our tensors stay NCHW (weights OIHW). With DnnlLayout::kBlocked
@@ -22,7 +22,7 @@
 // their channels of dy in place), each part a primitive on one OpenMP
 // thread, the calling one. Debian builds oneDNN on GCC's OpenMP, whose idle
 // team threads spin: an OpenMP team of T beside the device's own pool
-// threads and OpenBLAS's would oversubscribe the cores, and on a loaded
+// threads would oversubscribe the cores, and on a loaded
 // machine a team's barriers wait for descheduled threads (measured: 2-thread
 // teams 5-50x slower than one thread while other builds ran). Cutting by
 // output channels also leaves no partial weight gradients to add up, so the
