@@ -10,13 +10,13 @@
 // thread's static TLS block (the PT_TLS segments of every object loaded at
 // start, plus a surplus) at the top of the thread's stack and fails
 // pthread_create with EINVAL when the stack cannot hold it. A worker linking
-// CUDA has 184,864 bytes of PT_TLS (cuBLASLt 94,240, OpenBLAS 61,440,
-// cuBLAS 12,320, NCCL 12,288, cudart 4,096, the rest 480), a static TLS
-// block of 198,976 bytes (4096-byte alignment), and 221,184 bytes of
-// minimum stack: civetweb's 102,400 fail ("Cannot create first worker
-// thread"), and even 204,800 leaves a thread 6,464 bytes of stack. A
-// CPU-only worker (OpenBLAS: 65,984 bytes of static TLS) starts civetweb's
-// threads with about 32 KB of the 100 KiB they asked for.
+// CUDA has 123,596 bytes of PT_TLS (cuBLASLt 94,240, cuBLAS 12,320, NCCL
+// 12,288, cudart 4,096, the rest a few hundred: oneDNN 36, libgomp 136) and
+// a static TLS block of 137,536 bytes (4096-byte alignment), more than
+// civetweb's 102,400-byte stacks hold ("Cannot create first worker thread");
+// 198,976 while the worker also linked OpenBLAS (61,440 of PT_TLS).
+// A CPU-only worker's static TLS is a few KB; civetweb's threads start, but
+// with that much less of the 100 KiB they asked for.
 //
 // How: linking this library (alwayslink; //common:metrics depends on it)
 // defines pthread_attr_setstacksize in the executable and exports it, so

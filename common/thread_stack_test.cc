@@ -1,5 +1,5 @@
 // The stack-size interposer, in a binary that links what the worker links
-// (cuBLAS, cuBLASLt, cudart, NCCL and OpenBLAS in the CUDA build; OpenBLAS
+// (cuBLAS, cuBLASLt, cudart, NCCL and oneDNN in the CUDA build; oneDNN
 // alone with --config=cpu_only): glibc alone refuses civetweb's 102,400-byte
 // threads when the static TLS outgrows them, and with the interposer every
 // such thread starts with the stack it asked for.

@@ -12,8 +12,7 @@ PACKAGES=(
   libabsl-dev
   nlohmann-json3-dev     # JSON: the report and safetensors headers
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev
-  libdnnl-dev            # oneDNN 2.6: ResNet-18's convolutions on CPU (kernels/conv_dnnl.h)
+  libdnnl-dev            # oneDNN 2.6: CPU GEMM and convolutions (kernels/gemm.h, conv_dnnl.h)
   zlib1g-dev
   openssl                # deploy/tls/make_test_certs.sh: test CAs and certificates
   prometheus-cpp-dev     # --metrics_port: the daemons' Prometheus metrics
@@ -21,6 +20,7 @@ PACKAGES=(
   docker-compose         # deploy/compose: `docker-compose config -q` checks compose.yaml
   dataset-fashion-mnist  # real data: /usr/share/datasets/fashion-mnist
   python3 python3-numpy python3-torch  # PyTorch serves as a test oracle
+  libopenblas0-pthread   # PyTorch's BLAS (the yardstick's Linear layers); else reference BLAS
 )
 # The network experiments' tools (namespaces, tc, the NFQUEUE delayer,
 # iperf3): tests/experiments_test runs that harness under `bazel test //...`.

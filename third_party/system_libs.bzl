@@ -31,7 +31,6 @@ _PKG_CONFIG_LIBS = {
     # nlohmann-json3-dev: header-only; the target documents the dependency.
     "json": ["nlohmann_json"],
     "gtest_main": ["gtest_main", "gmock"],
-    "openblas": ["openblas"],
     "protobuf": ["protobuf"],
     # prometheus-cpp-dev: the metrics registry and its HTTP exposer.
     "prometheus": ["prometheus-cpp-pull", "prometheus-cpp-core"],
