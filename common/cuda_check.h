@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cublas_library.h"
 
 namespace ps {
 
@@ -28,10 +29,16 @@ inline absl::Status CudaStatus(cudaError_t err, const char* what) {
                                          cudaGetErrorString(err)));
 }
 
+// cuBLAS's names for its codes come from the loaded library (a cuBLAS call
+// returned this code, so it is loaded; the number alone if not).
 inline absl::Status CublasStatus(cublasStatus_t err, const char* what) {
   if (err == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cublasGetStatusName(err), ": ",
-                                          cublasGetStatusString(err)));
+  const CublasLibrary* cublas = CublasIfLoaded();
+  if (cublas == nullptr) {
+    return absl::InternalError(absl::StrCat(what, ": cuBLAS status ", static_cast<int>(err)));
+  }
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cublas->status_name(err), ": ", cublas->status_string(err)));
 }
 
 // Maps an NCCL error to a status naming `what`, NCCL's message for the code

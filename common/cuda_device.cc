@@ -13,15 +13,16 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int index, int gp
   std::unique_ptr<CudaDevice> device(new CudaDevice(index, gpu_id));
   PS_RETURN_IF_ERROR(device->MakeCurrent());
   PS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&device->stream_, cudaStreamNonBlocking));
-  PS_CUBLAS_RETURN_IF_ERROR(cublasCreate(&device->cublas_));
-  PS_CUBLAS_RETURN_IF_ERROR(cublasSetStream(device->cublas_, device->stream_));
+  PS_ASSIGN_OR_RETURN(device->cublas_library_, Cublas());
+  PS_CUBLAS_RETURN_IF_ERROR(device->cublas_library_->create(&device->cublas_));
+  PS_CUBLAS_RETURN_IF_ERROR(device->cublas_library_->set_stream(device->cublas_, device->stream_));
   return device;
 }
 
 CudaDevice::~CudaDevice() {
   ReleaseScratch();
   cudaSetDevice(gpu_id_);
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (cublas_ != nullptr) cublas_library_->destroy(cublas_);
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);

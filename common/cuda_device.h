@@ -9,23 +9,28 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "common/cublas_library.h"
 #include "common/device.h"
 
 namespace ps {
 
 // One logical CUDA device: a stream and a cuBLAS handle on physical GPU
-// `gpu_id`. Every kernel and copy for this device goes to stream(), so two
+// `gpu_id` (cuBLAS itself loaded by the first device created, see
+// cublas_library.h). Every kernel and copy for this device goes to stream(), so two
 // logical devices on one GPU run concurrently and independently.
 class CudaDevice final : public Device {
  public:
-  // Creates the stream and cuBLAS handle. `index` is the logical index that
-  // names the device ("cuda:<index>").
+  // Creates the stream and cuBLAS handle (kFailedPrecondition when cuBLAS
+  // cannot be loaded). `index` is the logical index that names the device
+  // ("cuda:<index>").
   static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int index, int gpu_id);
   ~CudaDevice() override;
 
   int gpu_id() const { return gpu_id_; }
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
+  // The cuBLAS entry points, for calls on cublas().
+  const CublasLibrary& cublas_library() const { return *cublas_library_; }
 
   // Makes gpu_id() current on the calling thread. Kernel launchers call this
   // first, since replica threads may drive different GPUs.
@@ -48,6 +53,7 @@ class CudaDevice final : public Device {
 
   const int gpu_id_;
   cudaStream_t stream_ = nullptr;
+  const CublasLibrary* cublas_library_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
 };
 

@@ -82,20 +82,20 @@ absl::Status GemmCuda(CudaDevice& device, bool trans_a, bool trans_b, int64_t m,
             cudaMemsetAsync(ci, 0, m * n * static_cast<int64_t>(sizeof(float)), device.stream()));
       } else if (beta != 1.f) {
         for (int64_t r = 0; r < m; ++r) {
-          PS_CUBLAS_RETURN_IF_ERROR(
-              cublasSscal(device.cublas(), static_cast<int>(n), &beta, ci + r * n, 1));
+          PS_CUBLAS_RETURN_IF_ERROR(device.cublas_library().sscal(
+              device.cublas(), static_cast<int>(n), &beta, ci + r * n, 1));
         }
       }
     }
     return absl::OkStatus();
   }
   if (batch == 1) {
-    PS_CUBLAS_RETURN_IF_ERROR(cublasSgemm(device.cublas(), op_b, op_a, static_cast<int>(n),
-                                          static_cast<int>(m), static_cast<int>(k), &alpha, b, ldb,
-                                          a, lda, &beta, c, ldc));
+    PS_CUBLAS_RETURN_IF_ERROR(device.cublas_library().sgemm(
+        device.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+        static_cast<int>(k), &alpha, b, ldb, a, lda, &beta, c, ldc));
     return absl::OkStatus();
   }
-  PS_CUBLAS_RETURN_IF_ERROR(cublasSgemmStridedBatched(
+  PS_CUBLAS_RETURN_IF_ERROR(device.cublas_library().sgemm_strided_batched(
       device.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
       &alpha, b, ldb, stride_b, a, lda, stride_a, &beta, c, ldc, stride_c,
       static_cast<int>(batch)));

@@ -132,6 +132,14 @@ for b in "${binaries[@]}"; do
     fi
   done < <(ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}')
 done
+# cuBLAS is loaded when the first CUDA device is created (dlopen, see
+# common/cublas_library.h), so ldd does not list it: name it and what it
+# loads, by their sonames in the toolkit.
+for lib in libcublas libcublasLt; do
+  soname=$(readelf -dW "$cuda/lib64/$lib.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+  [[ -n "$soname" ]] || { echo "build_bundle: no $lib.so in $cuda/lib64" >&2; exit 1; }
+  cuda_sonames[$soname]=1
+done
 interp=$(readelf -l "${binaries[0]}" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
 cp -L "$interp" "$stage/lib/ld-linux-x86-64.so.2"
 chmod 755 "$stage/lib/ld-linux-x86-64.so.2"

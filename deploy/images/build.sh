@@ -150,6 +150,13 @@ if [[ "$gpu" == yes ]]; then
   # One pass: the packages on stdout, the libraries no package owns on stderr.
   gpu_packages=$(packages_for "$gpu_bin/worker/worker" 2>"$cache/unowned-libraries" | tr '\n' ' ')
   cuda_libs=$(sort -u "$cache/unowned-libraries")
+  # cuBLAS is loaded when the first CUDA device is created (dlopen, see
+  # common/cublas_library.h), so ldd does not list it: it goes beside
+  # cudart, in the directory of the binary's RUNPATH.
+  runpath_dir=$(dirname "$(grep -m1 '/libcudart\.so' <<<"$cuda_libs")")
+  for lib in "$runpath_dir"/libcublas.so.* "$runpath_dir"/libcublasLt.so.*; do
+    [[ "$lib" =~ \.so\.[0-9]+$ ]] && cuda_libs+=$'\n'"$lib"
+  done
   copies="$gpu_bin/worker/worker=/usr/local/bin/ps-worker $health"
   for lib in $cuda_libs; do copies+=" $lib=$lib"; done
   build_image ps-worker-gpu /usr/local/bin/ps-worker "9101" \
