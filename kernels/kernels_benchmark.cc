@@ -67,6 +67,13 @@ void GemmArgs(benchmark::internal::Benchmark* b) {
       // LeNet's fully connected layers at batch 256 (batch x out x in).
       {256, 120, 400, 0, 1},
       {256, 84, 120, 0, 1},
+      // MLP-20M (784-4096-4096-10) at batch 128: forward, dx, dweight.
+      {128, 4096, 784, 0, 1},
+      {128, 4096, 4096, 0, 1},
+      {128, 4096, 4096, 0, 0},
+      {4096, 4096, 128, 1, 0},
+      // A ResNet-18 stage-1 convolution, one sample as im2col's GEMM.
+      {64, 784, 576, 0, 0},
   };
   for (const auto& s : shapes) {
     b->Args({s[0], s[1], s[2], s[3], s[4], 1, 1});

@@ -49,14 +49,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "worker", "model"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models  # noqa: E402  (worker/model/torch_models.py)
-from pytorch_lenet import load_data  # noqa: E402  (deploy/bench/pytorch_lenet.py)
+from pytorch_lenet import load_data, set_torch_threads  # noqa: E402  (deploy/bench/pytorch_lenet.py)
 
 
 def run_rank(rank, args, init_file, results):
     """One DDP process: trains, then rank 0 sends its figures on `results`."""
     # A rank still running shortly before the parent's deadline says where.
     faulthandler.dump_traceback_later(max(1.0, args.timeout - 5), exit=False)
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     torch.set_num_interop_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=args.ranks,

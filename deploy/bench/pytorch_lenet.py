@@ -20,6 +20,7 @@ lack torch.
 """
 
 import argparse
+import ctypes
 import gzip
 import os
 import platform
@@ -60,12 +61,29 @@ def load_data(data_dir, samples):
     return x, y, f"random pixels and labels ({samples} samples)"
 
 
+def set_torch_threads(threads):
+    """PyTorch on `threads` threads in every library it computes with.
+
+    torch.set_num_threads sets OpenMP's team (its own kernels, oneDNN's
+    convolutions) but not the BLAS that torch.mm and nn.Linear call here:
+    Debian's OpenBLAS (pthreads) keeps its default of every core, so a
+    "1 thread" PyTorch ran its GEMMs on two cores (measured: 1.99 CPU
+    seconds per wall second in torch.mm at set_num_threads(1), and 2x the
+    GFLOP/s of OpenBLAS on one thread). Its own openblas_set_num_threads,
+    on the library the process loaded, takes the count too."""
+    torch.set_num_threads(threads)
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libopenblas" in line}
+    for path in paths:
+        ctypes.CDLL(path).openblas_set_num_threads(threads)
+
+
 def measure(x, y, threads, batch, lr, warmup, steps, repeats, model_name="lenet", momentum=0.0):
     """Samples/s of `steps` timed training steps of torch_models' `model_name`
     (SGD at `lr` and `momentum`) after `warmup` untimed ones, `repeats` times
     over: (best rate, its ms/step, median rate, last loss). pytorch_resnet.py
     measures ResNet-18 with it."""
-    torch.set_num_threads(threads)
+    set_torch_threads(threads)
     torch.manual_seed(0)
     model = torch_models.init_like_cpp(torch_models.build(model_name))
     model.train()
