@@ -285,6 +285,37 @@ TEST(ConvDnnlTest, DispatchMatchesReference) {
   CheckCpuAgainstReference(2, 2, CpuPath::kDispatch);
 }
 
+// The measured per-shape choice (conv_dnnl.cc): ResNet-18's 3x3 layers with
+// enough output pixels per stride go to oneDNN forward, the strided entries
+// to stages 3 and 4, the 1x1 shortcuts, stage 4's 1x1 images, the stem and
+// LeNet's narrow layers stay ours; every ResNet backward with >= 32 output
+// channels goes to oneDNN.
+TEST(ConvDnnlTest, ChoosesThePathsMeasuredFasterPerShape) {
+  struct Case {
+    Conv2dShape shape;
+    bool forward, backward;
+  };
+  const Case cases[] = {
+      {MakeShape(64, 1, 28, 28, 64, 7, 7, 2, 2, 3, 3), false, true},     // b1.conv (no dx)
+      {MakeShape(64, 64, 7, 7, 64, 3, 3, 1, 1, 1, 1), true, true},       // stage1
+      {MakeShape(64, 64, 7, 7, 128, 3, 3, 2, 2, 1, 1), true, true},      // stage2.block0.conv1
+      {MakeShape(64, 128, 4, 4, 128, 3, 3, 1, 1, 1, 1), true, true},     // stage2
+      {MakeShape(64, 64, 7, 7, 128, 1, 1, 2, 2, 0, 0), false, true},     // stage2 shortcut
+      {MakeShape(64, 128, 4, 4, 256, 3, 3, 2, 2, 1, 1), false, true},    // stage3.block0.conv1
+      {MakeShape(64, 256, 2, 2, 256, 3, 3, 1, 1, 1, 1), true, true},     // stage3
+      {MakeShape(64, 256, 2, 2, 512, 3, 3, 2, 2, 1, 1), false, true},    // stage4.block0.conv1
+      {MakeShape(64, 512, 1, 1, 512, 3, 3, 1, 1, 1, 1), false, true},    // stage4
+      {MakeShape(256, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0), false, false},   // LeNet conv2
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(Describe(c.shape));
+    internal::DnnlLayout layout;
+    EXPECT_EQ(internal::PreferDnnlConvForward(c.shape, &layout), c.forward);
+    const bool need_dx = c.shape.in_channels > 1;
+    EXPECT_EQ(internal::PreferDnnlConvBackward(c.shape, need_dx, &layout), c.backward);
+  }
+}
+
 // Two devices of one thread each run the same primitives at once (each
 // call its own memory and scratchpad), as two model replicas do.
 TEST(ConvDnnlTest, ConcurrentCallsFromTwoDevices) {
