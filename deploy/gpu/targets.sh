@@ -9,6 +9,7 @@
 # GPUs, and the two tests of thread stacks beside CUDA's static TLS.
 # build_bundle.sh fails when a test source with such cases is missing here.
 GPU_TESTS=(
+  //common:cublas_library_test
   //common:device_test
   //common:metrics_test
   //common:thread_stack_test
