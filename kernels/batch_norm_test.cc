@@ -212,7 +212,9 @@ TEST(BatchNormCpuTest, VarianceStableUnderLargeOffset) {
 TEST(BatchNormCpuTest, BackwardMatchesFiniteDifferences) {
   CpuDevice cpu(0, 1);
   const float eps = 1e-5f;
-  for (const BatchNormShape& s : {MakeShape(3, 2, 4), MakeShape(6, 3, 1)}) {
+  // Planes of 4 and 1 (the scalar tail of the channel sums) and of 12 (one
+  // 8-wide vector step, then the tail).
+  for (const BatchNormShape& s : {MakeShape(3, 2, 4), MakeShape(6, 3, 1), MakeShape(2, 2, 12)}) {
     SCOPED_TRACE(::testing::Message() << "N" << s.batch << " C" << s.channels << " S" << s.spatial);
     const int64_t c = s.channels, n = Size(s);
     const std::vector<float> x = RandomVector(n, 1), w = RandomVector(n, 2);
