@@ -111,9 +111,11 @@ void GemmCpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float 
              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
              int64_t ldc) {
   if (m == 0 || n == 0) return;
-  if (k == 0) {
-    // C = beta * C, BLAS's result for an empty product, which dnnl_sgemm
-    // refuses to compute. beta == 0 writes zeros, so NaNs in C do not survive.
+  if (k == 0 || alpha == 0.f) {
+    // C = beta * C: BLAS's result for an empty product, which dnnl_sgemm
+    // refuses to compute, and for alpha == 0, where BLAS reads neither A nor
+    // B (CheckGemmArgs lets them be null then). beta == 0 writes zeros, so
+    // NaNs in C do not survive.
     for (int64_t i = 0; i < m; ++i) {
       float* row = c + i * ldc;
       if (beta == 0.f) {

@@ -91,6 +91,10 @@ TEST(GemmCpuTest, EmptyProductScalesC) {
   EXPECT_TRUE(AllClose(c, std::vector<float>(6, 0.f), 0, 0));
   // An empty C is a no-op, whatever the pointers.
   EXPECT_TRUE(Gemm(cpu, false, false, 0, 3, 4, 1.f, nullptr, nullptr, 0.f, nullptr).ok());
+  // alpha == 0 reads neither A nor B, as in BLAS.
+  std::fill(c.begin(), c.end(), 1.f);
+  ASSERT_TRUE(Gemm(cpu, false, false, 2, 3, 4, 0.f, nullptr, nullptr, 3.f, c.data()).ok());
+  EXPECT_TRUE(AllClose(c, std::vector<float>(6, 3.f), 0, 0));
 }
 
 TEST(GemmCpuTest, StridedBatchedMatchesPerMatrixReference) {
