@@ -287,6 +287,17 @@ int64_t ShardedParameterStore::bytes_pushed() const {
   return total;
 }
 
+std::map<int64_t, int64_t> ShardedParameterStore::staleness_histogram() const {
+  std::map<int64_t, int64_t> total;
+  for (const Shard& shard : shards_) {
+    if (shard.store == nullptr) continue;
+    for (const auto& [staleness, messages] : shard.store->staleness_histogram()) {
+      total[staleness] += messages;
+    }
+  }
+  return total;
+}
+
 int64_t ShardedParameterStore::bytes_pulled() const {
   int64_t total = 0;
   for (const Shard& shard : shards_) total += shard.store != nullptr ? shard.store->bytes_pulled() : 0;

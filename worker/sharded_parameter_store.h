@@ -2,6 +2,7 @@
 #define PS_WORKER_SHARDED_PARAMETER_STORE_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,6 +88,10 @@ class ShardedParameterStore final : public ParameterStore {
   // Tensor payload so far, summed over the shards (RemoteParameterStore's).
   int64_t bytes_pushed() const;
   int64_t bytes_pulled() const;
+  // Push messages by staleness (updates behind, as the shards reported
+  // them), summed over the shards: RemoteParameterStore's histogram for a
+  // sharded job. Empty under sync, which reports none.
+  std::map<int64_t, int64_t> staleness_histogram() const;
   // Whether Register sent this worker's initial parameters to any shard.
   bool sent_initial_parameters() const;
   // The plan Register worked out (empty before).

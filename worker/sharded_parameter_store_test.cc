@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -201,6 +202,39 @@ void SegmentBySegmentStep(ParameterStore& store, int64_t t, int rank,
   absl::MutexLock lock(&mu);
   mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &pending));
   ASSERT_TRUE(first_error.ok()) << first_error;
+}
+
+// Under ssp:0 every shard reports each push message as 0 updates behind;
+// the sharded store's histogram is the sum over its shards. Under sync the
+// shards report none.
+TEST(ShardedParameterStoreTest, StalenessHistogramSumsTheShards) {
+  for (const char* consistency : {"ssp:0", "sync"}) {
+    SCOPED_TRACE(consistency);
+    std::vector<std::unique_ptr<server::InProcessServer>> servers;
+    for (int s = 0; s < 2; ++s) {
+      server::ParameterServerOptions options = ServerOptions(1);
+      ASSERT_TRUE(server::ParseConsistency(consistency, &options).ok());
+      auto server = server::InProcessServer::Start(options);
+      ASSERT_TRUE(server.ok()) << server.status();
+      servers.push_back(std::move(server).value());
+    }
+    std::unique_ptr<ShardedParameterStore> store =
+        MakeSharded(Addresses(servers), "w0", nullptr, 0);
+    ASSERT_NE(store, nullptr);
+    auto reg = store->Register(Signature(), Initial(0));
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    std::vector<float> params(kElements), grad(kElements, 0.01f);
+    for (int64_t t = 0; t < kIterations; ++t) WholeModelStep(*store, t, 0, grad, params);
+    const std::map<int64_t, int64_t> histogram = store->staleness_histogram();
+    if (std::string(consistency) == "sync") {
+      EXPECT_TRUE(histogram.empty());
+      continue;
+    }
+    ASSERT_EQ(histogram.size(), 1u);
+    EXPECT_EQ(histogram.begin()->first, 0);
+    // At least one message to each shard per push.
+    EXPECT_GE(histogram.begin()->second, 2 * kIterations);
+  }
 }
 
 TEST(ShardedParameterStoreTest, SegmentBySegmentEqualsWholeModelCallsBitForBit) {

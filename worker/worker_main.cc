@@ -394,6 +394,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
                           ShardedParameterStore::Create(sharded_options));
       bytes_pushed = [r = r.get()] { return r->bytes_pushed(); };
       bytes_pulled = [r = r.get()] { return r->bytes_pulled(); };
+      staleness = [r = r.get()] { return r->staleness_histogram(); };
       store = std::move(r);
     }
   }
