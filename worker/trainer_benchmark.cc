@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "common/cpu_device.h"
+#include "common/malloc_tuning.h"
 #include "kernels/gemm.h"
 #include "worker/data/synthetic.h"
 #include "worker/local_parameter_store.h"
@@ -131,6 +132,8 @@ int Run() {
 }  // namespace ps::worker
 
 int main(int argc, char** argv) {
+  // As the worker daemon does: large blocks from the heap, not fresh mmaps.
+  ps::TuneMallocForLargeMessages();
   absl::ParseCommandLine(argc, argv);
   return ps::worker::Run();
 }
