@@ -21,7 +21,18 @@ void ReluForwardCpu(CpuDevice& device, int64_t n, const float* x, float* y) {
 
 void ReluBackwardCpu(CpuDevice& device, int64_t n, const float* y, const float* dy, float* dx) {
   device.ParallelFor(n, kMinChunk, [=](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) dx[i] = y[i] > 0.f ? dy[i] : 0.f;
+    // dy is loaded whatever the sign, so the select becomes a vector blend:
+    // loading it only where y > 0 left GCC a branch per element, mispredicted
+    // at every sign change (ResNet-18's ReLU backward took 10x its forward).
+    // The pointers are copied out of the closure so the loop does not reload
+    // them after every store.
+    const float* const in = y;
+    const float* const grad = dy;
+    float* const out = dx;
+    for (int64_t i = b; i < e; ++i) {
+      const float g = grad[i];
+      out[i] = in[i] > 0.f ? g : 0.f;
+    }
   });
 }
 
