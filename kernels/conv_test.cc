@@ -137,16 +137,6 @@ Grads ReferenceBackward(const Conv2dShape& s, const std::vector<float>& x,
           std::vector<float>(db.begin(), db.end())};
 }
 
-// Sets the GEMM thread count for a scope (it is process-wide).
-class ScopedBlasThreads {
- public:
-  explicit ScopedBlasThreads(int threads) : saved_(BlasThreads()) { SetBlasThreads(threads); }
-  ~ScopedBlasThreads() { SetBlasThreads(saved_); }
-
- private:
-  const int saved_;
-};
-
 // Which CPU path a check runs: conv.h's entry points (which choose per
 // shape), conv_cpu.h's kernels, or oneDNN's in either layout.
 enum class CpuPath { kDispatch, kOurs, kDnnlPlain, kDnnlBlocked };

@@ -47,6 +47,19 @@ void SetBlasThreads(int threads);
 // What SetBlasThreads last set (every core before the first call).
 int BlasThreads();
 
+// SetBlasThreads(threads) for the object's lifetime, then the count before
+// (tests and benchmarks that try several).
+class ScopedBlasThreads {
+ public:
+  explicit ScopedBlasThreads(int threads) : saved_(BlasThreads()) { SetBlasThreads(threads); }
+  ~ScopedBlasThreads() { SetBlasThreads(saved_); }
+  ScopedBlasThreads(const ScopedBlasThreads&) = delete;
+  ScopedBlasThreads& operator=(const ScopedBlasThreads&) = delete;
+
+ private:
+  const int saved_;
+};
+
 namespace internal {
 
 // C = alpha * op(A) * op(B) + beta * C on host memory, row-major with explicit

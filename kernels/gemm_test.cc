@@ -144,19 +144,19 @@ TEST(GemmCpuTest, RejectsBadSizes) {
 
 TEST(GemmCpuTest, BlasThreadsRoundTrip) {
   const int before = BlasThreads();
-  SetBlasThreads(1);
-  EXPECT_EQ(BlasThreads(), 1);
-  SetBlasThreads(0);  // clamped to 1
-  EXPECT_EQ(BlasThreads(), 1);
-  SetBlasThreads(before);
+  {
+    const ScopedBlasThreads one(1);
+    EXPECT_EQ(BlasThreads(), 1);
+    SetBlasThreads(0);  // clamped to 1
+    EXPECT_EQ(BlasThreads(), 1);
+  }
   EXPECT_EQ(BlasThreads(), before);
 }
 
 // Threaded GEMMs, and GEMMs made concurrently from the parts of a split
 // loop (which run single-threaded), give the reference result.
 TEST(GemmCpuTest, MatchesReferenceThreadedAndFromParallelParts) {
-  const int saved = BlasThreads();
-  SetBlasThreads(2);
+  const ScopedBlasThreads blas(2);
   CpuDevice cpu(0, 2);
   const GemmCase cs = {128, 96, 200, 1.f, 0.25f};
   const auto a = RandomVector(cs.m * cs.k, 11), b = RandomVector(cs.k * cs.n, 12);
@@ -175,7 +175,6 @@ TEST(GemmCpuTest, MatchesReferenceThreadedAndFromParallelParts) {
     }
   });
   for (const auto& out : outs) EXPECT_TRUE(AllClose(out, expected, 1e-4f, 1e-4f));
-  SetBlasThreads(saved);
 }
 
 TEST(GemmCudaTest, MatchesCpu) {

@@ -57,16 +57,6 @@ Grads ReferenceBackward(const LinearCase& cs, const std::vector<float>& x,
           std::vector<float>(db.begin(), db.end())};
 }
 
-// Sets the GEMM thread count for a scope (it is process-wide).
-class ScopedBlasThreads {
- public:
-  explicit ScopedBlasThreads(int threads) : saved_(BlasThreads()) { SetBlasThreads(threads); }
-  ~ScopedBlasThreads() { SetBlasThreads(saved_); }
-
- private:
-  const int saved_;
-};
-
 // Device threads and BLAS threads: one core; device threads each running a
 // slice on a single-threaded BLAS; BLAS threading every GEMM.
 const struct { int threads, blas_threads; } kThreadConfigs[] = {{1, 1}, {2, 1}, {2, 2}};
