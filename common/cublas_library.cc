@@ -5,7 +5,6 @@
 #include <atomic>
 #include <string>
 
-#include "absl/base/call_once.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -55,9 +54,8 @@ absl::StatusOr<const CublasLibrary*> Load() {
 }  // namespace
 
 absl::StatusOr<const CublasLibrary*> Cublas() {
-  static absl::once_flag once;
-  static absl::StatusOr<const CublasLibrary*>* result = nullptr;
-  absl::call_once(once, [] { result = new absl::StatusOr<const CublasLibrary*>(Load()); });
+  // Initialised by the first call, once, thread-safely; never destroyed.
+  static const auto* const result = new absl::StatusOr<const CublasLibrary*>(Load());
   return *result;
 }
 
