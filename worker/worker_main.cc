@@ -379,12 +379,16 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     };
     remote_options.job_token = job_token;
     remote_options.tls = tls;
+    // The report's byte counts and staleness, read from either store type.
+    auto observe = [&](const auto* r) {
+      bytes_pushed = [r] { return r->bytes_pushed(); };
+      bytes_pulled = [r] { return r->bytes_pulled(); };
+      staleness = [r] { return r->staleness_histogram(); };
+    };
     if (shards.size() <= 1) {
       PS_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterStore> r,
                           RemoteParameterStore::Create(remote_options));
-      bytes_pushed = [r = r.get()] { return r->bytes_pushed(); };
-      bytes_pulled = [r = r.get()] { return r->bytes_pulled(); };
-      staleness = [r = r.get()] { return r->staleness_histogram(); };
+      observe(r.get());
       store = std::move(r);
     } else {
       ShardedStoreOptions sharded_options;
@@ -392,9 +396,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
       sharded_options.remote = remote_options;
       PS_ASSIGN_OR_RETURN(std::unique_ptr<ShardedParameterStore> r,
                           ShardedParameterStore::Create(sharded_options));
-      bytes_pushed = [r = r.get()] { return r->bytes_pushed(); };
-      bytes_pulled = [r = r.get()] { return r->bytes_pulled(); };
-      staleness = [r = r.get()] { return r->staleness_histogram(); };
+      observe(r.get());
       store = std::move(r);
     }
   }

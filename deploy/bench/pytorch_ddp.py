@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "worker", "model"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models  # noqa: E402  (worker/model/torch_models.py)
-from pytorch_lenet import load_data, set_torch_threads  # noqa: E402  (deploy/bench/pytorch_lenet.py)
+from pytorch_lenet import load_data, set_torch_threads  # noqa: E402  (beside this file)
 
 
 def run_rank(rank, args, init_file, results):
