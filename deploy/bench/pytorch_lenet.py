@@ -81,8 +81,7 @@ def set_torch_threads(threads):
 def measure(x, y, threads, batch, lr, warmup, steps, repeats, model_name="lenet", momentum=0.0):
     """Samples/s of `steps` timed training steps of torch_models' `model_name`
     (SGD at `lr` and `momentum`) after `warmup` untimed ones, `repeats` times
-    over: (best rate, its ms/step, median rate, last loss). pytorch_resnet.py
-    measures ResNet-18 with it."""
+    over: (best rate, its ms/step, median rate, last loss)."""
     set_torch_threads(threads)
     torch.manual_seed(0)
     model = torch_models.init_like_cpp(torch_models.build(model_name))
@@ -114,6 +113,25 @@ def measure(x, y, threads, batch, lr, warmup, steps, repeats, model_name="lenet"
     return best, 1e3 * batch / best, float(np.median(rates)), loss.item()
 
 
+def torch_description():
+    """PyTorch's version, the CPU and whether oneDNN (MKL-DNN) is there."""
+    return (f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+            f"{os.cpu_count()} CPUs; "
+            f"MKL-DNN {'on' if torch.backends.mkldnn.is_available() else 'off'}")
+
+
+def print_rates(x, y, args, decimals, model_name="lenet", momentum=0.0):
+    """One row per thread count in args.threads (comma-separated): measure()
+    with args' batch size, lr, warm-up, steps and repeats; samples/s with
+    `decimals` decimals. pytorch_resnet.py prints its table with it."""
+    print(f"{'threads':>7} {'ms/step':>9} {'samples/s':>10} {'median':>10} {'last loss':>10}")
+    for threads in (int(t) for t in args.threads.split(",")):
+        best, ms, median, loss = measure(x, y, threads, args.batch_size, args.lr, args.warmup,
+                                         args.steps, args.repeats, model_name, momentum)
+        print(f"{threads:>7} {ms:>9.2f} {best:>10.{decimals}f} {median:>10.{decimals}f} "
+              f"{loss:>10.4f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
@@ -129,16 +147,11 @@ def main():
 
     samples = args.batch_size * 40  # 40 distinct batches, cycled
     x, y, description = load_data(args.data_dir, samples)
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs; MKL-DNN {'on' if torch.backends.mkldnn.is_available() else 'off'}")
+    print(torch_description())
     print(f"data: {description}; LeNet (sigmoid, avg-pool), batch {args.batch_size}, "
           f"SGD lr {args.lr}; {args.warmup} warm-up, then {args.repeats} x {args.steps} timed "
           f"steps; load average before: {os.getloadavg()[0]:.2f}")
-    print(f"{'threads':>7} {'ms/step':>9} {'samples/s':>10} {'median':>10} {'last loss':>10}")
-    for threads in (int(t) for t in args.threads.split(",")):
-        best, ms, median, loss = measure(x, y, threads, args.batch_size, args.lr, args.warmup,
-                                         args.steps, args.repeats)
-        print(f"{threads:>7} {ms:>9.2f} {best:>10.0f} {median:>10.0f} {loss:>10.4f}")
+    print_rates(x, y, args, decimals=0)
 
 
 if __name__ == "__main__":

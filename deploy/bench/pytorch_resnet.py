@@ -19,20 +19,12 @@ convolutions); a python3 earlier on PATH may lack torch.
 
 import argparse
 import os
-import platform
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pytorch_lenet  # noqa: E402  (beside this file: the timed training loop)
-
-
-def measure(x, y, threads, batch, lr, warmup, steps, repeats):
-    """(best samples/s, its ms/step, median samples/s, last loss), timed as
-    pytorch_lenet.py times LeNet, with trainer_benchmark's momentum 0.9."""
-    return pytorch_lenet.measure(x, y, threads, batch, lr, warmup, steps, repeats,
-                                 model_name="resnet18", momentum=0.9)
 
 
 def main():
@@ -50,16 +42,12 @@ def main():
     samples = args.batch_size * 4
     x = torch.rand((samples, 1, 28, 28), generator=g)
     y = torch.randint(0, 10, (samples,), generator=g)
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs; MKL-DNN {'on' if torch.backends.mkldnn.is_available() else 'off'}")
+    print(pytorch_lenet.torch_description())
     print(f"ResNet-18 (28x28), batch {args.batch_size}, SGD lr {args.lr} momentum 0.9; "
           f"{args.warmup} warm-up, then {args.repeats} x {args.steps} timed steps; "
           f"load average before: {os.getloadavg()[0]:.2f}")
-    print(f"{'threads':>7} {'ms/step':>9} {'samples/s':>10} {'median':>10} {'last loss':>10}")
-    for threads in (int(t) for t in args.threads.split(",")):
-        best, ms, median, loss = measure(x, y, threads, args.batch_size, args.lr, args.warmup,
-                                         args.steps, args.repeats)
-        print(f"{threads:>7} {ms:>9.2f} {best:>10.1f} {median:>10.1f} {loss:>10.4f}")
+    # Timed as pytorch_lenet.py times LeNet, with trainer_benchmark's momentum.
+    pytorch_lenet.print_rates(x, y, args, decimals=1, model_name="resnet18", momentum=0.9)
 
 
 if __name__ == "__main__":
