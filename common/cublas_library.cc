@@ -40,6 +40,7 @@ absl::StatusOr<const CublasLibrary*> Load() {
       !Resolve(handle, "cublasSetStream_v2", &table->set_stream, &error) ||
       !Resolve(handle, "cublasSgemm_v2", &table->sgemm, &error) ||
       !Resolve(handle, "cublasSgemmStridedBatched", &table->sgemm_strided_batched, &error) ||
+      !Resolve(handle, "cublasGemmStridedBatchedEx", &table->gemm_strided_batched_ex, &error) ||
       !Resolve(handle, "cublasSscal_v2", &table->sscal, &error) ||
       !Resolve(handle, "cublasGetStatusName", &table->status_name, &error) ||
       !Resolve(handle, "cublasGetStatusString", &table->status_string, &error)) {

@@ -27,6 +27,15 @@ struct CublasLibrary {
   decltype(&cublasSetStream_v2) set_stream;
   decltype(&cublasSgemm_v2) sgemm;
   decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
+  // The half-precision GEMMs. Spelled out: C++ sees an inline overload too.
+  cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
+                                            int m, int n, int k, const void* alpha, const void* a,
+                                            cudaDataType a_type, int lda, long long stride_a,
+                                            const void* b, cudaDataType b_type, int ldb,
+                                            long long stride_b, const void* beta, void* c,
+                                            cudaDataType c_type, int ldc, long long stride_c,
+                                            int batch, cublasComputeType_t compute,
+                                            cublasGemmAlgo_t algo);
   decltype(&cublasSscal_v2) sscal;
   decltype(&cublasGetStatusName) status_name;
   decltype(&cublasGetStatusString) status_string;

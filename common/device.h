@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/precision.h"
 
 namespace ps {
 
@@ -96,8 +97,16 @@ class Device {
   // the same slot on this device, and its contents are undefined. Because all
   // work on a device is ordered, a kernel may reuse a slot that an earlier
   // kernel used. Not thread-safe: call from the thread driving this device.
-  static constexpr int kScratchSlots = 4;
+  // Slots 4 and 5 hold a half-precision GEMM's rounded operands on CUDA
+  // (gemm.h), so that GEMMs may read operands kernels built in slots 0-3.
+  static constexpr int kScratchSlots = 6;
   absl::StatusOr<void*> Scratch(int slot, int64_t bytes);
+
+  // The precision of every matrix multiply on this device (see
+  // common/precision.h): GEMMs, and the convolutions built on them. Set once,
+  // before work is issued (the trainer sets `--precision`); kFp32 until then.
+  Precision gemm_precision() const { return gemm_precision_; }
+  void set_gemm_precision(Precision precision) { gemm_precision_ = precision; }
 
   const CopyCounters& counters() const { return counters_; }
   void ResetCounters() {
@@ -117,6 +126,7 @@ class Device {
   const DeviceType type_;
   const std::string name_;
   CopyCounters counters_;
+  Precision gemm_precision_ = Precision::kFp32;
   void* scratch_[kScratchSlots] = {};
   int64_t scratch_bytes_[kScratchSlots] = {};
 

@@ -189,8 +189,11 @@ absl::Status Conv2dForward(Device& device, const Conv2dShape& shape, const float
   PS_RETURN_IF_ERROR(ValidateConv2dShape(shape));
   PS_RETURN_IF_ERROR(CheckPointers(x, weight, y));
   if (device.is_cpu()) {
+    // oneDNN's convolution primitive computes in fp32: a device in half
+    // precision runs every convolution on its GEMMs instead.
     internal::DnnlLayout layout;
-    if (internal::PreferDnnlConvForward(shape, &layout)) {
+    if (device.gemm_precision() == Precision::kFp32 &&
+        internal::PreferDnnlConvForward(shape, &layout)) {
       return internal::Conv2dForwardDnnl(AsCpu(device), shape, layout, x, weight, bias, y);
     }
     return internal::Conv2dForwardCpu(AsCpu(device), shape, x, weight, bias, y);
@@ -210,7 +213,8 @@ absl::Status Conv2dBackward(Device& device, const Conv2dShape& shape, const floa
   if (dy == nullptr) return absl::InvalidArgumentError("Conv2dBackward: dy is null");
   if (device.is_cpu()) {
     internal::DnnlLayout layout;
-    if (internal::PreferDnnlConvBackward(shape, dx != nullptr, &layout)) {
+    if (device.gemm_precision() == Precision::kFp32 &&
+        internal::PreferDnnlConvBackward(shape, dx != nullptr, &layout)) {
       return internal::Conv2dBackwardDnnl(AsCpu(device), shape, layout, x, weight, dy, dx,
                                           dweight, dbias);
     }

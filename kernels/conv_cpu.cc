@@ -114,8 +114,9 @@ inline float CopySum(const float* src, float* dst, int64_t n) {
 
 // Sizes derived from a validated shape, in elements.
 struct Geometry {
-  explicit Geometry(const Conv2dShape& s)
-      : batch(s.batch),
+  Geometry(const Conv2dShape& s, Precision gemm_precision)
+      : precision(gemm_precision),
+        batch(s.batch),
         c(s.in_channels),
         h(s.height),
         w(s.width),
@@ -134,6 +135,7 @@ struct Geometry {
         out_size(o * p),
         pointwise(kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0) {}
 
+  const Precision precision;  // of the device's GEMMs
   const int64_t batch, c, h, w, o, kh, kw, sh, sw, ph, pw, oh, ow;
   const int64_t p;         // output pixels per channel
   const int64_t k;         // GEMM depth: input channels x kernel taps
@@ -478,14 +480,14 @@ void ForwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x, 
     columns = buf.cols;
   }
   if (epilogue != nullptr) {
-    GemmCpu(false, false, g.o, ld, g.k, 1.f, weight, g.k, columns, ld, 0.f, buf.block, ld);
+    GemmCpu(g.precision, false, false, g.o, ld, g.k, 1.f, weight, g.k, columns, ld, 0.f, buf.block, ld);
     EpilogueForward(g, n0, count, buf.block, bias, *epilogue, rows);
     return;
   }
   float* y0 = y + n0 * g.out_size;
   if (count == 1) {
     // One sample's [O x P] product is its NCHW output already.
-    GemmCpu(false, false, g.o, ld, g.k, 1.f, weight, g.k, columns, ld, 0.f, y0, ld);
+    GemmCpu(g.precision, false, false, g.o, ld, g.k, 1.f, weight, g.k, columns, ld, 0.f, y0, ld);
     if (bias != nullptr) {
       for (int64_t oc = 0; oc < g.o; ++oc) AddScalar(bias[oc], y0 + oc * g.p, g.p);
     }
@@ -493,7 +495,7 @@ void ForwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x, 
   }
   // block [O x count*P] = weight [O x K] * columns [K x count*P], then to
   // NCHW with the bias while the block is still in cache.
-  GemmCpu(false, false, g.o, ld, g.k, 1.f, weight, g.k, columns, ld, 0.f, buf.block, ld);
+  GemmCpu(g.precision, false, false, g.o, ld, g.k, 1.f, weight, g.k, columns, ld, 0.f, buf.block, ld);
   BlockToNchw(buf.block, count, g.o, g.p, bias, y0);
 }
 
@@ -544,9 +546,9 @@ void BackwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x,
     } else {
       NchwToPixelMajor(dy0, count, g.o, g.p, g.o * g.p, g.p, buf.block2, nullptr, false);
     }
-    GemmCpu(false, false, g.k, g.o, ld, 1.f, columns, ld, buf.block2, g.o, beta, dw, g.o);
+    GemmCpu(g.precision, false, false, g.k, g.o, ld, 1.f, columns, ld, buf.block2, g.o, beta, dw, g.o);
   } else {
-    GemmCpu(false, true, g.o, g.k, ld, 1.f, dy_block, ld, columns, ld, beta, dw, g.k);
+    GemmCpu(g.precision, false, true, g.o, g.k, ld, 1.f, dy_block, ld, columns, ld, beta, dw, g.k);
   }
 
   // 3. dx: the columns' gradient weight^T * dy, folded back onto the image
@@ -554,7 +556,7 @@ void BackwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x,
   if (dx == nullptr) return;
   float* dx0 = dx + n0 * g.in_size;
   float* dcols = direct ? dx0 : buf.cols;
-  GemmCpu(true, false, g.k, ld, g.o, 1.f, weight, g.k, dy_block, ld, 0.f, dcols, ld);
+  GemmCpu(g.precision, true, false, g.k, ld, g.o, 1.f, weight, g.k, dy_block, ld, 0.f, dcols, ld);
   if (!direct) Col2Im(g, buf.cols, count, dx0, buf.padded);
 }
 
@@ -563,7 +565,7 @@ void BackwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x,
 absl::Status Conv2dForwardCpu(CpuDevice& device, const Conv2dShape& shape, const float* x,
                               const float* weight, const float* bias, float* y,
                               const ActivationPoolEpilogue* epilogue) {
-  const Geometry g(shape);
+  const Geometry g(shape, device.gemm_precision());
   // A 1x1 image to a 1x1 output (ResNet-18's stage 4 on 28x28 input): only
   // tap (ph, pw) of each kernel lies inside the image, so y [N x O] =
   // x [N x C] * weight[:, :, ph, pw]^T, one GEMM over the taps that are
@@ -573,7 +575,7 @@ absl::Status Conv2dForwardCpu(CpuDevice& device, const Conv2dShape& shape, const
     PS_ASSIGN_OR_RETURN(float* centre, ScratchFloats(device, 0, g.o * g.c));
     const int64_t taps = g.kh * g.kw, tap = g.ph * g.kw + g.pw;
     for (int64_t i = 0; i < g.o * g.c; ++i) centre[i] = weight[i * taps + tap];
-    GemmCpu(false, true, g.batch, g.o, g.c, 1.f, x, g.c, centre, g.c, 0.f, y, g.o);
+    GemmCpu(g.precision, false, true, g.batch, g.o, g.c, 1.f, x, g.c, centre, g.c, 0.f, y, g.o);
     if (bias != nullptr) {
       for (int64_t n = 0; n < g.batch; ++n) Accumulate(bias, y + n * g.o, g.o);
     }
@@ -596,7 +598,7 @@ absl::Status Conv2dForwardCpu(CpuDevice& device, const Conv2dShape& shape, const
 absl::Status Conv2dBackwardCpu(CpuDevice& device, const Conv2dShape& shape, const float* x,
                                const float* weight, const float* dy, float* dx, float* dweight,
                                float* dbias, const ActivationPoolEpilogue* epilogue) {
-  const Geometry g(shape);
+  const Geometry g(shape, device.gemm_precision());
   const Plan plan = MakePlan(g, device);
   // OpenBLAS runs dweight's GEMM, whose depth is the block's pixels, at
   // different speeds depending on its orientation and operand layouts.

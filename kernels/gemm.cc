@@ -14,6 +14,11 @@
 #include "common/cpu_device.h"
 #include "common/status_macros.h"
 #include "kernels/dispatch.h"
+#include "kernels/half_gemm_cpu.h"
+
+#ifdef PS_WITH_CUDA
+#include "kernels/half_convert_cuda.h"
+#endif
 #include "oneapi/dnnl/dnnl.h"
 
 namespace ps::kernels {
@@ -89,6 +94,26 @@ absl::Status GemmCuda(CudaDevice& device, bool trans_a, bool trans_b, int64_t m,
     }
     return absl::OkStatus();
   }
+  if (device.gemm_precision() != Precision::kFp32) {
+    // Round each operand, every matrix of the batch in one pass over its
+    // span, into scratch slots 4 and 5; cuBLAS multiplies the 16-bit values
+    // with fp32 accumulation into the fp32 C (common/precision.h).
+    const bool bf16 = device.gemm_precision() == Precision::kBf16;
+    const int64_t a_span = (batch - 1) * stride_a + m * k;
+    const int64_t b_span = (batch - 1) * stride_b + k * n;
+    PS_ASSIGN_OR_RETURN(void* a16, device.Scratch(4, a_span * 2));
+    PS_ASSIGN_OR_RETURN(void* b16, device.Scratch(5, b_span * 2));
+    const auto round = bf16 ? internal::RoundToBfloat16Cuda : internal::RoundToHalfCuda;
+    PS_CUDA_RETURN_IF_ERROR(round(device.stream(), a_span, a, a16));
+    PS_CUDA_RETURN_IF_ERROR(round(device.stream(), b_span, b, b16));
+    const cudaDataType type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    PS_CUBLAS_RETURN_IF_ERROR(device.cublas_library().gemm_strided_batched_ex(
+        device.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+        static_cast<int>(k), &alpha, b16, type, ldb, stride_b, a16, type, lda, stride_a, &beta, c,
+        CUDA_R_32F, ldc, stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
+  }
   if (batch == 1) {
     PS_CUBLAS_RETURN_IF_ERROR(device.cublas_library().sgemm(
         device.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
@@ -107,9 +132,9 @@ absl::Status GemmCuda(CudaDevice& device, bool trans_a, bool trans_b, int64_t m,
 
 namespace internal {
 
-void GemmCpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-             int64_t ldc) {
+void GemmCpu(Precision precision, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+             float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+             float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0 || alpha == 0.f) {
     // C = beta * C: BLAS's result for an empty product, which dnnl_sgemm
@@ -131,6 +156,10 @@ void GemmCpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float 
   // (and conv_dnnl sets it to 1 for its primitives).
   const int threads =
       CpuDevice::InParallelPart() ? 1 : GemmThreads().load(std::memory_order_relaxed);
+  if (precision != Precision::kFp32) {
+    HalfGemmCpu(precision, threads, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
   const dnnl_status_t status =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c,
@@ -152,7 +181,7 @@ absl::Status Gemm(Device& device, bool trans_a, bool trans_b, int64_t m, int64_t
   PS_RETURN_IF_ERROR(CheckGemmArgs("Gemm", m, n, k, alpha, a, b, c));
   if (m == 0 || n == 0) return absl::OkStatus();
   if (device.is_cpu()) {
-    internal::GemmCpu(trans_a, trans_b, m, n, k, alpha, a, Lda(trans_a, m, k), b,
+    internal::GemmCpu(device.gemm_precision(), trans_a, trans_b, m, n, k, alpha, a, Lda(trans_a, m, k), b,
                       Ldb(trans_b, n, k), beta, c, n);
     return absl::OkStatus();
   }
@@ -185,7 +214,7 @@ absl::Status GemmStridedBatched(Device& device, bool trans_a, bool trans_b, int6
   if (device.is_cpu()) {
     // Each matrix is one GEMM call, threaded on its own.
     for (int64_t i = 0; i < batch; ++i) {
-      internal::GemmCpu(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, Lda(trans_a, m, k),
+      internal::GemmCpu(device.gemm_precision(), trans_a, trans_b, m, n, k, alpha, a + i * stride_a, Lda(trans_a, m, k),
                         b + i * stride_b, Ldb(trans_b, n, k), beta, c + i * stride_c, n);
     }
     return absl::OkStatus();

@@ -1,7 +1,9 @@
 #ifndef PS_KERNELS_GEMM_H_
 #define PS_KERNELS_GEMM_H_
 
-// Dense fp32 matrix multiply: oneDNN on CPU, cuBLAS on CUDA.
+// Dense matrix multiply on fp32 matrices: oneDNN on CPU, cuBLAS on CUDA, in
+// the device's gemm_precision() (fp32, or operands rounded to bf16 or fp16
+// with fp32 accumulation: common/precision.h).
 //
 // On CPU, oneDNN's sgemm (the library PyTorch runs its convolutions on, JIT
 // compiled for the CPU's widest vectors) rather than OpenBLAS: on this
@@ -22,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "common/device.h"
+#include "common/precision.h"
 
 namespace ps::kernels {
 
@@ -68,9 +71,11 @@ namespace internal {
 // the sizes (non-negative, each below 2^31) and pointers. Runs on the calling
 // thread plus BlasThreads() - 1 OpenMP threads, or on the calling thread
 // alone inside a ParallelFor part (see SetBlasThreads).
-void GemmCpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-             int64_t ldc);
+// `precision` is the device's gemm_precision() (kBf16 and kFp16 run
+// half_gemm_cpu.h's GEMM).
+void GemmCpu(Precision precision, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+             float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+             float* c, int64_t ldc);
 
 }  // namespace internal
 

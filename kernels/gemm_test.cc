@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "common/cpu_device.h"
+#include "common/half.h"
+#include "kernels/half_gemm_cpu.h"
 #include "kernels/test_util.h"
 
 namespace ps::kernels {
@@ -170,11 +172,108 @@ TEST(GemmCpuTest, MatchesReferenceThreadedAndFromParallelParts) {
   std::vector<std::vector<float>> outs(4, c0);
   cpu.ParallelFor(4, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      internal::GemmCpu(false, true, cs.m, cs.n, cs.k, cs.alpha, a.data(), cs.k, b.data(), cs.k,
-                        cs.beta, outs[i].data(), cs.n);
+      internal::GemmCpu(Precision::kFp32, false, true, cs.m, cs.n, cs.k, cs.alpha, a.data(),
+                        cs.k, b.data(), cs.k, cs.beta, outs[i].data(), cs.n);
     }
   });
   for (const auto& out : outs) EXPECT_TRUE(AllClose(out, expected, 1e-4f, 1e-4f));
+}
+
+// Each element rounded through the precision's 16-bit format, by common/half.h.
+std::vector<float> Rounded(Precision precision, std::vector<float> v) {
+  for (float& x : v) {
+    x = precision == Precision::kBf16 ? Bfloat16ToFloat(FloatToBfloat16(x))
+                                      : HalfToFloat(FloatToHalf(x));
+  }
+  return v;
+}
+
+// A half-precision GEMM is the exact product of the rounded operands up to
+// fp32 accumulation, for every shape, transpose, alpha and beta, threaded
+// or not; and it does round (it is not the fp32 product).
+TEST(GemmCpuTest, HalfPrecisionMultipliesRoundedOperandsInFp32) {
+  for (Precision precision : {Precision::kBf16, Precision::kFp16}) {
+    for (int threads : {1, 2}) {
+      const ScopedBlasThreads blas(threads);
+      CpuDevice cpu(0, threads);
+      cpu.set_gemm_precision(precision);
+      uint64_t seed = 200;
+      for (const GemmCase& cs : kCases) {
+        for (bool trans_a : {false, true}) {
+          for (bool trans_b : {false, true}) {
+            SCOPED_TRACE(::testing::Message()
+                         << PrecisionName(precision) << " threads=" << threads << " m=" << cs.m
+                         << " n=" << cs.n << " k=" << cs.k << " trans_a=" << trans_a
+                         << " trans_b=" << trans_b);
+            const auto a = RandomVector(cs.m * cs.k, seed++);
+            const auto b = RandomVector(cs.k * cs.n, seed++);
+            auto c = RandomVector(cs.m * cs.n, seed++);
+            const auto expected = ReferenceGemm(trans_a, trans_b, cs.m, cs.n, cs.k, cs.alpha,
+                                                Rounded(precision, a), Rounded(precision, b),
+                                                cs.beta, c);
+            const auto unrounded =
+                ReferenceGemm(trans_a, trans_b, cs.m, cs.n, cs.k, cs.alpha, a, b, cs.beta, c);
+            ASSERT_TRUE(Gemm(cpu, trans_a, trans_b, cs.m, cs.n, cs.k, cs.alpha, a.data(),
+                             b.data(), cs.beta, c.data())
+                            .ok());
+            EXPECT_TRUE(AllClose(c, expected, 1e-4f, 1e-4f));
+            if (cs.k >= 7) {
+              EXPECT_FALSE(AllClose(c, unrounded, 1e-5f, 1e-5f));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// fp16's largest finite value is 65504: a larger operand is infinity, and so
+// is every product it enters (what loss scaling detects). bf16 has fp32's
+// range.
+TEST(GemmCpuTest, Fp16OperandsOverflowToInfinity) {
+  CpuDevice cpu(0, 1);
+  const std::vector<float> a = {70000.f, 1.f, 2.f, 3.f}, b = {1.f, 1.f, 1.f, 1.f};
+  std::vector<float> c(4);
+  cpu.set_gemm_precision(Precision::kFp16);
+  ASSERT_TRUE(Gemm(cpu, false, false, 2, 2, 2, 1.f, a.data(), b.data(), 0.f, c.data()).ok());
+  EXPECT_TRUE(std::isinf(c[0]) && std::isinf(c[1]));
+  EXPECT_EQ(c[2], 5.f);
+  cpu.set_gemm_precision(Precision::kBf16);
+  ASSERT_TRUE(Gemm(cpu, false, false, 2, 2, 2, 1.f, a.data(), b.data(), 0.f, c.data()).ok());
+  EXPECT_EQ(c[0], Bfloat16ToFloat(FloatToBfloat16(70000.f)) + 1.f);
+}
+
+// The vector converters round as common/half.h does (ties to even, infinity,
+// NaN, rows packed from a larger leading dimension).
+TEST(HalfRoundingTest, MatchesCommonHalfIncludingTiesAndSpecials) {
+  std::vector<float> src = RandomVector(3 * 37, 7);
+  for (float& x : src) x *= 1000.f;
+  src[0] = 1.00390625f;  // a bf16 tie: to even, 1.0
+  src[1] = 1.0f + 1.5f * 0.0078125f;  // a bf16 tie: up
+  src[2] = std::numeric_limits<float>::infinity();
+  src[3] = -std::numeric_limits<float>::quiet_NaN();
+  src[4] = 65520.f;  // halfway past fp16's largest: infinity
+  src[5] = 1e-5f;  // an fp16 subnormal
+  const int64_t rows = 3, cols = 33, ld = 37;
+  std::vector<uint16_t> bf16(rows * cols);
+  std::vector<float> half(rows * cols);
+  internal::RoundToBfloat16(src.data(), rows, cols, ld, bf16.data());
+  internal::RoundToHalf(src.data(), rows, cols, ld, half.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const float x = src[r * ld + j];
+      SCOPED_TRACE(::testing::Message() << "element " << r << "," << j << " = " << x);
+      if (std::isnan(x)) {
+        EXPECT_TRUE(std::isnan(Bfloat16ToFloat(bf16[r * cols + j])));
+        EXPECT_TRUE(std::isnan(half[r * cols + j]));
+        continue;
+      }
+      EXPECT_EQ(bf16[r * cols + j], FloatToBfloat16(x));
+      EXPECT_EQ(half[r * cols + j], HalfToFloat(FloatToHalf(x)));
+    }
+  }
+  EXPECT_EQ(Bfloat16ToFloat(bf16[0]), 1.f);
+  EXPECT_TRUE(std::isinf(half[4]));
 }
 
 TEST(GemmCudaTest, MatchesCpu) {
@@ -224,6 +323,53 @@ TEST(GemmCudaTest, MatchesCpu) {
 
   EXPECT_EQ(Gemm(*gpu, false, false, -1, 2, 2, 1.f, ga.data(), gb.data(), 0.f, gc.data()).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The GPU's half-precision GEMMs (cuBLAS on rounded operands) against the
+// CPU's, in one test body: the same rounding, fp32 accumulation in another
+// order.
+TEST(GemmCudaTest, HalfPrecisionMatchesCpu) {
+  PS_SKIP_WITHOUT_GPU();
+  Device* gpu = testing::TestGpu();
+  CpuDevice cpu(0, 1);
+  uint64_t seed = 300;
+  for (Precision precision : {Precision::kBf16, Precision::kFp16}) {
+    cpu.set_gemm_precision(precision);
+    gpu->set_gemm_precision(precision);
+    for (const GemmCase& cs : kCases) {
+      for (bool trans_a : {false, true}) {
+        for (bool trans_b : {false, true}) {
+          SCOPED_TRACE(::testing::Message()
+                       << PrecisionName(precision) << " m=" << cs.m << " n=" << cs.n
+                       << " k=" << cs.k << " trans_a=" << trans_a << " trans_b=" << trans_b);
+          const auto a = RandomVector(cs.m * cs.k, seed++);
+          const auto b = RandomVector(cs.k * cs.n, seed++);
+          auto c = RandomVector(cs.m * cs.n, seed++);
+          DeviceBuffer ga(gpu, a), gb(gpu, b), gc(gpu, c);
+          ASSERT_TRUE(Gemm(cpu, trans_a, trans_b, cs.m, cs.n, cs.k, cs.alpha, a.data(), b.data(),
+                           cs.beta, c.data())
+                          .ok());
+          ASSERT_TRUE(Gemm(*gpu, trans_a, trans_b, cs.m, cs.n, cs.k, cs.alpha, ga.data(),
+                           gb.data(), cs.beta, gc.data())
+                          .ok());
+          EXPECT_TRUE(AllClose(gc.ToHost(), c, 1e-4f, 1e-4f));
+        }
+      }
+    }
+    // Batched with a shared A.
+    const int64_t m = 7, n = 9, k = 5, batch = 4, stride_b = k * n + 3, stride_c = m * n + 2;
+    const auto a = RandomVector(m * k, 1), b = RandomVector(stride_b * batch, 2);
+    auto c = RandomVector(stride_c * batch, 3);
+    DeviceBuffer ga(gpu, a), gb(gpu, b), gc(gpu, c);
+    ASSERT_TRUE(GemmStridedBatched(cpu, false, true, m, n, k, 1.5f, a.data(), 0, b.data(),
+                                   stride_b, 0.5f, c.data(), stride_c, batch)
+                    .ok());
+    ASSERT_TRUE(GemmStridedBatched(*gpu, false, true, m, n, k, 1.5f, ga.data(), 0, gb.data(),
+                                   stride_b, 0.5f, gc.data(), stride_c, batch)
+                    .ok());
+    EXPECT_TRUE(AllClose(gc.ToHost(), c, 1e-5f, 1e-5f));
+  }
+  gpu->set_gemm_precision(Precision::kFp32);
 }
 
 }  // namespace

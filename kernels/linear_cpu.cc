@@ -34,6 +34,7 @@ void Slices(CpuDevice& device, int64_t rows, const Fn& fn) {
 void LinearForwardCpu(CpuDevice& device, int64_t batch, int64_t in_features, int64_t out_features,
                       const float* x, const float* weight, const float* bias, float* y) {
   if (batch == 0 || out_features == 0) return;
+  const Precision precision = device.gemm_precision();
   const int64_t ld_in = std::max<int64_t>(1, in_features);
   Slices(device, batch, [=](int64_t begin, int64_t end) {
     // Start y at the bias and let the GEMM add x * weight^T (beta = 1): one
@@ -43,7 +44,7 @@ void LinearForwardCpu(CpuDevice& device, int64_t batch, int64_t in_features, int
         std::memcpy(y + r * out_features, bias, out_features * sizeof(float));
       }
     }
-    GemmCpu(false, true, end - begin, out_features, in_features, 1.f, x + begin * in_features,
+    GemmCpu(precision, false, true, end - begin, out_features, in_features, 1.f, x + begin * in_features,
             ld_in, weight, ld_in, bias != nullptr ? 1.f : 0.f, y + begin * out_features,
             out_features);
   });
@@ -54,10 +55,11 @@ void LinearBackwardCpu(CpuDevice& device, int64_t batch, int64_t in_features, in
                        float* dweight, float* dbias) {
   const int64_t ld_in = std::max<int64_t>(1, in_features);
   const int64_t ld_out = std::max<int64_t>(1, out_features);
+  const Precision precision = device.gemm_precision();
   // dx [N x in] = dy [N x out] * weight [out x in], sliced by samples.
   if (dx != nullptr) {
     Slices(device, batch, [=](int64_t begin, int64_t end) {
-      GemmCpu(false, false, end - begin, in_features, out_features, 1.f, dy + begin * out_features,
+      GemmCpu(precision, false, false, end - begin, in_features, out_features, 1.f, dy + begin * out_features,
               ld_out, weight, ld_in, 0.f, dx + begin * in_features, ld_in);
     });
   }
@@ -66,7 +68,7 @@ void LinearBackwardCpu(CpuDevice& device, int64_t batch, int64_t in_features, in
   // so dweight becomes zero.
   if (dweight != nullptr) {
     Slices(device, out_features, [=](int64_t begin, int64_t end) {
-      GemmCpu(true, false, end - begin, in_features, batch, 1.f, dy + begin, ld_out, x, ld_in,
+      GemmCpu(precision, true, false, end - begin, in_features, batch, 1.f, dy + begin, ld_out, x, ld_in,
               0.f, dweight + begin * in_features, ld_in);
     });
   }

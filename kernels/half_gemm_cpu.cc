@@ -1,0 +1,233 @@
+#include "kernels/half_gemm_cpu.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/half.h"
+#include "oneapi/dnnl/dnnl.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace ps::kernels::internal {
+namespace {
+
+using dnnl::memory;
+
+// --- rounding ---------------------------------------------------------------
+
+__attribute__((target("avx512f,avx512bf16,avx512vl"))) void RoundRowToBfloat16Avx512(
+    const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh packed = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<__m256i>(packed));
+  }
+  for (; i < n; ++i) dst[i] = FloatToBfloat16(src[i]);
+}
+
+__attribute__((target("avx,f16c"))) void RoundRowToHalfF16c(const float* src, int64_t n,
+                                                            float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i half =
+        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(half));
+  }
+  for (; i < n; ++i) dst[i] = HalfToFloat(FloatToHalf(src[i]));
+}
+
+bool HasAvx512Bf16() {
+  static const bool has = __builtin_cpu_supports("avx512bf16") != 0;
+  return has;
+}
+
+bool HasF16c() {
+  static const bool has = __builtin_cpu_supports("f16c") != 0;
+  return has;
+}
+
+// --- the bf16 matmul primitive ------------------------------------------------
+
+struct Matmul {
+  dnnl::matmul primitive;
+  memory::desc a_md, b_md, c_md, scratchpad_md;
+};
+
+// m, n, k, the transposes, ldc, alpha and beta (as bits) and the OpenMP team
+// size the primitive is created for (oneDNN tunes a primitive for its
+// creator's team).
+using Key = std::array<int64_t, 9>;
+
+const dnnl::engine& Engine() {
+  static const dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+int64_t FloatBitsOf(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+// A packed operand is stored as its rows were: op(A) (m x k) has strides
+// {k, 1}, or {1, m} when A is stored transposed; op(B) (k x n) likewise.
+std::unique_ptr<Matmul> CreateMatmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                     float alpha, float beta, int64_t ldc) {
+  const auto bf16 = memory::data_type::bf16;
+  auto mm = std::make_unique<Matmul>();
+  mm->a_md = memory::desc({m, k}, bf16, trans_a ? memory::dims{1, m} : memory::dims{k, 1});
+  mm->b_md = memory::desc({k, n}, bf16, trans_b ? memory::dims{1, k} : memory::dims{n, 1});
+  mm->c_md = memory::desc({m, n}, memory::data_type::f32, memory::dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(mm->a_md, mm->b_md, mm->c_md), attr,
+                                        Engine());
+  mm->primitive = dnnl::matmul(pd);
+  mm->scratchpad_md = pd.scratchpad_desc();
+  return mm;
+}
+
+// The process's memo of matmul primitives, one per GEMM shape the trainer
+// runs (a model has a few dozen). Entries are never removed, so a returned
+// pointer stays valid.
+class MatmulMemo {
+ public:
+  const Matmul& Get(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    float beta, int64_t ldc, int threads) {
+    const Key key = {m,   n, k, trans_a, trans_b, ldc, FloatBitsOf(alpha), FloatBitsOf(beta),
+                     threads};
+    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_ptr<Matmul>& entry = entries_[key];
+    if (entry == nullptr) entry = CreateMatmul(trans_a, trans_b, m, n, k, alpha, beta, ldc);
+    return *entry;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<Key, std::unique_ptr<Matmul>> entries_;
+};
+
+MatmulMemo& Memo() {
+  static MatmulMemo* memo = new MatmulMemo;
+  return *memo;
+}
+
+// The calling thread's packed operands and scratchpad, grown and never shrunk:
+// a training loop runs the same shapes every step.
+struct ThreadBuffers {
+  std::vector<uint16_t> a16, b16;
+  std::vector<float> a32, b32;
+  std::vector<char> scratchpad;
+};
+
+ThreadBuffers& Buffers() {
+  thread_local ThreadBuffers buffers;
+  return buffers;
+}
+
+template <typename T>
+T* Grown(std::vector<T>& v, int64_t size) {
+  if (static_cast<int64_t>(v.size()) < size) v.resize(size);
+  return v.data();
+}
+
+void Bf16Gemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+              float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+              float* c, int64_t ldc) {
+  ThreadBuffers& buffers = Buffers();
+  uint16_t* a16 = Grown(buffers.a16, m * k);
+  uint16_t* b16 = Grown(buffers.b16, k * n);
+  RoundToBfloat16(a, trans_a ? k : m, trans_a ? m : k, lda, a16);
+  RoundToBfloat16(b, trans_b ? n : k, trans_b ? k : n, ldb, b16);
+  try {
+    const Matmul& mm = Memo().Get(trans_a, trans_b, m, n, k, alpha, beta, ldc, threads);
+    char* scratch = Grown(buffers.scratchpad, static_cast<int64_t>(mm.scratchpad_md.get_size()));
+    const dnnl::engine& engine = Engine();
+    dnnl::stream stream(engine);
+    mm.primitive.execute(stream, {{DNNL_ARG_SRC, memory(mm.a_md, engine, a16)},
+                                  {DNNL_ARG_WEIGHTS, memory(mm.b_md, engine, b16)},
+                                  {DNNL_ARG_DST, memory(mm.c_md, engine, c)},
+                                  {DNNL_ARG_SCRATCHPAD, memory(mm.scratchpad_md, engine, scratch)}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    // The sizes were checked and the descriptors are plain strided matrices,
+    // which every oneDNN CPU build supports: a failure is a bug.
+    std::fprintf(stderr, "oneDNN bf16 matmul failed: %s (m=%lld n=%lld k=%lld)\n", e.what(),
+                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
+    std::abort();
+  }
+}
+
+void Fp16Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc) {
+  ThreadBuffers& buffers = Buffers();
+  float* a32 = Grown(buffers.a32, m * k);
+  float* b32 = Grown(buffers.b32, k * n);
+  const int64_t a_cols = trans_a ? m : k;
+  const int64_t b_cols = trans_b ? k : n;
+  RoundToHalf(a, trans_a ? k : m, a_cols, lda, a32);
+  RoundToHalf(b, trans_b ? n : k, b_cols, ldb, b32);
+  const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,
+                                          a32, a_cols, b32, b_cols, beta, c, ldc);
+  if (status != dnnl_success) {
+    std::fprintf(stderr, "dnnl_sgemm failed with status %d in the fp16 GEMM\n",
+                 static_cast<int>(status));
+    std::abort();
+  }
+}
+
+}  // namespace
+
+void RoundToBfloat16(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst) {
+  const bool avx512 = HasAvx512Bf16();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = src + r * ld;
+    uint16_t* out = dst + r * cols;
+    if (avx512) {
+      RoundRowToBfloat16Avx512(in, cols, out);
+    } else {
+      for (int64_t i = 0; i < cols; ++i) out[i] = FloatToBfloat16(in[i]);
+    }
+  }
+}
+
+void RoundToHalf(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  const bool f16c = HasF16c();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = src + r * ld;
+    float* out = dst + r * cols;
+    if (f16c) {
+      RoundRowToHalfF16c(in, cols, out);
+    } else {
+      for (int64_t i = 0; i < cols; ++i) out[i] = HalfToFloat(FloatToHalf(in[i]));
+    }
+  }
+}
+
+void HalfGemmCpu(Precision precision, int threads, bool trans_a, bool trans_b, int64_t m,
+                 int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+                 int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+  if (precision == Precision::kBf16) {
+    Bf16Gemm(threads, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    Fp16Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+}
+
+}  // namespace ps::kernels::internal
