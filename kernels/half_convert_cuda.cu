@@ -26,8 +26,7 @@ cudaError_t RoundToBfloat16Cuda(cudaStream_t stream, int64_t n, const float* in,
 
 cudaError_t RoundToHalfCuda(cudaStream_t stream, int64_t n, const float* in, void* out) {
   if (n == 0) return cudaSuccess;
-  RoundToHalfKernel<<<GridFor(n), kThreadsPerBlock, 0, stream>>>(n, in,
-                                                                  static_cast<__half*>(out));
+  RoundToHalfKernel<<<GridFor(n), kThreadsPerBlock, 0, stream>>>(n, in, static_cast<__half*>(out));
   return cudaGetLastError();
 }
 

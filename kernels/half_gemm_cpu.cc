@@ -108,7 +108,7 @@ class MatmulMemo {
  public:
   const Matmul& Get(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     float beta, int64_t ldc, int threads) {
-    const Key key = {m,   n, k, trans_a, trans_b, ldc, FloatBitsOf(alpha), FloatBitsOf(beta),
+    const Key key = {m,      n, k, trans_a, trans_b, ldc, FloatBitsOf(alpha), FloatBitsOf(beta),
                      threads};
     std::lock_guard<std::mutex> lock(mu_);
     std::unique_ptr<Matmul>& entry = entries_[key];
@@ -145,9 +145,9 @@ T* Grown(std::vector<T>& v, int64_t size) {
   return v.data();
 }
 
-void Bf16Gemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-              float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-              float* c, int64_t ldc) {
+void Bf16Gemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc) {
   ThreadBuffers& buffers = Buffers();
   uint16_t* a16 = Grown(buffers.a16, m * k);
   uint16_t* b16 = Grown(buffers.b16, k * n);
@@ -158,10 +158,11 @@ void Bf16Gemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int
     char* scratch = Grown(buffers.scratchpad, static_cast<int64_t>(mm.scratchpad_md.get_size()));
     const dnnl::engine& engine = Engine();
     dnnl::stream stream(engine);
-    mm.primitive.execute(stream, {{DNNL_ARG_SRC, memory(mm.a_md, engine, a16)},
-                                  {DNNL_ARG_WEIGHTS, memory(mm.b_md, engine, b16)},
-                                  {DNNL_ARG_DST, memory(mm.c_md, engine, c)},
-                                  {DNNL_ARG_SCRATCHPAD, memory(mm.scratchpad_md, engine, scratch)}});
+    mm.primitive.execute(stream,
+                         {{DNNL_ARG_SRC, memory(mm.a_md, engine, a16)},
+                          {DNNL_ARG_WEIGHTS, memory(mm.b_md, engine, b16)},
+                          {DNNL_ARG_DST, memory(mm.c_md, engine, c)},
+                          {DNNL_ARG_SCRATCHPAD, memory(mm.scratchpad_md, engine, scratch)}});
     stream.wait();
   } catch (const dnnl::error& e) {
     // The sizes were checked and the descriptors are plain strided matrices,
@@ -219,9 +220,9 @@ void RoundToHalf(const float* src, int64_t rows, int64_t cols, int64_t ld, float
   }
 }
 
-void HalfGemmCpu(Precision precision, int threads, bool trans_a, bool trans_b, int64_t m,
-                 int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
-                 int64_t ldb, float beta, float* c, int64_t ldc) {
+void HalfGemmCpu(Precision precision, int threads, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                 int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+                 float beta, float* c, int64_t ldc) {
   if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
   if (precision == Precision::kBf16) {
     Bf16Gemm(threads, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -30,9 +30,9 @@
 
 namespace ps::kernels::internal {
 
-void HalfGemmCpu(Precision precision, int threads, bool trans_a, bool trans_b, int64_t m,
-                 int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
-                 int64_t ldb, float beta, float* c, int64_t ldc);
+void HalfGemmCpu(Precision precision, int threads, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                 int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+                 float beta, float* c, int64_t ldc);
 
 // Rounds rows x cols floats (row r at src + r * ld) to bfloat16, packed
 // (row r at dst + r * cols); exposed for the tests.
