@@ -132,6 +132,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
 }
 
 absl::Status Trainer::Init(const model::ModelConfig& model_config) {
+  for (Device* device : devices_) device->set_gemm_precision(options_.precision);
   device_threads_ = std::make_unique<DeviceThreads>(static_cast<int>(devices_.size()));
   PS_ASSIGN_OR_RETURN(collective_, DeviceCollective::Create(devices_, device_threads_.get()));
   const Shape& sample = train_->sample_shape;

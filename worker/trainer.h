@@ -17,6 +17,7 @@
 #include "worker/device_threads.h"
 #include "worker/data/dataset.h"
 #include "worker/data/loader.h"
+#include "common/precision.h"
 #include "worker/model/model.h"
 #include "worker/parameter_store.h"
 #include "worker/push_pull_scheduler.h"
@@ -43,6 +44,12 @@ struct TrainerOptions {
   // (its parameters are proposed to the store; its buffers go to every
   // replica). Empty: Model::Initialize(seed).
   std::string init_weights;
+
+  // The precision of every device's matrix multiplies (common/precision.h):
+  // fp32, or bf16/fp16 operands with fp32 accumulation (linear layers and
+  // convolutions); everything else, and the parameters and gradients the
+  // store sees, stays fp32. Init sets it on each device.
+  Precision precision = Precision::kFp32;
 
   // Communication overlaps compute: each layer's gradients are pushed as
   // backward produces them, and the next step's forward of a layer waits

@@ -5,6 +5,7 @@
 //   bazel run //worker:trainer_benchmark
 //   bazel run //worker:trainer_benchmark -- --steps=100 --models=lenet
 //   bazel run //worker:trainer_benchmark -- --models=resnet18 --batch_size=64 --steps=10
+//   bazel run //worker:trainer_benchmark -- --precisions=fp32,bf16   (side by side)
 
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "common/cpu_device.h"
 #include "common/malloc_tuning.h"
+#include "common/precision.h"
 #include "kernels/gemm.h"
 #include "worker/data/synthetic.h"
 #include "worker/local_parameter_store.h"
@@ -28,6 +30,8 @@ ABSL_FLAG(std::string, models, "lenet,mlp",
           "models to measure (mlp: 784-1024-1024-10; resnet18: D2L's, on 28x28 input)");
 ABSL_FLAG(int, blas_threads, 0,
           "GEMM threads (SetBlasThreads); 0: the device's thread count (as the worker sets it)");
+ABSL_FLAG(std::string, precisions, "fp32",
+          "GEMM precisions to measure each configuration in (fp32, bf16, fp16), side by side");
 ABSL_FLAG(std::string, configs, "1x1,1x2,2x1",
           "devices x threads per device to measure, e.g. 1x1,1x2 (1 device of 1 thread, then "
           "1 device of 2 threads)");
@@ -41,8 +45,8 @@ struct Config {
   int threads_per_device;
 };
 
-absl::Status Measure(const std::string& model_name, const Config& c, const data::Dataset& data,
-                     int64_t batch, int64_t steps) {
+absl::Status Measure(const std::string& model_name, const Config& c, Precision precision,
+                     const data::Dataset& data, int64_t batch, int64_t steps) {
   std::vector<std::unique_ptr<CpuDevice>> owned;
   std::vector<Device*> devices;
   for (int d = 0; d < c.devices; ++d) {
@@ -60,6 +64,7 @@ absl::Status Measure(const std::string& model_name, const Config& c, const data:
   options.batch_size = batch;
   options.epochs = 1;
   options.evaluate = false;
+  options.precision = precision;
   model::ModelConfig model;
   model.name = model_name;
   model.mlp_hidden = {1024, 1024};
@@ -77,8 +82,8 @@ absl::Status Measure(const std::string& model_name, const Config& c, const data:
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const TimeSplit& t = (*trainer)->time_split();
   const double ms = 1e3 / steps;
-  std::printf("%-8s %-22s %9.2f %11.0f %8.2f %8.2f %8.2f %8.2f %8.2f\n", model_name.c_str(),
-              c.label, 1e3 * seconds / steps, batch * steps / seconds, t.data * ms,
+  std::printf("%-8s %-22s %-5s %9.2f %11.0f %8.2f %8.2f %8.2f %8.2f %8.2f\n",
+              model_name.c_str(), c.label, std::string(PrecisionName(precision)).c_str(), 1e3 * seconds / steps, batch * steps / seconds, t.data * ms,
               t.compute * ms, t.reduce * ms, t.copy * ms, (t.push + t.wait + t.pull) * ms);
   return absl::OkStatus();
 }
@@ -115,13 +120,26 @@ int Run() {
   std::printf("global batch %lld, %lld measured steps\n", static_cast<long long>(batch),
               static_cast<long long>(steps));
   std::printf("times per step in ms; store = push + wait + pull (in process here)\n");
-  std::printf("%-8s %-22s %9s %11s %8s %8s %8s %8s %8s\n", "model", "devices", "step ms",
+  std::vector<Precision> precisions;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_precisions), ',')) {
+    absl::StatusOr<Precision> precision = ParsePrecision(name);
+    if (!precision.ok()) {
+      std::fprintf(stderr, "--precisions: %s\n", precision.status().ToString().c_str());
+      return 1;
+    }
+    precisions.push_back(*precision);
+  }
+  std::printf("%-8s %-22s %-5s %9s %11s %8s %8s %8s %8s %8s\n", "model", "devices", "gemm",
+              "step ms",
               "samples/s", "data", "compute", "reduce", "copy", "store");
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
     for (const Config& c : configs) {
-      if (absl::Status s = Measure(std::string(name), c, *data, batch, steps); !s.ok()) {
-        std::fprintf(stderr, "%s\n", s.ToString().c_str());
-        return 1;
+      for (Precision precision : precisions) {
+        if (absl::Status s = Measure(std::string(name), c, precision, *data, batch, steps);
+            !s.ok()) {
+          std::fprintf(stderr, "%s\n", s.ToString().c_str());
+          return 1;
+        }
       }
     }
   }

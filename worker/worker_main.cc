@@ -122,6 +122,10 @@ ABSL_FLAG(std::string, compression, "none",
           "how gradients and parameters travel: none (fp32), fp16 or bf16 (half the bytes each "
           "way; the server keeps fp32 master weights), topk:F (pushes only the largest F of each "
           "chunk, with error feedback; pulls fp32)");
+ABSL_FLAG(std::string, precision, "fp32",
+          "precision of the devices' matrix multiplies (linear layers, convolutions): fp32, "
+          "bf16 or fp16 operands with fp32 accumulation; activations, gradients, the loss "
+          "and the server's master weights stay fp32");
 ABSL_FLAG(bool, recover, true,
           "when the server goes away or restarts, reconnect and resume from its version "
           "(a checkpoint's) instead of failing");
@@ -263,6 +267,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.max_steps = absl::GetFlag(FLAGS_max_steps);
   options.overlap = absl::GetFlag(FLAGS_overlap);
+  PS_ASSIGN_OR_RETURN(options.precision, ParsePrecision(absl::GetFlag(FLAGS_precision)));
   const std::string compute = absl::GetFlag(FLAGS_compute);
   if (compute != "real" && compute != "replay") {
     return absl::InvalidArgumentError(
