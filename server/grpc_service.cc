@@ -528,6 +528,7 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   for (int member : reg.members) reply->add_members(member);
   reply->set_shrinks(options_.shrinks);
   reply->set_consistency(ConsistencyName(server_->options()));
+  reply->set_loss_scale(server_->loss_scale().scale);
   return absl::OkStatus();
 }
 
@@ -731,6 +732,11 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
   }
   proto::PullReply header;
   header.set_version(views.version);
+  if (server_->options().loss_scale.dynamic) {
+    const ParameterServer::LossScale scale = server_->loss_scale();
+    header.set_loss_scale(scale.scale);
+    header.set_loss_scale_version(scale.version);
+  }
   std::vector<grpc::Slice> data;
   data.reserve(ids.size());
   for (size_t c = 0; c < ids.size(); ++c) {

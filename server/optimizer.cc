@@ -91,7 +91,7 @@ absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t
 absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
                                       absl::Span<const float> grad_sum,
                                       absl::Span<const float> params,
-                                      absl::Span<float> params_out) {
+                                      absl::Span<float> params_out, float loss_scale) {
   const int64_t n = static_cast<int64_t>(params.size());
   if (params_out.size() != params.size()) {
     return absl::InvalidArgumentError(absl::StrCat("parameters in of ", params.size(),
@@ -114,7 +114,8 @@ absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t
   }
   kernels::SgdHyper hyper = options_.sgd;
   hyper.lr = options_.schedule.LearningRate(options_.sgd.lr, step);
-  return kernels::SgdUpdateCpu(*device_, n, hyper, 1.f / static_cast<float>(num_samples),
+  return kernels::SgdUpdateCpu(*device_, n, hyper,
+                               1.f / static_cast<float>(num_samples) / loss_scale,
                                grad_sum.data(), params.data(), params_out.data(),
                                momentum_.empty() ? nullptr : momentum_.data() + offset);
 }

@@ -82,9 +82,12 @@ class SgdOptimizer {
                           absl::Span<const float> grad_sum, absl::Span<float> params);
   // The same, out of place: reads `params_in`, writes the updated values to
   // `params_out` (the same size; they may be the same memory), bit for bit.
+  // `loss_scale` (a power of two, 1 without loss scaling) is what the
+  // workers multiplied their loss by: the gradient is divided by it too,
+  // exactly (a power of two), in the same multiply as 1 / num_samples.
   absl::Status ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
                           absl::Span<const float> grad_sum, absl::Span<const float> params_in,
-                          absl::Span<float> params_out);
+                          absl::Span<float> params_out, float loss_scale = 1.f);
 
   const OptimizerOptions& options() const { return options_; }
   int64_t num_parameters() const { return num_parameters_; }

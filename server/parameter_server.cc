@@ -127,6 +127,7 @@ ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevic
       incarnation_(std::move(incarnation)) {
   absl::MutexLock lock(&mu_);
   version_ns_ = NowNanos();
+  loss_scale_ = options.loss_scale.dynamic ? options.loss_scale.initial : 0.f;
   for (int r = 0; r < options.num_workers; ++r) members_.push_back(r);
   participating_.assign(options.num_workers, true);
   dropped_.assign(options.num_workers, false);
@@ -308,6 +309,24 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
                                                    ", got ", options.staleness));
   }
   PS_RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
+  if (options.loss_scale.dynamic) {
+    if (options.consistency != ParameterServerOptions::Consistency::kSync) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dynamic loss scaling needs sync consistency, not ",
+                       ConsistencyName(options)));
+    }
+    const float scale = options.loss_scale.initial;
+    int exponent = 0;
+    if (!(scale >= kMinLossScale && scale <= kMaxLossScale) || std::frexp(scale, &exponent) != 0.5f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the initial loss scale must be a power of two from 2^-24 to 2^24, got ", scale));
+    }
+    if (options.loss_scale.growth_interval < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the loss scale's growth interval must be >= 1, got ",
+          options.loss_scale.growth_interval));
+    }
+  }
   return std::unique_ptr<ParameterServer>(new ParameterServer(options, device, RandomHex(8)));
 }
 
@@ -827,9 +846,20 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   }
   // 2. Check the values, under no lock (they are the message's own), of
   //    the chunks before any that failed step 1: errors come in chunk order.
-  PS_RETURN_IF_ERROR(
-      CheckChunkValues(*layout, options_.chunk_elements, chunks, global_chunks.size()));
-  PS_RETURN_IF_ERROR(shapes);
+  //    Under dynamic loss scaling a value that is not finite is an overflow
+  //    of its chunk instead (see LossScaleOptions).
+  std::vector<bool> overflow(chunks.size(), false);
+  if (options_.loss_scale.dynamic) {
+    PS_RETURN_IF_ERROR(shapes);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      float bad = 0.f;
+      overflow[c] = FirstNonFinite(chunks[c].pieces, &bad) >= 0;
+    }
+  } else {
+    PS_RETURN_IF_ERROR(
+        CheckChunkValues(*layout, options_.chunk_elements, chunks, global_chunks.size()));
+    PS_RETURN_IF_ERROR(shapes);
+  }
   // 3. Claim the chunks, under mu_, after checking again what a concurrent
   //    message of this worker may have changed meanwhile (the iteration,
   //    its samples, its chunks): of two messages with a chunk in common
@@ -876,6 +906,7 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     Chunk& chunk = layout->chunks[global_chunks[c]];
     absl::MutexLock lock(&chunk.mu);
     Aggregation& agg = chunk.slots[SlotOf(iteration)];
+    if (overflow[c]) agg.overflow = true;
     SumInRankOrderLocked(rank, chunk, agg, chunks[c].pieces);
     agg.samples += num_samples;
     if (++agg.pushes + chunk.waived_count == num_workers) complete.push_back(global_chunks[c]);
@@ -978,6 +1009,7 @@ void ParameterServer::SumInRankOrderLocked(int rank, Chunk& chunk, Aggregation& 
                                            absl::Span<const absl::string_view> data) {
   const int64_t n = PiecesBytes(data) / static_cast<int64_t>(sizeof(float));
   if (n == 0) return;  // an empty tensor: nothing to sum, in any order
+  if (agg.overflow) return;  // the update will be skipped: nothing to sum
   SkipWaivedLocked(chunk, agg);
   if (agg.ranks_summed != rank) {
     // A lower rank's part is still missing: hold this one until its turn.
@@ -1078,17 +1110,28 @@ absl::Status ParameterServer::CompleteChunk(const Layout& layout, SgdOptimizer* 
 
 absl::Status ParameterServer::ApplyAggregationLocked(const Layout& layout, SgdOptimizer* optimizer,
                                                      int64_t iteration, int64_t global_chunk,
-                                                     Chunk& chunk) {
+                                                     float loss_scale, Chunk& chunk,
+                                                     bool* skipped) {
   Aggregation& agg = chunk.slots[SlotOf(iteration)];
-  // Every worker has pushed this chunk, so `samples` covers all of them.
-  if (agg.samples > 0) {
+  *skipped = agg.overflow;
+  if (agg.overflow) {
+    // An overflow (dynamic loss scaling): the update is skipped, the
+    // parameters stay, and the parts held for their turn are dropped.
+    chunk.previous = chunk.params;
+    for (std::vector<float>& held : agg.early) {
+      early_elements_ -= static_cast<int64_t>(held.size());
+      held = std::vector<float>();
+    }
+    agg.overflow = false;
+  } else if (agg.samples > 0) {
+    // Every worker has pushed this chunk, so `samples` covers all of them.
     absl::MutexLockMaybe device_lock(device_->num_threads() > 1 ? &device_mu_ : nullptr);
     // Into the next buffer, keeping these parameters as the previous ones
     // for exact pulls (see PullChunkViews).
     std::shared_ptr<std::vector<float>> next = NextParamsLocked(chunk);
-    PS_RETURN_IF_ERROR(optimizer->ApplyRange(iteration, agg.samples,
-                                             layout.chunk_offset[global_chunk], agg.grad_sum,
-                                             *chunk.params, absl::MakeSpan(*next)));
+    PS_RETURN_IF_ERROR(optimizer->ApplyRange(
+        iteration, agg.samples, layout.chunk_offset[global_chunk], agg.grad_sum, *chunk.params,
+        absl::MakeSpan(*next), loss_scale > 0 ? loss_scale : 1.f));
     chunk.previous = std::move(chunk.params);
     chunk.params = std::move(next);
   } else {
@@ -1110,9 +1153,11 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
     //    iteration is the chunk's version (the slot cannot hold a later
     //    iteration's: those need version_ past this one).
     int64_t iteration = 0;
+    float loss_scale = 0;
     {
       absl::MutexLock lock(&mu_);
       if (applying_[global_chunk]) return absl::OkStatus();  // its applier goes on
+      loss_scale = loss_scale_;  // iteration's: loss scaling is kSync only
       iteration = chunk_version_[global_chunk];
       IterationState& it = iterations_[SlotOf(iteration)];
       if (!it.ready[global_chunk]) return absl::OkStatus();
@@ -1126,10 +1171,12 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
     // 2. The update, under the chunk's lock alone.
     const int64_t start_ns = EventStartNanos();
     absl::Status applied;
+    bool skipped = false;
     {
       Chunk& chunk = layout.chunks[global_chunk];
       absl::MutexLock lock(&chunk.mu);
-      applied = ApplyAggregationLocked(layout, optimizer, iteration, global_chunk, chunk);
+      applied = ApplyAggregationLocked(layout, optimizer, iteration, global_chunk, loss_scale,
+                                       chunk, &skipped);
     }
     // 3. Publish it; the event is reported under mu_ too, so that once a
     //    version is visible every update event of it is in.
@@ -1142,9 +1189,12 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
       if (!applied.ok()) return applied;
       chunk_version_[global_chunk] = iteration + 1;
       IterationState& it = iterations_[SlotOf(iteration)];
+      if (skipped) it.overflow = true;
       if (++it.applied == layout.total_chunks) {
         // The iteration's last chunk (iteration == version_: each chunk's
         // iterations are applied in order): every worker's pushes are in.
+        if (options_.loss_scale.dynamic) AdvanceLossScaleLocked(it.overflow);
+        it.overflow = false;
         it.applied = 0;
         it.completed = 0;
         std::fill(it.claims.begin(), it.claims.end(), 0);
@@ -1504,6 +1554,22 @@ int64_t ParameterServer::steps_per_epoch() const {
 int64_t ParameterServer::version() const {
   absl::MutexLock lock(&mu_);
   return version_;
+}
+
+ParameterServer::LossScale ParameterServer::loss_scale() const {
+  absl::MutexLock lock(&mu_);
+  return {version_, loss_scale_, skipped_iterations_};
+}
+
+void ParameterServer::AdvanceLossScaleLocked(bool overflow) {
+  if (overflow) {
+    ++skipped_iterations_;
+    clean_iterations_ = 0;
+    loss_scale_ = std::max(kMinLossScale, loss_scale_ / 2);
+  } else if (++clean_iterations_ >= options_.loss_scale.growth_interval) {
+    clean_iterations_ = 0;
+    loss_scale_ = std::min(kMaxLossScale, loss_scale_ * 2);
+  }
 }
 
 int64_t ParameterServer::EventStartNanos() const {

@@ -40,6 +40,26 @@ struct ParameterServerOptions {
   int64_t staleness = 0;
   static constexpr int64_t kMaxStaleness = 64;
   OptimizerOptions optimizer;
+  // Dynamic loss scaling, for fp16 training (Micikevicius et al. 2018;
+  // PyTorch's GradScaler), decided here so that workers never diverge.
+  // kSync only (Create refuses it otherwise). Workers multiply their loss
+  // by loss_scale() (the scale of the step they compute, published with
+  // the parameters) before backward and push the scaled gradients; the
+  // update divides by the scale again (exactly: it is a power of two). A
+  // chunk pushed with a value that is not finite is an overflow, not an
+  // error: every update of that chunk in the iteration is skipped (the
+  // chunk's parameters and momentum stay as they are, its version
+  // advances), and a worker that overflowed anywhere pushes every chunk
+  // non-finite (the trainer does), so every chunk of the iteration is
+  // skipped on every shard. After an iteration with an overflow the scale
+  // halves; after `growth_interval` clean iterations in a row it doubles
+  // (bounded to [2^-24, 2^24]). No non-finite value reaches the parameters.
+  struct LossScaleOptions {
+    bool dynamic = false;
+    float initial = 65536.f;  // 2^16, as GradScaler; a power of two
+    int64_t growth_interval = 2000;
+  };
+  LossScaleOptions loss_scale;
   // Gradients and parameters move in chunks of at most this many elements
   // per key, which bounds every message: the default keeps a chunk's whole
   // message (data plus a few fields) inside gRPC's default 4 MiB limit.
@@ -491,6 +511,19 @@ class ParameterServer {
   // The signature (empty until known) and current version.
   std::vector<ParamSpec> signature() const;
   int64_t version() const;
+
+  // Dynamic loss scaling (options.loss_scale): the scale workers multiply
+  // the loss by for iteration `version` (the server's version when read),
+  // and how many iterations were skipped for an overflow so far. scale is
+  // 0 without dynamic loss scaling.
+  struct LossScale {
+    int64_t version = 0;
+    float scale = 0;
+    int64_t skipped_iterations = 0;
+  };
+  LossScale loss_scale() const;
+  static constexpr float kMinLossScale = 1.f / (1 << 24);
+  static constexpr float kMaxLossScale = 1 << 24;
   // The workers' steps per epoch (-1 before the first registration).
   int64_t steps_per_epoch() const;
   // Whether the initial parameters are complete (version 0 exists).
@@ -517,6 +550,9 @@ class ParameterServer {
     std::vector<std::vector<float>> early;
     int pushes = 0;
     int64_t samples = 0;
+    // Dynamic loss scaling: a push of this chunk was not finite (nothing
+    // more is summed; the update is skipped).
+    bool overflow = false;
   };
 
   // One chunk: its parameters and the aggregations of the iterations in
@@ -638,9 +674,11 @@ class ParameterServer {
   absl::Status AdvanceChunk(const Layout& layout, SgdOptimizer* optimizer, int64_t global_chunk)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The optimizer step of iteration `iteration` on the chunk, from its
-  // slot's sum, which it resets.
+  // slot's sum, which it resets; skipped (*skipped) for an overflow under
+  // loss scaling. loss_scale is the iteration's (0: none).
   absl::Status ApplyAggregationLocked(const Layout& layout, SgdOptimizer* optimizer,
-                                      int64_t iteration, int64_t global_chunk, Chunk& chunk)
+                                      int64_t iteration, int64_t global_chunk, float loss_scale,
+                                      Chunk& chunk, bool* skipped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Iterations in flight at once: S + 1 under kSsp, else 1.
   int64_t SlotOf(int64_t iteration) const { return iteration % window_; }
@@ -746,7 +784,16 @@ class ParameterServer {
     std::vector<bool> ready;
     int64_t completed = 0;
     int64_t applied = 0;
+    bool overflow = false;  // a chunk's update was skipped (loss scaling)
   };
+  // Dynamic loss scaling: the scale of iteration version_, the clean
+  // iterations in a row before it, and the iterations skipped in all.
+  float loss_scale_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t clean_iterations_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t skipped_iterations_ ABSL_GUARDED_BY(mu_) = 0;
+  // At an iteration's end: halve the scale after an overflow, double it
+  // after growth_interval clean iterations.
+  void AdvanceLossScaleLocked(bool overflow) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<IterationState> iterations_ ABSL_GUARDED_BY(mu_);  // by SlotOf
   // Per global chunk: a thread is applying its updates (AdvanceChunk).
   std::vector<bool> applying_ ABSL_GUARDED_BY(mu_);

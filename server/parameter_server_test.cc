@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -1867,6 +1868,136 @@ TEST(ParameterServerConcurrencyTest, PushesOfDifferentChunksRunAtOnce) {
   }
   std::printf("two pushes overlapped after %lld iterations\n", static_cast<long long>(it));
   EXPECT_TRUE(observer.overlapped());
+}
+
+// --- dynamic loss scaling ---------------------------------------------------
+
+std::unique_ptr<ParameterServer> MakeLossScalingServer(CpuDevice* device, int workers,
+                                                       float initial, int64_t growth_interval) {
+  ParameterServerOptions options;
+  options.num_workers = workers;
+  options.chunk_elements = 4;
+  options.optimizer.sgd.lr = 1.f;
+  options.optimizer.sgd.momentum = 0.5f;
+  options.loss_scale.dynamic = true;
+  options.loss_scale.initial = initial;
+  options.loss_scale.growth_interval = growth_interval;
+  auto server = ParameterServer::Create(options, Signature(), Initial(), device);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return std::move(server).value();
+}
+
+TEST_F(ParameterServerTest, LossScalingDividesTheScaledGradientExactly) {
+  // Gradients pushed times the scale (8) give the unscaled server's
+  // parameters bit for bit, momentum included.
+  auto scaled = MakeLossScalingServer(&device_, 2, 8.f, 1000);
+  ParameterServerOptions plain_options;
+  plain_options.num_workers = 2;
+  plain_options.chunk_elements = 4;
+  plain_options.optimizer.sgd.lr = 1.f;
+  plain_options.optimizer.sgd.momentum = 0.5f;
+  CpuDevice plain_device(0, 1);
+  auto plain = ParameterServer::Create(plain_options, Signature(), Initial(), &plain_device);
+  ASSERT_TRUE(plain.ok());
+  for (auto* server : {scaled.get(), plain->get()}) {
+    ASSERT_TRUE(server->Register("a", Signature()).ok());
+    ASSERT_TRUE(server->Register("b", Signature()).ok());
+  }
+  EXPECT_EQ(scaled->loss_scale().scale, 8.f);
+  EXPECT_EQ((*plain)->loss_scale().scale, 0.f);
+  for (int64_t it = 0; it < 3; ++it) {
+    PushAll(*scaled, 0, it, 8 * 0.3f * (it + 1), 3);
+    PushAll(*scaled, 1, it, 8 * -0.7f, 5);
+    PushAll(**plain, 0, it, 0.3f * (it + 1), 3);
+    PushAll(**plain, 1, it, -0.7f, 5);
+  }
+  EXPECT_EQ(Params(*scaled), Params(**plain));
+}
+
+TEST_F(ParameterServerTest, AnOverflowOnOneWorkerSkipsTheIterationAndHalvesTheScale) {
+  auto server = MakeLossScalingServer(&device_, 2, 1024.f, 2);
+  ASSERT_TRUE(server->Register("a", Signature()).ok());
+  ASSERT_TRUE(server->Register("b", Signature()).ok());
+  // Iteration 0: clean.
+  PushAll(*server, 0, 0, 1024.f, 4);
+  PushAll(*server, 1, 0, 1024.f, 4);
+  ASSERT_EQ(server->version(), 1);
+  const std::vector<float> after_first = Params(*server);
+  EXPECT_EQ(server->loss_scale().scale, 1024.f);  // 1 clean iteration of 2
+  // Iteration 1: rank 1 pushes first, is held for rank 0's turn, and rank 0
+  // overflows (an infinity in one chunk, NaN in the rest, as the trainer
+  // poisons its gradient): nothing is applied, nothing held stays.
+  PushAll(*server, 1, 1, 512.f, 4);
+  EXPECT_GT(server->held_elements(), 0);
+  PushAll(*server, 0, 1, std::numeric_limits<float>::quiet_NaN(), 4);
+  ASSERT_EQ(server->version(), 2);  // the version advances, unchanged
+  EXPECT_EQ(Params(*server), after_first);
+  EXPECT_EQ(server->held_elements(), 0);
+  ParameterServer::LossScale scale = server->loss_scale();
+  EXPECT_EQ(scale.scale, 512.f);
+  EXPECT_EQ(scale.skipped_iterations, 1);
+  EXPECT_EQ(scale.version, 2);
+  for (float x : Params(*server)) EXPECT_TRUE(std::isfinite(x));
+  // Two clean iterations: the scale doubles back; the updates resume, and
+  // the momentum was not touched by the skipped one.
+  PushAll(*server, 0, 2, 512.f, 4);
+  PushAll(*server, 1, 2, 512.f, 4);
+  EXPECT_EQ(server->loss_scale().scale, 512.f);
+  EXPECT_NE(Params(*server), after_first);
+  PushAll(*server, 0, 3, 512.f, 4);
+  PushAll(*server, 1, 3, 512.f, 4);
+  scale = server->loss_scale();
+  EXPECT_EQ(scale.scale, 1024.f);
+  EXPECT_EQ(scale.skipped_iterations, 1);
+  for (float x : Params(*server)) EXPECT_TRUE(std::isfinite(x));
+}
+
+TEST_F(ParameterServerTest, AnInfinityInOneChunkSkipsThatChunksUpdate) {
+  // A worker that does not poison every chunk (not ours) still cannot put
+  // a non-finite value into the parameters: its chunk is skipped, and the
+  // iteration counts as an overflow.
+  auto server = MakeLossScalingServer(&device_, 1, 4.f, 100);
+  ASSERT_TRUE(server->Register("a", Signature()).ok());
+  const std::vector<float> bad = {1, std::numeric_limits<float>::infinity(), 1, 1};
+  const std::vector<float> tail = {4, 4};
+  const std::vector<float> bias = {4, 4};
+  ASSERT_TRUE(server->Push(0, 0, 0, 0, 1, bad).ok());
+  ASSERT_TRUE(server->Push(0, 0, 0, 1, 1, tail).ok());
+  ASSERT_TRUE(server->Push(0, 0, 1, 0, 1, bias).ok());
+  ASSERT_EQ(server->version(), 1);
+  const std::vector<float> p = Params(*server);
+  const std::vector<float> initial = Initial();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(p[i], initial[i]) << i;  // skipped
+  for (int i = 4; i < 8; ++i) EXPECT_EQ(p[i], initial[i] - 1.f) << i;  // 4 / scale 4
+  EXPECT_EQ(server->loss_scale().scale, 2.f);
+}
+
+TEST_F(ParameterServerTest, LossScalingOptionsAreChecked) {
+  ParameterServerOptions options;
+  options.loss_scale.dynamic = true;
+  options.loss_scale.initial = 1000.f;
+  EXPECT_THAT(ParameterServer::Create(options, &device_).status().message(),
+              HasSubstr("power of two"));
+  options.loss_scale.initial = 1024.f;
+  options.loss_scale.growth_interval = 0;
+  EXPECT_THAT(ParameterServer::Create(options, &device_).status().message(),
+              HasSubstr("growth interval"));
+  options.loss_scale.growth_interval = 10;
+  ASSERT_TRUE(ParseConsistency("async", &options).ok());
+  EXPECT_THAT(ParameterServer::Create(options, &device_).status().message(),
+              HasSubstr("needs sync consistency"));
+  ASSERT_TRUE(ParseConsistency("sync", &options).ok());
+  EXPECT_TRUE(ParameterServer::Create(options, &device_).ok());
+}
+
+// Without loss scaling a non-finite push is still refused, naming it.
+TEST_F(ParameterServerTest, WithoutLossScalingANonFinitePushIsStillRefused) {
+  auto server = MakeServer(1);
+  ASSERT_TRUE(server->Register("a", Signature()).ok());
+  const std::vector<float> bad = {1, std::numeric_limits<float>::infinity(), 1, 1};
+  const absl::Status s = server->Push(0, 0, 0, 0, 1, bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("non-finite"));
 }
 
 }  // namespace

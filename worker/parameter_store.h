@@ -58,6 +58,9 @@ class ParameterStore {
     // v - S does not exist), so a step computes from parameters up to S
     // updates behind. 0 under sync (and ssp:0, which is sync).
     int64_t staleness_bound = 0;
+    // Dynamic loss scaling (the server's --loss_scale=dynamic): the scale
+    // of iteration `version`'s loss; 0 when the server does not scale.
+    float loss_scale = 0;
   };
 
   // Registers this worker's model signature. `proposed` holds this worker's
@@ -131,6 +134,12 @@ class ParameterStore {
     for (int r = 0; r < num_workers; ++r) all[r] = r;
     return all;
   }
+
+  // Dynamic loss scaling: the scale to multiply the loss of the next step
+  // by, as the server published it with the newest parameters pulled (once
+  // every segment of version v is in, v's scale); 0 when the server does
+  // not scale (the default). Thread-safe.
+  virtual float LossScale() const { return 0; }
 
   virtual absl::StatusOr<Registration> Reconnect(const std::vector<ParamSpec>& signature,
                                                  absl::Span<const float> proposed) {

@@ -505,6 +505,12 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   out.dynamic_members = reply.shrinks();
   out.async = reply.consistency() == "async";
   out.staleness_bound = staleness_bound;
+  out.loss_scale = reply.loss_scale();
+  {
+    absl::MutexLock lock(&loss_scale_mu_);
+    loss_scale_ = reply.loss_scale();
+    loss_scale_version_ = reply.version();
+  }
   async_ = out.async;
   ssp_ = ssp;
   staleness_bound_ = staleness_bound;
@@ -729,6 +735,13 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
           }
         }
         (*versions)[m - first] = reply.version();
+        if (reply.loss_scale() > 0) {
+          absl::MutexLock lock(&loss_scale_mu_);
+          if (reply.loss_scale_version() >= loss_scale_version_) {
+            loss_scale_ = reply.loss_scale();
+            loss_scale_version_ = reply.loss_scale_version();
+          }
+        }
         if (async_ || ssp_) {
           absl::MutexLock lock(&async_mu_);
           if (m < pulled_version_.size()) pulled_version_[m] = reply.version();

@@ -117,6 +117,10 @@ class RemoteParameterStore final : public ParameterStore {
                     absl::Span<const float> gradient) override;
   absl::Status WaitForVersion(int64_t version) override;
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override;
+  float LossScale() const override {
+    absl::MutexLock lock(&loss_scale_mu_);
+    return loss_scale_;
+  }
   absl::StatusOr<Registration> Reconnect(const std::vector<ParamSpec>& signature,
                                          absl::Span<const float> proposed) override;
   // Waits (up to rpc_timeout) for a push reply announcing them.
@@ -248,6 +252,10 @@ class RemoteParameterStore final : public ParameterStore {
   // replies; ssp:S > 0: the versions pulls in flight ask for (how many
   // each), which the heartbeat thread reads to say whom a held-back step
   // waits for.
+  // Dynamic loss scaling: the newest scale the server sent, and its version.
+  mutable absl::Mutex loss_scale_mu_;
+  float loss_scale_ ABSL_GUARDED_BY(loss_scale_mu_) = 0;
+  int64_t loss_scale_version_ ABSL_GUARDED_BY(loss_scale_mu_) = -1;
   mutable absl::Mutex async_mu_;
   std::vector<int64_t> pulled_version_ ABSL_GUARDED_BY(async_mu_);
   std::map<int64_t, int64_t> staleness_ ABSL_GUARDED_BY(async_mu_);

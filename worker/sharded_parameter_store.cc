@@ -127,11 +127,12 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
   // Step 3: one job, one rank, one version.
   for (size_t i = 1; i < shards_.size(); ++i) {
     const Registration& r = registrations[i];
-    if (r.async != decided.async || r.staleness_bound != decided.staleness_bound) {
+    if (r.async != decided.async || r.staleness_bound != decided.staleness_bound ||
+        (r.loss_scale > 0) != (decided.loss_scale > 0)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", shards_[i].index, " (", shards_[i].address, ") runs another consistency than "
-          "shard ", first.index, " (", first.address, "): start every shard with the same "
-          "--consistency"));
+          "shard ", shards_[i].index, " (", shards_[i].address, ") runs another consistency or loss "
+          "scaling than shard ", first.index, " (", first.address, "): start every shard with "
+          "the same --consistency and --loss_scale"));
     }
     if (r.rank != decided.rank || r.num_workers != decided.num_workers ||
         r.version != decided.version) {
@@ -149,6 +150,11 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
   }
   registered_ = true;
   return decided;
+}
+
+float ShardedParameterStore::LossScale() const {
+  if (!registered_ || shards_.empty() || shards_[0].store == nullptr) return 0;
+  return shards_[0].store->LossScale();
 }
 
 std::vector<int64_t> ShardedParameterStore::SegmentEnds() const {

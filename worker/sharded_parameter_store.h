@@ -80,6 +80,9 @@ class ShardedParameterStore final : public ParameterStore {
   // on that shard's store, no thread of their own involved, and run `done`
   // once every shard's is done, with the lowest shard's error.
   std::vector<int64_t> SegmentEnds() const override;
+  // Shard 0's: every shard decides the same scales (each sees every
+  // worker's overflows, since an overflowing worker poisons every chunk).
+  float LossScale() const override;
   void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
                     absl::Span<const float> gradient, Done done) override;
   void PullSegments(int64_t version, int first, int last, absl::Span<float> params,

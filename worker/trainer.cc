@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -236,8 +238,11 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   // Overlap needs each layer's gradients as backward makes them, in memory
   // the pushes can read: one CPU device (several would need a reduction per
   // layer between their threads; a CUDA device, events per layer).
-  overlapping_ = options_.overlap && devices_.size() == 1 && devices_[0]->is_cpu() &&
-                 devices_[0]->is_host_memory();
+  // Under loss scaling a step's pushes wait for the whole backward: an
+  // overflow anywhere in it must reach every chunk (see loss_scaling_).
+  loss_scaling_ = registration_.loss_scale > 0;
+  overlapping_ = options_.overlap && !loss_scaling_ && devices_.size() == 1 &&
+                 devices_[0]->is_cpu() && devices_[0]->is_host_memory();
   if (options_.replay_compute) PS_RETURN_IF_ERROR(CalibrateReplay());
   for (Device* device : devices_) device->ResetCounters();
   return absl::OkStatus();
@@ -563,7 +568,11 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   for (int64_t s : shard_sizes) samples += s;
   PS_RETURN_IF_ERROR(scheduler_->BeginIteration(samples));
 
-  // 2. Forward/backward (or its replay).
+  // 2. Forward/backward (or its replay), of the loss times the step's scale.
+  if (loss_scaling_) {
+    const float scale = store_->LossScale();
+    for (auto& m : replicas_) m->set_loss_scale(scale);
+  }
   phases.Begin(EventKind::kCompute);
   const int64_t compute_start_ns = clock_->NowNanos();
   if (options_.replay_compute) {
@@ -601,6 +610,7 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
     PS_RETURN_IF_ERROR(devices_[0]->CopyDeviceToHost(
         host_gradients_, replicas_[0]->flat_gradients().raw_data(), bytes, CopyKind::kModel));
   }
+  if (loss_scaling_) PoisonOverflow(iteration);
   phases.Begin(EventKind::kPush, bytes);
   scheduler_->GradientsReadyFrom(0);
   PS_RETURN_IF_ERROR(scheduler_->AwaitPushes());
@@ -622,6 +632,25 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
   phases.End();
   return absl::OkStatus();
+}
+
+void Trainer::PoisonOverflow(int64_t iteration) {
+  // The push buffer is host memory (pinned, or a CPU device's own).
+  float* gradients = const_cast<float*>(wire_gradients_.data());
+  if (iteration == options_.inject_overflow_at_iteration && num_parameters_ > 0) {
+    gradients[0] = std::numeric_limits<float>::infinity();
+  }
+  // An exponent of all ones is an infinity or a NaN; an integer OR over
+  // the bits vectorises, where a test per element would stop to branch.
+  uint32_t non_finite = 0;
+  for (int64_t i = 0; i < num_parameters_; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &gradients[i], sizeof(bits));
+    non_finite |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
+  }
+  if (non_finite == 0) return;
+  ++overflow_steps_;
+  std::fill(gradients, gradients + num_parameters_, std::numeric_limits<float>::quiet_NaN());
 }
 
 absl::Status Trainer::FinishCommunication() {

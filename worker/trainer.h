@@ -50,6 +50,9 @@ struct TrainerOptions {
   // convolutions); everything else, and the parameters and gradients the
   // store sees, stays fp32. Init sets it on each device.
   Precision precision = Precision::kFp32;
+  // For tests of loss scaling: at this global iteration this worker's
+  // gradient gets an infinity, as an fp16 overflow would make (-1: never).
+  int64_t inject_overflow_at_iteration = -1;
 
   // Communication overlaps compute: each layer's gradients are pushed as
   // backward produces them, and the next step's forward of a layer waits
@@ -220,6 +223,9 @@ class Trainer {
   model::Model& model() { return *replicas_[0]; }
   int64_t steps_per_epoch() const;
   const ParameterStore::Registration& registration() const { return registration_; }
+  // Loss scaling: the steps whose gradient overflowed on this worker (each
+  // skipped by every worker).
+  int64_t overflow_steps() const { return overflow_steps_; }
   // The pass replayed (replay_compute); null otherwise.
   const ComputeProfile* replay_profile() const {
     return options_.replay_compute ? &replay_profile_ : nullptr;
@@ -304,6 +310,15 @@ class Trainer {
   // without a checkpoint and asks for them again (recover_from_server_loss).
   std::vector<float> initial_parameters_;
   bool overlapping_ = false;
+  // The store's server scales the loss (Registration::loss_scale): each
+  // step's loss is multiplied by store_->LossScale(), and a gradient that
+  // is not finite is pushed as all NaN, so that every chunk on every shard
+  // counts the overflow and the step is skipped everywhere.
+  bool loss_scaling_ = false;
+  // Loss scaling, before the push: a gradient with a value that is not
+  // finite (or the injected one) becomes all NaN.
+  void PoisonOverflow(int64_t iteration);
+  int64_t overflow_steps_ = 0;  // this worker's overflowed steps
   int64_t last_iteration_ = -1;  // of the last TrainStep
   // The current step's members (registration_.dynamic_members; empty: all
   // ranks, always).

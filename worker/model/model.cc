@@ -200,7 +200,7 @@ class LayerModel final : public Model {
     float* metrics = MutableF32(metrics_);
     PS_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(
         *device(), logits.dim(0), logits.dim(1), logits.data<float>(), labels.data<int32_t>(),
-        /*grad_scale=*/1.0f, &metrics[0], &metrics[1], MutableF32(dlogits)));
+        /*grad_scale=*/loss_scale(), &metrics[0], &metrics[1], MutableF32(dlogits)));
     PS_RETURN_IF_ERROR(net_->Backward(dlogits, /*need_dx=*/false).status());
     return DeviceMetrics{&metrics[0], &metrics[1]};
   }

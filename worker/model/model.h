@@ -104,12 +104,19 @@ class Model {
   // be reset to null.
   virtual void set_parameter_hooks(ParameterHooks* hooks) = 0;
 
+  // Loss scaling (fp16 training): ForwardBackward's gradients are those of
+  // the loss sum times `scale` (dlogits are multiplied by it, so every
+  // gradient below is too). 1 until set.
+  void set_loss_scale(float scale) { loss_scale_ = scale; }
+  float loss_scale() const { return loss_scale_; }
+
  protected:
   Model(ModelConfig config, Device* device) : config_(std::move(config)), device_(device) {}
 
  private:
   ModelConfig config_;
   Device* device_;
+  float loss_scale_ = 1.f;
 };
 
 inline const ModelConfig& Model::config() const { return config_; }
