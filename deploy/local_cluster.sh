@@ -29,6 +29,8 @@
 #                             checkpoint and the workers roll back to it (one
 #                             server shard only)
 #   --consistency=MODE [sync] the servers' sync, async or ssp:S
+#   --loss_scale=MODE [none]  the servers' none or dynamic (for workers with
+#                             -- --precision=fp16: the servers scale the loss)
 #   --slowdown=F [1]          the last worker emulates a host F times slower at
 #                             compute (worker --slowdown), for experiments
 #   --slowdown_period=P [0]   with --slowdown: every worker is slowed, in turns
@@ -40,7 +42,7 @@ cd "$(dirname "$0")/.."
 workers=2 servers=1 devices=cpu:1 threads="" model=lenet epochs=10 batch_size=256 lr=0.9
 momentum=0 weight_decay=0 seed=0 dataset=fashion_mnist
 data_dir=/usr/share/datasets/fashion-mnist port=0 logs="" report=""
-checkpoint_dir="" checkpoint_every_steps=100 restart_server=0 consistency=sync slowdown=1
+checkpoint_dir="" checkpoint_every_steps=100 restart_server=0 consistency=sync loss_scale=none slowdown=1
 slowdown_period=0
 extra=()
 while (($#)); do
@@ -65,6 +67,7 @@ while (($#)); do
     --checkpoint_every_steps=*) checkpoint_every_steps="${1#*=}" ;;
     --restart_server) restart_server=1 ;;
     --consistency=*) consistency="${1#*=}" ;;
+    --loss_scale=*) loss_scale="${1#*=}" ;;
     --slowdown=*) slowdown="${1#*=}" ;;
     --slowdown_period=*) slowdown_period="${1#*=}" ;;
     --) shift; extra=("$@"); break ;;
@@ -104,7 +107,8 @@ trap 'echo "local_cluster: interrupted" >&2; exit 130' INT TERM
 addresses=()
 server_pids=()
 server_flags=(--num_workers="$workers" --lr="$lr" --momentum="$momentum"
-              --weight_decay="$weight_decay" --consistency="$consistency")
+              --weight_decay="$weight_decay" --consistency="$consistency"
+              --loss_scale="$loss_scale")
 [[ -n "$checkpoint_dir" ]] && server_flags+=(--checkpoint_dir="$checkpoint_dir"
                                              --checkpoint_every_steps="$checkpoint_every_steps")
 # start_server S PORT: starts shard S on PORT (0: any free one), appending to

@@ -571,6 +571,12 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   // 2. Forward/backward (or its replay), of the loss times the step's scale.
   if (loss_scaling_) {
     const float scale = store_->LossScale();
+    if (!(scale > 0)) {
+      // The server divides every update by its scale: training on without
+      // multiplying by it would shrink every step silently.
+      return absl::FailedPreconditionError(
+          "the server scales the loss but the parameter store reports no scale");
+    }
     for (auto& m : replicas_) m->set_loss_scale(scale);
   }
   phases.Begin(EventKind::kCompute);

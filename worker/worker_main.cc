@@ -545,6 +545,13 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
                           .c_str());
   }
 
+  if (trainer->registration().loss_scale > 0) {
+    std::printf("worker %d: dynamic loss scale %g at the end; %lld of %lld steps overflowed "
+                "on this worker (each skipped by every worker)\n",
+                rank, store->LossScale(), static_cast<long long>(trainer->overflow_steps()),
+                static_cast<long long>(report.steps));
+  }
+
   // Peak resident memory of the whole process, as /usr/bin/time -v reports
   // it ("Maximum resident set size"; Linux counts ru_maxrss in KiB).
   struct rusage usage = {};

@@ -139,6 +139,7 @@ class MeteredParameterStore final : public ParameterStore {
   absl::StatusOr<Registration> Reconnect(const std::vector<ParamSpec>& signature,
                                          absl::Span<const float> proposed) override;
   absl::Status BindBuffers(absl::Span<const float> gradients, absl::Span<float> params) override;
+  float LossScale() const override { return store_->LossScale(); }
 
  private:
   // Bytes of segments [first, last) (0 for a range the store will refuse).
