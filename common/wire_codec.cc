@@ -205,7 +205,12 @@ absl::StatusOr<std::unique_ptr<WireCodec>> MakeWireCodec(absl::string_view name)
       absl::StrCat("unknown compression '", name, "'; known: none, fp16, bf16, topk:F"));
 }
 
-absl::Status DecodeTopK(absl::Span<const absl::string_view> pieces, absl::Span<float> out) {
+namespace {
+
+// DecodeTopK and ApplyDelta: the pairs checked whole, then written; the
+// elements not listed zeroed (`zero_rest`) or left alone.
+absl::Status DecodePairs(absl::Span<const absl::string_view> pieces, absl::Span<float> out,
+                         bool zero_rest) {
   const int64_t bytes = PiecesBytes(pieces);
   if (bytes % 8 != 0) {
     return absl::InvalidArgumentError(
@@ -239,9 +244,40 @@ absl::Status DecodeTopK(absl::Span<const absl::string_view> pieces, absl::Span<f
           absl::StrCat("top-k pair ", j, " (index ", index[j], ") is not finite"));
     }
   }
-  std::fill(out.begin(), out.end(), 0.f);
+  if (zero_rest) std::fill(out.begin(), out.end(), 0.f);
   for (int64_t j = 0; j < pairs; ++j) out[index[j]] = value[j];
   return absl::OkStatus();
+}
+
+bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+}  // namespace
+
+absl::Status DecodeTopK(absl::Span<const absl::string_view> pieces, absl::Span<float> out) {
+  return DecodePairs(pieces, out, /*zero_rest=*/true);
+}
+
+absl::Status ApplyDelta(absl::Span<const absl::string_view> pieces, absl::Span<float> out) {
+  return DecodePairs(pieces, out, /*zero_rest=*/false);
+}
+
+int64_t CountChanged(absl::Span<const float> now, absl::Span<const float> before, int64_t limit) {
+  int64_t changed = 0;
+  for (size_t i = 0; i < now.size() && changed < limit; ++i) {
+    changed += SameBits(now[i], before[i]) ? 0 : 1;
+  }
+  return changed;
+}
+
+void EncodeChanged(absl::Span<const float> now, absl::Span<const float> before, void* out) {
+  char* p = static_cast<char*>(out);
+  for (size_t i = 0; i < now.size(); ++i) {
+    if (SameBits(now[i], before[i])) continue;
+    const uint32_t index = static_cast<uint32_t>(i);
+    std::memcpy(p, &index, 4);
+    std::memcpy(p + 4, &now[i], 4);
+    p += 8;
+  }
 }
 
 absl::StatusOr<const WireCodec*> WireCodecForDType(DType dtype) {

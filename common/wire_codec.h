@@ -77,6 +77,17 @@ absl::StatusOr<const WireCodec*> WireCodecForDType(DType dtype);
 // the sender's choice.
 absl::Status DecodeTopK(absl::Span<const absl::string_view> pieces, absl::Span<float> out);
 
+// Delta pulls (PullRequest.delta): a chunk sent as the elements that
+// changed since the version the receiver holds, as top-k's (index, value)
+// pairs. CountChanged counts the elements of `now` whose bits differ from
+// `before` (the same size), stopping at `limit`; EncodeChanged writes their
+// pairs, ascending (8 bytes each) to `out`; ApplyDelta checks a received
+// chunk as DecodeTopK does and writes the listed values into `out`, which
+// holds the old version, leaving the rest.
+int64_t CountChanged(absl::Span<const float> now, absl::Span<const float> before, int64_t limit);
+void EncodeChanged(absl::Span<const float> now, absl::Span<const float> before, void* out);
+absl::Status ApplyDelta(absl::Span<const absl::string_view> pieces, absl::Span<float> out);
+
 }  // namespace ps
 
 #endif  // PS_COMMON_WIRE_CODEC_H_

@@ -723,7 +723,9 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
                                                 absl::Time deadline, bool wait,
                                                 grpc::ByteBuffer* reply) {
   PS_ASSIGN_OR_RETURN(ParameterServer::ChunkViews views,
-                      server_->PullChunkViews(request.version(), deadline, ids, request.exact()));
+                      server_->PullChunkViews(request.version(), deadline, ids, request.exact(),
+                                              /*with_previous=*/request.delta() &&
+                                                  request.dtype() == proto::DTYPE_F32));
   if (wait) {
     proto::WaitReply answer;
     answer.set_version(views.version);
@@ -757,6 +759,21 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
       continue;
     }
     chunk->set_dtype(proto::DTYPE_F32);
+    if (!views.previous.empty() && !views.previous[c].empty()) {
+      // A delta from version - 1, which the worker holds, where its pairs
+      // (8 bytes) take less than the dense chunk (4 bytes an element).
+      const int64_t n = static_cast<int64_t>(view.size());
+      const int64_t limit = (n + 1) / 2;
+      const int64_t changed = CountChanged(view, views.previous[c], limit);
+      if (changed < limit) {
+        grpc::Slice pairs(static_cast<size_t>(changed * 8));
+        EncodeChanged(view, views.previous[c], const_cast<uint8_t*>(pairs.begin()));
+        chunk->set_encoding(proto::ENCODING_DELTA);
+        chunk->set_data_bytes(changed * 8);
+        data.push_back(std::move(pairs));
+        continue;
+      }
+    }
     chunk->set_data_bytes(static_cast<int64_t>(view.size() * sizeof(float)));
     // Each slice keeps the viewed chunks alive, and unchanged, until gRPC
     // has sent it.

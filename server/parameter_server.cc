@@ -1453,7 +1453,8 @@ absl::StatusOr<int64_t> ParameterServer::Pull(int64_t version, absl::Time deadli
 }
 
 absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
-    int64_t version, absl::Time deadline, absl::Span<const ChunkId> chunks, bool exact) {
+    int64_t version, absl::Time deadline, absl::Span<const ChunkId> chunks, bool exact,
+    bool with_previous) {
   const Layout* layout = nullptr;
   std::vector<int64_t> global_chunks;
   ChunkViews views;
@@ -1487,6 +1488,14 @@ absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
     views.chunks.push_back(absl::MakeConstSpan(*params));
     elements += static_cast<int64_t>(params->size());
     held->push_back(std::move(params));
+    if (with_previous) {
+      // `previous` is version - 1 exactly when the chunk is at `version`
+      // (the no-sample and skipped updates keep the same buffer: no change).
+      const bool delta = chunk.version == version && chunk.previous != nullptr;
+      views.previous.push_back(delta ? absl::MakeConstSpan(*chunk.previous)
+                                     : absl::Span<const float>());
+      if (delta) held->push_back(chunk.previous);
+    }
     views.version = exact ? version
                           : (c == 0 ? chunk.version : std::min(views.version, chunk.version));
   }

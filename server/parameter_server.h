@@ -450,6 +450,11 @@ class ParameterServer {
     int64_t version = 0;
     std::shared_ptr<const void> keep_alive;
     std::vector<absl::Span<const float>> chunks;  // in request order
+    // With `with_previous`: for each chunk viewed at exactly `version`, its
+    // parameters of version - 1 (what a worker that pulled version - 1
+    // holds, so that a pull can send only what changed); empty where the
+    // chunk is at another version or has no previous one kept.
+    std::vector<absl::Span<const float>> previous;
   };
   //
   // `exact`: every chunk exactly at `version`, even one whose update of
@@ -461,7 +466,7 @@ class ParameterServer {
   // chunk more than one update ahead.
   absl::StatusOr<ChunkViews> PullChunkViews(int64_t version, absl::Time deadline,
                                             absl::Span<const ChunkId> chunks,
-                                            bool exact = false);
+                                            bool exact = false, bool with_previous = false);
   // Whether PullChunkViews(version, ..., chunks) would return without
   // waiting: every chunk has its version (or the request is empty and the
   // server has it), or some chunk does not exist (the pull answers with

@@ -518,6 +518,12 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
     absl::MutexLock lock(&async_mu_);
     pulled_version_.assign(messages_.size(), reply.version());
   }
+  delta_pulls_ = codec_->sparse() && !out.async && !ssp;
+  {
+    absl::MutexLock lock(&held_mu_);
+    held_version_.assign(messages_.size(), -1);
+    held_buffer_ = nullptr;
+  }
   if (!out.members.empty()) {
     absl::MutexLock lock(&members_mu_);
     members_[out.version] = out.members;
@@ -672,8 +678,6 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
   // long as WaitForVersion would.
   const absl::Duration timeout = exact ? options_.wait_timeout : options_.rpc_timeout;
   const int64_t timeout_ms = absl::ToInt64Milliseconds(timeout);
-  int64_t elements = 0;
-  for (int m = first; m < last; ++m) elements += message_elements_[m];
   // Asynchronous: whatever is newest, at once. ssp:S: the newest of version
   // - S or later, once that exists (the staleness bound).
   const bool stale = stale_pulls();
@@ -683,6 +687,16 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
     absl::MutexLock lock(&async_mu_);
     ++pulls_in_flight_[asked];
   }
+  if (delta_pulls_) {
+    absl::MutexLock lock(&held_mu_);
+    if (held_buffer_ != params.data()) {
+      // Another buffer holds nothing this store knows of.
+      std::fill(held_version_.begin(), held_version_.end(), -1);
+      held_buffer_ = params.data();
+    }
+  }
+  // Bytes the replies carried (dense, or deltas).
+  auto received = std::make_shared<std::atomic<int64_t>>(0);
   StartMessages(
       "Pull", proto::kPullMethod, EventKind::kPullMessage, version - 1, first, last,
       timeout + absl::Seconds(5), [this, asked, timeout_ms, exact, stale](size_t m, const Lend&) {
@@ -690,6 +704,10 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
         request.set_version(asked);
         request.set_timeout_ms(timeout_ms);
         request.set_exact(exact && !async_ && !stale);
+        if (delta_pulls_) {
+          absl::MutexLock lock(&held_mu_);
+          request.set_delta(held_version_[m] == asked - 1);
+        }
         request.set_dtype(pull_codec_->dtype() == DType::kF16    ? proto::DTYPE_F16
                           : pull_codec_->dtype() == DType::kBF16 ? proto::DTYPE_BF16
                                                                  : proto::DTYPE_F32);
@@ -703,8 +721,14 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
       // Each reply is checked and copied out of gRPC's receive buffers
       // straight into `params` on its completion thread, while the other
       // messages are still in flight.
-      [this, params, versions, first](size_t m, const grpc::ByteBuffer& frame) -> absl::Status {
+      [this, params, versions, first, received](size_t m,
+                                                const grpc::ByteBuffer& frame) -> absl::Status {
         const Message& wanted = messages_[m];
+        if (delta_pulls_) {
+          // Until this reply is wholly applied the buffer holds no version.
+          absl::MutexLock lock(&held_mu_);
+          held_version_[m] = -1;
+        }
         proto::PullReply reply;
         auto reader = proto::FrameReader::Open(frame, "pull reply", &reply);
         absl::Status s = reader.ok() ? reader->Split(reply.chunks()) : reader.status();
@@ -716,6 +740,21 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
         for (size_t c = 0; c < wanted.size(); ++c) {
           const proto::TensorChunk& got = reply.chunks(static_cast<int>(c));
           const Chunk& chunk = wanted[c];
+          *received += got.data_bytes();
+          if (got.encoding() == proto::ENCODING_DELTA) {
+            // Only what changed since the version this buffer holds.
+            if (!delta_pulls_ || got.key() != chunk.key || got.chunk() != chunk.index ||
+                got.dtype() != proto::DTYPE_F32) {
+              return absl::InternalError(absl::StrCat(
+                  "server sent an unasked delta for key ", got.key(), " chunk ", got.chunk()));
+            }
+            absl::Status applied =
+                ApplyDelta(reader->pieces(c), params.subspan(chunk.offset, chunk.length));
+            if (!applied.ok()) {
+              return absl::InternalError(absl::StrCat("server sent ", applied.message()));
+            }
+            continue;
+          }
           const int64_t bytes = pull_codec_->EncodedBytes(chunk.length);
           if (got.key() != chunk.key || got.chunk() != chunk.index ||
               got.data_bytes() != bytes) {
@@ -735,6 +774,10 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
           }
         }
         (*versions)[m - first] = reply.version();
+        if (delta_pulls_) {
+          absl::MutexLock lock(&held_mu_);
+          if (held_buffer_ == params.data()) held_version_[m] = reply.version();
+        }
         if (reply.loss_scale() > 0) {
           absl::MutexLock lock(&loss_scale_mu_);
           if (reply.loss_scale_version() >= loss_scale_version_) {
@@ -748,7 +791,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
         }
         return absl::OkStatus();
       },
-      [this, version, asked, exact, stale, elements, versions,
+      [this, version, asked, exact, stale, versions, received,
        done = std::move(done)](absl::Status status) {
         if (stale) {
           absl::MutexLock lock(&async_mu_);
@@ -758,7 +801,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
         if (async_ || stale) {
           // The newest of each message (asynchronous; or ssp:S, each at
           // least version - S): versions differ by design.
-          bytes_pulled_ += pull_codec_->EncodedBytes(elements);
+          bytes_pulled_ += received->load();
           return done(versions->empty()
                           ? version
                           : *std::min_element(versions->begin(), versions->end()));
@@ -776,7 +819,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
                                                        " answered a pull of version ", version,
                                                        " with version ", got)));
         }
-        bytes_pulled_ += pull_codec_->EncodedBytes(elements);
+        bytes_pulled_ += received->load();
         done(got);
       });
 }

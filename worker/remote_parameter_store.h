@@ -230,6 +230,14 @@ class RemoteParameterStore final : public ParameterStore {
   std::unique_ptr<WireCodec> codec_;  // options_.compression's, for pushes
   std::unique_ptr<WireCodec> exact_;  // none: the initial parameters
   const WireCodec* pull_codec_ = nullptr;  // codec_, or exact_ for a sparse one
+  // Delta pulls (a sparse push codec under sync; PullRequest.delta): the
+  // version of each message that `held_buffer_` holds after its last pull
+  // there (-1: unknown), so the next pull of version + 1 asks only for
+  // what changed. Reset by each registration.
+  bool delta_pulls_ = false;
+  absl::Mutex held_mu_;
+  std::vector<int64_t> held_version_ ABSL_GUARDED_BY(held_mu_);
+  const float* held_buffer_ ABSL_GUARDED_BY(held_mu_) = nullptr;
   // Error feedback of a sparse codec: per element, what earlier pushes
   // have not sent yet (a model's worth of fp32; empty for dense codecs).
   // Each segment's part is touched only by that segment's push, which the

@@ -1,12 +1,14 @@
 #include "worker/remote_parameter_store.h"
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/in_process_server.h"
@@ -364,6 +366,56 @@ TEST(RemoteParameterStoreCompressionTest, TopKWithErrorFeedbackDeliversEverythin
   // one fp32 pull.
   EXPECT_EQ((*store)->bytes_pushed(), 2 * kSteps * 7 * 8);
   EXPECT_EQ((*store)->bytes_pulled(), 4 * kElements);
+}
+
+// Under topk, a pull of version v into the buffer that holds v - 1 brings
+// only the elements that changed (plain SGD changes only those some worker
+// sent): the same parameters as a full pull, bit for bit, for a fraction of
+// the bytes; a pull into another buffer is dense again.
+TEST(RemoteParameterStoreCompressionTest, TopKPullsOnlyWhatChanged) {
+  auto server = StartServer(1);
+  RemoteStoreOptions options;
+  options.server_address = server->address();
+  options.worker_id = "w";
+  options.rpc_timeout = absl::Seconds(10);
+  options.compression = "topk:0.2";  // one value of each of the 7 chunks
+  auto store = RemoteParameterStore::Create(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::vector<float> initial = Ramp(10.f, 1.f);
+  ASSERT_TRUE((*store)->Register(Signature(), initial).ok());
+  const int segments = static_cast<int>((*store)->SegmentEnds().size());
+  auto pull = [&](int64_t version, std::vector<float>& into) {
+    absl::Notification done;
+    absl::Status status;
+    (*store)->PullSegments(version, 0, segments, absl::MakeSpan(into), [&](absl::Status s) {
+      status = s;
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return status;
+  };
+  std::vector<float> params(kElements);
+  ASSERT_TRUE(pull(0, params).ok());
+  EXPECT_EQ(params, initial);
+  int64_t pulled = (*store)->bytes_pulled();
+  EXPECT_EQ(pulled, 4 * kElements);  // nothing held yet: dense
+  const std::vector<float> gradient = Ramp(1.f, 0.5f);
+  for (int64_t step = 0; step < 3; ++step) {
+    ASSERT_TRUE((*store)->Push(step, 1, gradient).ok());
+    ASSERT_TRUE(pull(step + 1, params).ok());
+    // 7 values changed (one per chunk): 7 pairs of 8 bytes.
+    EXPECT_EQ((*store)->bytes_pulled() - pulled, 7 * 8) << "step " << step;
+    pulled = (*store)->bytes_pulled();
+    std::vector<float> full(kElements);
+    ASSERT_TRUE(server->domain().Pull(step + 1, absl::InfiniteFuture(), absl::MakeSpan(full)).ok());
+    EXPECT_EQ(0, std::memcmp(params.data(), full.data(), sizeof(float) * kElements))
+        << "step " << step;
+  }
+  // Another buffer: dense.
+  std::vector<float> other(kElements);
+  ASSERT_TRUE(pull(3, other).ok());
+  EXPECT_EQ((*store)->bytes_pulled() - pulled, 4 * kElements);
+  EXPECT_EQ(other, params);
 }
 
 }  // namespace
