@@ -539,7 +539,8 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
                 static_cast<long long>(model_bytes),
                 codec->name() == "none" ? ""
                 : codec->sparse()
-                    ? absl::StrCat(" in fp32; pushes as ", codec->name()).c_str()
+                    ? absl::StrCat(" in fp32; pushes as ", codec->name(),
+                                   ", pulls as deltas where smaller").c_str()
                     : absl::StrCat(" as ", codec->name(), ", ", report.model_parameters * 4,
                                    " in fp32")
                           .c_str());
