@@ -242,12 +242,18 @@ Json ManifestWithoutFiles(const CheckpointContents& contents) {
     signature.push_back(
         Json{{"name", spec.name}, {"dtype", std::string(DTypeName(spec.dtype))}, {"shape", spec.shape}});
   }
-  return Json{{"format", std::string(kFormat)},
-              {"format_version", kCheckpointFormatVersion},
-              {"version", contents.version},
-              {"steps_per_epoch", contents.steps_per_epoch},
-              {"job", contents.job},
-              {"signature", std::move(signature)}};
+  Json manifest{{"format", std::string(kFormat)},
+                {"format_version", kCheckpointFormatVersion},
+                {"version", contents.version},
+                {"steps_per_epoch", contents.steps_per_epoch},
+                {"job", contents.job},
+                {"signature", std::move(signature)}};
+  if (contents.loss_scale != 0) {
+    manifest["loss_scale"] = Json{{"scale", contents.loss_scale},
+                                  {"clean_iterations", contents.loss_scale_clean_iterations},
+                                  {"skipped_iterations", contents.loss_scale_skipped_iterations}};
+  }
+  return manifest;
 }
 
 // Serialises `manifest`; kInvalidArgument when a string in it is not valid
@@ -535,7 +541,8 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, int64_t file_ver
   }
   PS_RETURN_IF_ERROR(CheckKeys(json, "the manifest",
                                {"format", "format_version", "version", "steps_per_epoch", "job",
-                                "signature", "files"}));
+                                "signature", "files"},
+                               {"loss_scale"}));
   PS_ASSIGN_OR_RETURN(const std::string format, GetString(json["format"], "format"));
   if (format != kFormat) {
     return FieldError("format", absl::StrCat(" is '", format, "', not '", kFormat, "'"));
@@ -554,6 +561,19 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, int64_t file_ver
   }
   PS_ASSIGN_OR_RETURN(m.contents.steps_per_epoch,
                       GetInt(json["steps_per_epoch"], "steps_per_epoch", 0));
+  if (json.contains("loss_scale")) {
+    const Json& scale = json["loss_scale"];
+    PS_RETURN_IF_ERROR(
+        CheckKeys(scale, "loss_scale", {"scale", "clean_iterations", "skipped_iterations"}));
+    if (!scale["scale"].is_number() || !(scale["scale"].get<double>() > 0)) {
+      return FieldError("loss_scale.scale", " is not a positive number");
+    }
+    m.contents.loss_scale = scale["scale"].get<float>();
+    PS_ASSIGN_OR_RETURN(m.contents.loss_scale_clean_iterations,
+                        GetInt(scale["clean_iterations"], "loss_scale.clean_iterations", 0));
+    PS_ASSIGN_OR_RETURN(m.contents.loss_scale_skipped_iterations,
+                        GetInt(scale["skipped_iterations"], "loss_scale.skipped_iterations", 0));
+  }
   const Json& job = json["job"];
   if (!job.is_object()) return FieldError("job", " is not a JSON object");
   for (const auto& item : job.items()) {

@@ -82,6 +82,11 @@ struct CheckpointContents {
   std::vector<float> parameters;
   // Empty (no momentum) or the same size as parameters, laid out alike.
   std::vector<float> momentum;
+  // Dynamic loss scaling's state (ParameterServer::State); scale 0: none,
+  // and the manifest has no "loss_scale" then.
+  float loss_scale = 0;
+  int64_t loss_scale_clean_iterations = 0;
+  int64_t loss_scale_skipped_iterations = 0;
 };
 
 struct CheckpointOptions {

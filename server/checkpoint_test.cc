@@ -37,6 +37,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::SizeIs;
 
 namespace fs = std::filesystem;
@@ -107,6 +108,9 @@ void ExpectSameContents(const CheckpointContents& got, const CheckpointContents&
   EXPECT_EQ(got.signature, want.signature);
   EXPECT_TRUE(SameBits(got.parameters, want.parameters));
   EXPECT_TRUE(SameBits(got.momentum, want.momentum));
+  EXPECT_EQ(got.loss_scale, want.loss_scale);
+  EXPECT_EQ(got.loss_scale_clean_iterations, want.loss_scale_clean_iterations);
+  EXPECT_EQ(got.loss_scale_skipped_iterations, want.loss_scale_skipped_iterations);
 }
 
 std::string Path(const std::string& dir, const std::string& name) {
@@ -179,6 +183,41 @@ TEST(CheckpointTest, RoundTripWithMomentumIsBitExact) {
   ExpectSameContents(loaded->contents, want);
   // A null `refused` is allowed.
   EXPECT_TRUE(LoadNewestCheckpoint(dir, nullptr).ok());
+}
+
+// Dynamic loss scaling's state travels with the checkpoint (and a manifest
+// without it, as before loss scaling existed, loads with none); a bad one
+// is refused by name.
+TEST(CheckpointTest, LossScaleRoundTripsAndIsChecked) {
+  const std::string dir = FreshDir();
+  CheckpointContents want = SmallContents(5, true);
+  want.loss_scale = 2048.f;
+  want.loss_scale_clean_iterations = 17;
+  want.loss_scale_skipped_iterations = 3;
+  ASSERT_TRUE(WriteCheckpoint({dir}, want).ok());
+  const std::string manifest_path = Path(dir, CheckpointManifestFileName(5));
+  const std::string manifest = ReadFile(manifest_path);
+  EXPECT_THAT(manifest, HasSubstr("\"loss_scale\""));
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(dir, nullptr);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameContents(loaded->contents, want);
+
+  const std::string other = FreshDir();
+  ASSERT_TRUE(WriteCheckpoint({other}, SmallContents(5, true)).ok());
+  EXPECT_THAT(ReadFile(Path(other, CheckpointManifestFileName(5))),
+              Not(HasSubstr("loss_scale")));
+  loaded = LoadNewestCheckpoint(other, nullptr);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->contents.loss_scale, 0.f);
+
+  {
+    std::ofstream out(manifest_path, std::ios::trunc);
+    out << absl::StrReplaceAll(manifest, {{"\"clean_iterations\"", "\"clean\""}});
+  }
+  std::vector<std::string> refused;
+  EXPECT_FALSE(LoadNewestCheckpoint(dir, &refused).ok());
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_THAT(refused[0], HasSubstr("loss_scale lacks field 'clean_iterations'"));
 }
 
 TEST(CheckpointTest, ManifestListsEveryField) {

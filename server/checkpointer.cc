@@ -130,6 +130,9 @@ absl::Status Checkpointer::CaptureAndWrite(absl::Time deadline) {
   contents.signature = std::move(state.signature);
   contents.parameters = std::move(state.parameters);
   contents.momentum = std::move(state.momentum);
+  contents.loss_scale = state.loss_scale;
+  contents.loss_scale_clean_iterations = state.loss_scale_clean_iterations;
+  contents.loss_scale_skipped_iterations = state.loss_scale_skipped_iterations;
   PS_ASSIGN_OR_RETURN(const std::string manifest, WriteCheckpoint(options_.files, contents));
   {
     absl::MutexLock lock(&mu_);
@@ -151,7 +154,7 @@ absl::Status Checkpointer::WriteFinal(absl::Time deadline) {
 std::map<std::string, std::string> JobSettings(const ParameterServerOptions& options) {
   const OptimizerOptions& optimizer = options.optimizer;
   const LrSchedule& schedule = optimizer.schedule;
-  return {
+  std::map<std::string, std::string> job = {
       {"num_workers", absl::StrCat(options.num_workers)},
       {"consistency", ConsistencyName(options)},
       {"lr", absl::StrCat(optimizer.sgd.lr)},
@@ -163,6 +166,13 @@ std::map<std::string, std::string> JobSettings(const ParameterServerOptions& opt
       {"lr_decay_unit", schedule.unit == LrSchedule::Unit::kEpochs ? "epochs" : "steps"},
       {"lr_warmup_steps", absl::StrCat(schedule.warmup_steps)},
   };
+  // Only when on, so that checkpoints written before loss scaling existed
+  // still match a job without it.
+  if (options.loss_scale.dynamic) {
+    job["loss_scale"] = absl::StrCat("dynamic initial ", options.loss_scale.initial, " growth ",
+                                     options.loss_scale.growth_interval);
+  }
+  return job;
 }
 
 std::string JobDifferences(const std::map<std::string, std::string>& saved,

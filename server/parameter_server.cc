@@ -358,6 +358,15 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromStat
           absl::StrCat("saved momentum element ", i, " is not finite"));
     }
   }
+  int exponent = 0;
+  if (options.loss_scale.dynamic && state.loss_scale != 0 &&
+      (!(state.loss_scale >= kMinLossScale && state.loss_scale <= kMaxLossScale) ||
+       std::frexp(state.loss_scale, &exponent) != 0.5f || state.loss_scale_clean_iterations < 0 ||
+       state.loss_scale_skipped_iterations < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a saved loss scale of ", state.loss_scale, " after ", state.loss_scale_clean_iterations,
+        " clean iterations: not a power of two from 2^-24 to 2^24, or a negative count"));
+  }
   std::vector<float> momentum = std::move(state.momentum);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server,
                       Create(options, state.signature, std::move(state.parameters), device));
@@ -369,6 +378,13 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromStat
   PS_RETURN_IF_ERROR(server->optimizer_->RestoreMomentum(momentum));
   server->steps_per_epoch_ = state.steps_per_epoch;
   server->version_ = state.version;
+  if (options.loss_scale.dynamic && state.loss_scale != 0) {
+    // Where the saved server's scale was, so that the steps after the
+    // resume are skipped and scaled as they would have been.
+    server->loss_scale_ = state.loss_scale;
+    server->clean_iterations_ = state.loss_scale_clean_iterations;
+    server->skipped_iterations_ = state.loss_scale_skipped_iterations;
+  }
   std::fill(server->chunk_version_.begin(), server->chunk_version_.end(), state.version);
   for (int64_t gc = 0; gc < server->layout_->total_chunks; ++gc) {
     Chunk& chunk = server->layout_->chunks[gc];
@@ -1237,6 +1253,9 @@ std::vector<std::function<void(ParameterServer::State)>> ParameterServer::TakeCa
     State* state) {
   state->version = version_;
   state->steps_per_epoch = std::max<int64_t>(0, steps_per_epoch_);
+  state->loss_scale = loss_scale_;
+  state->loss_scale_clean_iterations = clean_iterations_;
+  state->loss_scale_skipped_iterations = skipped_iterations_;
   state->signature = layout_->signature;
   state->parameters.resize(layout_->num_parameters);
   for (int64_t gc = 0; gc < layout_->total_chunks; ++gc) {

@@ -230,6 +230,11 @@ class ParameterServer {
     std::vector<ParamSpec> signature;
     std::vector<float> parameters;  // flat, in signature order
     std::vector<float> momentum;    // flat; empty without momentum
+    // Dynamic loss scaling (0 without): the scale of iteration `version`,
+    // the clean iterations before it in a row, the iterations skipped.
+    float loss_scale = 0;
+    int64_t loss_scale_clean_iterations = 0;
+    int64_t loss_scale_skipped_iterations = 0;
   };
   // A server resumed from `state` (a checkpoint): version `state.version`
   // exists at once, with the learning-rate schedule at that update and the

@@ -1990,6 +1990,42 @@ TEST_F(ParameterServerTest, LossScalingOptionsAreChecked) {
   EXPECT_TRUE(ParameterServer::Create(options, &device_).ok());
 }
 
+// A captured state carries the loss scale, and a server resumed from it
+// goes on where the saved one was: the next overflow halves that scale.
+TEST_F(ParameterServerTest, LossScaleSurvivesACaptureAndResume) {
+  auto server = MakeLossScalingServer(&device_, 1, 1024.f, 2);
+  ASSERT_TRUE(server->Register("a", Signature()).ok());
+  PushAll(*server, 0, 0, 1.f, 1);
+  PushAll(*server, 0, 1, 1.f, 1);  // two clean: 2048
+  PushAll(*server, 0, 2, std::numeric_limits<float>::infinity(), 1);  // 1024, 1 skipped
+  PushAll(*server, 0, 3, 1.f, 1);  // one clean iteration
+  ParameterServer::State state;
+  server->CaptureState([&](ParameterServer::State s) { state = std::move(s); });
+  EXPECT_EQ(state.loss_scale, 1024.f);
+  EXPECT_EQ(state.loss_scale_clean_iterations, 1);
+  EXPECT_EQ(state.loss_scale_skipped_iterations, 1);
+  ParameterServerOptions options;
+  options.num_workers = 1;
+  options.chunk_elements = 4;
+  options.optimizer.sgd.lr = 1.f;
+  options.optimizer.sgd.momentum = 0.5f;
+  options.loss_scale.dynamic = true;
+  options.loss_scale.initial = 65536.f;  // not used: the saved scale is
+  options.loss_scale.growth_interval = 2;
+  CpuDevice device(0, 1);
+  auto resumed = ParameterServer::CreateFromState(options, state, &device);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_TRUE((*resumed)->Register("a", Signature()).ok());
+  EXPECT_EQ((*resumed)->loss_scale().scale, 1024.f);
+  PushAll(**resumed, 0, 4, 1.f, 1);  // the second clean in a row: doubles
+  EXPECT_EQ((*resumed)->loss_scale().scale, 2048.f);
+  EXPECT_EQ((*resumed)->loss_scale().skipped_iterations, 1);
+  // A saved scale that is no power of two is refused.
+  state.loss_scale = 1000.f;
+  EXPECT_EQ(ParameterServer::CreateFromState(options, state, &device).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Without loss scaling a non-finite push is still refused, naming it.
 TEST_F(ParameterServerTest, WithoutLossScalingANonFinitePushIsStillRefused) {
   auto server = MakeServer(1);

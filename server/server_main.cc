@@ -233,6 +233,9 @@ absl::Status Main() {
       state.signature = std::move(loaded->contents.signature);
       state.parameters = std::move(loaded->contents.parameters);
       state.momentum = std::move(loaded->contents.momentum);
+      state.loss_scale = loaded->contents.loss_scale;
+      state.loss_scale_clean_iterations = loaded->contents.loss_scale_clean_iterations;
+      state.loss_scale_skipped_iterations = loaded->contents.loss_scale_skipped_iterations;
       PS_ASSIGN_OR_RETURN(server, ParameterServer::CreateFromState(options, std::move(state),
                                                                    &device));
       resumed_version = server->version();
