@@ -452,6 +452,9 @@ TEST_F(GrpcServiceTest, TopKPushesAreDecodedAndMalformedOnesRefused) {
        "nothing else sparse"},
       {frame(0, 0, static_cast<proto::Encoding>(7), f32, {{1, 1.f}}),
        grpc::StatusCode::INVALID_ARGUMENT, "encoding 7"},
+      // A delta is a pull reply's encoding, never a push's.
+      {frame(0, 0, proto::ENCODING_DELTA, f32, {{1, 1.f}}), grpc::StatusCode::INVALID_ARGUMENT,
+       "encoding 2"},
       {frame(5, 0, topk, f32, {{1, 1.f}}), grpc::StatusCode::OUT_OF_RANGE, "no such chunk"},
   };
   for (const auto& r : refused) {
