@@ -423,6 +423,14 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
                                       validation.size() > 0 ? &validation : nullptr));
   const int rank = trainer->registration().rank;
   if (trace != nullptr) trace->set_process(rank, absl::StrCat("worker ", rank));
+  if (options.precision == Precision::kFp16 && trainer->registration().loss_scale == 0) {
+    // Not an error (small models train), but gradients below fp16's 6e-8
+    // vanish and above 65504 overflow without the server's loss scaling.
+    std::fprintf(stderr,
+                 "worker %d: warning: --precision=fp16 without dynamic loss scaling (start the "
+                 "servers with --loss_scale=dynamic; the single-process store has none)\n",
+                 rank);
+  }
   if (const ComputeProfile* profile = trainer->replay_profile(); profile != nullptr) {
     // Launchers wait for this line before starting the next worker.
     std::printf("worker %d: replaying compute: %.3f ms per step, measured over %lld passes\n",
