@@ -127,7 +127,7 @@ ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevic
       incarnation_(std::move(incarnation)) {
   absl::MutexLock lock(&mu_);
   version_ns_ = NowNanos();
-  loss_scale_ = options.loss_scale.dynamic ? options.loss_scale.initial : 0.f;
+  loss_scale_ = LossScaleState::Initial(options.loss_scale);
   for (int r = 0; r < options.num_workers; ++r) members_.push_back(r);
   participating_.assign(options.num_workers, true);
   dropped_.assign(options.num_workers, false);
@@ -309,23 +309,11 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
                                                    ", got ", options.staleness));
   }
   PS_RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
-  if (options.loss_scale.dynamic) {
-    if (options.consistency != ParameterServerOptions::Consistency::kSync) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dynamic loss scaling needs sync consistency, not ",
-                       ConsistencyName(options)));
-    }
-    const float scale = options.loss_scale.initial;
-    int exponent = 0;
-    if (!(scale >= kMinLossScale && scale <= kMaxLossScale) || std::frexp(scale, &exponent) != 0.5f) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the initial loss scale must be a power of two from 2^-24 to 2^24, got ", scale));
-    }
-    if (options.loss_scale.growth_interval < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the loss scale's growth interval must be >= 1, got ",
-          options.loss_scale.growth_interval));
-    }
+  PS_RETURN_IF_ERROR(ValidateLossScaleOptions(options.loss_scale));
+  if (options.loss_scale.dynamic &&
+      options.consistency != ParameterServerOptions::Consistency::kSync) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dynamic loss scaling needs sync consistency, not ", ConsistencyName(options)));
   }
   return std::unique_ptr<ParameterServer>(new ParameterServer(options, device, RandomHex(8)));
 }
@@ -358,10 +346,8 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromStat
           absl::StrCat("saved momentum element ", i, " is not finite"));
     }
   }
-  int exponent = 0;
   if (options.loss_scale.dynamic && state.loss_scale != 0 &&
-      (!(state.loss_scale >= kMinLossScale && state.loss_scale <= kMaxLossScale) ||
-       std::frexp(state.loss_scale, &exponent) != 0.5f || state.loss_scale_clean_iterations < 0 ||
+      (!IsValidLossScale(state.loss_scale) || state.loss_scale_clean_iterations < 0 ||
        state.loss_scale_skipped_iterations < 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a saved loss scale of ", state.loss_scale, " after ", state.loss_scale_clean_iterations,
@@ -381,9 +367,8 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromStat
   if (options.loss_scale.dynamic && state.loss_scale != 0) {
     // Where the saved server's scale was, so that the steps after the
     // resume are skipped and scaled as they would have been.
-    server->loss_scale_ = state.loss_scale;
-    server->clean_iterations_ = state.loss_scale_clean_iterations;
-    server->skipped_iterations_ = state.loss_scale_skipped_iterations;
+    server->loss_scale_ = {state.loss_scale, state.loss_scale_clean_iterations,
+                           state.loss_scale_skipped_iterations};
   }
   std::fill(server->chunk_version_.begin(), server->chunk_version_.end(), state.version);
   for (int64_t gc = 0; gc < server->layout_->total_chunks; ++gc) {
@@ -1173,7 +1158,7 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
     {
       absl::MutexLock lock(&mu_);
       if (applying_[global_chunk]) return absl::OkStatus();  // its applier goes on
-      loss_scale = loss_scale_;  // iteration's: loss scaling is kSync only
+      loss_scale = loss_scale_.scale;  // iteration's: loss scaling is kSync only
       iteration = chunk_version_[global_chunk];
       IterationState& it = iterations_[SlotOf(iteration)];
       if (!it.ready[global_chunk]) return absl::OkStatus();
@@ -1209,7 +1194,7 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
       if (++it.applied == layout.total_chunks) {
         // The iteration's last chunk (iteration == version_: each chunk's
         // iterations are applied in order): every worker's pushes are in.
-        if (options_.loss_scale.dynamic) AdvanceLossScaleLocked(it.overflow);
+        loss_scale_.Advance(it.overflow, options_.loss_scale.growth_interval);
         it.overflow = false;
         it.applied = 0;
         it.completed = 0;
@@ -1253,9 +1238,9 @@ std::vector<std::function<void(ParameterServer::State)>> ParameterServer::TakeCa
     State* state) {
   state->version = version_;
   state->steps_per_epoch = std::max<int64_t>(0, steps_per_epoch_);
-  state->loss_scale = loss_scale_;
-  state->loss_scale_clean_iterations = clean_iterations_;
-  state->loss_scale_skipped_iterations = skipped_iterations_;
+  state->loss_scale = loss_scale_.scale;
+  state->loss_scale_clean_iterations = loss_scale_.clean_iterations;
+  state->loss_scale_skipped_iterations = loss_scale_.skipped_iterations;
   state->signature = layout_->signature;
   state->parameters.resize(layout_->num_parameters);
   for (int64_t gc = 0; gc < layout_->total_chunks; ++gc) {
@@ -1586,18 +1571,7 @@ int64_t ParameterServer::version() const {
 
 ParameterServer::LossScale ParameterServer::loss_scale() const {
   absl::MutexLock lock(&mu_);
-  return {version_, loss_scale_, skipped_iterations_};
-}
-
-void ParameterServer::AdvanceLossScaleLocked(bool overflow) {
-  if (overflow) {
-    ++skipped_iterations_;
-    clean_iterations_ = 0;
-    loss_scale_ = std::max(kMinLossScale, loss_scale_ / 2);
-  } else if (++clean_iterations_ >= options_.loss_scale.growth_interval) {
-    clean_iterations_ = 0;
-    loss_scale_ = std::min(kMaxLossScale, loss_scale_ * 2);
-  }
+  return {version_, loss_scale_.scale, loss_scale_.skipped_iterations};
 }
 
 int64_t ParameterServer::EventStartNanos() const {

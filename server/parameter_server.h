@@ -40,25 +40,15 @@ struct ParameterServerOptions {
   int64_t staleness = 0;
   static constexpr int64_t kMaxStaleness = 64;
   OptimizerOptions optimizer;
-  // Dynamic loss scaling, for fp16 training (Micikevicius et al. 2018;
-  // PyTorch's GradScaler), decided here so that workers never diverge.
-  // kSync only (Create refuses it otherwise). Workers multiply their loss
-  // by loss_scale() (the scale of the step they compute, published with
-  // the parameters) before backward and push the scaled gradients; the
-  // update divides by the scale again (exactly: it is a power of two). A
-  // chunk pushed with a value that is not finite is an overflow, not an
-  // error: every update of that chunk in the iteration is skipped (the
-  // chunk's parameters and momentum stay as they are, its version
+  // Dynamic loss scaling (server/optimizer.h), kSync only (Create refuses
+  // it otherwise). Workers multiply their loss by loss_scale() (the scale
+  // of the step they compute, published with the parameters) and push the
+  // scaled gradients. A chunk pushed with a value that is not finite is an
+  // overflow then, not an error: every update of that chunk in the
+  // iteration is skipped (its parameters and momentum stay, its version
   // advances), and a worker that overflowed anywhere pushes every chunk
   // non-finite (the trainer does), so every chunk of the iteration is
-  // skipped on every shard. After an iteration with an overflow the scale
-  // halves; after `growth_interval` clean iterations in a row it doubles
-  // (bounded to [2^-24, 2^24]). No non-finite value reaches the parameters.
-  struct LossScaleOptions {
-    bool dynamic = false;
-    float initial = 65536.f;  // 2^16, as GradScaler; a power of two
-    int64_t growth_interval = 2000;
-  };
+  // skipped on every shard. No non-finite value reaches the parameters.
   LossScaleOptions loss_scale;
   // Gradients and parameters move in chunks of at most this many elements
   // per key, which bounds every message: the default keeps a chunk's whole
@@ -532,8 +522,6 @@ class ParameterServer {
     int64_t skipped_iterations = 0;
   };
   LossScale loss_scale() const;
-  static constexpr float kMinLossScale = 1.f / (1 << 24);
-  static constexpr float kMaxLossScale = 1 << 24;
   // The workers' steps per epoch (-1 before the first registration).
   int64_t steps_per_epoch() const;
   // Whether the initial parameters are complete (version 0 exists).
@@ -798,12 +786,7 @@ class ParameterServer {
   };
   // Dynamic loss scaling: the scale of iteration version_, the clean
   // iterations in a row before it, and the iterations skipped in all.
-  float loss_scale_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t clean_iterations_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t skipped_iterations_ ABSL_GUARDED_BY(mu_) = 0;
-  // At an iteration's end: halve the scale after an overflow, double it
-  // after growth_interval clean iterations.
-  void AdvanceLossScaleLocked(bool overflow) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  LossScaleState loss_scale_ ABSL_GUARDED_BY(mu_);
   std::vector<IterationState> iterations_ ABSL_GUARDED_BY(mu_);  // by SlotOf
   // Per global chunk: a thread is applying its updates (AdvanceChunk).
   std::vector<bool> applying_ ABSL_GUARDED_BY(mu_);
