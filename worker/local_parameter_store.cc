@@ -11,10 +11,17 @@
 namespace ps::worker {
 
 absl::StatusOr<std::unique_ptr<LocalParameterStore>> LocalParameterStore::Create(
-    const server::OptimizerOptions& optimizer, int optimizer_threads) {
+    const server::OptimizerOptions& optimizer, int optimizer_threads,
+    const server::LossScaleOptions& loss_scale) {
   PS_RETURN_IF_ERROR(server::ValidateOptimizerOptions(optimizer));
+  PS_RETURN_IF_ERROR(server::ValidateLossScaleOptions(loss_scale));
   std::unique_ptr<LocalParameterStore> store(new LocalParameterStore());
   store->optimizer_options_ = optimizer;
+  store->loss_scale_options_ = loss_scale;
+  {
+    absl::MutexLock lock(&store->mu_);
+    store->loss_scale_ = server::LossScaleState::Initial(loss_scale);
+  }
   store->device_ = std::make_unique<CpuDevice>(0, optimizer_threads);
   return store;
 }
@@ -30,6 +37,7 @@ absl::StatusOr<ParameterStore::Registration> LocalParameterStore::Register(
           "registered again with another model signature than the store's");
     }
     out.version = version_;
+    out.loss_scale = loss_scale_.scale;
     return out;
   }
   if (signature.empty()) return absl::InvalidArgumentError("the signature is empty");
@@ -72,6 +80,9 @@ absl::StatusOr<ParameterStore::Registration> LocalParameterStore::Register(
   segment_version_.assign(signature_.size(), 0);
   pending_.assign(signature_.size(), false);
   pending_samples_.assign(signature_.size(), 0);
+  pending_scale_.assign(signature_.size(), 1.f);
+  pending_overflow_.assign(signature_.size(), false);
+  out.loss_scale = loss_scale_.scale;
   return out;
 }
 
@@ -109,6 +120,11 @@ absl::Status LocalParameterStore::CheckSegmentsLocked(int first, int last,
 absl::Status LocalParameterStore::ApplyPendingLocked(int s) {
   if (!pending_[s]) return absl::OkStatus();
   pending_[s] = false;
+  if (pending_overflow_[s]) {
+    // Loss scaling's overflow: the update is skipped.
+    pending_overflow_[s] = false;
+    return absl::OkStatus();
+  }
   // No samples (an empty part of the batch): the parameters stay, as on the
   // server.
   if (pending_samples_[s] == 0) return absl::OkStatus();
@@ -116,7 +132,8 @@ absl::Status LocalParameterStore::ApplyPendingLocked(int s) {
   const int64_t n = segment_ends_[s] - begin;
   // Update number segment_version_[s] - 1, in place.
   return optimizer_->ApplyRange(segment_version_[s] - 1, pending_samples_[s], begin,
-                                gradients_.subspan(begin, n), params_.subspan(begin, n));
+                                gradients_.subspan(begin, n), params_.subspan(begin, n),
+                                params_.subspan(begin, n), pending_scale_[s]);
 }
 
 absl::Status LocalParameterStore::PushLocked(int64_t iteration, int64_t num_samples, int first,
@@ -155,12 +172,16 @@ absl::Status LocalParameterStore::PushLocked(int64_t iteration, int64_t num_samp
           " before its update of iteration ", iteration - 1, " was pulled"));
     }
   }
+  std::vector<bool> overflow(last - first, false);
   for (int s = first; s < last; ++s) {
     const int64_t begin = SegmentBegin(s);
     const int64_t bytes = (segment_ends_[s] - begin) * static_cast<int64_t>(sizeof(float));
     const absl::string_view piece(reinterpret_cast<const char*>(gradient.data() + begin), bytes);
     float bad = 0.f;
-    if (const int64_t i = server::FirstNonFinite({&piece, 1}, &bad); i >= 0) {
+    const int64_t i = server::FirstNonFinite({&piece, 1}, &bad);
+    if (i >= 0 && loss_scale_.scale > 0) {
+      overflow[s - first] = true;  // loss scaling: skipped, not refused
+    } else if (i >= 0) {
       return absl::InvalidArgumentError(absl::StrCat("element ", i, " of '", signature_[s].name,
                                                      "' is ", bad,
                                                      "; refusing a non-finite value"));
@@ -175,11 +196,16 @@ absl::Status LocalParameterStore::PushLocked(int64_t iteration, int64_t num_samp
     if (!in_place) CopySegmentLocked(s, gradient.data(), own_gradients_.data());
     pending_[s] = true;
     pending_samples_[s] = num_samples;
+    pending_scale_[s] = loss_scale_.scale > 0 ? loss_scale_.scale : 1.f;
+    pending_overflow_[s] = overflow[s - first];
+    if (overflow[s - first]) iteration_overflow_ = true;
     ++segment_version_[s];
   }
   iteration_samples_ = num_samples;
   segments_pushed_ += last - first;
   if (segments_pushed_ == static_cast<int>(segment_ends_.size())) {
+    loss_scale_.Advance(iteration_overflow_, loss_scale_options_.growth_interval);
+    iteration_overflow_ = false;
     ++version_;
     segments_pushed_ = 0;
     iteration_samples_ = -1;

@@ -38,8 +38,18 @@ class LocalParameterStore final : public ParameterStore {
   // `optimizer_threads` CPU threads run the SGD update. The schedule's
   // steps_per_epoch is the one this worker states at registration.
   // kInvalidArgument for invalid optimizer options.
+  //
+  // `loss_scale` (server/optimizer.h), dynamic: the store decides the loss
+  // scale as the parameter server does (Registration::loss_scale,
+  // LossScale()): each update divides by the scale its iteration was pushed
+  // with, and a segment pushed with a value that is not finite is an
+  // overflow, not an error: its update is skipped, and the scale halves
+  // when the iteration ends (the trainer pushes every segment non-finite
+  // then, so the whole step is skipped). kInvalidArgument for invalid
+  // optimizer or loss-scale options.
   static absl::StatusOr<std::unique_ptr<LocalParameterStore>> Create(
-      const server::OptimizerOptions& optimizer, int optimizer_threads = 1);
+      const server::OptimizerOptions& optimizer, int optimizer_threads = 1,
+      const server::LossScaleOptions& loss_scale = {});
 
   // Rank 0 of 1 at version 0, starting from `proposed`. kInvalidArgument for
   // an empty signature, a tensor that is not F32, or a proposal that is not
@@ -66,6 +76,15 @@ class LocalParameterStore final : public ParameterStore {
   // version does not exist yet fails at once (kDeadlineExceeded); with one
   // worker it exists as soon as its push returns.
   std::vector<int64_t> SegmentEnds() const override;
+  float LossScale() const override {
+    absl::MutexLock lock(&mu_);
+    return loss_scale_.scale;
+  }
+  // Loss scaling: the iterations skipped for an overflow.
+  int64_t skipped_iterations() const {
+    absl::MutexLock lock(&mu_);
+    return loss_scale_.skipped_iterations;
+  }
   void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
                     absl::Span<const float> gradient, Done done) override;
   void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
@@ -127,6 +146,14 @@ class LocalParameterStore final : public ParameterStore {
   std::vector<int64_t> segment_version_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> pending_samples_ ABSL_GUARDED_BY(mu_);
+  // Loss scaling: the scale each pending update divides by, whether it is
+  // an overflow (skipped), the scale of iteration version_, and whether a
+  // segment of it overflowed.
+  server::LossScaleOptions loss_scale_options_;
+  std::vector<float> pending_scale_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> pending_overflow_ ABSL_GUARDED_BY(mu_);
+  server::LossScaleState loss_scale_ ABSL_GUARDED_BY(mu_);
+  bool iteration_overflow_ ABSL_GUARDED_BY(mu_) = false;
   // The iteration being pushed (every segment has at least it), how many
   // segments have pushed it, and the samples its pushes claim (-1: none yet).
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;

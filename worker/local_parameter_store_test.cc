@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -240,6 +241,59 @@ TEST(LocalParameterStoreTest, UpdatesAreTheServersBitForBit) {
       ASSERT_EQ(unbound_params[i], server_params[i]) << "iteration " << it << " element " << i;
     }
   }
+}
+
+// Loss scaling as the server does it, bit for bit: scaled gradients divided
+// again, an overflowing iteration skipped (parameters and momentum kept),
+// the scale halved, then doubled after the growth interval.
+TEST(LocalParameterStoreTest, LossScalingIsTheServersBitForBit) {
+  server::OptimizerOptions sgd;
+  sgd.sgd.lr = 0.1f;
+  sgd.sgd.momentum = 0.9f;
+  server::LossScaleOptions scaling;
+  scaling.dynamic = true;
+  scaling.initial = 256.f;
+  scaling.growth_interval = 2;
+  const std::vector<ParamSpec> signature = Signature();
+  const std::vector<float> initial = {1, 2, 3, 4, 5, 6};
+  CpuDevice device(0, 1);
+  server::ParameterServerOptions server_options;
+  server_options.optimizer = sgd;
+  server_options.loss_scale = scaling;
+  auto server = server::ParameterServer::Create(server_options, signature, initial, &device);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*server)->Register("w", signature, -1, 0).ok());
+  auto store = LocalParameterStore::Create(sgd, 1, scaling);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto reg = (*store)->Register(signature, initial);
+  ASSERT_TRUE(reg.ok());
+  EXPECT_EQ(reg->loss_scale, 256.f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> params(6), server_params(6);
+  for (int64_t it = 0; it < 6; ++it) {
+    const float scale = (*store)->LossScale();
+    ASSERT_EQ(scale, (*server)->loss_scale().scale) << "iteration " << it;
+    std::vector<float> grad = {0.5f, -1.f, 0.25f, 2.f, 1.f, -0.5f};
+    for (float& g : grad) g *= scale;
+    if (it == 2) grad.assign(6, nan);  // an overflow: the trainer's poisoned gradient
+    ASSERT_TRUE((*store)->Push(it, 3, grad).ok()) << "iteration " << it;
+    ASSERT_TRUE((*server)->Push(0, it, 0, 0, 3, absl::MakeConstSpan(grad).subspan(0, 4)).ok());
+    ASSERT_TRUE((*server)->Push(0, it, 1, 0, 3, absl::MakeConstSpan(grad).subspan(4, 2)).ok());
+    ASSERT_TRUE((*store)->Pull(it + 1, absl::MakeSpan(params)).ok());
+    ASSERT_TRUE((*server)->Pull(it + 1, absl::Now(), absl::MakeSpan(server_params)).ok());
+    EXPECT_EQ(params, server_params) << "iteration " << it;
+    for (float x : params) EXPECT_TRUE(std::isfinite(x));
+  }
+  // 256, 256 -> 512 after two clean, halved to 256 by the overflow, then
+  // 256, 512 after two more clean, 512 at the end.
+  EXPECT_EQ((*store)->LossScale(), (*server)->loss_scale().scale);
+  EXPECT_EQ((*store)->LossScale(), 512.f);
+  EXPECT_EQ((*store)->skipped_iterations(), 1);
+  // Without loss scaling a non-finite push is refused, as before.
+  auto plain = LocalParameterStore::Create(sgd);
+  ASSERT_TRUE((*plain)->Register(signature, initial).ok());
+  EXPECT_EQ((*plain)->Push(0, 3, std::vector<float>(6, nan)).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
