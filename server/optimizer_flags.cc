@@ -19,7 +19,34 @@ ABSL_FLAG(int64_t, lr_warmup_steps, 0,
           "linear warm-up: update s of the first N uses (s + 1) / N of the rate (Goyal et al.: "
           "with the rate scaled with the global batch); 0: none");
 
+ABSL_FLAG(std::string, loss_scale, "none",
+          "none, or dynamic: loss scaling for fp16 workers (--precision=fp16), decided by the "
+          "optimizer's owner (the servers; a worker without --server): workers multiply the "
+          "loss by the published scale; a step in which any worker's gradient overflows is "
+          "skipped by all and the scale halves; it doubles after --loss_scale_growth_interval "
+          "clean steps (sync only)");
+ABSL_FLAG(double, loss_scale_initial, 65536,
+          "dynamic loss scaling's first scale (a power of 2, 2^-24 to 2^24)");
+ABSL_FLAG(int64_t, loss_scale_growth_interval, 2000,
+          "clean steps in a row after which the dynamic loss scale doubles");
+
 namespace ps::server {
+
+absl::StatusOr<LossScaleOptions> LossScaleOptionsFromFlags() {
+  const std::string mode = absl::GetFlag(FLAGS_loss_scale);
+  if (mode != "none" && mode != "dynamic") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--loss_scale must be none or dynamic, got '", mode, "'"));
+  }
+  LossScaleOptions options;
+  options.dynamic = mode == "dynamic";
+  options.initial = static_cast<float>(absl::GetFlag(FLAGS_loss_scale_initial));
+  options.growth_interval = absl::GetFlag(FLAGS_loss_scale_growth_interval);
+  if (absl::Status s = ValidateLossScaleOptions(options); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("loss scaling flags: ", s.message()));
+  }
+  return options;
+}
 
 absl::StatusOr<OptimizerOptions> OptimizerOptionsFromFlags() {
   OptimizerOptions options;
@@ -41,7 +68,8 @@ absl::StatusOr<OptimizerOptions> OptimizerOptionsFromFlags() {
 std::vector<std::string> OptimizerFlagsOnCommandLine(int argc, char** argv) {
   std::vector<std::string> given;
   for (const char* name : {"lr", "momentum", "weight_decay", "nesterov", "lr_decay_every",
-                           "lr_decay_gamma", "lr_decay_unit", "lr_warmup_steps"}) {
+                           "lr_decay_gamma", "lr_decay_unit", "lr_warmup_steps", "loss_scale",
+                           "loss_scale_initial", "loss_scale_growth_interval"}) {
     // Debian's abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine
     // private, so look at argv (as abseil spells flags: -x, --x, --x=v,
     // --nox) and at the value (for --flagfile and the like).

@@ -9,6 +9,7 @@
 //
 //   --lr --momentum --weight_decay --nesterov
 //   --lr_decay_every --lr_decay_gamma --lr_decay_unit --lr_warmup_steps
+//   --loss_scale --loss_scale_initial --loss_scale_growth_interval
 
 #include <string>
 #include <vector>
@@ -22,6 +23,11 @@ namespace ps::server {
 // The schedule's steps_per_epoch is left at its default: the caller knows it
 // (the worker from its data, the server from the workers' registrations).
 absl::StatusOr<OptimizerOptions> OptimizerOptionsFromFlags();
+
+// Dynamic loss scaling's options from --loss_scale (none or dynamic),
+// --loss_scale_initial and --loss_scale_growth_interval, validated
+// (kInvalidArgument names the flag).
+absl::StatusOr<LossScaleOptions> LossScaleOptionsFromFlags();
 
 // The optimizer flags that `argv` (main's, before or after parsing) names or
 // that hold a value other than their default, as "--lr", in definition

@@ -79,14 +79,6 @@ ABSL_FLAG(std::string, consistency, "sync",
           "async (each push applied as it arrives; workers never wait for each other) or ssp:S "
           "(stale synchronous parallel: sync's updates, but a worker may begin step t once every "
           "worker has pushed step t-S-1; ssp:0 is sync)");
-ABSL_FLAG(std::string, loss_scale, "none",
-          "none, or dynamic: loss scaling for fp16 workers (--precision=fp16), decided here: "
-          "workers multiply the loss by the published scale; an iteration in which any worker's "
-          "gradient overflows is skipped by all and the scale halves; it doubles after "
-          "--loss_scale_growth_interval clean iterations (sync only)");
-ABSL_FLAG(double, loss_scale_initial, 65536, "dynamic loss scaling's first scale (a power of 2)");
-ABSL_FLAG(int64_t, loss_scale_growth_interval, 2000,
-          "clean iterations in a row after which the dynamic loss scale doubles");
 ABSL_FLAG(std::string, on_worker_loss, "wait",
           "wait: wait for a lost worker to come back (it rejoins at its rank and the current "
           "step: bit-identical), up to --worker_loss_timeout, then fail the job; shrink: drop a "
@@ -187,14 +179,7 @@ absl::Status Main() {
     return absl::InvalidArgumentError(absl::StrCat("--consistency: ", parsed.message()));
   }
   PS_ASSIGN_OR_RETURN(options.optimizer, OptimizerOptionsFromFlags());
-  const std::string loss_scale = absl::GetFlag(FLAGS_loss_scale);
-  if (loss_scale != "none" && loss_scale != "dynamic") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--loss_scale must be none or dynamic, got '", loss_scale, "'"));
-  }
-  options.loss_scale.dynamic = loss_scale == "dynamic";
-  options.loss_scale.initial = static_cast<float>(absl::GetFlag(FLAGS_loss_scale_initial));
-  options.loss_scale.growth_interval = absl::GetFlag(FLAGS_loss_scale_growth_interval);
+  PS_ASSIGN_OR_RETURN(options.loss_scale, LossScaleOptionsFromFlags());
   // Metrics: the timed events, the calls' codes, and the job's state.
   std::unique_ptr<MetricsServer> metrics;
   std::unique_ptr<EventMetrics> event_metrics;

@@ -126,10 +126,6 @@ ABSL_FLAG(std::string, precision, "fp32",
           "precision of the devices' matrix multiplies (linear layers, convolutions): fp32, "
           "bf16 or fp16 operands with fp32 accumulation; activations, gradients, the loss "
           "and the server's master weights stay fp32");
-ABSL_FLAG(std::string, loss_scale, "none",
-          "without --server only (the servers decide it otherwise: their --loss_scale): none, "
-          "or dynamic loss scaling for --precision=fp16, as the server's (initial 65536, "
-          "doubling after 2000 clean steps, halving and skipping the step on an overflow)");
 ABSL_FLAG(bool, recover, true,
           "when the server goes away or restarts, reconnect and resume from its version "
           "(a checkpoint's) instead of failing");
@@ -367,19 +363,10 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   std::function<int64_t()> bytes_pushed, bytes_pulled;
   std::function<std::map<int64_t, int64_t>()> staleness;  // one server only
   if (absl::GetFlag(FLAGS_server).empty()) {
-    const std::string loss_scale = absl::GetFlag(FLAGS_loss_scale);
-    if (loss_scale != "none" && loss_scale != "dynamic") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--loss_scale must be none or dynamic, got '", loss_scale, "'"));
-    }
-    server::LossScaleOptions scaling;
-    scaling.dynamic = loss_scale == "dynamic";
+    PS_ASSIGN_OR_RETURN(const server::LossScaleOptions scaling,
+                        server::LossScaleOptionsFromFlags());
     PS_ASSIGN_OR_RETURN(store, LocalParameterStore::Create(optimizer, 1, scaling));
   } else {
-    if (absl::GetFlag(FLAGS_loss_scale) != "none") {
-      return absl::InvalidArgumentError(
-          "--loss_scale is the servers' setting when the worker has a --server");
-    }
     RemoteStoreOptions remote_options;
     remote_options.server_address = absl::GetFlag(FLAGS_server);
     remote_options.worker_id = absl::GetFlag(FLAGS_worker_id);
