@@ -425,6 +425,14 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
                                       validation.size() > 0 ? &validation : nullptr));
   const int rank = trainer->registration().rank;
   if (trace != nullptr) trace->set_process(rank, absl::StrCat("worker ", rank));
+  if (options.precision != Precision::kFp32) {
+    // What runs in half precision and what does not, said once.
+    std::printf("worker %d: precision %s: linear and convolution GEMMs on %s operands with fp32 "
+                "accumulation; activations, pooling, batch norm, softmax, loss and gradients "
+                "in fp32\n",
+                rank, std::string(PrecisionName(options.precision)).c_str(),
+                std::string(PrecisionName(options.precision)).c_str());
+  }
   if (options.precision == Precision::kFp16 && trainer->registration().loss_scale == 0) {
     // Not an error (small models train), but gradients below fp16's 6e-8
     // vanish and above 65504 overflow without the server's loss scaling.
