@@ -126,12 +126,20 @@ MatmulMemo& Memo() {
   return *memo;
 }
 
-// The calling thread's packed operands and scratchpad, grown and never shrunk:
-// a training loop runs the same shapes every step.
+// The calling thread's packed operands and scratchpad, grown and never shrunk
+// (a training loop runs the same shapes every step), its stream, and for each
+// primitive it ran the memory objects it runs it on (re-pointed each call):
+// creating those per call cost as much as a small GEMM.
+struct ThreadMemories {
+  memory a, b, c, scratchpad;
+};
+
 struct ThreadBuffers {
   std::vector<uint16_t> a16, b16;
   std::vector<float> a32, b32;
   std::vector<char> scratchpad;
+  std::unique_ptr<dnnl::stream> stream;
+  std::map<const Matmul*, ThreadMemories> memories;
 };
 
 ThreadBuffers& Buffers() {
@@ -157,13 +165,23 @@ void Bf16Gemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int
     const Matmul& mm = Memo().Get(trans_a, trans_b, m, n, k, alpha, beta, ldc, threads);
     char* scratch = Grown(buffers.scratchpad, static_cast<int64_t>(mm.scratchpad_md.get_size()));
     const dnnl::engine& engine = Engine();
-    dnnl::stream stream(engine);
-    mm.primitive.execute(stream,
-                         {{DNNL_ARG_SRC, memory(mm.a_md, engine, a16)},
-                          {DNNL_ARG_WEIGHTS, memory(mm.b_md, engine, b16)},
-                          {DNNL_ARG_DST, memory(mm.c_md, engine, c)},
-                          {DNNL_ARG_SCRATCHPAD, memory(mm.scratchpad_md, engine, scratch)}});
-    stream.wait();
+    if (buffers.stream == nullptr) buffers.stream = std::make_unique<dnnl::stream>(engine);
+    auto [it, added] = buffers.memories.try_emplace(&mm);
+    ThreadMemories& mem = it->second;
+    if (added) {
+      mem = {memory(mm.a_md, engine, a16), memory(mm.b_md, engine, b16), memory(mm.c_md, engine, c),
+             memory(mm.scratchpad_md, engine, scratch)};
+    } else {
+      mem.a.set_data_handle(a16);
+      mem.b.set_data_handle(b16);
+      mem.c.set_data_handle(c);
+      mem.scratchpad.set_data_handle(scratch);
+    }
+    mm.primitive.execute(*buffers.stream, {{DNNL_ARG_SRC, mem.a},
+                                           {DNNL_ARG_WEIGHTS, mem.b},
+                                           {DNNL_ARG_DST, mem.c},
+                                           {DNNL_ARG_SCRATCHPAD, mem.scratchpad}});
+    buffers.stream->wait();
   } catch (const dnnl::error& e) {
     // The sizes were checked and the descriptors are plain strided matrices,
     // which every oneDNN CPU build supports: a failure is a bug.
