@@ -9,13 +9,12 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/cpu_device.h"
 #include "gtest/gtest.h"
-#include "server/in_process_server.h"
+#include "tests/in_process_job.h"
 #include "worker/data/synthetic.h"
 #include "worker/remote_parameter_store.h"
 #include "worker/trainer.h"
@@ -43,71 +42,39 @@ struct Outcome {
 };
 
 Outcome Train(const Job& r) {
-  Outcome out;
   worker::data::SyntheticOptions data_options;
   data_options.size = 210;  // 7 steps per epoch
   auto data = worker::data::MakeSyntheticDataset(data_options);
   if (!data.ok()) {
     ADD_FAILURE() << data.status();
-    return out;
+    return {};
   }
-  server::ParameterServerOptions server_options;
-  server_options.num_workers = 2;
-  server_options.optimizer.sgd.lr = 0.05f;
-  server_options.optimizer.sgd.momentum = 0.9f;
-  server_options.optimizer.sgd.weight_decay = 5e-4f;
-  server_options.chunk_elements = 1000;  // several messages
-  server_options.loss_scale.dynamic = r.loss_scaling;
-  server_options.loss_scale.initial = r.initial_scale;
-  server_options.loss_scale.growth_interval = r.growth_interval;
-  auto server = server::InProcessServer::Start(server_options);
-  if (!server.ok()) {
-    ADD_FAILURE() << server.status();
-    return out;
+  testing::InProcessJob job;
+  job.server.num_workers = 2;
+  job.server.optimizer.sgd.lr = 0.05f;
+  job.server.optimizer.sgd.momentum = 0.9f;
+  job.server.optimizer.sgd.weight_decay = 5e-4f;
+  job.server.chunk_elements = 1000;  // several messages
+  job.server.loss_scale.dynamic = r.loss_scaling;
+  job.server.loss_scale.initial = r.initial_scale;
+  job.server.loss_scale.growth_interval = r.growth_interval;
+  job.steps = r.steps;
+  job.trainer.batch_size = kGlobalBatch;
+  job.trainer.precision = r.precision;
+  job.configure = [&](int rank, worker::TrainerOptions* options) {
+    if (rank == 1) options->inject_overflow_at_iteration = r.inject_on_rank_1_at;
+  };
+  const testing::JobOutcome got = testing::RunInProcessJob(job, *data);
+  Outcome out;
+  for (const testing::WorkerOutcome& w : got.workers) {
+    EXPECT_EQ(w.registered_loss_scale, r.loss_scaling ? r.initial_scale : 0.f);
+    out.worker_params.push_back(w.params);
+    out.overflow_steps.push_back(w.overflow_steps);
+    out.final_loss.push_back(w.report.epochs.empty() ? 0 : w.report.epochs.back().train_loss);
   }
-  out.worker_params.resize(2);
-  out.overflow_steps.resize(2);
-  out.final_loss.resize(2);
-  std::vector<std::thread> threads;
-  for (int w = 0; w < 2; ++w) {
-    threads.emplace_back([&, w] {
-      CpuDevice device(0, 1);
-      worker::RemoteStoreOptions options;
-      options.server_address = (*server)->address();
-      options.worker_id = absl::StrCat("worker-", w);
-      options.rank = w;
-      options.steps_per_epoch = (data->size() + kGlobalBatch - 1) / kGlobalBatch;
-      auto store = worker::RemoteParameterStore::Create(options);
-      ASSERT_TRUE(store.ok()) << store.status();
-      worker::TrainerOptions trainer_options;
-      trainer_options.batch_size = kGlobalBatch;
-      trainer_options.epochs = 100;
-      trainer_options.max_steps = r.steps;
-      trainer_options.seed = 3;
-      trainer_options.evaluate = false;
-      trainer_options.precision = r.precision;
-      if (w == 1) trainer_options.inject_overflow_at_iteration = r.inject_on_rank_1_at;
-      worker::model::ModelConfig model;
-      model.name = "mlp";
-      model.mlp_hidden = {48, 24};
-      auto trainer = worker::Trainer::Create(trainer_options, model, {&device}, store->get(),
-                                             &*data, nullptr);
-      ASSERT_TRUE(trainer.ok()) << trainer.status();
-      EXPECT_EQ((*trainer)->registration().loss_scale, r.loss_scaling ? r.initial_scale : 0.f);
-      auto report = (*trainer)->Run();
-      ASSERT_TRUE(report.ok()) << report.status();
-      ASSERT_FALSE(report->epochs.empty());
-      out.final_loss[w] = report->epochs.back().train_loss;
-      out.overflow_steps[w] = (*trainer)->overflow_steps();
-      out.worker_params[w] = *(*trainer)->model().flat_parameters().ToVector();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  EXPECT_EQ((*server)->domain().version(), r.steps);
-  out.scale = (*server)->domain().loss_scale();
-  out.server_params.resize((*server)->domain().num_parameters());
-  EXPECT_TRUE((*server)->domain().Pull(0, absl::InfiniteFuture(),
-                                       absl::MakeSpan(out.server_params)).ok());
+  EXPECT_EQ(got.server_version, r.steps);
+  out.scale = got.loss_scale;
+  out.server_params = got.server_params;
   return out;
 }
 

@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/in_process_server.h"
+#include "tests/in_process_job.h"
 #include "worker/data/synthetic.h"
 #include "worker/remote_parameter_store.h"
 #include "worker/trainer.h"
@@ -52,63 +53,32 @@ struct Outcome {
 // `slowdown_period`, both in turns: TrainerOptions::slowdown_period).
 Outcome Train(const std::string& consistency, int64_t steps, double slowdown = 1,
               float momentum = 0.9f, int64_t slowdown_period = 0) {
-  Outcome run;
   const worker::data::Dataset data = Data();
-  server::ParameterServerOptions server_options;
-  server_options.num_workers = 2;
-  server_options.optimizer.sgd.lr = 0.05f;
-  server_options.optimizer.sgd.momentum = momentum;
-  server_options.optimizer.sgd.weight_decay = 5e-4f;
-  server_options.chunk_elements = 1000;  // several messages: a pipeline of buckets
-  EXPECT_TRUE(server::ParseConsistency(consistency, &server_options).ok());
-  auto server = server::InProcessServer::Start(server_options);
-  if (!server.ok()) {
-    ADD_FAILURE() << server.status();
-    return run;
+  testing::InProcessJob job;
+  job.server.num_workers = 2;
+  job.server.optimizer.sgd.lr = 0.05f;
+  job.server.optimizer.sgd.momentum = momentum;
+  job.server.optimizer.sgd.weight_decay = 5e-4f;
+  job.server.chunk_elements = 1000;  // several messages: a pipeline of buckets
+  EXPECT_TRUE(server::ParseConsistency(consistency, &job.server).ok());
+  job.steps = steps;
+  job.trainer.batch_size = kGlobalBatch;
+  job.trainer.seed = kSeed;
+  job.trainer.push_pull.bucket_bytes = 0;  // one bucket per message
+  job.trainer.slowdown_period = slowdown_period;
+  // Slowed: worker 1, or with a period both, taking turns.
+  job.configure = [&](int rank, worker::TrainerOptions* options) {
+    if (rank == 1 || slowdown_period > 0) options->slowdown = slowdown;
+  };
+  const testing::JobOutcome got = testing::RunInProcessJob(job, data);
+  Outcome run;
+  for (const testing::WorkerOutcome& w : got.workers) {
+    run.worker_params.push_back(w.params);
+    run.reports.push_back(w.report);
+    run.staleness.push_back(w.staleness);
   }
-  run.worker_params.resize(2);
-  run.reports.resize(2);
-  run.staleness.resize(2);
-  std::vector<std::thread> threads;
-  for (int w = 0; w < 2; ++w) {
-    threads.emplace_back([&, w] {
-      CpuDevice device(0, 1);
-      worker::RemoteStoreOptions options;
-      options.server_address = (*server)->address();
-      options.worker_id = absl::StrCat("worker-", w);
-      options.rank = w;
-      options.steps_per_epoch = (data.size() + kGlobalBatch - 1) / kGlobalBatch;
-      auto store = worker::RemoteParameterStore::Create(options);
-      ASSERT_TRUE(store.ok()) << store.status();
-      worker::TrainerOptions trainer_options;
-      trainer_options.batch_size = kGlobalBatch;
-      trainer_options.epochs = 100;
-      trainer_options.max_steps = steps;
-      trainer_options.seed = kSeed;
-      trainer_options.evaluate = false;
-      trainer_options.push_pull.bucket_bytes = 0;  // one bucket per message
-      // Slowed: worker 1, or with a period both, taking turns.
-      if (w == 1 || slowdown_period > 0) trainer_options.slowdown = slowdown;
-      trainer_options.slowdown_period = slowdown_period;
-      worker::model::ModelConfig model;
-      model.name = "mlp";
-      model.mlp_hidden = {48, 24};
-      auto trainer = worker::Trainer::Create(trainer_options, model, {&device}, store->get(),
-                                             &data, nullptr);
-      ASSERT_TRUE(trainer.ok()) << trainer.status();
-      EXPECT_EQ((*trainer)->registration().staleness_bound, server_options.staleness);
-      auto report = (*trainer)->Run();
-      ASSERT_TRUE(report.ok()) << report.status();
-      run.reports[w] = *report;
-      run.staleness[w] = (*store)->staleness_histogram();
-      run.worker_params[w] = *(*trainer)->model().flat_parameters().ToVector();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  EXPECT_EQ((*server)->domain().version(), steps);
-  run.server_params.resize((*server)->domain().num_parameters());
-  EXPECT_TRUE((*server)->domain().Pull(0, absl::InfiniteFuture(),
-                                       absl::MakeSpan(run.server_params)).ok());
+  EXPECT_EQ(got.server_version, steps);
+  run.server_params = got.server_params;
   return run;
 }
 
