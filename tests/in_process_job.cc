@@ -67,8 +67,8 @@ JobOutcome RunInProcessJob(const InProcessJob& job, const worker::data::Dataset&
   out.server_version = (*server)->domain().version();
   out.loss_scale = (*server)->domain().loss_scale();
   out.server_params.resize((*server)->domain().num_parameters());
-  EXPECT_TRUE((*server)->domain().Pull(0, absl::InfiniteFuture(),
-                                       absl::MakeSpan(out.server_params)).ok());
+  EXPECT_TRUE(
+      (*server)->domain().Pull(0, absl::InfiniteFuture(), absl::MakeSpan(out.server_params)).ok());
   return out;
 }
 
