@@ -58,12 +58,15 @@ worker::data::Dataset Data() {
   return std::move(data).value();
 }
 
-std::vector<float> TrainOnOneDevice(const std::string& model, const worker::data::Dataset& data) {
+std::vector<float> TrainOnOneDevice(const std::string& model, const worker::data::Dataset& data,
+                                    Precision precision = Precision::kFp32) {
   CpuDevice device(0, 1);
   auto store = worker::LocalParameterStore::Create(Sgd());
   EXPECT_TRUE(store.ok());
+  worker::TrainerOptions options = Options();
+  options.precision = precision;
   auto trainer =
-      worker::Trainer::Create(Options(), Config(model), {&device}, store->get(), &data, nullptr);
+      worker::Trainer::Create(options, Config(model), {&device}, store->get(), &data, nullptr);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   auto report = (*trainer)->Run();
   EXPECT_TRUE(report.ok()) << report.status();
@@ -76,7 +79,7 @@ std::vector<float> TrainOnOneDevice(const std::string& model, const worker::data
 // worker), with one bucket per message so the pipeline has many.
 std::vector<float> TrainDistributed(const std::string& model, const worker::data::Dataset& data,
                                     int workers, int devices_per_worker, int shards = 1,
-                                    bool overlap = true) {
+                                    bool overlap = true, Precision precision = Precision::kFp32) {
   // gRPC parameter servers on free loopback ports, in this process. They
   // know no model: the workers state it (each shard its part), and rank 0
   // sends the initial parameters.
@@ -129,6 +132,7 @@ std::vector<float> TrainDistributed(const std::string& model, const worker::data
       }
       worker::TrainerOptions trainer_options = Options();
       trainer_options.overlap = overlap;
+      trainer_options.precision = precision;
       trainer_options.push_pull.bucket_bytes = 0;
       auto trainer = worker::Trainer::Create(trainer_options, Config(model), devices, store.get(),
                                              &data, nullptr);
@@ -176,6 +180,23 @@ TEST(SyncTrainingTest, TwoWorkersTimesTwoDevicesEqualOneDeviceLenet) {
   const auto one = TrainOnOneDevice("lenet", data);
   const auto distributed = TrainDistributed("lenet", data, 2, 2);
   ExpectRelativelyClose(distributed, one, 1e-4);
+}
+
+// The promise holds in mixed precision too: the bf16 rounding of each GEMM
+// operand is the same whichever device computes it, so only fp32
+// accumulation order differs, as in fp32.
+TEST(SyncTrainingTest, TwoWorkersTimesTwoDevicesEqualOneDeviceInBf16) {
+  const worker::data::Dataset data = Data();
+  for (const char* model : {"mlp", "lenet"}) {
+    SCOPED_TRACE(model);
+    const auto one = TrainOnOneDevice(model, data, Precision::kBf16);
+    const auto distributed =
+        TrainDistributed(model, data, 2, 2, 1, /*overlap=*/true, Precision::kBf16);
+    ExpectRelativelyClose(distributed, one, 1e-4);
+    // And it is bf16: not fp32's parameters.
+    const auto fp32 = TrainOnOneDevice(model, data);
+    EXPECT_NE(one, fp32);
+  }
 }
 
 // Three workers' pushes reach the server in whatever order their threads and
