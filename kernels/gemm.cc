@@ -156,11 +156,11 @@ void GemmCpu(Precision precision, bool trans_a, bool trans_b, int64_t m, int64_t
   // (and conv_dnnl sets it to 1 for its primitives).
   const int threads =
       CpuDevice::InParallelPart() ? 1 : GemmThreads().load(std::memory_order_relaxed);
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
   if (precision != Precision::kFp32) {
     HalfGemmCpu(precision, threads, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
   const dnnl_status_t status =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c,
                  ldc);
@@ -181,8 +181,8 @@ absl::Status Gemm(Device& device, bool trans_a, bool trans_b, int64_t m, int64_t
   PS_RETURN_IF_ERROR(CheckGemmArgs("Gemm", m, n, k, alpha, a, b, c));
   if (m == 0 || n == 0) return absl::OkStatus();
   if (device.is_cpu()) {
-    internal::GemmCpu(device.gemm_precision(), trans_a, trans_b, m, n, k, alpha, a, Lda(trans_a, m, k), b,
-                      Ldb(trans_b, n, k), beta, c, n);
+    internal::GemmCpu(device.gemm_precision(), trans_a, trans_b, m, n, k, alpha, a,
+                      Lda(trans_a, m, k), b, Ldb(trans_b, n, k), beta, c, n);
     return absl::OkStatus();
   }
 #ifdef PS_WITH_CUDA
@@ -214,8 +214,9 @@ absl::Status GemmStridedBatched(Device& device, bool trans_a, bool trans_b, int6
   if (device.is_cpu()) {
     // Each matrix is one GEMM call, threaded on its own.
     for (int64_t i = 0; i < batch; ++i) {
-      internal::GemmCpu(device.gemm_precision(), trans_a, trans_b, m, n, k, alpha, a + i * stride_a, Lda(trans_a, m, k),
-                        b + i * stride_b, Ldb(trans_b, n, k), beta, c + i * stride_c, n);
+      internal::GemmCpu(device.gemm_precision(), trans_a, trans_b, m, n, k, alpha, a + i * stride_a,
+                        Lda(trans_a, m, k), b + i * stride_b, Ldb(trans_b, n, k), beta,
+                        c + i * stride_c, n);
     }
     return absl::OkStatus();
   }

@@ -1,19 +1,18 @@
 #include "kernels/half_gemm_cpu.h"
 
 #include <immintrin.h>
-#include <omp.h>
 
 #include <array>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "common/half.h"
-#include "oneapi/dnnl/dnnl.h"
+#include "kernels/gemm.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace ps::kernels::internal {
@@ -71,12 +70,6 @@ const dnnl::engine& Engine() {
   return *engine;
 }
 
-int64_t FloatBitsOf(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  return bits;
-}
-
 // A packed operand is stored as its rows were: op(A) (m x k) has strides
 // {k, 1}, or {1, m} when A is stored transposed; op(B) (k x n) likewise.
 std::unique_ptr<Matmul> CreateMatmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
@@ -108,7 +101,14 @@ class MatmulMemo {
  public:
   const Matmul& Get(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     float beta, int64_t ldc, int threads) {
-    const Key key = {m,      n, k, trans_a, trans_b, ldc, FloatBitsOf(alpha), FloatBitsOf(beta),
+    const Key key = {m,
+                     n,
+                     k,
+                     trans_a,
+                     trans_b,
+                     ldc,
+                     ps::internal::FloatBits(alpha),
+                     ps::internal::FloatBits(beta),
                      threads};
     std::lock_guard<std::mutex> lock(mu_);
     std::unique_ptr<Matmul>& entry = entries_[key];
@@ -201,13 +201,9 @@ void Fp16Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
   const int64_t b_cols = trans_b ? k : n;
   RoundToHalf(a, trans_a ? k : m, a_cols, lda, a32);
   RoundToHalf(b, trans_b ? n : k, b_cols, ldb, b32);
-  const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,
-                                          a32, a_cols, b32, b_cols, beta, c, ldc);
-  if (status != dnnl_success) {
-    std::fprintf(stderr, "dnnl_sgemm failed with status %d in the fp16 GEMM\n",
-                 static_cast<int>(status));
-    std::abort();
-  }
+  // fp32 arithmetic on the rounded values: the fp32 GEMM itself.
+  GemmCpu(Precision::kFp32, trans_a, trans_b, m, n, k, alpha, a32, a_cols, b32, b_cols, beta, c,
+          ldc);
 }
 
 }  // namespace
@@ -220,7 +216,7 @@ void RoundToBfloat16(const float* src, int64_t rows, int64_t cols, int64_t ld, u
     if (avx512) {
       RoundRowToBfloat16Avx512(in, cols, out);
     } else {
-      for (int64_t i = 0; i < cols; ++i) out[i] = FloatToBfloat16(in[i]);
+      FloatToBfloat16(absl::MakeConstSpan(in, cols), absl::MakeSpan(out, cols));
     }
   }
 }
@@ -241,7 +237,6 @@ void RoundToHalf(const float* src, int64_t rows, int64_t cols, int64_t ld, float
 void HalfGemmCpu(Precision precision, int threads, bool trans_a, bool trans_b, int64_t m, int64_t n,
                  int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
                  float beta, float* c, int64_t ldc) {
-  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
   if (precision == Precision::kBf16) {
     Bf16Gemm(threads, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {

@@ -21,8 +21,9 @@
 //    its overflows and its loss scaling, run and are tested on CPUs too.
 //
 // Same contract as internal::GemmCpu (gemm.h): row-major operands with
-// leading dimensions, sizes already checked, m, n, k > 0, `threads` OpenMP
-// threads including the caller's. Thread-safe.
+// leading dimensions, sizes already checked, m, n, k > 0. `threads` is the
+// calling thread's OpenMP team size, which GemmCpu has set (a bf16 primitive
+// is made for its team). Thread-safe.
 
 #include <cstdint>
 

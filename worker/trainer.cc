@@ -2,13 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "kernels/elementwise.h"
+#include "server/f32_pieces.h"
 #include "worker/split_batch.h"
 #include "worker/weights.h"
 
@@ -646,15 +647,10 @@ void Trainer::PoisonOverflow(int64_t iteration) {
   if (iteration == options_.inject_overflow_at_iteration && num_parameters_ > 0) {
     gradients[0] = std::numeric_limits<float>::infinity();
   }
-  // An exponent of all ones is an infinity or a NaN; an integer OR over
-  // the bits vectorises, where a test per element would stop to branch.
-  uint32_t non_finite = 0;
-  for (int64_t i = 0; i < num_parameters_; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &gradients[i], sizeof(bits));
-    non_finite |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
-  }
-  if (non_finite == 0) return;
+  const absl::string_view bytes(reinterpret_cast<const char*>(gradients),
+                                num_parameters_ * static_cast<int64_t>(sizeof(float)));
+  float bad = 0.f;
+  if (server::FirstNonFinite({&bytes, 1}, &bad) < 0) return;
   ++overflow_steps_;
   std::fill(gradients, gradients + num_parameters_, std::numeric_limits<float>::quiet_NaN());
 }
