@@ -480,7 +480,8 @@ void ForwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x, 
     columns = buf.cols;
   }
   if (epilogue != nullptr) {
-    GemmCpu(g.precision, false, false, g.o, ld, g.k, 1.f, weight, g.k, columns, ld, 0.f, buf.block, ld);
+    GemmCpu(g.precision, false, false, g.o, ld, g.k, 1.f, weight, g.k, columns, ld, 0.f, buf.block,
+            ld);
     EpilogueForward(g, n0, count, buf.block, bias, *epilogue, rows);
     return;
   }
@@ -495,7 +496,8 @@ void ForwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x, 
   }
   // block [O x count*P] = weight [O x K] * columns [K x count*P], then to
   // NCHW with the bias while the block is still in cache.
-  GemmCpu(g.precision, false, false, g.o, ld, g.k, 1.f, weight, g.k, columns, ld, 0.f, buf.block, ld);
+  GemmCpu(g.precision, false, false, g.o, ld, g.k, 1.f, weight, g.k, columns, ld, 0.f, buf.block,
+          ld);
   BlockToNchw(buf.block, count, g.o, g.p, bias, y0);
 }
 
@@ -546,7 +548,8 @@ void BackwardBlock(const Geometry& g, int64_t n0, int64_t count, const float* x,
     } else {
       NchwToPixelMajor(dy0, count, g.o, g.p, g.o * g.p, g.p, buf.block2, nullptr, false);
     }
-    GemmCpu(g.precision, false, false, g.k, g.o, ld, 1.f, columns, ld, buf.block2, g.o, beta, dw, g.o);
+    GemmCpu(g.precision, false, false, g.k, g.o, ld, 1.f, columns, ld, buf.block2, g.o, beta, dw,
+            g.o);
   } else {
     GemmCpu(g.precision, false, true, g.o, g.k, ld, 1.f, dy_block, ld, columns, ld, beta, dw, g.k);
   }

@@ -44,9 +44,9 @@ void LinearForwardCpu(CpuDevice& device, int64_t batch, int64_t in_features, int
         std::memcpy(y + r * out_features, bias, out_features * sizeof(float));
       }
     }
-    GemmCpu(precision, false, true, end - begin, out_features, in_features, 1.f, x + begin * in_features,
-            ld_in, weight, ld_in, bias != nullptr ? 1.f : 0.f, y + begin * out_features,
-            out_features);
+    GemmCpu(precision, false, true, end - begin, out_features, in_features, 1.f,
+            x + begin * in_features, ld_in, weight, ld_in, bias != nullptr ? 1.f : 0.f,
+            y + begin * out_features, out_features);
   });
 }
 
@@ -59,8 +59,9 @@ void LinearBackwardCpu(CpuDevice& device, int64_t batch, int64_t in_features, in
   // dx [N x in] = dy [N x out] * weight [out x in], sliced by samples.
   if (dx != nullptr) {
     Slices(device, batch, [=](int64_t begin, int64_t end) {
-      GemmCpu(precision, false, false, end - begin, in_features, out_features, 1.f, dy + begin * out_features,
-              ld_out, weight, ld_in, 0.f, dx + begin * in_features, ld_in);
+      GemmCpu(precision, false, false, end - begin, in_features, out_features, 1.f,
+              dy + begin * out_features, ld_out, weight, ld_in, 0.f, dx + begin * in_features,
+              ld_in);
     });
   }
   // dweight [out x in] = dy^T * x, sliced by output features: slice [b, e)
@@ -68,8 +69,8 @@ void LinearBackwardCpu(CpuDevice& device, int64_t batch, int64_t in_features, in
   // so dweight becomes zero.
   if (dweight != nullptr) {
     Slices(device, out_features, [=](int64_t begin, int64_t end) {
-      GemmCpu(precision, true, false, end - begin, in_features, batch, 1.f, dy + begin, ld_out, x, ld_in,
-              0.f, dweight + begin * in_features, ld_in);
+      GemmCpu(precision, true, false, end - begin, in_features, batch, 1.f, dy + begin, ld_out, x,
+              ld_in, 0.f, dweight + begin * in_features, ld_in);
     });
   }
   // dbias = column sums of dy, split by columns so each thread owns its

@@ -130,9 +130,9 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
     if (r.async != decided.async || r.staleness_bound != decided.staleness_bound ||
         (r.loss_scale > 0) != (decided.loss_scale > 0)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", shards_[i].index, " (", shards_[i].address, ") runs another consistency or loss "
-          "scaling than shard ", first.index, " (", first.address, "): start every shard with "
-          "the same --consistency and --loss_scale"));
+          "shard ", shards_[i].index, " (", shards_[i].address, ") runs another consistency or ",
+          "loss scaling than shard ", first.index, " (", first.address, "): start every shard ",
+          "with the same --consistency and --loss_scale"));
     }
     if (r.rank != decided.rank || r.num_workers != decided.num_workers ||
         r.version != decided.version) {
