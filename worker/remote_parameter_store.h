@@ -255,15 +255,15 @@ class RemoteParameterStore final : public ParameterStore {
   // Pulls of version v ask for the newest parameters of version v - S or
   // later (not exactly v): ssp:S with S > 0.
   bool stale_pulls() const { return ssp_ && staleness_bound_ > 0; }
+  // Dynamic loss scaling: the newest scale the server sent, and its version.
+  mutable absl::Mutex loss_scale_mu_;
+  float loss_scale_ ABSL_GUARDED_BY(loss_scale_mu_) = 0;
+  int64_t loss_scale_version_ ABSL_GUARDED_BY(loss_scale_mu_) = -1;
   // Asynchronous and ssp: per message, the version its last pull brought
   // (the version its next push is computed from), and the staleness
   // replies; ssp:S > 0: the versions pulls in flight ask for (how many
   // each), which the heartbeat thread reads to say whom a held-back step
   // waits for.
-  // Dynamic loss scaling: the newest scale the server sent, and its version.
-  mutable absl::Mutex loss_scale_mu_;
-  float loss_scale_ ABSL_GUARDED_BY(loss_scale_mu_) = 0;
-  int64_t loss_scale_version_ ABSL_GUARDED_BY(loss_scale_mu_) = -1;
   mutable absl::Mutex async_mu_;
   std::vector<int64_t> pulled_version_ ABSL_GUARDED_BY(async_mu_);
   std::map<int64_t, int64_t> staleness_ ABSL_GUARDED_BY(async_mu_);
