@@ -784,10 +784,10 @@ class ParameterServer {
     int64_t applied = 0;
     bool overflow = false;  // a chunk's update was skipped (loss scaling)
   };
+  std::vector<IterationState> iterations_ ABSL_GUARDED_BY(mu_);  // by SlotOf
   // Dynamic loss scaling: the scale of iteration version_, the clean
   // iterations in a row before it, and the iterations skipped in all.
   LossScaleState loss_scale_ ABSL_GUARDED_BY(mu_);
-  std::vector<IterationState> iterations_ ABSL_GUARDED_BY(mu_);  // by SlotOf
   // Per global chunk: a thread is applying its updates (AdvanceChunk).
   std::vector<bool> applying_ ABSL_GUARDED_BY(mu_);
   // Iterations from this one on are not applied (a capture waits for the
