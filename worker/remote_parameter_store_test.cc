@@ -51,11 +51,13 @@ std::unique_ptr<server::InProcessServer> StartServer(int workers) {
 std::unique_ptr<RemoteParameterStore> MakeStore(const std::string& address,
                                                 const std::string& id,
                                                 EventObserver* observer = nullptr,
-                                                int connections = 1) {
+                                                int connections = 1,
+                                                const std::string& compression = "none") {
   RemoteStoreOptions options;
   options.server_address = address;
   options.worker_id = id;
   options.connections = connections;
+  options.compression = compression;
   options.rpc_timeout = absl::Seconds(10);
   options.observer = observer;
   auto store = RemoteParameterStore::Create(options);
@@ -274,19 +276,13 @@ TEST(RemoteParameterStoreCompressionTest, HalfPrecisionOnTheWireBothWays) {
   for (const char* compression : {"fp16", "bf16"}) {
     SCOPED_TRACE(compression);
     auto server = StartServer(1);
-    RemoteStoreOptions options;
-    options.server_address = server->address();
-    options.worker_id = "w";
-    options.rpc_timeout = absl::Seconds(10);
-    options.compression = compression;
-    auto store = RemoteParameterStore::Create(options);
-    ASSERT_TRUE(store.ok()) << store.status();
+    auto store = MakeStore(server->address(), "w", nullptr, 1, compression);
     const std::vector<float> initial = Ramp(0.5f, 0.25f);
-    auto reg = (*store)->Register(Signature(), initial);
+    auto reg = store->Register(Signature(), initial);
     ASSERT_TRUE(reg.ok()) << reg.status();
     std::vector<float> params(kElements);
     // The initial values travel exactly (fp32); pulls in the codec's dtype.
-    ASSERT_TRUE((*store)->Pull(0, absl::MakeSpan(params)).ok());
+    ASSERT_TRUE(store->Pull(0, absl::MakeSpan(params)).ok());
     auto codec = MakeWireCodec(compression);
     ASSERT_TRUE(codec.ok());
     auto rounded = [&](std::vector<float> v) {
@@ -300,8 +296,8 @@ TEST(RemoteParameterStoreCompressionTest, HalfPrecisionOnTheWireBothWays) {
     // lr 1, one sample: the server's fp32 parameters drop by the decoded
     // gradient.
     const std::vector<float> gradient = Ramp(0.1f, 0.013f);
-    ASSERT_TRUE((*store)->Push(0, 1, gradient).ok());
-    ASSERT_TRUE((*store)->Pull(1, absl::MakeSpan(params)).ok());
+    ASSERT_TRUE(store->Push(0, 1, gradient).ok());
+    ASSERT_TRUE(store->Pull(1, absl::MakeSpan(params)).ok());
     const std::vector<float> sent = rounded(gradient);
     std::vector<float> master(kElements);
     ASSERT_TRUE(server->domain().Pull(1, absl::InfiniteFuture(), absl::MakeSpan(master)).ok());
@@ -309,8 +305,8 @@ TEST(RemoteParameterStoreCompressionTest, HalfPrecisionOnTheWireBothWays) {
       EXPECT_EQ(master[i], initial[i] - sent[i]) << i;  // fp32 on the server
     }
     EXPECT_EQ(params, rounded(master));
-    EXPECT_EQ((*store)->bytes_pushed(), 2 * kElements);
-    EXPECT_EQ((*store)->bytes_pulled(), 2 * 2 * kElements);
+    EXPECT_EQ(store->bytes_pushed(), 2 * kElements);
+    EXPECT_EQ(store->bytes_pulled(), 2 * 2 * kElements);
   }
 }
 
@@ -333,15 +329,10 @@ namespace {
 // pushed are 8 per value sent.
 TEST(RemoteParameterStoreCompressionTest, TopKWithErrorFeedbackDeliversEverythingEventually) {
   auto server = StartServer(1);
-  RemoteStoreOptions options;
-  options.server_address = server->address();
-  options.worker_id = "w";
-  options.rpc_timeout = absl::Seconds(10);
-  options.compression = "topk:0.2";  // one value of each chunk of up to 5
-  auto store = RemoteParameterStore::Create(options);
-  ASSERT_TRUE(store.ok()) << store.status();
+  // topk:0.2: one value of each chunk of up to 5.
+  auto store = MakeStore(server->address(), "w", nullptr, 1, "topk:0.2");
   const std::vector<float> initial(kElements, 0.f);
-  ASSERT_TRUE((*store)->Register(Signature(), initial).ok());
+  ASSERT_TRUE(store->Register(Signature(), initial).ok());
   // The same gradient every step; with lr 1 and one sample each step the
   // server's parameters drop by what arrived. After as many steps as the
   // largest chunk has elements (5), every value has been sent at least once
@@ -349,23 +340,23 @@ TEST(RemoteParameterStoreCompressionTest, TopKWithErrorFeedbackDeliversEverythin
   const std::vector<float> gradient = Ramp(1.f, 0.5f);
   constexpr int kSteps = 5;
   for (int step = 0; step < kSteps; ++step) {
-    ASSERT_TRUE((*store)->Push(step, 1, gradient).ok()) << step;
+    ASSERT_TRUE(store->Push(step, 1, gradient).ok()) << step;
   }
   // Then zeros: what was held back goes out, one value per chunk per step,
   // within as many steps as the longest chunk (5) has values.
   const std::vector<float> zeros(kElements, 0.f);
   for (int step = kSteps; step < 2 * kSteps; ++step) {
-    ASSERT_TRUE((*store)->Push(step, 1, zeros).ok()) << step;
+    ASSERT_TRUE(store->Push(step, 1, zeros).ok()) << step;
   }
   std::vector<float> params(kElements);
-  ASSERT_TRUE((*store)->Pull(2 * kSteps, absl::MakeSpan(params)).ok());
+  ASSERT_TRUE(store->Pull(2 * kSteps, absl::MakeSpan(params)).ok());
   // Nothing lost: the parameters fell by all that was pushed (halves, so
   // every sum is exact whatever order the values went in).
   for (int64_t i = 0; i < kElements; ++i) EXPECT_EQ(params[i], -kSteps * gradient[i]) << i;
   // 7 chunks (5 + 2, 3, 2, 5 + 5 + 2): 7 values sent per step, 8 bytes each;
   // one fp32 pull.
-  EXPECT_EQ((*store)->bytes_pushed(), 2 * kSteps * 7 * 8);
-  EXPECT_EQ((*store)->bytes_pulled(), 4 * kElements);
+  EXPECT_EQ(store->bytes_pushed(), 2 * kSteps * 7 * 8);
+  EXPECT_EQ(store->bytes_pulled(), 4 * kElements);
 }
 
 // Under topk, a pull of version v into the buffer that holds v - 1 brings
@@ -374,20 +365,15 @@ TEST(RemoteParameterStoreCompressionTest, TopKWithErrorFeedbackDeliversEverythin
 // the bytes; a pull into another buffer is dense again.
 TEST(RemoteParameterStoreCompressionTest, TopKPullsOnlyWhatChanged) {
   auto server = StartServer(1);
-  RemoteStoreOptions options;
-  options.server_address = server->address();
-  options.worker_id = "w";
-  options.rpc_timeout = absl::Seconds(10);
-  options.compression = "topk:0.2";  // one value of each of the 7 chunks
-  auto store = RemoteParameterStore::Create(options);
-  ASSERT_TRUE(store.ok()) << store.status();
+  // topk:0.2: one value of each of the 7 chunks.
+  auto store = MakeStore(server->address(), "w", nullptr, 1, "topk:0.2");
   const std::vector<float> initial = Ramp(10.f, 1.f);
-  ASSERT_TRUE((*store)->Register(Signature(), initial).ok());
-  const int segments = static_cast<int>((*store)->SegmentEnds().size());
+  ASSERT_TRUE(store->Register(Signature(), initial).ok());
+  const int segments = static_cast<int>(store->SegmentEnds().size());
   auto pull = [&](int64_t version, std::vector<float>& into) {
     absl::Notification done;
     absl::Status status;
-    (*store)->PullSegments(version, 0, segments, absl::MakeSpan(into), [&](absl::Status s) {
+    store->PullSegments(version, 0, segments, absl::MakeSpan(into), [&](absl::Status s) {
       status = s;
       done.Notify();
     });
@@ -397,15 +383,15 @@ TEST(RemoteParameterStoreCompressionTest, TopKPullsOnlyWhatChanged) {
   std::vector<float> params(kElements);
   ASSERT_TRUE(pull(0, params).ok());
   EXPECT_EQ(params, initial);
-  int64_t pulled = (*store)->bytes_pulled();
+  int64_t pulled = store->bytes_pulled();
   EXPECT_EQ(pulled, 4 * kElements);  // nothing held yet: dense
   const std::vector<float> gradient = Ramp(1.f, 0.5f);
   for (int64_t step = 0; step < 3; ++step) {
-    ASSERT_TRUE((*store)->Push(step, 1, gradient).ok());
+    ASSERT_TRUE(store->Push(step, 1, gradient).ok());
     ASSERT_TRUE(pull(step + 1, params).ok());
     // 7 values changed (one per chunk): 7 pairs of 8 bytes.
-    EXPECT_EQ((*store)->bytes_pulled() - pulled, 7 * 8) << "step " << step;
-    pulled = (*store)->bytes_pulled();
+    EXPECT_EQ(store->bytes_pulled() - pulled, 7 * 8) << "step " << step;
+    pulled = store->bytes_pulled();
     std::vector<float> full(kElements);
     ASSERT_TRUE(server->domain().Pull(step + 1, absl::InfiniteFuture(), absl::MakeSpan(full)).ok());
     EXPECT_EQ(0, std::memcmp(params.data(), full.data(), sizeof(float) * kElements))
@@ -414,7 +400,7 @@ TEST(RemoteParameterStoreCompressionTest, TopKPullsOnlyWhatChanged) {
   // Another buffer: dense.
   std::vector<float> other(kElements);
   ASSERT_TRUE(pull(3, other).ok());
-  EXPECT_EQ((*store)->bytes_pulled() - pulled, 4 * kElements);
+  EXPECT_EQ(store->bytes_pulled() - pulled, 4 * kElements);
   EXPECT_EQ(other, params);
 }
 
