@@ -184,5 +184,32 @@ TEST(WireCodecTest, AMalformedTopKChunkIsRefusedByItsProblem) {
   }
 }
 
+// A delta pull's chunk: the elements whose bits changed (-0 from +0 too),
+// counted up to a limit, encoded as ascending pairs, and applied over the
+// old version to give the new one exactly; a malformed delta writes nothing.
+TEST(WireCodecTest, DeltaCarriesExactlyWhatChanged) {
+  const std::vector<float> before = {1.f, 2.f, 0.f, 4.f, 5.f, 6.f};
+  const std::vector<float> now = {1.f, 2.5f, -0.f, 4.f, 5.f, -6.f};
+  EXPECT_EQ(CountChanged(now, before, 100), 3);
+  EXPECT_EQ(CountChanged(now, before, 2), 2);  // stops at the limit
+  EXPECT_EQ(CountChanged(before, before, 100), 0);
+  std::string bytes(3 * 8, '\0');
+  EncodeChanged(now, before, bytes.data());
+  uint32_t first_index = 0;
+  std::memcpy(&first_index, bytes.data(), 4);
+  EXPECT_EQ(first_index, 1u);
+  std::vector<float> held = before;
+  const absl::string_view piece(bytes);
+  ASSERT_TRUE(ApplyDelta(absl::MakeConstSpan(&piece, 1), absl::MakeSpan(held)).ok());
+  EXPECT_EQ(0, std::memcmp(held.data(), now.data(), sizeof(float) * now.size()));
+  // Out of order: refused, nothing written.
+  std::string swapped = bytes.substr(8, 8) + bytes.substr(0, 8);
+  const absl::string_view bad(swapped);
+  held = before;
+  EXPECT_EQ(ApplyDelta(absl::MakeConstSpan(&bad, 1), absl::MakeSpan(held)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(held, before);
+}
+
 }  // namespace
 }  // namespace ps
