@@ -3,7 +3,10 @@
 // against a real gRPC server (in this process, over TCP on 127.0.0.1).
 // Prints GB/s of tensor payload for push and pull, one after the other and
 // pipelined (each message pulled as soon as its push is accepted); not a
-// test. With
+// test. Before each round a plain TCP stream on loopback moves the same
+// bytes (iperf3's one-stream yardstick, LoopbackStream), and each figure is
+// also given as the median over rounds of its ratio to that round's stream.
+// With
 // --servers=S the model is cut over S servers (worker/shard_plan.h) and the
 // worker talks to all of them at once through ShardedParameterStore; a list
 // (--servers=1,2,4) measures each in turn. With --security=plaintext,tls,mtls
@@ -15,10 +18,18 @@
 //   deploy/tls/make_test_certs.sh /tmp/certs
 //   bazel run //tests:wire_benchmark -- --security=plaintext,tls,mtls --tls_dir=/tmp/certs
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -83,6 +94,99 @@ class ServerTime : public EventObserver {
   std::mutex mu_;
   double push_s_ = 0, update_s_ = 0;
 };
+
+// The yardstick, measured round by round beside the store: one TCP stream
+// on 127.0.0.1 moving the same bytes as iperf3 does (128 KiB writes into
+// the socket, a reader thread draining it into a 128 KiB buffer), so that
+// the ratio of each round is taken on the same machine in the same seconds
+// (this VM's loopback rate moves by ±20 % from one minute to the next).
+class LoopbackStream {
+ public:
+  static std::unique_ptr<LoopbackStream> Open() {
+    std::unique_ptr<LoopbackStream> s(new LoopbackStream());
+    const int listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+        listen(listener, 1) != 0 ||
+        getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      std::perror("loopback stream: listen");
+      if (listener >= 0) close(listener);
+      return nullptr;
+    }
+    s->sender_ = socket(AF_INET, SOCK_STREAM, 0);
+    if (s->sender_ < 0 ||
+        connect(s->sender_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      std::perror("loopback stream: connect");
+      close(listener);
+      return nullptr;
+    }
+    s->receiver_ = accept(listener, nullptr, nullptr);
+    close(listener);
+    if (s->receiver_ < 0) {
+      std::perror("loopback stream: accept");
+      return nullptr;
+    }
+    s->reader_ = std::thread([p = s.get()] { p->Drain(); });
+    return s;
+  }
+  ~LoopbackStream() {
+    if (sender_ >= 0) close(sender_);  // the reader sees the end and stops
+    if (reader_.joinable()) reader_.join();
+    if (receiver_ >= 0) close(receiver_);
+  }
+  // Seconds to move `bytes` from `data` to the reader (until it has read
+  // the last byte); negative if the stream failed.
+  double Send(const char* data, int64_t bytes) {
+    const auto start = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      expected_ += bytes;
+    }
+    for (int64_t sent = 0; sent < bytes;) {
+      const ssize_t n = write(sender_, data + sent, std::min<int64_t>(kBlock, bytes - sent));
+      if (n <= 0) return -1;
+      sent += n;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return received_ >= expected_ || failed_; });
+    if (failed_) return -1;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+ private:
+  static constexpr int64_t kBlock = 128 << 10;  // iperf3's TCP block
+  LoopbackStream() = default;
+  void Drain() {
+    std::vector<char> buffer(kBlock);
+    for (;;) {
+      const ssize_t n = read(receiver_, buffer.data(), buffer.size());
+      std::lock_guard<std::mutex> lock(mu_);
+      if (n <= 0) {
+        failed_ = true;
+        cv_.notify_all();
+        return;
+      }
+      received_ += n;
+      if (received_ >= expected_) cv_.notify_all();
+    }
+  }
+  int sender_ = -1, receiver_ = -1;
+  std::thread reader_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t expected_ = 0, received_ = 0;
+  bool failed_ = false;
+};
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t m = values.size() / 2;
+  return values.size() % 2 == 1 ? values[m] : 0.5 * (values[m - 1] + values[m]);
+}
 
 // A parameter server on a free loopback port of this process, as
 // server/in_process_server.h makes one, with the daemon's credentials.
@@ -217,9 +321,24 @@ int Run(int shards, const std::string& security, Figures* figures) {
   }
   std::vector<float> grad(n, 1e-3f), params(n);
   const int64_t rounds = absl::GetFlag(FLAGS_rounds);
+  const double bytes = static_cast<double>(n) * 4;
+  std::unique_ptr<LoopbackStream> stream = LoopbackStream::Open();
+  if (stream == nullptr) return 1;
+  // Per round: the stream's seconds for the model's bytes, and each
+  // store figure as a fraction of the stream's rate in that round.
+  double stream_s = 0;
+  std::vector<double> push_ratio, pull_ratio, pipelined_ratio;
+  auto stream_round = [&]() -> double {
+    const double s =
+        stream->Send(reinterpret_cast<const char*>(grad.data()), static_cast<int64_t>(bytes));
+    if (s < 0) std::fprintf(stderr, "the loopback stream failed\n");
+    return s;
+  };
   double push_s = 0, wait_s = 0, pull_s = 0;
   int64_t version = reg->version;
   for (int64_t r = 0; r <= rounds; ++r) {
+    const double yardstick = stream_round();
+    if (yardstick < 0) return 1;
     auto t = std::chrono::steady_clock::now();
     if (auto s = store->Push(version, 1, grad); !s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
@@ -245,6 +364,9 @@ int Run(int shards, const std::string& security, Figures* figures) {
       push_s += push;
       wait_s += wait;
       pull_s += pull;
+      stream_s += yardstick;
+      push_ratio.push_back(yardstick / push);
+      pull_ratio.push_back(yardstick / pull);
     }
   }
   // Pipelined: one step's traffic through the push/pull scheduler, each
@@ -260,6 +382,8 @@ int Run(int shards, const std::string& security, Figures* figures) {
   }
   double pipelined_s = 0;
   for (int64_t r = 0; r <= rounds; ++r) {
+    const double yardstick = stream_round();
+    if (yardstick < 0) return 1;
     const auto t = std::chrono::steady_clock::now();
     absl::Status s = (*scheduler)->BeginIteration(1);
     if (s.ok()) {
@@ -270,9 +394,13 @@ int Run(int shards, const std::string& security, Figures* figures) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
       return 1;
     }
-    if (r > 0) pipelined_s += Since(t);
+    if (r > 0) {
+      const double step = Since(t);
+      pipelined_s += step;
+      stream_s += yardstick;
+      pipelined_ratio.push_back(yardstick / step);
+    }
   }
-  const double bytes = static_cast<double>(n) * 4;
   figures->push = bytes * rounds / push_s / 1e9;
   figures->pull = bytes * rounds / pull_s / 1e9;
   figures->pipelined = bytes * rounds / pipelined_s / 1e9;
@@ -294,6 +422,11 @@ int Run(int shards, const std::string& security, Figures* figures) {
   std::printf("push and pull pipelined (a step's traffic, a bucket per message): %8.2f ms, "
               "%6.2f GB/s each way\n",
               1e3 * pipelined_s / rounds, bytes * rounds / pipelined_s / 1e9);
+  std::printf("one TCP stream on loopback (the iperf3 yardstick, a round before each): %6.2f "
+              "GB/s;\n  median over rounds of each figure / that round's stream: push %.2f, "
+              "pull %.2f, pipelined %.2f each way\n",
+              bytes * 2 * rounds / stream_s / 1e9, Median(push_ratio), Median(pull_ratio),
+              Median(pipelined_ratio));
   return 0;
 }
 
