@@ -95,6 +95,10 @@ class ServerTime : public EventObserver {
   double push_s_ = 0, update_s_ = 0;
 };
 
+double Since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 // The yardstick, measured round by round beside the store: one TCP stream
 // on 127.0.0.1 moving the same bytes as iperf3 does (128 KiB writes into
 // the socket, a reader thread draining it into a 128 KiB buffer), so that
@@ -153,7 +157,7 @@ class LoopbackStream {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return received_ >= expected_ || failed_; });
     if (failed_) return -1;
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return Since(start);
   }
 
  private:
@@ -241,10 +245,6 @@ class BenchServer {
 struct Figures {
   double push = 0, pull = 0, pipelined = 0;
 };
-
-double Since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 // `security`: "plaintext", "tls" or "mtls" (checked by main()).
 int Run(int shards, const std::string& security, Figures* figures) {
