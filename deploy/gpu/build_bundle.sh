@@ -118,8 +118,11 @@ for t in "${DAEMONS[@]}"; do place "$t" bin; done
 cuda_real=$(realpath "$cuda")
 declare -A cuda_sonames=()
 for b in "${binaries[@]}"; do
-  if ldd "$b" | grep -q 'not found'; then
-    ldd "$b" | grep 'not found' >&2
+  # ldd's listing held, not piped: under pipefail `ldd | grep -q` can fail
+  # by SIGPIPE exactly when grep finds what it looks for.
+  needed=$(ldd "$b")
+  if grep -q 'not found' <<<"$needed"; then
+    grep 'not found' <<<"$needed" >&2
     echo "build_bundle: $b needs libraries not found here" >&2
     exit 1
   fi

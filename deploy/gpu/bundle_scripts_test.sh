@@ -41,7 +41,7 @@ expect_eq "cuBLAS from the toolkit" "$(first_dir_with libcublas.so.13 "${dirs[@]
 expect_eq "NCCL from PyTorch's wheel" "$(first_dir_with libnccl.so.2 "${dirs[@]}")" \
   "$root/site/nvidia/nccl/lib"
 first_dir_with libps_absent.so.1 "${dirs[@]}" > /dev/null && fail "found an absent library"
-printf '%s\n' "${dirs[@]}" | grep -qx "$root/site/nvidia/cu13/lib" ||
+grep -qx "$root/site/nvidia/cu13/lib" < <(printf '%s\n' "${dirs[@]}") ||
   fail "nvidia/cu13/lib not searched: ${dirs[*]}"
 # No python: the toolkit alone, and each folder once.
 mapfile -t dirs < <(LD_LIBRARY_PATH="" CUDA_HOME="$root/usr/local/cuda" CUDA_PATH="" \
@@ -104,7 +104,10 @@ grep -q "ABSENT: CUDA libraries not found on this machine: libps_fake_cuda.so.1"
   "$tmp/out-nocuda/summary.txt" || fail "missing-library message: $(cat "$tmp/nocuda.log")"
 python3 -m json.tool "$tmp/out-nocuda/summary.json" > /dev/null ||
   fail "summary.json is not JSON: $(cat "$tmp/out-nocuda/summary.json")"
-tar -tzf "$tmp/out-nocuda/logs.tar.gz" | grep -q libs.log || fail "logs.tar.gz lacks libs.log"
+# Listed first, then searched: under pipefail, `tar | grep -q` fails when
+# grep's early exit makes tar's next write a SIGPIPE.
+packed=$(tar -tzf "$tmp/out-nocuda/logs.tar.gz")
+grep -q libs.log <<<"$packed" || fail "logs.tar.gz lacks libs.log: $packed"
 # A broken copy is refused.
 echo "0000000000000000000000000000000000000000000000000000000000000000  ps-gpu-bundle.tar.gz" \
   > "$tmp/fake-bundle/ps-gpu-bundle.tar.gz.sha256"
