@@ -228,6 +228,16 @@ ip netns exec "$prefix-br" timeout -k 5 "$((time_limit + 30))" python3 "$here/co
   >"$out/counters.log" 2>&1 &
 counters_pid=$!
 daemon_pids+=("$counters_pid")
+# The workers start once the sampler has taken its first sample: the
+# window is bracketed by samples, and Python's start-up on a loaded machine
+# can outlast a short run's training.
+for _ in $(seq 600); do
+  [[ -s "$out/counters.txt" ]] && break
+  kill -0 "$counters_pid" 2>/dev/null ||
+    fail "the counter sampler exited before its first sample: $(tail -n 3 "$out/counters.log")"
+  sleep 0.05
+done
+[[ -s "$out/counters.txt" ]] || fail "the counter sampler took no sample in 30 s"
 start_ns=$(date +%s%N)
 
 worker_pids=()
