@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_token.h"
 #include "common/status_macros.h"
@@ -76,20 +77,29 @@ absl::StatusOr<std::unique_ptr<SharedMemorySegment>> SharedMemorySegment::Attach
         absl::StrCat("shared memory announced as pid ", pid, " fd ", fd));
   }
   if (data_bytes < 1 || data_bytes > std::min(max_data_bytes, kMaxDataBytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("shared memory of ", data_bytes,
-                                                   " bytes; 1 to ", max_data_bytes, " here"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared memory of ", data_bytes, " bytes; 1 to ", max_data_bytes, " here"));
   }
   if (nonce.size() != kNonceBytes) {
     return absl::InvalidArgumentError(absl::StrCat("a shared memory nonce of ", nonce.size(),
                                                    " bytes; ", kNonceBytes, " expected"));
   }
   const std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
-  const int opened = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (opened < 0) {
-    return absl::ErrnoToStatus(
-        errno, absl::StrCat("open ", path, " (is the worker on another host, in another PID "
-                            "namespace, or another user's?)"));
+  // Only a memfd is opened: reopening whatever else an fd names (a pipe, a
+  // device) could have effects of its own.
+  char target[64] = {};
+  const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
+  if (n < 0) {
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat("readlink ", path,
+                                            " (is the worker on another host, in another PID "
+                                            "namespace, or another user's?)"));
   }
+  if (!absl::StartsWith(absl::string_view(target, static_cast<size_t>(n)), "/memfd:")) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a memfd"));
+  }
+  const int opened = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (opened < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
   FdCloser closer(opened);
   struct stat st;
   if (::fstat(opened, &st) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("fstat ", path));
@@ -105,8 +115,8 @@ absl::StatusOr<std::unique_ptr<SharedMemorySegment>> SharedMemorySegment::Attach
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is not sealed against resizing; refusing to map it"));
   }
-  void* mapping = ::mmap(nullptr, static_cast<size_t>(total), PROT_READ | PROT_WRITE, MAP_SHARED,
-                         opened, 0);
+  void* mapping =
+      ::mmap(nullptr, static_cast<size_t>(total), PROT_READ | PROT_WRITE, MAP_SHARED, opened, 0);
   if (mapping == MAP_FAILED) return absl::ErrnoToStatus(errno, absl::StrCat("mmap ", path));
   auto segment = std::unique_ptr<SharedMemorySegment>(new SharedMemorySegment);
   segment->mapping_ = static_cast<char*>(mapping);

@@ -48,9 +48,9 @@ class SharedMemorySegment {
   // another PID namespace, another user), or when what it opens is not a
   // sealed segment of that size with that nonce (kFailedPrecondition).
   static absl::StatusOr<std::unique_ptr<SharedMemorySegment>> Attach(int pid, int fd,
-                                                                      int64_t data_bytes,
-                                                                      absl::string_view nonce,
-                                                                      int64_t max_data_bytes);
+                                                                     int64_t data_bytes,
+                                                                     absl::string_view nonce,
+                                                                     int64_t max_data_bytes);
 
   // Unmaps (and, for the creator, closes the memfd; the memory goes when
   // both sides have let go).

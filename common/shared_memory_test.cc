@@ -100,6 +100,25 @@ TEST(SharedMemorySegmentTest, RefusesAnUnsealedMemfd) {
   close(fd);
 }
 
+TEST(SharedMemorySegmentTest, OpensNothingButAMemfd) {
+  // A pipe (which /proc would reopen) and a regular file are refused
+  // before they are opened.
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  auto attached =
+      SharedMemorySegment::Attach(getpid(), pipe_fds[0], 4096, "0123456789abcdef", 4096);
+  EXPECT_EQ(attached.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(attached.status().message(), HasSubstr("not a memfd"));
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  const int file = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(file, 0);
+  EXPECT_EQ(
+      SharedMemorySegment::Attach(getpid(), file, 4096, "0123456789abcdef", 4096).status().code(),
+      absl::StatusCode::kFailedPrecondition);
+  close(file);
+}
+
 TEST(SharedMemorySegmentTest, ContainsChecksRangesWithoutOverflow) {
   auto created = SharedMemorySegment::Create(100);
   ASSERT_TRUE(created.ok()) << created.status();

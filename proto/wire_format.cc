@@ -119,13 +119,16 @@ absl::Status FrameReader::Split(const google::protobuf::RepeatedPtrField<TensorC
           "malformed ", what_, ": key ", chunk.key(), " chunk ", chunk.chunk(),
           " carries data inside the header; a chunk's bytes follow the header"));
     }
-    if (chunk.data_bytes() < 0 || chunk.data_bytes() > left) {
+    // A chunk in shared memory has no bytes in the frame (its range is
+    // the service's to check).
+    const int64_t need_bytes = chunk.in_shared_memory() ? 0 : chunk.data_bytes();
+    if (chunk.data_bytes() < 0 || need_bytes > left) {
       return absl::InvalidArgumentError(absl::StrCat(
           "malformed ", what_, ": key ", chunk.key(), " chunk ", chunk.chunk(), " announces ",
           chunk.data_bytes(), " bytes but only ", left,
           " follow (truncated message, or a wrong size in the header)"));
     }
-    int64_t need = chunk.data_bytes();
+    int64_t need = need_bytes;
     left -= need;
     while (need > 0) {
       const grpc::Slice& s = slices_[slice];

@@ -65,6 +65,27 @@ TEST(WireFormatTest, FramesRoundTripWhateverTheSlices) {
   }
 }
 
+TEST(WireFormatTest, ChunksInSharedMemoryTakeNoFrameBytes) {
+  // A 1 MB chunk in shared memory between two framed ones: the frame holds
+  // only theirs, and the shared one's pieces are empty.
+  PushRequest sent = Header({3, 1 << 20, 2});
+  sent.mutable_chunks(1)->set_in_shared_memory(true);
+  sent.mutable_chunks(1)->set_shm_offset(4096);
+  const grpc::Slice data[] = {grpc::Slice(std::string("abc")), grpc::Slice(std::string("de"))};
+  PushRequest header;
+  auto reader = FrameReader::Open(MakeFrame(sent, data), "push", &header);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_TRUE(reader->Split(header.chunks()).ok());
+  EXPECT_EQ(Join(reader->pieces(0)), "abc");
+  EXPECT_TRUE(reader->pieces(1).empty());
+  EXPECT_EQ(Join(reader->pieces(2)), "de");
+  // A shared chunk still may not announce a negative size.
+  sent.mutable_chunks(1)->set_data_bytes(-4);
+  reader = FrameReader::Open(MakeFrame(sent, data), "push", &header);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->Split(header.chunks()).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(WireFormatTest, BorrowedSlicesAreNotCopiedAndReleasedOnce) {
   std::string tensor = "abcdefgh";
   int released = 0;

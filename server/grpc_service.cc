@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <set>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/shared_memory.h"
 #include "common/job_token.h"
 #include "common/wire_codec.h"
 #include "common/status_macros.h"
@@ -67,7 +69,8 @@ struct DecodedChunks {
 absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
     const ParameterServer& server,
     const google::protobuf::RepeatedPtrField<proto::TensorChunk>& header_chunks,
-    const proto::FrameReader& frame, const char* what, DecodedChunks* decoded) {
+    const proto::FrameReader& frame, const char* what, DecodedChunks* decoded,
+    const SharedMemorySegment* segment) {
   std::vector<ParameterServer::ChunkBytes> chunks;
   chunks.reserve(header_chunks.size());
   if (decoded != nullptr) {
@@ -83,6 +86,34 @@ absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
   };
   for (int c = 0; c < header_chunks.size(); ++c) {
     const proto::TensorChunk& chunk = header_chunks[c];
+    if (chunk.in_shared_memory()) {
+      if (decoded == nullptr || chunk.dtype() != proto::DTYPE_F32 ||
+          chunk.encoding() != proto::ENCODING_DENSE) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " of key ", chunk.key(), " chunk ", chunk.chunk(),
+            " is in shared memory; only pushes of dense F32 chunks may be"));
+      }
+      if (segment == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " of key ", chunk.key(), " chunk ", chunk.chunk(),
+                         " is in shared memory, but this session has none attached"));
+      }
+      if (!segment->Contains(chunk.shm_offset(), chunk.data_bytes()) ||
+          chunk.data_bytes() % sizeof(float) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " of key ", chunk.key(), " chunk ", chunk.chunk(), ": bytes [",
+            chunk.shm_offset(), ", +", chunk.data_bytes(),
+            ") are not whole F32 elements inside the shared memory's ", segment->data_bytes()));
+      }
+      // Copied out before anything reads it: the worker can write its
+      // memory at any time, and the checks must see what is summed.
+      std::vector<float>& values =
+          decoded->values.emplace_back(chunk.data_bytes() / sizeof(float));
+      std::memcpy(values.data(), segment->data() + chunk.shm_offset(),
+                  static_cast<size_t>(chunk.data_bytes()));
+      add_decoded(chunk, values);
+      continue;
+    }
     if (chunk.encoding() != proto::ENCODING_DENSE) {
       if (chunk.encoding() != proto::ENCODING_TOPK || decoded == nullptr ||
           chunk.dtype() != proto::DTYPE_F32) {
@@ -148,10 +179,12 @@ namespace internal {
 class WaitingPull final : public grpc::ServerUnaryReactor {
  public:
   WaitingPull(std::shared_ptr<WaitingPulls> registry, proto::PullRequest request,
-              std::vector<ChunkId> ids, absl::Time deadline, bool wait, grpc::ByteBuffer* reply)
+              std::vector<ChunkId> ids, std::shared_ptr<SharedMemorySegment> segment,
+              absl::Time deadline, bool wait, grpc::ByteBuffer* reply)
       : registry_(std::move(registry)),
         request_(std::move(request)),
         ids_(std::move(ids)),
+        segment_(std::move(segment)),
         deadline_(deadline),
         wait_(wait),
         reply_(reply) {}
@@ -161,6 +194,8 @@ class WaitingPull final : public grpc::ServerUnaryReactor {
 
   const proto::PullRequest& request() const { return request_; }
   const std::vector<ChunkId>& ids() const { return ids_; }
+  // Where a pull into shared memory writes (null otherwise).
+  const std::shared_ptr<SharedMemorySegment>& segment() const { return segment_; }
   absl::Time deadline() const { return deadline_; }
   // A Wait (answered with a WaitReply), not a Pull.
   bool wait() const { return wait_; }
@@ -170,6 +205,7 @@ class WaitingPull final : public grpc::ServerUnaryReactor {
   const std::shared_ptr<WaitingPulls> registry_;
   const proto::PullRequest request_;
   const std::vector<ChunkId> ids_;
+  const std::shared_ptr<SharedMemorySegment> segment_;
   const absl::Time deadline_;
   const bool wait_;
   grpc::ByteBuffer* const reply_;  // the call's, valid until Finish
@@ -463,9 +499,9 @@ void ParameterServerService::AnswerNow(const std::vector<internal::WaitingPull*>
     // Past its deadline, PullChunkViews answers at once: with the chunks if
     // they exist by now, else with the DEADLINE_EXCEEDED naming one missing.
     pull->Finish(ToGrpcStatus(Answered(
-        pull->wait() ? "Wait" : "Pull", AnswerPull(pull->request(), pull->ids(),
-                                                   absl::InfinitePast(), pull->wait(),
-                                                   pull->mutable_reply()))));
+        pull->wait() ? "Wait" : "Pull",
+        AnswerPull(pull->request(), pull->ids(), pull->segment().get(), absl::InfinitePast(),
+                   pull->wait(), pull->mutable_reply()))));
   }
 }
 
@@ -529,7 +565,46 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   reply->set_shrinks(options_.shrinks);
   reply->set_consistency(ConsistencyName(server_->options()));
   reply->set_loss_scale(server_->loss_scale().scale);
+  AttachSharedMemory(request, reg.rank, reg.session, reply);
   return absl::OkStatus();
+}
+
+void ParameterServerService::AttachSharedMemory(const proto::RegisterRequest& request, int rank,
+                                                const std::string& session,
+                                                proto::RegisterReply* reply) {
+  std::shared_ptr<SharedMemorySegment> segment;
+  if (request.has_shared_memory()) {
+    const proto::SharedMemory& offer = request.shared_memory();
+    // Room for a push and a pull of every parameter, and a page.
+    const int64_t max_bytes = 8 * server_->num_parameters() + 4096;
+    absl::StatusOr<std::unique_ptr<SharedMemorySegment>> attached = SharedMemorySegment::Attach(
+        offer.pid(), offer.fd(), offer.data_bytes(), offer.nonce(), max_bytes);
+    if (attached.ok()) {
+      segment = std::move(*attached);
+      reply->set_shared_memory_attached(true);
+    } else {
+      reply->set_shared_memory_error(std::string(attached.status().message()));
+    }
+  }
+  // A registration replaces the rank's earlier session, and its memory.
+  absl::MutexLock lock(&segments_mu_);
+  auto old = segment_session_.find(rank);
+  if (old != segment_session_.end()) {
+    segments_.erase(old->second);
+    segment_session_.erase(old);
+  }
+  if (segment != nullptr) {
+    segments_[session] = std::move(segment);
+    segment_session_[rank] = session;
+  }
+}
+
+std::shared_ptr<SharedMemorySegment> ParameterServerService::SegmentOf(
+    const std::string& session) const {
+  if (session.empty()) return nullptr;
+  absl::MutexLock lock(&segments_mu_);
+  auto it = segments_.find(session);
+  return it == segments_.end() ? nullptr : it->second;
 }
 
 namespace {
@@ -590,7 +665,8 @@ absl::Status ParameterServerService::DoInitialize(const grpc::ServerContextBase&
                       proto::FrameReader::Open(request, "initial parameters", &header));
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
-                      ChunksOf(*server_, header.chunks(), frame, "initial value", nullptr));
+                      ChunksOf(*server_, header.chunks(), frame, "initial value",
+                               /*decoded=*/nullptr, /*segment=*/nullptr));
   PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   *sent = IdsOf(chunks);
   return server_->InitializeChunkBytes(header.rank(), chunks);
@@ -615,8 +691,9 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
   PS_ASSIGN_OR_RETURN(proto::FrameReader frame, proto::FrameReader::Open(request, "push", &header));
   DecodedChunks decoded;
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
+  const std::shared_ptr<SharedMemorySegment> segment = SegmentOf(SessionOf(context));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
-                      ChunksOf(*server_, header.chunks(), frame, "push", &decoded));
+                      ChunksOf(*server_, header.chunks(), frame, "push", &decoded, segment.get()));
   PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   *sent = IdsOf(chunks);
   if (server_->options().consistency == ParameterServerOptions::Consistency::kAsync) {
@@ -673,7 +750,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Wait(grpc::CallbackServerConte
   proto::PullRequest pull;
   pull.set_version(wait.version());
   pull.set_timeout_ms(wait.timeout_ms());
-  return PullOrWait(context, std::move(pull), {}, /*wait=*/true, reply);
+  return PullOrWait(context, std::move(pull), {}, nullptr, /*wait=*/true, reply);
 }
 
 absl::Status ParameterServerService::DoHeartbeat(const grpc::ServerContextBase& context,
@@ -720,6 +797,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServer
 
 absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& request,
                                                 const std::vector<ParameterServer::ChunkId>& ids,
+                                                const SharedMemorySegment* segment,
                                                 absl::Time deadline, bool wait,
                                                 grpc::ByteBuffer* reply) {
   PS_ASSIGN_OR_RETURN(ParameterServer::ChunkViews views,
@@ -746,6 +824,17 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
     proto::TensorChunk* chunk = header.add_chunks();
     chunk->set_key(ids[c].key);
     chunk->set_chunk(ids[c].chunk);
+    if (segment != nullptr) {
+      // Into the worker's memory (Pull checked the range), one memcpy.
+      const int64_t bytes = static_cast<int64_t>(view.size() * sizeof(float));
+      std::memcpy(segment->data() + request.shm_offsets(static_cast<int>(c)), view.data(),
+                  static_cast<size_t>(bytes));
+      chunk->set_dtype(proto::DTYPE_F32);
+      chunk->set_data_bytes(bytes);
+      chunk->set_in_shared_memory(true);
+      chunk->set_shm_offset(request.shm_offsets(static_cast<int>(c)));
+      continue;
+    }
     if (request.dtype() == proto::DTYPE_F16 || request.dtype() == proto::DTYPE_BF16) {
       // Encoded into a slice of its own (the master weights stay fp32).
       const WireCodec* codec = *WireCodecForDType(
@@ -800,6 +889,23 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
                                      "pull asks for dtype ", pull.dtype(),
                                      "; F32, F16 and BF16 are served")));
   }
+  std::shared_ptr<SharedMemorySegment> segment;
+  if (pull.shared_memory()) {
+    segment = SegmentOf(SessionOf(*context));
+    if (segment == nullptr) {
+      return refuse(absl::InvalidArgumentError(
+          "pull into shared memory, but this session has none attached"));
+    }
+    if (pull.dtype() != proto::DTYPE_F32 || pull.delta()) {
+      return refuse(absl::InvalidArgumentError(
+          "a pull into shared memory must be dense F32 (no dtype, no delta)"));
+    }
+    if (pull.shm_offsets_size() != pull.chunks_size()) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
+          "pull into shared memory gives ", pull.shm_offsets_size(), " offsets for ",
+          pull.chunks_size(), " chunks")));
+    }
+  }
   // Size the reply first: every chunk must exist, and the reply must stay
   // within one message's bound.
   const int64_t max_elements = server_->options().chunk_elements;
@@ -820,6 +926,15 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
                                        "chunk ", id.chunk(), " of key ", id.key(),
                                        " asked for twice in one pull")));
     }
+    if (segment != nullptr) {
+      const int64_t offset = pull.shm_offsets(static_cast<int>(ids.size()));
+      if (!segment->Contains(offset, length * static_cast<int64_t>(sizeof(float)))) {
+        return refuse(absl::InvalidArgumentError(absl::StrCat(
+            "pull of chunk ", id.chunk(), " of key ", id.key(), " into shared memory at byte ",
+            offset, ": its ", length * sizeof(float), " bytes do not fit in ",
+            segment->data_bytes())));
+      }
+    }
     total += length;
     if (total > max_elements) {
       return refuse(absl::InvalidArgumentError(absl::StrCat(
@@ -828,25 +943,27 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
     }
     ids.push_back({id.key(), id.chunk()});
   }
-  return PullOrWait(context, std::move(pull), std::move(ids), /*wait=*/false, reply);
+  return PullOrWait(context, std::move(pull), std::move(ids), std::move(segment), /*wait=*/false,
+                    reply);
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(grpc::CallbackServerContext* context,
-                                                             proto::PullRequest pull,
-                                                             std::vector<ChunkId> ids, bool wait,
-                                                             grpc::ByteBuffer* reply) {
+grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(
+    grpc::CallbackServerContext* context, proto::PullRequest pull, std::vector<ChunkId> ids,
+    std::shared_ptr<SharedMemorySegment> segment, bool wait, grpc::ByteBuffer* reply) {
   const absl::Time deadline = WaitDeadline(context, pull.timeout_ms());
   if (deadline <= absl::Now() || server_->HasChunks(pull.version(), ids)) {
     // The common case (after Wait, or once these chunks are applied), or
     // no time to wait: answered on gRPC's thread.
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(ToGrpcStatus(
-        Answered(wait ? "Wait" : "Pull", AnswerPull(pull, ids, deadline, wait, reply))));
+        Answered(wait ? "Wait" : "Pull",
+                 AnswerPull(pull, ids, segment.get(), deadline, wait, reply))));
     return reactor;
   }
   // It would wait: recorded, pinning no thread (see the class comment).
   auto* waiting =
-      new internal::WaitingPull(waiting_, std::move(pull), std::move(ids), deadline, wait, reply);
+      new internal::WaitingPull(waiting_, std::move(pull), std::move(ids), std::move(segment),
+                                deadline, wait, reply);
   const absl::StatusOr<bool> filed = waiting_->File(*server_, waiting);
   if (!filed.ok()) {
     waiting->Finish(ToGrpcStatus(filed.status()));

@@ -15,7 +15,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
+#include "common/shared_memory.h"
 #include "proto/parameter_server.grpc.pb.h"
 #include "proto/parameter_server.pb.h"
 #include "server/parameter_server.h"
@@ -42,6 +44,13 @@ class WaitingPulls;
 //     pulled (ParameterServer::PullChunkViews), which stay unchanged until
 //     gRPC drops the slices after sending them; an update meanwhile writes a
 //     fresh buffer (one model's memory while such a reply is in flight).
+// A worker on this host may offer shared memory when it registers
+// (parameter_server.proto, SharedMemory): its pushes then name byte ranges
+// of it, which Push copies out (one memcpy, so the values checked are the
+// values summed whatever the worker writes meanwhile), and its pulls name
+// where each chunk goes, which the answer copies into (one memcpy): no
+// tensor byte crosses TCP. The segment is bound to the registration's
+// session; calls of other sessions cannot name it.
 // A Pull whose chunks do not exist yet waits without pinning a thread: it is
 // recorded (its reactor, request and deadline) and answered
 //   - by the Push, Initialize or Register call that makes its chunks exist,
@@ -181,8 +190,9 @@ class ParameterServerService final
   // message) from the version `request` asks for, waiting until `deadline`,
   // and frames them into `reply`.
   absl::Status AnswerPull(const proto::PullRequest& request,
-                          const std::vector<ParameterServer::ChunkId>& ids, absl::Time deadline,
-                          bool wait, grpc::ByteBuffer* reply);
+                          const std::vector<ParameterServer::ChunkId>& ids,
+                          const SharedMemorySegment* segment, absl::Time deadline, bool wait,
+                          grpc::ByteBuffer* reply);
   absl::Status DoRegister(const grpc::ServerContextBase& context,
                           const proto::RegisterRequest& request, proto::RegisterReply* reply);
   absl::Status DoHeartbeat(const grpc::ServerContextBase& context,
@@ -190,8 +200,10 @@ class ParameterServerService final
   // A Pull or Wait past its checks: answered at once when its chunks (or
   // version) are there or its deadline has passed, else filed to wait.
   grpc::ServerUnaryReactor* PullOrWait(grpc::CallbackServerContext* context,
-                                       proto::PullRequest pull, std::vector<ParameterServer::ChunkId> ids,
-                                       bool wait, grpc::ByteBuffer* reply);
+                                       proto::PullRequest pull,
+                                       std::vector<ParameterServer::ChunkId> ids,
+                                       std::shared_ptr<SharedMemorySegment> segment, bool wait,
+                                       grpc::ByteBuffer* reply);
   // Answers the waiting pulls that a successful call sending `sent` (and
   // perhaps completing version 0 or the server's version) has made ready.
   void AnswerReadyPulls(absl::Span<const ParameterServer::ChunkId> sent);
@@ -212,8 +224,22 @@ class ParameterServerService final
   // otherwise: the worker must learn that the server restarted).
   absl::Status CheckOptionalSession(const grpc::ServerContextBase& context) const;
 
+  // Maps the shared memory a registration offers (RegisterRequest's
+  // shared_memory) and binds it to its session, replacing the rank's
+  // earlier one; says in `reply` whether it was mapped, or why not.
+  void AttachSharedMemory(const proto::RegisterRequest& request, int rank,
+                          const std::string& session, proto::RegisterReply* reply);
+  // The shared memory bound to `session`, or null.
+  std::shared_ptr<SharedMemorySegment> SegmentOf(const std::string& session) const;
+
   ParameterServer* const server_;
   const ServiceOptions options_;
+  // Shared memory by session, and the session holding each rank's (a
+  // call in flight keeps its segment mapped through its shared_ptr).
+  mutable absl::Mutex segments_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<SharedMemorySegment>> segments_
+      ABSL_GUARDED_BY(segments_mu_);
+  std::map<int, std::string> segment_session_ ABSL_GUARDED_BY(segments_mu_);
   mutable absl::Mutex stop_mu_;
   std::string stop_reason_ ABSL_GUARDED_BY(stop_mu_);  // non-empty once stopping
   absl::Status failure_ ABSL_GUARDED_BY(stop_mu_);     // FailJob's

@@ -409,10 +409,13 @@ bool DecodeFrame(const std::string& bytes, Header* header, std::vector<absl::str
   uint64_t left = rest - header_bytes;
   for (const proto::TensorChunk& chunk : header->chunks()) {
     if (!chunk.data().empty()) return false;
-    if (chunk.data_bytes() < 0 || static_cast<uint64_t>(chunk.data_bytes()) > left) return false;
-    data->push_back(absl::string_view(bytes).substr(at, chunk.data_bytes()));
-    at += chunk.data_bytes();
-    left -= chunk.data_bytes();
+    if (chunk.data_bytes() < 0) return false;
+    // A chunk in shared memory has no bytes in the frame.
+    const uint64_t in_frame = chunk.in_shared_memory() ? 0 : chunk.data_bytes();
+    if (in_frame > left) return false;
+    data->push_back(absl::string_view(bytes).substr(at, in_frame));
+    at += in_frame;
+    left -= in_frame;
   }
   return left == 0;
 }
@@ -469,6 +472,12 @@ template <typename Header>
 Codes ChunkTypeCodes(const Header& header, bool half_allowed) {
   Codes codes = 0;
   for (const proto::TensorChunk& chunk : header.chunks()) {
+    if (chunk.in_shared_memory()) {
+      // No session here has shared memory attached (no registration offers
+      // a segment the server can map).
+      codes |= kInvalidArgument;
+      continue;
+    }
     if (chunk.encoding() != proto::ENCODING_DENSE) {
       // Top-k pairs: pushes of F32 only; their contents are judged with the
       // chunk (JudgePush).
@@ -573,7 +582,8 @@ Expectation JudgePull(const Model& m, const Request& r, int64_t deadline_ms) {
   if (!parsed) return Refused(kInvalidArgument, "unparsable pull");
   // The reply's encoding is checked first, alone.
   if (WireWidth(request.dtype()) == 0) return Refused(kInvalidArgument, "pull of an unknown dtype");
-  Codes codes = 0;
+  // Into shared memory: no session here has any attached.
+  Codes codes = request.shared_memory() ? kInvalidArgument : 0;
   int64_t total = 0;
   std::vector<int64_t> chunks;
   for (const proto::ChunkId& id : request.chunks()) {

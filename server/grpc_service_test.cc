@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/shared_memory.h"
 #include "proto/wire_format.h"
 
 namespace ps::server {
@@ -359,6 +360,152 @@ TEST_F(GrpcServiceTest, MalformedAndHostileCallsGetSpecificStatuses) {
   ASSERT_TRUE(PushMany({{0, 1, {1, 1}}, {1, 0, {2, 2}}}).ok());  // two keys, one message
   EXPECT_EQ(server_->version(), 1);
   EXPECT_EQ(PullAll(), (std::vector<float>{0, 1, 2, 3, 4, 5, 5, 6}));
+}
+
+// A registration that offers shared memory (a worker on this host): the
+// service maps it, pushes naming ranges of it are copied out, checked and
+// summed like framed ones, pulls are written into it; hostile offers and
+// ranges are refused, naming the problem, and change nothing.
+TEST_F(GrpcServiceTest, SharedMemoryPushesAndPullsAndTheirHostileForms) {
+  auto segment = SharedMemorySegment::Create(64);  // 8 bytes for each of 8 parameters
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  auto register_offering = [&](int64_t bytes, const std::string& nonce,
+                               proto::RegisterReply* reply) {
+    proto::RegisterRequest request;
+    request.set_worker_id("a");
+    proto::TensorSpec* w = request.add_signature();
+    w->set_name("w");
+    w->add_shape(6);
+    proto::TensorSpec* b = request.add_signature();
+    b->set_name("b");
+    b->add_shape(2);
+    proto::SharedMemory* shm = request.mutable_shared_memory();
+    shm->set_pid((*segment)->pid());
+    shm->set_fd((*segment)->fd());
+    shm->set_data_bytes(bytes);
+    shm->set_nonce(nonce);
+    grpc::ClientContext context;
+    grpc::Status status = stub_->Register(&context, request, reply);
+    if (status.ok()) session_ = reply->session();
+    return status;
+  };
+  // Offers the service cannot or will not map: the registration stands,
+  // without shared memory, and the reply says why.
+  {
+    proto::RegisterReply reply;
+    ASSERT_TRUE(register_offering(64, "0123456789abcdef", &reply).ok());
+    EXPECT_FALSE(reply.shared_memory_attached());
+    EXPECT_THAT(reply.shared_memory_error(), HasSubstr("nonce"));
+    ASSERT_TRUE(register_offering(1 << 20, (*segment)->nonce(), &reply).ok());
+    EXPECT_FALSE(reply.shared_memory_attached());
+    EXPECT_THAT(reply.shared_memory_error(), HasSubstr("bytes"));
+  }
+  // Without it attached, a push or pull naming it is refused.
+  auto shm_push = [&](std::vector<std::tuple<int, int64_t, int64_t, int64_t>> chunks,
+                      proto::DType dtype = proto::DTYPE_F32) {
+    proto::PushRequest request;
+    request.set_rank(0);
+    request.set_iteration(0);
+    request.set_num_samples(1);
+    for (const auto& [key, chunk, offset, bytes] : chunks) {
+      proto::TensorChunk* c = request.add_chunks();
+      c->set_key(key);
+      c->set_chunk(chunk);
+      c->set_dtype(dtype);
+      c->set_data_bytes(bytes);
+      c->set_in_shared_memory(true);
+      c->set_shm_offset(offset);
+    }
+    grpc::ByteBuffer reply;
+    return RawCall(proto::kPushMethod, proto::MakeFrame(request, {}), &reply);
+  };
+  auto shm_pull = [&](std::vector<std::pair<int, int64_t>> ids, std::vector<int64_t> offsets,
+                      proto::PullReply* reply, proto::DType dtype = proto::DTYPE_F32) {
+    proto::PullRequest request;
+    request.set_version(1);
+    request.set_timeout_ms(1000);
+    request.set_dtype(dtype);
+    request.set_shared_memory(true);
+    for (const auto& [key, chunk] : ids) {
+      proto::ChunkId* id = request.add_chunks();
+      id->set_key(key);
+      id->set_chunk(chunk);
+    }
+    for (int64_t offset : offsets) request.add_shm_offsets(offset);
+    grpc::ByteBuffer frame;
+    grpc::Status status = RawCall(proto::kPullMethod, proto::SerializeMessage(request), &frame);
+    if (status.ok()) status = ParsePullReply(frame, reply);
+    return status;
+  };
+  grpc::Status s = shm_push({{0, 0, 0, 16}});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("none attached"));
+  {
+    proto::PullReply reply;
+    s = shm_pull({{1, 0}}, {56}, &reply);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("none attached"));
+  }
+  proto::RegisterReply reply;
+  ASSERT_TRUE(register_offering(64, (*segment)->nonce(), &reply).ok());
+  ASSERT_TRUE(reply.shared_memory_attached()) << reply.shared_memory_error();
+
+  // The gradient in the push area: w's chunks at bytes 0 and 16, b's at 24.
+  const float gradient[8] = {1, 1, 1, 1, 2, 2, 3, NAN};
+  std::memcpy((*segment)->data(), gradient, sizeof(gradient));
+  // Hostile and malformed pushes: a range past the end, across it, a
+  // negative offset, a length that is no whole element, a dtype other
+  // than F32, and a NaN.
+  s = shm_push({{0, 0, 56, 16}});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("inside the shared memory's 64"));
+  EXPECT_EQ(shm_push({{0, 0, INT64_MAX - 4, 16}}).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(shm_push({{0, 0, -16, 16}}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(shm_push({{0, 0, 0, 15}}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(shm_push({{0, 0, 0, 8}}, proto::DTYPE_F16).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  s = shm_push({{0, 1, 16, 8}, {1, 0, 24, 8}});  // b's second element is NaN
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(server_->version(), 0);
+  EXPECT_EQ(PullAll(), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+  // The good push (one worker, lr 1, one sample): version 1.
+  const float finite = 4;
+  std::memcpy((*segment)->data() + 28, &finite, sizeof(finite));
+  ASSERT_TRUE(shm_push({{0, 0, 0, 16}}).ok());
+  ASSERT_TRUE(shm_push({{0, 1, 16, 8}, {1, 0, 24, 8}}).ok());
+  EXPECT_EQ(server_->version(), 1);
+  const std::vector<float> expected = {0, 1, 2, 3, 3, 4, 4, 4};
+  EXPECT_EQ(PullAll(), expected);
+
+  // Pulls into the pull area: refused where the offsets do not match the
+  // chunks, a chunk would not fit, or the dtype is not F32.
+  proto::PullReply pulled;
+  s = shm_pull({{0, 1}, {1, 0}}, {48}, &pulled);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("1 offsets for 2 chunks"));
+  s = shm_pull({{0, 0}}, {52}, &pulled);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("do not fit"));
+  EXPECT_EQ(shm_pull({{0, 0}}, {32}, &pulled, proto::DTYPE_BF16).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  float before[8];
+  std::memcpy(before, (*segment)->data() + 32, sizeof(before));
+  EXPECT_EQ(std::memcmp(before, std::vector<float>(8, 0.f).data(), sizeof(before)), 0)
+      << "a refused pull wrote into the pull area";
+  ASSERT_TRUE(shm_pull({{0, 0}}, {32}, &pulled).ok());
+  ASSERT_TRUE(shm_pull({{0, 1}, {1, 0}}, {48, 56}, &pulled).ok());
+  ASSERT_EQ(pulled.chunks_size(), 2);
+  EXPECT_TRUE(pulled.chunks(1).in_shared_memory());
+  EXPECT_EQ(pulled.chunks(1).shm_offset(), 56);
+  EXPECT_EQ(pulled.chunks(1).data_bytes(), 8);
+  EXPECT_TRUE(pulled.chunks(1).data().empty());  // no byte came by TCP
+  float got[8];
+  std::memcpy(got, (*segment)->data() + 32, sizeof(got));
+  EXPECT_EQ(std::vector<float>(got, got + 8), expected);
+  // A later registration without an offer drops the memory.
+  ASSERT_TRUE(Register("a").ok());
+  EXPECT_THAT(shm_pull({{0, 0}}, {32}, &pulled).error_message(), HasSubstr("none attached"));
 }
 
 // --compression on the wire: pushes in F16 or BF16 are decoded into fp32

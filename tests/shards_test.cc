@@ -5,6 +5,8 @@
 // shards in another order is refused by the shard it reaches first, and
 // hostile calls to every shard while the job trains are refused, each with
 // its code, and change nothing (the weights still match byte for byte).
+// Workers moving their tensor bytes through shared memory (--shared_memory)
+// end with the same weights too.
 
 #include <signal.h>
 
@@ -59,7 +61,8 @@ std::vector<std::string> WorkerArgs(const std::string& servers, int rank,
 // weights (empty on failure). `check(workers)` runs once both workers have
 // registered, while they train.
 std::string RunJob(int shards, const std::string& tag,
-                   const std::function<void(const std::vector<std::string>&)>& check = {}) {
+                   const std::function<void(const std::vector<std::string>&)>& check = {},
+                   bool shared_memory = false) {
   std::vector<std::unique_ptr<Process>> servers;
   std::vector<std::string> addresses;
   for (int s = 0; s < shards; ++s) {
@@ -77,8 +80,10 @@ std::string RunJob(int shards, const std::string& tag,
   const std::string list = absl::StrJoin(addresses, ",");
   std::vector<std::unique_ptr<Process>> workers;
   for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> args = WorkerArgs(list, r, tag);
+    if (shared_memory) args.push_back("--shared_memory");
     workers.push_back(std::make_unique<Process>(
-        testing::RunfilePath("worker/worker"), WorkerArgs(list, r, tag),
+        testing::RunfilePath("worker/worker"), args,
         testing::TestTmpPath(absl::StrCat(tag, "-worker", r, ".log"))));
   }
   for (int r = 0; r < 2; ++r) {
@@ -92,6 +97,13 @@ std::string RunJob(int shards, const std::string& tag,
     // One model's worth each way per step, over all shards together.
     EXPECT_THAT(workers[r]->Log(), HasSubstr("pushed 101800 and pulled 101800 bytes per step "
                                              "(model: 101800 bytes)"));
+    if (shared_memory) {
+      for (const std::string& address : addresses) {
+        EXPECT_THAT(workers[r]->Log(),
+                    HasSubstr(absl::StrCat("tensor bytes to and from ", address,
+                                           " go through shared memory")));
+      }
+    }
     if (shards > 1) {
       EXPECT_THAT(workers[r]->Log(),
                   HasSubstr(absl::StrCat("optimizer on ", shards, " server shards")));
@@ -202,6 +214,15 @@ TEST(ShardsTest, TwoShardProcessesTrainLikeOneServerByteForByte) {
   });
   ASSERT_FALSE(one.empty());
   EXPECT_TRUE(one == two) << "the sharded job's weights differ from one server's";
+}
+
+TEST(ShardsTest, SharedMemoryTrainsLikeTcpByteForByte) {
+  const std::string tcp = RunJob(1, "tcp");
+  const std::string shared_one = RunJob(1, "shm1", {}, /*shared_memory=*/true);
+  const std::string shared_two = RunJob(2, "shm2", {}, /*shared_memory=*/true);
+  ASSERT_FALSE(tcp.empty());
+  EXPECT_TRUE(tcp == shared_one) << "one server: shared memory's weights differ from TCP's";
+  EXPECT_TRUE(tcp == shared_two) << "two shards: shared memory's weights differ from TCP's";
 }
 
 }  // namespace

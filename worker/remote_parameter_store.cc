@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -301,12 +302,16 @@ void RemoteParameterStore::SendFrames(
     std::function<absl::Status(size_t, const grpc::ByteBuffer&)> check, Done done) {
   const bool encode = codec.dtype() != DType::kF32 || codec.sparse();
   const bool feedback = codec.sparse();
+  // Pushes of dense F32 through shared memory: the frame carries headers.
+  char* const shared = use_segment_ && !encode && absl::string_view(method) == proto::kPushMethod
+                           ? segment_->data()
+                           : nullptr;
   const proto::DType dtype = codec.dtype() == DType::kF16    ? proto::DTYPE_F16
                              : codec.dtype() == DType::kBF16 ? proto::DTYPE_BF16
                                                              : proto::DTYPE_F32;
   StartMessages(
       what, method, EventKind::kPushMessage, step, first, last, options_.rpc_timeout,
-      [this, flat, &codec, encode, feedback, dtype, header = std::move(header)](
+      [this, flat, &codec, encode, feedback, dtype, shared, header = std::move(header)](
           size_t m, const Lend& lend) {
         Header h;
         header(&h);
@@ -320,7 +325,12 @@ void RemoteParameterStore::SendFrames(
           if (codec.sparse()) t->set_encoding(proto::ENCODING_TOPK);
           const int64_t bytes = codec.EncodedBytes(chunk.length);
           t->set_data_bytes(bytes);
-          if (encode) {
+          if (shared != nullptr) {
+            const int64_t at = chunk.offset * static_cast<int64_t>(sizeof(float));
+            std::memcpy(shared + at, flat.data() + chunk.offset, static_cast<size_t>(bytes));
+            t->set_in_shared_memory(true);
+            t->set_shm_offset(at);
+          } else if (encode) {
             // Encoded at the chunk's own place in the scratch buffer.
             char* at = push_scratch_.data() + chunk.scratch_offset;
             codec.Encode(flat.subspan(chunk.offset, chunk.length),
@@ -428,6 +438,23 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
     t->set_dtype(proto::DTYPE_F32);
     for (int64_t d : spec.shape) t->add_shape(d);
   }
+  // Shared memory: a push area and a pull area of every parameter.
+  const bool offer = options_.shared_memory && codec_->dtype() == DType::kF32 && !codec_->sparse();
+  if (offer) {
+    int64_t elements = 0;
+    for (const ParamSpec& spec : signature) elements += NumElements(spec.shape);
+    // A fresh segment per registration: a pull of an earlier session that
+    // the server answers late writes into memory nobody reads any more.
+    segment_.reset();
+    PS_ASSIGN_OR_RETURN(segment_, SharedMemorySegment::Create(static_cast<size_t>(
+                                      8 * std::max<int64_t>(elements, 1))));
+    proto::SharedMemory* shm = request.mutable_shared_memory();
+    shm->set_pid(segment_->pid());
+    shm->set_fd(segment_->fd());
+    shm->set_data_bytes(segment_->data_bytes());
+    shm->set_nonce(segment_->nonce());
+  }
+  use_segment_ = false;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   AddCredentials(&context);  // the token; no session yet (Reconnect cleared it)
@@ -457,6 +484,15 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
                                             " sent a malformed registration reply"));
   }
   rank_ = reply.rank();
+  use_segment_ = offer && reply.shared_memory_attached();
+  if (offer && options_.log) {
+    options_.log(use_segment_ ? absl::StrCat("tensor bytes to and from ", options_.server_address,
+                                             " go through shared memory")
+                              : absl::StrCat("the server at ", options_.server_address,
+                                             " did not map this worker's shared memory (",
+                                             reply.shared_memory_error(),
+                                             "); tensor bytes go by TCP"));
+  }
   {
     absl::MutexLock lock(&session_mu_);
     session_ = reply.session();
@@ -711,10 +747,13 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
         request.set_dtype(pull_codec_->dtype() == DType::kF16    ? proto::DTYPE_F16
                           : pull_codec_->dtype() == DType::kBF16 ? proto::DTYPE_BF16
                                                                  : proto::DTYPE_F32);
+        const bool shared = PullsIntoSharedMemory();
+        request.set_shared_memory(shared);
         for (const Chunk& chunk : messages_[m]) {
           proto::ChunkId* id = request.add_chunks();
           id->set_key(chunk.key);
           id->set_chunk(chunk.index);
+          if (shared) request.add_shm_offsets(PullOffset(chunk));
         }
         return proto::SerializeMessage(request);
       },
@@ -762,6 +801,17 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
                 "server sent key ", got.key(), " chunk ", got.chunk(), " with ",
                 got.data_bytes(), " bytes where key ", chunk.key, " chunk ", chunk.index,
                 " with ", bytes, " bytes was expected"));
+          }
+          if (got.in_shared_memory()) {
+            // Written where this pull asked, before the reply was sent.
+            if (!PullsIntoSharedMemory() || got.shm_offset() != PullOffset(chunk)) {
+              return absl::InternalError(absl::StrCat(
+                  "server put key ", got.key(), " chunk ", got.chunk(),
+                  " in shared memory at byte ", got.shm_offset(), ", not where it was asked"));
+            }
+            std::memcpy(params.data() + chunk.offset, segment_->data() + got.shm_offset(),
+                        static_cast<size_t>(bytes));
+            continue;
           }
           if (pull_codec_->dtype() == DType::kF32) {
             server::CopyPiecesTo(reader->pieces(c), params.data() + chunk.offset);

@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/shared_memory.h"
 #include "common/timed_event.h"
 #include "common/tls_credentials.h"
 #include "common/wire_codec.h"
@@ -75,6 +76,15 @@ struct RemoteStoreOptions {
   // keeps fp32), or "topk:F" (pushes only: the largest F of each chunk with
   // error feedback, the rest kept here for later steps; pulls in fp32).
   std::string compression = "none";
+  // On the server's host: offer the server a shared memory segment at each
+  // registration (common/shared_memory.h; 8 bytes per parameter of this
+  // store, a push area and a pull area) and, when it maps it, move every
+  // pushed and pulled byte through it (one memcpy each side) instead of
+  // loopback TCP; gRPC carries only the headers. A server that cannot map
+  // it (another host, PID namespace or user) says why, which goes to `log`,
+  // and the bytes go by TCP as without. Dense F32 only: ignored with a
+  // compression other than none.
+  bool shared_memory = false;
   // Receives one kPushMessage / kPullMessage event per RPC, on RpcLane(m)
   // for message m (stable for the store's life), from gRPC's completion
   // threads. May be null. Both must outlive the store.
@@ -139,6 +149,9 @@ class RemoteParameterStore final : public ParameterStore {
   // ones included).
   int64_t bytes_pushed() const { return bytes_pushed_; }
   int64_t bytes_pulled() const { return bytes_pulled_; }
+  // Whether the last registration's server mapped this store's shared
+  // memory (RemoteStoreOptions::shared_memory), so tensor bytes bypass TCP.
+  bool uses_shared_memory() const { return use_segment_; }
   // Whether Register sent this worker's initial parameters.
   bool sent_initial_parameters() const { return sent_initial_parameters_; }
   // Asynchronous consistency: how many pushes (messages) were how stale,
@@ -247,6 +260,20 @@ class RemoteParameterStore final : public ParameterStore {
   // message's chunks are encoded at their flat offset (so messages in
   // flight at once never share bytes) and lent to gRPC from here.
   std::vector<char> push_scratch_;
+  // Shared memory (options_.shared_memory): a fresh one offered at every
+  // registration; use_segment_ while the server has it mapped. Bytes [4 o, 4 (o + n)) of its data area carry the push of
+  // flat elements [o, o + n), and the same range 4 x num_parameters_
+  // further on their pull, so messages in flight never share bytes.
+  std::unique_ptr<SharedMemorySegment> segment_;
+  bool use_segment_ = false;
+  // Whether pulls go through segment_ (dense F32, not delta), and where in
+  // it the pull of `chunk` lands.
+  bool PullsIntoSharedMemory() const {
+    return use_segment_ && pull_codec_->dtype() == DType::kF32 && !delta_pulls_;
+  }
+  int64_t PullOffset(const Chunk& chunk) const {
+    return static_cast<int64_t>(sizeof(float)) * (num_parameters_ + chunk.offset);
+  }
   // The server's consistency, from the registration: asynchronous, or
   // ssp:S (ssp_, with staleness_bound_ = S).
   bool async_ = false;

@@ -220,6 +220,48 @@ TEST(RemoteParameterStoreTest, SegmentsOverSeveralConnectionsMakeTheSameUpdate) 
   EXPECT_EQ(RemoteParameterStore::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Shared memory on one host: worker a's bytes go through it both ways,
+// worker b's by TCP, and the updates are the same as all-TCP, step after
+// step (the pull area is rewritten each time).
+TEST(RemoteParameterStoreTest, SharedMemoryMakesTheSameUpdatesAsTcp) {
+  auto server = StartServer(2);
+  RemoteStoreOptions options;
+  options.server_address = server->address();
+  options.worker_id = "a";
+  options.shared_memory = true;
+  options.rpc_timeout = absl::Seconds(10);
+  auto a = RemoteParameterStore::Create(options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = MakeStore(server->address(), "b");
+  std::vector<float> expected = Ramp(1.f, 0.25f);
+  ASSERT_TRUE((*a)->Register(Signature(), expected).ok());
+  ASSERT_TRUE(b->Register(Signature(), {}).ok());
+  EXPECT_TRUE((*a)->uses_shared_memory());
+  EXPECT_FALSE(b->uses_shared_memory());
+  for (int64_t step = 0; step < 3; ++step) {
+    const std::vector<float> grad_a = Ramp(0.5f + step, 0.125f), grad_b = Ramp(-0.25f, 0.5f);
+    ASSERT_TRUE((*a)->Push(step, 3, grad_a).ok());
+    ASSERT_TRUE(b->Push(step, 1, grad_b).ok());
+    std::vector<float> params_a(kElements), params_b(kElements);
+    ASSERT_TRUE((*a)->Pull(step + 1, absl::MakeSpan(params_a)).ok());
+    ASSERT_TRUE(b->Pull(step + 1, absl::MakeSpan(params_b)).ok());
+    for (int64_t i = 0; i < kElements; ++i) {
+      expected[i] -= (grad_a[i] + grad_b[i]) / 4.f;
+      EXPECT_FLOAT_EQ(params_a[i], expected[i]) << "step " << step << " element " << i;
+    }
+    EXPECT_EQ(params_a, params_b) << "step " << step;
+  }
+  // Compressed wires stay on TCP: nothing is offered.
+  auto server1 = StartServer(1);
+  options.server_address = server1->address();
+  options.worker_id = "c";
+  options.compression = "fp16";
+  auto c = RemoteParameterStore::Create(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->Register(Signature(), Ramp(1.f, 0.25f)).ok());
+  EXPECT_FALSE((*c)->uses_shared_memory());
+}
+
 TEST(RemoteParameterStoreTest, ErrorsNameTheCallAndTheMessage) {
   auto server = StartServer(1);
   auto store = MakeStore(server->address(), "a");

@@ -109,6 +109,11 @@ ABSL_FLAG(int64_t, slowdown_period, 0,
 ABSL_FLAG(int, connections, ps::worker::RemoteStoreOptions().connections,
           "TCP connections to each server shard for pushes, and as many for pulls (more can "
           "fill a fast link one stream cannot)");
+ABSL_FLAG(bool, shared_memory, false,
+          "on a server's host: move pushed and pulled tensor bytes through memory shared with "
+          "it (a sealed memfd the server maps; one memcpy each side) instead of loopback TCP; "
+          "falls back to TCP, saying why, where the server cannot map it (another host, "
+          "container or user). Dense fp32 only (--compression=none)");
 ABSL_FLAG(double, validation_fraction, 0,
           "hold out this fraction of the training set (seeded by --seed, the same on every "
           "worker, never trained on) and evaluate on it after each epoch");
@@ -379,6 +384,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     remote_options.clock = clock;
     remote_options.connections = absl::GetFlag(FLAGS_connections);
     remote_options.compression = absl::GetFlag(FLAGS_compression);
+    remote_options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
     remote_options.reconnect_timeout = absl::GetFlag(FLAGS_reconnect_timeout);
     remote_options.log = [](const std::string& line) {
       std::printf("worker: %s\n", line.c_str());
