@@ -54,6 +54,9 @@ ABSL_FLAG(int64_t, rounds, 10, "push/wait/pull rounds measured (after one warm-u
 ABSL_FLAG(int64_t, chunk_bytes, ps::server::ParameterServerOptions::kDefaultChunkElements * 4,
           "chunk size in bytes");
 ABSL_FLAG(int, connections, 1, "connections per direction to each server");
+ABSL_FLAG(bool, shared_memory, false,
+          "tensor bytes through memory shared with the servers (RemoteStoreOptions::"
+          "shared_memory) instead of loopback TCP; gRPC carries the headers");
 ABSL_FLAG(std::string, servers, "1",
           "server shards (in-process servers) the model is cut over; a comma-separated list "
           "measures each");
@@ -298,6 +301,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
   store_options.server_address = addresses[0];
   store_options.worker_id = "bench";
   store_options.connections = absl::GetFlag(FLAGS_connections);
+  store_options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   std::unique_ptr<worker::ParameterStore> store;
   if (shards == 1) {
     auto remote = worker::RemoteParameterStore::Create(store_options);
@@ -405,11 +409,12 @@ int Run(int shards, const std::string& security, Figures* figures) {
   figures->pull = bytes * rounds / pull_s / 1e9;
   figures->pipelined = bytes * rounds / pipelined_s / 1e9;
   std::printf("model %.1f MiB in %lld tensors on %d server%s (%d connection%s each way), chunks "
-              "of %lld bytes, %lld rounds on loopback, %s\n",
+              "of %lld bytes, %lld rounds on loopback, %s%s\n",
               bytes / (1 << 20), static_cast<long long>(tensors), shards, shards > 1 ? "s" : "",
               store_options.connections, store_options.connections > 1 ? "s" : "",
               static_cast<long long>(options.chunk_elements * 4), static_cast<long long>(rounds),
-              security.c_str());
+              security.c_str(),
+              store_options.shared_memory ? ", tensor bytes through shared memory" : "");
   std::printf("push: %8.2f ms  %6.2f GB/s (includes the server summing the gradient and, in\n"
               "                           the last chunk's call, the SGD update)\n",
               1e3 * push_s / rounds, bytes * rounds / push_s / 1e9);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Our parameter server (2 workers x 1 CPU device x 1 thread, 1 or 2 server
-# shards, bash deploy/local_cluster.sh) side by side with PyTorch DDP (2 gloo
-# ranks x 1 thread on 127.0.0.1, deploy/bench/pytorch_ddp.py) on the same
-# models, global batches and learning rates, alternating ours and theirs.
-# Prints every run and a table; not a test. About 4-5 minutes with --rounds=2.
+# shards over loopback TCP, and 1 shard with --shared_memory, bash
+# deploy/local_cluster.sh) side by side with PyTorch DDP (2 gloo ranks x 1
+# thread on 127.0.0.1, deploy/bench/pytorch_ddp.py) on the same models,
+# global batches and learning rates, alternating ours and theirs. Prints
+# every run and a table; not a test. About 6-7 minutes with --rounds=2.
 #
 #   bash deploy/bench/ddp_compare.sh [--rounds=2] [--configs=mlp-b32,mlp-b256,lenet-b256]
 #
@@ -41,9 +42,15 @@ configs=(
   "lenet-b256|lenet|256|0.9|--epochs=6|--warmup=5 --steps=160 --repeats=5|best"
 )
 
-ours() {  # ours NAME MODEL BATCH LR SERVERS ROUND FLAGS...
+ours() {  # ours NAME MODEL BATCH LR SERVERS[:shm] ROUND FLAGS...
   local name=$1 model=$2 batch=$3 lr=$4 servers=$5 round=$6; shift 6
-  local logs="$out/ours-$name-s$servers-r$round"
+  local label="S=$servers"
+  if [[ "$servers" == *:shm ]]; then
+    servers=${servers%:shm}
+    label="S=$servers shm"
+    set -- "$@" --shared_memory
+  fi
+  local logs="$out/ours-$name-s$servers-${label// /-}-r$round"
   local hidden=()
   [[ "$model" == mlp ]] && hidden=(--mlp_hidden=4096,4096)
   timeout 300 bash deploy/local_cluster.sh --workers=2 --servers="$servers" --threads=1 \
@@ -53,9 +60,9 @@ ours() {  # ours NAME MODEL BATCH LR SERVERS ROUND FLAGS...
   local rate split
   rate=$(sed -n 's/.*(all workers: \([0-9]*\) samples\/s).*/\1/p' "$logs/worker-0.log")
   split=$(grep '^epoch' "$logs/worker-0.log" | tail -n 1 | sed 's/.*\[\(.*\)\]/\1/')
-  echo "$name|ours S=$servers|$round|$rate|$split" >>"$out/results"
-  printf '%-11s ours S=%s    round %s: %6s samples/s  [%s]  load %s\n' \
-    "$name" "$servers" "$round" "$rate" "$split" "$(cut -d' ' -f1 /proc/loadavg)"
+  echo "$name|ours $label|$round|$rate|$split" >>"$out/results"
+  printf '%-11s ours %-9s round %s: %6s samples/s  [%s]  load %s\n' \
+    "$name" "$label" "$round" "$rate" "$split" "$(cut -d' ' -f1 /proc/loadavg)"
 }
 
 ddp() {  # ddp NAME MODEL BATCH LR COLUMN ROUND FLAGS...
@@ -70,7 +77,7 @@ ddp() {  # ddp NAME MODEL BATCH LR COLUMN ROUND FLAGS...
   [[ "$column" == cold ]] && rate=$cold
   echo "$name|DDP|$round|$rate|warm best $best, median $median, from step 1 $cold, $ms ms/step" \
     >>"$out/results"
-  printf '%-11s DDP         round %s: %6s samples/s  [warm best %s, median %s, from step 1 %s, %s ms/step]  load %s\n' \
+  printf '%-11s DDP            round %s: %6s samples/s  [warm best %s, median %s, from step 1 %s, %s ms/step]  load %s\n' \
     "$name" "$round" "$rate" "$best" "$median" "$cold" "$ms" "$(cut -d' ' -f1 /proc/loadavg)"
 }
 
@@ -82,11 +89,13 @@ for ((round = 1; round <= rounds; round++)); do
     # Alternate who goes first from round to round.
     if ((round % 2)); then
       ours "$name" "$model" "$batch" "$lr" 1 "$round" $our_flags
+      ours "$name" "$model" "$batch" "$lr" 1:shm "$round" $our_flags
       ddp "$name" "$model" "$batch" "$lr" "$column" "$round" $ddp_flags
       ours "$name" "$model" "$batch" "$lr" 2 "$round" $our_flags
     else
       ours "$name" "$model" "$batch" "$lr" 2 "$round" $our_flags
       ddp "$name" "$model" "$batch" "$lr" "$column" "$round" $ddp_flags
+      ours "$name" "$model" "$batch" "$lr" 1:shm "$round" $our_flags
       ours "$name" "$model" "$batch" "$lr" 1 "$round" $our_flags
     fi
   done
@@ -97,16 +106,16 @@ echo "ddp_compare: load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 import sys
 rows = [line.rstrip("\n").split("|") for line in open(sys.argv[1])]
 names = list(dict.fromkeys(r[0] for r in rows))
-who = ["ours S=1", "ours S=2", "DDP"]
+who = ["ours S=1", "ours S=2", "ours S=1 shm", "DDP"]
 print()
-print(f"{'config':<11} | {'ours S=1':>15} | {'ours S=2':>15} | {'DDP':>15} | "
-      f"{'S=1/DDP':>8} | {'S=2/DDP':>8}")
+print(f"{'config':<11} | {'ours S=1':>15} | {'ours S=2':>15} | {'ours S=1 shm':>15} | "
+      f"{'DDP':>15} | {'S=1/DDP':>8} | {'S=2/DDP':>8} | {'shm/DDP':>8}")
 for n in names:
     rates = {w: [float(r[3]) for r in rows if r[0] == n and r[1] == w] for w in who}
     cells = [("/".join(f"{v:.0f}" for v in rates[w])) for w in who]
     ddp = max(rates["DDP"]) if rates["DDP"] else float("nan")
-    ratio = [max(rates[w]) / ddp if rates[w] else float("nan") for w in who[:2]]
-    print(f"{n:<11} | {cells[0]:>15} | {cells[1]:>15} | {cells[2]:>15} | "
-          f"{ratio[0]:>8.2f} | {ratio[1]:>8.2f}")
+    ratio = [max(rates[w]) / ddp if rates[w] else float("nan") for w in who[:3]]
+    print(f"{n:<11} | {cells[0]:>15} | {cells[1]:>15} | {cells[2]:>15} | {cells[3]:>15} | "
+          f"{ratio[0]:>8.2f} | {ratio[1]:>8.2f} | {ratio[2]:>8.2f}")
 print("(samples/s of both processes, one figure per round; ratios of the best runs)")
 PY

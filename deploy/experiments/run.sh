@@ -94,6 +94,12 @@ fail() { echo "run: $*" >&2; exit 1; }
 [[ "$check_seconds" =~ ^[1-9][0-9]?$ ]] || fail "--check_seconds is 1..99"
 [[ "$ping_count" =~ ^[1-9][0-9]{0,2}$ ]] || fail "--ping_count is 1..999"
 netns_valid_prefix "$prefix" || fail "--prefix must match [a-z][a-z0-9]{2,15}"
+# The emulated hosts share one kernel and PID namespace: shared memory would
+# carry the bytes past the shaped links this run measures.
+for arg in "${extra[@]}"; do
+  [[ "$arg" == --shared_memory || "$arg" == --shared_memory=true ]] &&
+    fail "--shared_memory would move the tensor bytes around the emulated links; leave it out"
+done
 ((EUID == 0)) || fail "needs root (network namespaces)"
 # Real compute shares the machine's cores among the workers; a replaying
 # worker times its pass alone, with all of them (an emulated host's CPU).
