@@ -57,6 +57,61 @@ absl::Status LinearForward(Device& device, int64_t batch, int64_t in_features, i
 #endif
 }
 
+namespace {
+
+absl::Status CheckRows(const char* op, Device& device, int64_t batch, int64_t in_features,
+                       int64_t out_features, int64_t row_begin, int64_t row_end) {
+  PS_RETURN_IF_ERROR(CheckSizes(op, batch, in_features, out_features));
+  if (row_begin < 0 || row_begin > row_end || row_end > out_features) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": rows [", row_begin, ", ", row_end,
+                                                   ") of ", out_features));
+  }
+  if (!device.is_cpu()) {
+    return absl::UnimplementedError(absl::StrCat(op, ": CPU devices only"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LinearForwardRows(Device& device, int64_t batch, int64_t in_features,
+                               int64_t out_features, const float* x, const float* weight,
+                               int64_t row_begin, int64_t row_end, float* y) {
+  PS_RETURN_IF_ERROR(CheckRows("LinearForwardRows", device, batch, in_features, out_features,
+                               row_begin, row_end));
+  if (batch > 0 && row_end > row_begin &&
+      (y == nullptr || (in_features > 0 && (x == nullptr || weight == nullptr)))) {
+    return absl::InvalidArgumentError("LinearForwardRows: null x, weight or y");
+  }
+  internal::LinearForwardRowsCpu(AsCpu(device), batch, in_features, out_features, x, weight,
+                                 row_begin, row_end, y);
+  return absl::OkStatus();
+}
+
+absl::Status LinearAddBias(Device& device, int64_t batch, int64_t out_features, const float* bias,
+                           float* y) {
+  PS_RETURN_IF_ERROR(CheckRows("LinearAddBias", device, batch, 0, out_features, 0, 0));
+  if (batch > 0 && out_features > 0 && (bias == nullptr || y == nullptr)) {
+    return absl::InvalidArgumentError("LinearAddBias: null bias or y");
+  }
+  internal::LinearAddBiasCpu(AsCpu(device), batch, out_features, bias, y);
+  return absl::OkStatus();
+}
+
+absl::Status LinearWeightGradientRows(Device& device, int64_t batch, int64_t in_features,
+                                      int64_t out_features, const float* x, const float* dy,
+                                      int64_t row_begin, int64_t row_end, float* dweight) {
+  PS_RETURN_IF_ERROR(CheckRows("LinearWeightGradientRows", device, batch, in_features,
+                               out_features, row_begin, row_end));
+  if (row_end > row_begin && in_features > 0 &&
+      (dweight == nullptr || (batch > 0 && (x == nullptr || dy == nullptr)))) {
+    return absl::InvalidArgumentError("LinearWeightGradientRows: null x, dy or dweight");
+  }
+  internal::LinearWeightGradientRowsCpu(AsCpu(device), batch, in_features, out_features, x, dy,
+                                        row_begin, row_end, dweight);
+  return absl::OkStatus();
+}
+
 absl::Status LinearBackward(Device& device, int64_t batch, int64_t in_features,
                             int64_t out_features, const float* x, const float* weight,
                             const float* dy, float* dx, float* dweight, float* dbias) {

@@ -88,4 +88,43 @@ void LinearBackwardCpu(CpuDevice& device, int64_t batch, int64_t in_features, in
   }
 }
 
+void LinearForwardRowsCpu(CpuDevice& device, int64_t batch, int64_t in_features,
+                          int64_t out_features, const float* x, const float* weight,
+                          int64_t row_begin, int64_t row_end, float* y) {
+  if (batch == 0 || row_end <= row_begin) return;
+  const Precision precision = device.gemm_precision();
+  const int64_t ld_in = std::max<int64_t>(1, in_features);
+  Slices(device, batch, [=](int64_t begin, int64_t end) {
+    GemmCpu(precision, false, true, end - begin, row_end - row_begin, in_features, 1.f,
+            x + begin * in_features, ld_in, weight + row_begin * in_features, ld_in, 0.f,
+            y + begin * out_features + row_begin, std::max<int64_t>(1, out_features));
+  });
+}
+
+void LinearAddBiasCpu(CpuDevice& device, int64_t batch, int64_t out_features, const float* bias,
+                      float* y) {
+  if (batch == 0 || out_features == 0) return;
+  const int64_t min_rows = std::max<int64_t>(1, kMinChunkElements / out_features);
+  device.ParallelFor(batch, min_rows, [=](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = y + r * out_features;
+      for (int64_t c = 0; c < out_features; ++c) row[c] += bias[c];
+    }
+  });
+}
+
+void LinearWeightGradientRowsCpu(CpuDevice& device, int64_t batch, int64_t in_features,
+                                 int64_t out_features, const float* x, const float* dy,
+                                 int64_t row_begin, int64_t row_end, float* dweight) {
+  if (row_end <= row_begin) return;
+  const int64_t ld_in = std::max<int64_t>(1, in_features);
+  const int64_t ld_out = std::max<int64_t>(1, out_features);
+  const Precision precision = device.gemm_precision();
+  Slices(device, row_end - row_begin, [=](int64_t begin, int64_t end) {
+    GemmCpu(precision, true, false, end - begin, in_features, batch, 1.f,
+            dy + row_begin + begin, ld_out, x, ld_in, 0.f,
+            dweight + (row_begin + begin) * in_features, ld_in);
+  });
+}
+
 }  // namespace ps::kernels::internal

@@ -23,6 +23,16 @@ void LinearBackwardCpu(CpuDevice& device, int64_t batch, int64_t in_features, in
                        const float* x, const float* weight, const float* dy, float* dx,
                        float* dweight, float* dbias);
 
+// The row-block forms (kernels/linear.h); sizes and pointers checked.
+void LinearForwardRowsCpu(CpuDevice& device, int64_t batch, int64_t in_features,
+                          int64_t out_features, const float* x, const float* weight,
+                          int64_t row_begin, int64_t row_end, float* y);
+void LinearAddBiasCpu(CpuDevice& device, int64_t batch, int64_t out_features, const float* bias,
+                      float* y);
+void LinearWeightGradientRowsCpu(CpuDevice& device, int64_t batch, int64_t in_features,
+                                 int64_t out_features, const float* x, const float* dy,
+                                 int64_t row_begin, int64_t row_end, float* dweight);
+
 }  // namespace ps::kernels::internal
 
 #endif  // PS_KERNELS_LINEAR_CPU_H_

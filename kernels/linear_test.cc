@@ -1,5 +1,7 @@
 #include "kernels/linear.h"
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "common/cpu_device.h"
@@ -177,6 +179,42 @@ TEST(LinearCpuTest, RejectsBadSizes) {
 
 // The parameter gradients in one call and dx in another (what a layer does
 // to hand its gradients over before computing dx) give the bits of one call.
+// The row-block forms over every block (of uneven size) make the whole
+// layer's forward and weight gradient; ranges outside the layer are refused.
+TEST(LinearCpuTest, RowBlocksMakeTheWholeLayer) {
+  CpuDevice device(0, 1);
+  constexpr int64_t kBatch = 5, kIn = 7, kOut = 70;
+  const std::vector<float> x = RandomVector(kBatch * kIn, 1), w = RandomVector(kOut * kIn, 2),
+                           b = RandomVector(kOut, 3), dy = RandomVector(kBatch * kOut, 4);
+  std::vector<float> y(kBatch * kOut), y_blocks(kBatch * kOut, NAN);
+  std::vector<float> dw(kOut * kIn), dw_blocks(kOut * kIn, NAN);
+  ASSERT_TRUE(
+      LinearForward(device, kBatch, kIn, kOut, x.data(), w.data(), b.data(), y.data()).ok());
+  ASSERT_TRUE(LinearBackward(device, kBatch, kIn, kOut, x.data(), w.data(), dy.data(), nullptr,
+                             dw.data(), nullptr)
+                  .ok());
+  for (int64_t row = 0; row < kOut; row += 32) {
+    const int64_t end = std::min(kOut, row + 32);
+    ASSERT_TRUE(LinearForwardRows(device, kBatch, kIn, kOut, x.data(), w.data(), row, end,
+                                  y_blocks.data())
+                    .ok());
+    ASSERT_TRUE(LinearWeightGradientRows(device, kBatch, kIn, kOut, x.data(), dy.data(), row, end,
+                                         dw_blocks.data())
+                    .ok());
+  }
+  ASSERT_TRUE(LinearAddBias(device, kBatch, kOut, b.data(), y_blocks.data()).ok());
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y_blocks[i], y[i], 1e-5f) << i;
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(dw_blocks[i], dw[i], 1e-5f) << i;
+  EXPECT_EQ(LinearForwardRows(device, kBatch, kIn, kOut, x.data(), w.data(), 60, 71,
+                              y_blocks.data())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LinearWeightGradientRows(device, kBatch, kIn, kOut, x.data(), dy.data(), 10, 5,
+                                     dw_blocks.data())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LinearCpuTest, ParameterGradientsThenDxEqualOneCall) {
   for (int threads : {1, 2}) {
     CpuDevice cpu(0, threads);

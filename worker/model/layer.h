@@ -110,26 +110,44 @@ class Layer {
   // statistics); FailedPrecondition if no Forward ran. dy is not modified.
   virtual absl::StatusOr<Tensor> Backward(const Tensor& dy, bool need_dx) = 0;
 
-  // Called by a layer inside Backward as soon as its parameter gradients are
-  // final, before it computes dx (Linear does: their communication can start
-  // while dx is computed; the layer still reads its parameters until
-  // Backward returns); a layer that does not call it has them final when
-  // Backward returns. Null (the default): nothing. Set by the sequence
-  // around one Backward; must outlive it.
-  void set_gradients_ready(const std::function<void()>* ready) { gradients_ready_ = ready; }
+  // Called by a layer inside Backward as soon as its parameter gradients
+  // from element `from` of its own parameters (in declaration order) to
+  // their end are final, before it computes dx (Linear does, block by block
+  // from its last: their communication can start while the rest is
+  // computed; the layer still reads its parameters until Backward returns);
+  // a layer that does not call it has them final when Backward returns.
+  // Null (the default): nothing. Set by the sequence around one Backward;
+  // must outlive it.
+  void set_gradients_ready(const std::function<void(int64_t from)>* ready) {
+    gradients_ready_ = ready;
+  }
+
+  // A layer that reads its parameters in parts during Forward (a large
+  // Linear, block by block of output features) says so here, and then calls
+  // the function set below before it reads elements [from, to) of its own
+  // parameters; it may block until they are the ones the pass must use.
+  // Other layers' parameters are awaited whole before their Forward.
+  virtual bool AwaitsParametersInParts() const { return false; }
+  void set_parameters_needed(const std::function<absl::Status(int64_t from, int64_t to)>* needed) {
+    parameters_needed_ = needed;
+  }
 
  protected:
   explicit Layer(Device* device) : device_(device) {}
   Device* device() const { return device_; }
   // The notice above, if one is set.
-  void GradientsReady() const {
-    if (gradients_ready_ != nullptr) (*gradients_ready_)();
+  void GradientsReady(int64_t from) const {
+    if (gradients_ready_ != nullptr) (*gradients_ready_)(from);
   }
   bool wants_gradients_ready() const { return gradients_ready_ != nullptr; }
+  absl::Status ParametersNeeded(int64_t from, int64_t to) const {
+    return parameters_needed_ != nullptr ? (*parameters_needed_)(from, to) : absl::OkStatus();
+  }
 
  private:
   Device* device_;
-  const std::function<void()>* gradients_ready_ = nullptr;
+  const std::function<void(int64_t)>* gradients_ready_ = nullptr;
+  const std::function<absl::Status(int64_t, int64_t)>* parameters_needed_ = nullptr;
 };
 
 // For the layers' implementations: errors that name the layer, checks of the

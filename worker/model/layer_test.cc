@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/cpu_device.h"
@@ -356,6 +358,68 @@ TEST_F(LayerTest, SequentialGradientsAndNames) {
   std::vector<std::string> names;
   for (const ParamSpec& spec : (*params)->parameters()) names.push_back(spec.name);
   EXPECT_EQ(names, (std::vector<std::string>{"conv.weight", "conv.bias", "fc.weight", "fc.bias"}));
+}
+
+// A Linear of at least two blocks of output features on a CPU device
+// (1,100: blocks of 512, 512 and 76) computes in blocks; its gradients are
+// still right.
+TEST_F(LayerTest, BlockedLinearGradients) {
+  Linear linear(dev(), 8, 1100);
+  EXPECT_TRUE(linear.AwaitsParametersInParts());
+  CheckLayerGradients(dev(), linear, {3, 8}, CheckOptions());
+}
+
+// ... and asks for its weight block by block and its bias last in the
+// forward pass, hands its gradients over bias first, then weight blocks
+// from the last, and gives the same bits whether anyone listens or not.
+TEST_F(LayerTest, BlockedLinearWaitsAndHandsOverInBlocksWithTheSameValues) {
+  constexpr int64_t kIn = 8, kOut = 1100, kWeight = kIn * kOut;
+  Linear linear(dev(), kIn, kOut);
+  auto params = ParameterSet::Create(linear, dev());
+  ASSERT_TRUE(params.ok());
+  ASSERT_TRUE((*params)->Initialize(11).ok());
+  Tensor x = DeviceTensor(dev(), {4, kIn}, Uniform(4 * kIn, 5));
+  Tensor dy = DeviceTensor(dev(), {4, kOut}, Uniform(4 * kOut, 6));
+  auto pass = [&](std::vector<float>* y, std::vector<float>* grads, std::vector<float>* dx) {
+    auto out = linear.Forward(x, Mode::kTraining);
+    ASSERT_TRUE(out.ok()) << out.status();
+    *y = HostValues(*out);
+    auto g = linear.Backward(dy, true);
+    ASSERT_TRUE(g.ok()) << g.status();
+    *dx = HostValues(*g);
+    *grads = HostValues((*params)->flat_gradients());
+  };
+  std::vector<float> y0, grads0, dx0, y1, grads1, dx1;
+  pass(&y0, &grads0, &dx0);
+  std::vector<std::pair<int64_t, int64_t>> needed;
+  std::vector<int64_t> ready;
+  const std::function<absl::Status(int64_t, int64_t)> on_needed = [&](int64_t from, int64_t to) {
+    needed.emplace_back(from, to);
+    return absl::OkStatus();
+  };
+  const std::function<void(int64_t)> on_ready = [&](int64_t from) { ready.push_back(from); };
+  linear.set_parameters_needed(&on_needed);
+  linear.set_gradients_ready(&on_ready);
+  pass(&y1, &grads1, &dx1);
+  linear.set_parameters_needed(nullptr);
+  linear.set_gradients_ready(nullptr);
+  EXPECT_EQ(needed, (std::vector<std::pair<int64_t, int64_t>>{{0, 512 * kIn},
+                                                              {512 * kIn, 1024 * kIn},
+                                                              {1024 * kIn, kWeight},
+                                                              {kWeight, kWeight + kOut}}));
+  EXPECT_EQ(ready, (std::vector<int64_t>{kWeight, 1024 * kIn, 512 * kIn, 0}));
+  EXPECT_EQ(y1, y0);
+  EXPECT_EQ(grads1, grads0);
+  EXPECT_EQ(dx1, dx0);
+  // A refusal while waiting ends the pass with it.
+  const std::function<absl::Status(int64_t, int64_t)> refuse = [](int64_t from, int64_t) {
+    return from > 0 ? absl::CancelledError("no parameters") : absl::OkStatus();
+  };
+  linear.set_parameters_needed(&refuse);
+  EXPECT_EQ(linear.Forward(x, Mode::kTraining).status().code(), absl::StatusCode::kCancelled);
+  linear.set_parameters_needed(nullptr);
+  // A layer of fewer than two blocks waits whole, as every other layer.
+  EXPECT_FALSE(Linear(dev(), kIn, 1023).AwaitsParametersInParts());
 }
 
 // --- behaviour beyond gradients ---

@@ -1,5 +1,7 @@
 #include "worker/model/linear_layer.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/linear.h"
@@ -34,10 +36,31 @@ void Linear::Declare(const std::string& prefix, TensorDecls* decls) {
                &bias_grad_);
 }
 
+bool Linear::Blocked() const { return device()->is_cpu() && out_features_ >= 2 * kBlockRows; }
+
 absl::StatusOr<Tensor> Linear::Forward(const Tensor& x, Mode mode) {
   PS_RETURN_IF_ERROR(CheckDevice(Describe(), x, device()));
   PS_ASSIGN_OR_RETURN(Shape out_shape, OutputShape(x.shape()));
   PS_ASSIGN_OR_RETURN(Tensor y, y_.Get(device(), out_shape));
+  if (Blocked()) {
+    // Each block of output features once its rows of the weight are here;
+    // the bias (behind the weight in the flat buffer, so it arrives last)
+    // at the end.
+    for (int64_t row = 0; row < out_features_; row += kBlockRows) {
+      const int64_t end = std::min(out_features_, row + kBlockRows);
+      PS_RETURN_IF_ERROR(ParametersNeeded(row * in_features_, end * in_features_));
+      PS_RETURN_IF_ERROR(kernels::LinearForwardRows(*device(), x.dim(0), in_features_,
+                                                    out_features_, x.data<float>(),
+                                                    weight_.data<float>(), row, end,
+                                                    MutableF32(y)));
+    }
+    const int64_t weight_elements = out_features_ * in_features_;
+    PS_RETURN_IF_ERROR(ParametersNeeded(weight_elements, weight_elements + out_features_));
+    PS_RETURN_IF_ERROR(kernels::LinearAddBias(*device(), x.dim(0), out_features_,
+                                              bias_.data<float>(), MutableF32(y)));
+    x_ = x;
+    return y;
+  }
   PS_RETURN_IF_ERROR(kernels::LinearForward(*device(), x.dim(0), in_features_, out_features_,
                                             x.data<float>(), weight_.data<float>(),
                                             bias_.data<float>(), MutableF32(y)));
@@ -47,6 +70,7 @@ absl::StatusOr<Tensor> Linear::Forward(const Tensor& x, Mode mode) {
 
 absl::StatusOr<Tensor> Linear::Backward(const Tensor& dy, bool need_dx) {
   if (x_.empty()) return NoForward(Describe());
+  if (Blocked()) return BackwardBlocked(dy, need_dx);
   PS_ASSIGN_OR_RETURN(Tensor dx, BeginBackward(Describe(), x_, dy, {x_.dim(0), out_features_},
                                                need_dx, dx_, device()));
   if (need_dx && wants_gradients_ready()) {
@@ -56,7 +80,7 @@ absl::StatusOr<Tensor> Linear::Backward(const Tensor& dy, bool need_dx) {
                                                x_.data<float>(), weight_.data<float>(),
                                                dy.data<float>(), /*dx=*/nullptr,
                                                MutableF32(weight_grad_), MutableF32(bias_grad_)));
-    GradientsReady();
+    GradientsReady(0);
     PS_RETURN_IF_ERROR(kernels::LinearBackward(*device(), x_.dim(0), in_features_, out_features_,
                                                x_.data<float>(), weight_.data<float>(),
                                                dy.data<float>(), MutableF32(dx),
@@ -67,6 +91,36 @@ absl::StatusOr<Tensor> Linear::Backward(const Tensor& dy, bool need_dx) {
                                              x_.data<float>(), weight_.data<float>(),
                                              dy.data<float>(), need_dx ? MutableF32(dx) : nullptr,
                                              MutableF32(weight_grad_), MutableF32(bias_grad_)));
+  return dx;
+}
+
+absl::StatusOr<Tensor> Linear::BackwardBlocked(const Tensor& dy, bool need_dx) {
+  PS_ASSIGN_OR_RETURN(Tensor dx, BeginBackward(Describe(), x_, dy, {x_.dim(0), out_features_},
+                                               need_dx, dx_, device()));
+  const int64_t batch = x_.dim(0);
+  // The bias gradient (last in the flat buffer), then the weight gradient's
+  // blocks from the last, each handed over as it is done, then dx (which
+  // still reads the weight).
+  PS_RETURN_IF_ERROR(kernels::LinearBackward(*device(), batch, in_features_, out_features_,
+                                             x_.data<float>(), weight_.data<float>(),
+                                             dy.data<float>(), /*dx=*/nullptr,
+                                             /*dweight=*/nullptr, MutableF32(bias_grad_)));
+  GradientsReady(out_features_ * in_features_);
+  const int64_t last = (out_features_ - 1) / kBlockRows * kBlockRows;
+  for (int64_t row = last; row >= 0; row -= kBlockRows) {
+    const int64_t end = std::min(out_features_, row + kBlockRows);
+    PS_RETURN_IF_ERROR(kernels::LinearWeightGradientRows(*device(), batch, in_features_,
+                                                         out_features_, x_.data<float>(),
+                                                         dy.data<float>(), row, end,
+                                                         MutableF32(weight_grad_)));
+    GradientsReady(row * in_features_);
+  }
+  if (need_dx) {
+    PS_RETURN_IF_ERROR(kernels::LinearBackward(*device(), batch, in_features_, out_features_,
+                                               x_.data<float>(), weight_.data<float>(),
+                                               dy.data<float>(), MutableF32(dx),
+                                               /*dweight=*/nullptr, /*dbias=*/nullptr));
+  }
   return dx;
 }
 

@@ -12,7 +12,10 @@ namespace ps::worker::model {
 // has parameters, on the thread driving the replica, with the layer's
 // half-open element range [begin, end) of flat_parameters() and
 // flat_gradients(). Ranges come in layer order in the forward pass and in
-// reverse in the backward pass, and never overlap.
+// reverse in the backward pass. A layer that works in parts
+// (Layer::AwaitsParametersInParts: a large Linear) calls BeforeForward once
+// per part, its parts' ranges ascending, and GradientsReady once per part
+// with `begin` descending and `end` its own end.
 class ParameterHooks {
  public:
   virtual ~ParameterHooks() = default;
@@ -24,7 +27,8 @@ class ParameterHooks {
 
   // Inside the layer's backward pass, for layers that say so (Linear):
   // gradient elements [begin, end) are final, but the layer still reads its
-  // parameters (it computes its input gradient next). AfterBackward follows.
+  // parameters (it computes the rest, and its input gradient, next).
+  // AfterBackward follows.
   virtual void GradientsReady(int64_t begin, int64_t end) {}
 
   // After the layer's backward pass: gradient elements [begin, end) are

@@ -41,15 +41,28 @@ absl::StatusOr<Tensor> Sequential::Forward(const Tensor& x, Mode mode) {
   const LayerEvents events = events_ != nullptr ? *events_ : LayerEvents();
   Tensor h = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    if (events.hooks != nullptr && i < child_parameters_.size() &&
-        child_parameters_[i].first < child_parameters_[i].second) {
+    Layer& layer = *layers_[i].second;
+    const bool hooked = events.hooks != nullptr && i < child_parameters_.size() &&
+                        child_parameters_[i].first < child_parameters_[i].second;
+    const bool in_parts = hooked && layer.AwaitsParametersInParts();
+    if (hooked && !in_parts) {
       // Before the event: waiting for the parameters is not the layer's work.
       PS_RETURN_IF_ERROR(
           events.hooks->BeforeForward(child_parameters_[i].first, child_parameters_[i].second));
     }
-    ScopedEvent event(events.observer, events.clock, EventKind::kForward, events.lane, events.step,
-                      event_names_[i]);
-    PS_ASSIGN_OR_RETURN(h, layers_[i].second->Forward(h, mode));
+    const int64_t begin = hooked ? child_parameters_[i].first : 0;
+    const std::function<absl::Status(int64_t, int64_t)> needed = [&](int64_t from, int64_t to) {
+      return events.hooks->BeforeForward(begin + from, begin + to);
+    };
+    if (in_parts) layer.set_parameters_needed(&needed);
+    absl::StatusOr<Tensor> out;
+    {
+      ScopedEvent event(events.observer, events.clock, EventKind::kForward, events.lane,
+                        events.step, event_names_[i]);
+      out = layer.Forward(h, mode);
+    }
+    if (in_parts) layer.set_parameters_needed(nullptr);
+    PS_ASSIGN_OR_RETURN(h, std::move(out));
   }
   return h;
 }
@@ -63,8 +76,9 @@ absl::StatusOr<Tensor> Sequential::Backward(const Tensor& dy, bool need_dx) {
                         child_parameters_[i].first < child_parameters_[i].second;
     // A layer that has its gradients before it is done (Linear, before dx)
     // says so, and the hooks hear it at once.
-    const std::function<void()> ready = [&] {
-      events.hooks->GradientsReady(child_parameters_[i].first, child_parameters_[i].second);
+    const std::function<void(int64_t)> ready = [&](int64_t from) {
+      events.hooks->GradientsReady(child_parameters_[i].first + from,
+                                   child_parameters_[i].second);
     };
     if (hooked) layer.set_gradients_ready(&ready);
     absl::StatusOr<Tensor> next;
