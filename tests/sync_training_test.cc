@@ -33,10 +33,14 @@ server::OptimizerOptions Sgd() {
   return o;
 }
 
+// "wide_mlp": an MLP whose first layer (1,100 outputs) computes in blocks
+// of output features (model::Linear::kBlockRows) and under overlap waits
+// for, and hands over, its parameters block by block.
 worker::model::ModelConfig Config(const std::string& name) {
   worker::model::ModelConfig config;
-  config.name = name;
-  config.mlp_hidden = {48, 24};
+  config.name = name == "wide_mlp" ? "mlp" : name;
+  config.mlp_hidden = name == "wide_mlp" ? std::vector<int64_t>{1100, 24}
+                                         : std::vector<int64_t>{48, 24};
   return config;
 }
 
@@ -134,6 +138,7 @@ std::vector<float> TrainDistributed(const std::string& model, const worker::data
       trainer_options.overlap = overlap;
       trainer_options.precision = precision;
       trainer_options.push_pull.bucket_bytes = 0;
+      trainer_options.push_pull.stage_early_pulls = true;  // as the worker daemon
       auto trainer = worker::Trainer::Create(trainer_options, Config(model), devices, store.get(),
                                              &data, nullptr);
       ASSERT_TRUE(trainer.ok()) << trainer.status();
@@ -249,6 +254,21 @@ TEST(SyncTrainingTest, OverlapOnAndOffOnOneAndTwoShardsAreBitIdentical) {
   EXPECT_EQ(on, off);
   EXPECT_EQ(on_two_shards, off);
   ExpectRelativelyClose(on, TrainOnOneDevice("lenet", data), 1e-4);
+}
+
+// Layers that wait for and hand over their parameters in blocks, with the
+// early pulls staged: the same bits with overlap on and off, on one and two
+// shards, and the single device's result.
+TEST(SyncTrainingTest, BlockedLayersOverlappingAreBitIdenticalToNoOverlap) {
+  const worker::data::Dataset data = Data();
+  const auto off = TrainDistributed("wide_mlp", data, 2, 1, /*shards=*/1, /*overlap=*/false);
+  const auto on = TrainDistributed("wide_mlp", data, 2, 1, /*shards=*/1, /*overlap=*/true);
+  const auto on_two_shards =
+      TrainDistributed("wide_mlp", data, 2, 1, /*shards=*/2, /*overlap=*/true);
+  ASSERT_FALSE(off.empty());
+  EXPECT_EQ(on, off);
+  EXPECT_EQ(on_two_shards, off);
+  ExpectRelativelyClose(on, TrainOnOneDevice("wide_mlp", data), 1e-4);
 }
 
 TEST(SyncTrainingTest, ThreeWorkersOverlappingOnThreeShardsEqualOneDevice) {

@@ -53,6 +53,9 @@ absl::StatusOr<std::unique_ptr<PushPullScheduler>> PushPullScheduler::Create(
   // it holds `version`.
   s->pushed_.assign(s->buckets_.size(), true);
   s->iteration_of_.assign(s->buckets_.size(), version - 1);
+  s->staged_.assign(s->buckets_.size(), false);
+  s->released_.assign(s->buckets_.size(), false);
+  if (options.stage_early_pulls) s->staging_.resize(size);
   return s;
 }
 
@@ -104,12 +107,40 @@ void PushPullScheduler::QueuePushesLocked(int64_t offset) {
 }
 
 void PushPullScheduler::GradientsReadyFrom(int64_t offset) {
+  std::vector<int> copy;
   {
     absl::MutexLock lock(&mu_);
     QueuePushesLocked(offset);
     released_from_ = std::min(released_from_, offset);
+    // Staged pulls wholly above the offset: copied in now if they have
+    // landed, else as they land.
+    for (int b = static_cast<int>(buckets_.size()); b-- > 0;) {
+      if (buckets_[b].begin < offset) break;
+      if (!staged_[b] || released_[b]) continue;
+      released_[b] = true;
+      if (state_[b] == State::kStaged) {
+        state_[b] = State::kCopying;
+        copy.push_back(b);
+      }
+    }
   }
+  CopyStaged(copy);
   Pump();
+}
+
+void PushPullScheduler::CopyStaged(const std::vector<int>& buckets) {
+  if (buckets.empty()) return;
+  for (int b : buckets) {
+    const Bucket& bucket = buckets_[b];
+    std::copy(staging_.begin() + bucket.begin, staging_.begin() + bucket.end,
+              params_.begin() + bucket.begin);
+  }
+  absl::MutexLock lock(&mu_);
+  for (int b : buckets) {
+    state_[b] = State::kHeld;
+    staged_[b] = false;
+    released_[b] = false;
+  }
 }
 
 void PushPullScheduler::EarlyGradientsFrom(int64_t offset) {
@@ -133,13 +164,14 @@ PushPullScheduler::Operation PushPullScheduler::NextLocked() {
       if (state_[b] != (push ? State::kPushQueued : State::kPullQueued)) continue;
       // A pull of this iteration may not land where the caller still reads
       // the parameters (a previous iteration's, queued behind the bound, may).
-      if (!push && iteration_of_[b] == version_ - 1 && buckets_[b].begin < released_from_) {
-        continue;
-      }
+      const bool early =
+          !push && iteration_of_[b] == version_ - 1 && buckets_[b].begin < released_from_;
+      if (early && !options_.stage_early_pulls) continue;
       int64_t& in_flight = push ? push_bytes_in_flight_ : pull_bytes_in_flight_;
       if (!fits(in_flight, buckets_[b].bytes())) break;  // nothing behind it jumps the queue
       in_flight += buckets_[b].bytes();
       state_[b] = push ? State::kPushing : State::kPulling;
+      if (early) staged_[b] = true;
       ++calls_in_flight_;
       return {static_cast<int>(b), push};
     }
@@ -151,12 +183,14 @@ void PushPullScheduler::Pump() {
   for (;;) {
     Operation op;
     int64_t iteration = 0, samples = 0;
+    bool staged = false;
     {
       absl::MutexLock lock(&mu_);
       op = NextLocked();
       if (op.bucket < 0) return;
       iteration = iteration_of_[op.bucket];
       samples = num_samples_;
+      staged = staged_[op.bucket];
     }
     const Bucket& bucket = buckets_[op.bucket];
     // The store may run `done` inside the call (a local store): OnDone then
@@ -165,25 +199,40 @@ void PushPullScheduler::Pump() {
       store_->PushSegments(iteration, samples, bucket.first_segment, bucket.last_segment,
                            gradients_, [this, op](absl::Status s) { OnDone(op, std::move(s)); });
     } else {
-      store_->PullSegments(iteration + 1, bucket.first_segment, bucket.last_segment, params_,
+      store_->PullSegments(iteration + 1, bucket.first_segment, bucket.last_segment,
+                           staged ? absl::MakeSpan(staging_) : params_,
                            [this, op](absl::Status s) { OnDone(op, std::move(s)); });
     }
   }
 }
 
 void PushPullScheduler::OnDone(Operation op, absl::Status status) {
+  std::vector<int> copy;
   {
     absl::MutexLock lock(&mu_);
-    const int64_t bytes = buckets_[op.bucket].bytes();
+    const int b = op.bucket;
+    const int64_t bytes = buckets_[b].bytes();
     if (op.push) {
       push_bytes_in_flight_ -= bytes;
-      state_[op.bucket] = State::kPullQueued;
+      state_[b] = State::kPullQueued;
     } else {
       pull_bytes_in_flight_ -= bytes;
-      state_[op.bucket] = State::kHeld;
+      state_[b] = State::kHeld;
+      if (staged_[b] && status.ok()) {
+        if (released_[b]) {
+          state_[b] = State::kCopying;
+          copy.push_back(b);
+        } else {
+          state_[b] = State::kStaged;
+        }
+      } else {
+        staged_[b] = false;
+        released_[b] = false;
+      }
     }
     if (!status.ok() && error_.ok()) error_ = std::move(status);
   }
+  CopyStaged(copy);
   Pump();
   // Last: the destructor waits for this, so nothing here may touch the
   // scheduler after it.
@@ -232,8 +281,8 @@ absl::Status PushPullScheduler::AwaitPushes() {
 }
 
 absl::Status PushPullScheduler::AwaitAll() {
-  return AwaitNoBucketIn(
-      {State::kPushQueued, State::kPushing, State::kPullQueued, State::kPulling});
+  return AwaitNoBucketIn({State::kPushQueued, State::kPushing, State::kPullQueued,
+                          State::kPulling, State::kStaged, State::kCopying});
 }
 
 }  // namespace ps::worker

@@ -23,6 +23,7 @@ class ManualStore final : public ParameterStore {
     int64_t num_samples = 0;
     int first = 0, last = 0;
     Done done;
+    absl::Span<float> params;  // a pull's destination
   };
 
   explicit ManualStore(std::vector<int64_t> ends) : ends_(std::move(ends)) {}
@@ -47,8 +48,7 @@ class ManualStore final : public ParameterStore {
   void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
                     Done done) override {
     absl::MutexLock lock(&mu_);
-    params_ = params;
-    calls_.push_back({false, version, 0, first, last, std::move(done)});
+    calls_.push_back({false, version, 0, first, last, std::move(done), params});
   }
 
   // The calls issued and not completed, in issue order, as "push 3-4@7".
@@ -88,7 +88,7 @@ class ManualStore final : public ParameterStore {
       if (!call.push && status.ok()) {
         const int64_t begin = call.first == 0 ? 0 : ends_[call.first - 1];
         for (int64_t i = begin; i < ends_[call.last - 1]; ++i) {
-          params_[i] = static_cast<float>(call.iteration_or_version);
+          call.params[i] = static_cast<float>(call.iteration_or_version);
         }
       }
     }
@@ -104,7 +104,6 @@ class ManualStore final : public ParameterStore {
   const std::vector<int64_t> ends_;
   absl::Mutex mu_;
   std::deque<Call> calls_ ABSL_GUARDED_BY(mu_);
-  absl::Span<float> params_ ABSL_GUARDED_BY(mu_);
 };
 
 using Strings = std::vector<std::string>;
@@ -206,6 +205,52 @@ TEST(PushPullSchedulerTest, EarlyGradientsArePushedButNotPulledUntilReleased) {
   rig.store.Complete("push 1-2@5");
   for (int b = 0; b < 4; ++b) rig.store.Complete(absl::StrCat("pull ", b, "-", b + 1, "@6"));
   EXPECT_TRUE(s.AwaitAll().ok());
+}
+
+// Staging: the same layer's buckets are pulled as soon as their pushes are
+// accepted, into a buffer aside, and reach the parameters only when the
+// layer lets go of them: at once for what has landed, on arrival for the
+// rest. The forward waits for the copy.
+TEST(PushPullSchedulerTest, StagedEarlyPullsLandAsideUntilReleased) {
+  PushPullOptions options = Buckets(0);
+  options.stage_early_pulls = true;
+  Rig rig(kEnds, options);
+  PushPullScheduler& s = *rig.scheduler;
+  ASSERT_TRUE(s.BeginIteration(8).ok());
+  s.EarlyGradientsFrom(200);
+  rig.store.Complete("push 3-4@5");
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 2-3@5", "pull 3-4@6"}));  // at once
+  rig.store.Complete("pull 3-4@6");
+  EXPECT_EQ(rig.params[350], 0.f) << "a staged pull wrote where the layer still reads";
+  EXPECT_FALSE(s.HasParameters(300, 400));
+  s.GradientsReadyFrom(300);  // copied in now
+  EXPECT_EQ(rig.params[300], 6.f);
+  EXPECT_EQ(rig.params[399], 6.f);
+  EXPECT_TRUE(s.HasParameters(300, 400));
+  rig.store.Complete("push 2-3@5");
+  EXPECT_EQ(rig.store.Pending(), Strings({"pull 2-3@6"}));
+  s.GradientsReadyFrom(0);  // bucket 2's pull is still out: copied on arrival
+  EXPECT_FALSE(s.HasParameters(200, 300));
+  EXPECT_EQ(rig.params[250], 0.f);
+  rig.store.Complete("pull 2-3@6");
+  EXPECT_TRUE(s.HasParameters(200, 300));
+  EXPECT_EQ(rig.params[200], 6.f);
+  EXPECT_EQ(rig.params[299], 6.f);
+  // Released buckets pull straight into the parameters.
+  rig.store.Complete("push 0-1@5");
+  rig.store.Complete("push 1-2@5");
+  rig.store.Complete("pull 0-1@6");
+  rig.store.Complete("pull 1-2@6");
+  EXPECT_TRUE(s.AwaitAll().ok());
+  EXPECT_EQ(rig.params, std::vector<float>(400, 6.f));
+  // The next iteration stages afresh.
+  ASSERT_TRUE(s.BeginIteration(8).ok());
+  s.EarlyGradientsFrom(300);
+  rig.store.Complete("push 3-4@6");
+  rig.store.Complete("pull 3-4@7");
+  EXPECT_EQ(rig.params[350], 6.f);
+  s.GradientsReadyFrom(0);
+  EXPECT_EQ(rig.params[350], 7.f);
 }
 
 // The next iteration's release starts afresh, but a previous iteration's

@@ -229,6 +229,8 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   if (absl::Status bound = store_->BindBuffers(wire_gradients_, wire_parameters_);
       !bound.ok() && !absl::IsUnimplemented(bound)) {
     return bound;
+  } else {
+    buffers_bound_ = bound.ok();
   }
   // Rank 0 may have to send its initial parameters again to a server that
   // restarted without a checkpoint (see Recover).
@@ -267,9 +269,11 @@ absl::Status Trainer::StartFrom(int64_t version) {
   std::vector<Tensor*> params;
   for (auto& m : replicas_) params.push_back(&m->flat_parameters());
   PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
-  PS_ASSIGN_OR_RETURN(scheduler_, PushPullScheduler::Create(options_.push_pull, store_,
-                                                            wire_gradients_, wire_parameters_,
-                                                            version));
+  // A store updating these buffers in place pulls at once: nothing to stage.
+  PushPullOptions push_pull = options_.push_pull;
+  push_pull.stage_early_pulls &= !buffers_bound_;
+  PS_ASSIGN_OR_RETURN(scheduler_, PushPullScheduler::Create(push_pull, store_, wire_gradients_,
+                                                            wire_parameters_, version));
   return absl::OkStatus();
 }
 

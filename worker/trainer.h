@@ -310,6 +310,9 @@ class Trainer {
   // without a checkpoint and asks for them again (recover_from_server_loss).
   std::vector<float> initial_parameters_;
   bool overlapping_ = false;
+  // The store works in wire_gradients_ / wire_parameters_ themselves
+  // (ParameterStore::BindBuffers).
+  bool buffers_bound_ = false;
   // The store's server scales the loss (Registration::loss_scale): each
   // step's loss is multiplied by store_->LossScale(), and a gradient that
   // is not finite is pushed as all NaN, so that every chunk on every shard

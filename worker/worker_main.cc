@@ -90,6 +90,10 @@ ABSL_FLAG(int64_t, bucket_bytes, ps::worker::PushPullOptions().bucket_bytes,
 ABSL_FLAG(int64_t, max_bytes_in_flight, ps::worker::PushPullOptions().max_bytes_in_flight,
           "bound on the bytes of pushes, and separately of pulls, in flight; front layers go "
           "first (0: no bound)");
+ABSL_FLAG(bool, stage_early_pulls, true,
+          "with a server: pull a layer's new parameters while it still computes its input "
+          "gradient, into a staging buffer copied in when it is done (one model's memory), "
+          "instead of only after; the pull direction then starts with the pushes");
 ABSL_FLAG(std::string, compute, "real",
           "real, or replay: time a few real forward/backward passes first (start the other "
           "workers after this one says it has, to measure it alone), then sleep through that "
@@ -285,6 +289,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   options.slowdown_period = absl::GetFlag(FLAGS_slowdown_period);
   options.push_pull.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
   options.push_pull.max_bytes_in_flight = absl::GetFlag(FLAGS_max_bytes_in_flight);
+  options.push_pull.stage_early_pulls = absl::GetFlag(FLAGS_stage_early_pulls);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.shuffle = absl::GetFlag(FLAGS_shuffle);
   options.init_weights = absl::GetFlag(FLAGS_init_weights);
