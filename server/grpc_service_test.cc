@@ -229,8 +229,8 @@ class GrpcServiceTest : public ::testing::Test {
     return PushMany({{key, chunk, std::move(values), dtype, extra_bytes}}, iteration);
   }
 
-  static grpc::ByteBuffer PullRequestBytes(const std::vector<std::pair<int, int64_t>>& ids,
-                                           int64_t version, int64_t timeout_ms) {
+  static proto::PullRequest PullRequestOf(const std::vector<std::pair<int, int64_t>>& ids,
+                                          int64_t version, int64_t timeout_ms) {
     proto::PullRequest request;
     request.set_version(version);
     request.set_timeout_ms(timeout_ms);
@@ -239,7 +239,11 @@ class GrpcServiceTest : public ::testing::Test {
       id->set_key(key);
       id->set_chunk(chunk);
     }
-    return proto::SerializeMessage(request);
+    return request;
+  }
+  static grpc::ByteBuffer PullRequestBytes(const std::vector<std::pair<int, int64_t>>& ids,
+                                           int64_t version, int64_t timeout_ms) {
+    return proto::SerializeMessage(PullRequestOf(ids, version, timeout_ms));
   }
 
   grpc::Status Pull(const std::vector<std::pair<int, int64_t>>& ids, proto::PullReply* reply,
@@ -421,16 +425,9 @@ TEST_F(GrpcServiceTest, SharedMemoryPushesAndPullsAndTheirHostileForms) {
   };
   auto shm_pull = [&](std::vector<std::pair<int, int64_t>> ids, std::vector<int64_t> offsets,
                       proto::PullReply* reply, proto::DType dtype = proto::DTYPE_F32) {
-    proto::PullRequest request;
-    request.set_version(1);
-    request.set_timeout_ms(1000);
+    proto::PullRequest request = PullRequestOf(ids, /*version=*/1, /*timeout_ms=*/1000);
     request.set_dtype(dtype);
     request.set_shared_memory(true);
-    for (const auto& [key, chunk] : ids) {
-      proto::ChunkId* id = request.add_chunks();
-      id->set_key(key);
-      id->set_chunk(chunk);
-    }
     for (int64_t offset : offsets) request.add_shm_offsets(offset);
     grpc::ByteBuffer frame;
     grpc::Status status = RawCall(proto::kPullMethod, proto::SerializeMessage(request), &frame);
