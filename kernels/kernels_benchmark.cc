@@ -73,7 +73,7 @@ void GemmArgs(benchmark::internal::Benchmark* b) {
       {128, 4096, 4096, 0, 0},
       {4096, 4096, 128, 1, 0},
       // ... and one of the blocks of 512 output features the Linear layer
-      // computes them in (model::Linear::kBlockRows): forward, dweight.
+      // computes them in with --linear_block_rows=512: forward, dweight.
       {128, 512, 4096, 0, 1},
       {512, 4096, 128, 1, 0},
       // A ResNet-18 stage-1 convolution, one sample as im2col's GEMM.

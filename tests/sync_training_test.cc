@@ -34,13 +34,14 @@ server::OptimizerOptions Sgd() {
 }
 
 // "wide_mlp": an MLP whose first layer (1,100 outputs) computes in blocks
-// of output features (model::Linear::kBlockRows) and under overlap waits
-// for, and hands over, its parameters block by block.
+// of 512 output features (ModelConfig::linear_block_rows) and under
+// overlap waits for, and hands over, its parameters block by block.
 worker::model::ModelConfig Config(const std::string& name) {
   worker::model::ModelConfig config;
   config.name = name == "wide_mlp" ? "mlp" : name;
   config.mlp_hidden = name == "wide_mlp" ? std::vector<int64_t>{1100, 24}
                                          : std::vector<int64_t>{48, 24};
+  if (name == "wide_mlp") config.linear_block_rows = 512;
   return config;
 }
 

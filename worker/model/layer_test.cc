@@ -364,7 +364,7 @@ TEST_F(LayerTest, SequentialGradientsAndNames) {
 // (1,100: blocks of 512, 512 and 76) computes in blocks; its gradients are
 // still right.
 TEST_F(LayerTest, BlockedLinearGradients) {
-  Linear linear(dev(), 8, 1100);
+  Linear linear(dev(), 8, 1100, /*block_rows=*/512);
   EXPECT_TRUE(linear.AwaitsParametersInParts());
   CheckLayerGradients(dev(), linear, {3, 8}, CheckOptions());
 }
@@ -374,7 +374,7 @@ TEST_F(LayerTest, BlockedLinearGradients) {
 // from the last, and gives the same bits whether anyone listens or not.
 TEST_F(LayerTest, BlockedLinearWaitsAndHandsOverInBlocksWithTheSameValues) {
   constexpr int64_t kIn = 8, kOut = 1100, kWeight = kIn * kOut;
-  Linear linear(dev(), kIn, kOut);
+  Linear linear(dev(), kIn, kOut, /*block_rows=*/512);
   auto params = ParameterSet::Create(linear, dev());
   ASSERT_TRUE(params.ok());
   ASSERT_TRUE((*params)->Initialize(11).ok());
@@ -418,8 +418,10 @@ TEST_F(LayerTest, BlockedLinearWaitsAndHandsOverInBlocksWithTheSameValues) {
   linear.set_parameters_needed(&refuse);
   EXPECT_EQ(linear.Forward(x, Mode::kTraining).status().code(), absl::StatusCode::kCancelled);
   linear.set_parameters_needed(nullptr);
-  // A layer of fewer than two blocks waits whole, as every other layer.
-  EXPECT_FALSE(Linear(dev(), kIn, 1023).AwaitsParametersInParts());
+  // A layer of fewer than two blocks waits whole, as every other layer,
+  // and so does one without blocks.
+  EXPECT_FALSE(Linear(dev(), kIn, 1023, 512).AwaitsParametersInParts());
+  EXPECT_FALSE(Linear(dev(), kIn, kOut).AwaitsParametersInParts());
 }
 
 // --- behaviour beyond gradients ---

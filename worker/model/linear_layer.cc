@@ -14,8 +14,11 @@ using internal::BeginBackward;
 using internal::CheckDevice;
 using internal::NoForward;
 
-Linear::Linear(Device* device, int64_t in_features, int64_t out_features)
-    : Layer(device), in_features_(in_features), out_features_(out_features) {}
+Linear::Linear(Device* device, int64_t in_features, int64_t out_features, int64_t block_rows)
+    : Layer(device),
+      in_features_(in_features),
+      out_features_(out_features),
+      block_rows_(block_rows) {}
 
 std::string Linear::Describe() const {
   return absl::StrCat("Linear(", in_features_, ", ", out_features_, ")");
@@ -36,7 +39,9 @@ void Linear::Declare(const std::string& prefix, TensorDecls* decls) {
                &bias_grad_);
 }
 
-bool Linear::Blocked() const { return device()->is_cpu() && out_features_ >= 2 * kBlockRows; }
+bool Linear::Blocked() const {
+  return block_rows_ > 0 && device()->is_cpu() && out_features_ >= 2 * block_rows_;
+}
 
 absl::StatusOr<Tensor> Linear::Forward(const Tensor& x, Mode mode) {
   PS_RETURN_IF_ERROR(CheckDevice(Describe(), x, device()));
@@ -46,8 +51,8 @@ absl::StatusOr<Tensor> Linear::Forward(const Tensor& x, Mode mode) {
     // Each block of output features once its rows of the weight are here;
     // the bias (behind the weight in the flat buffer, so it arrives last)
     // at the end.
-    for (int64_t row = 0; row < out_features_; row += kBlockRows) {
-      const int64_t end = std::min(out_features_, row + kBlockRows);
+    for (int64_t row = 0; row < out_features_; row += block_rows_) {
+      const int64_t end = std::min(out_features_, row + block_rows_);
       PS_RETURN_IF_ERROR(ParametersNeeded(row * in_features_, end * in_features_));
       PS_RETURN_IF_ERROR(kernels::LinearForwardRows(*device(), x.dim(0), in_features_,
                                                     out_features_, x.data<float>(),
@@ -106,9 +111,9 @@ absl::StatusOr<Tensor> Linear::BackwardBlocked(const Tensor& dy, bool need_dx) {
                                              dy.data<float>(), /*dx=*/nullptr,
                                              /*dweight=*/nullptr, MutableF32(bias_grad_)));
   GradientsReady(out_features_ * in_features_);
-  const int64_t last = (out_features_ - 1) / kBlockRows * kBlockRows;
-  for (int64_t row = last; row >= 0; row -= kBlockRows) {
-    const int64_t end = std::min(out_features_, row + kBlockRows);
+  const int64_t last = (out_features_ - 1) / block_rows_ * block_rows_;
+  for (int64_t row = last; row >= 0; row -= block_rows_) {
+    const int64_t end = std::min(out_features_, row + block_rows_);
     PS_RETURN_IF_ERROR(kernels::LinearWeightGradientRows(*device(), batch, in_features_,
                                                          out_features_, x_.data<float>(),
                                                          dy.data<float>(), row, end,

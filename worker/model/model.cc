@@ -59,8 +59,8 @@ using PoolKind = Pool2d::Kind;
 std::unique_ptr<Sequential> BuildSoftmax(const ModelConfig& config, Device* device) {
   auto net = std::make_unique<Sequential>(device);
   net->Add("", std::make_unique<Flatten>(device));
-  net->Add("fc",
-           std::make_unique<Linear>(device, NumElements(config.input_shape), config.num_classes));
+  net->Add("fc", std::make_unique<Linear>(device, NumElements(config.input_shape),
+                                          config.num_classes, config.linear_block_rows));
   return net;
 }
 
@@ -70,11 +70,13 @@ std::unique_ptr<Sequential> BuildMlp(const ModelConfig& config, Device* device) 
   int64_t width = NumElements(config.input_shape);
   int index = 1;
   for (int64_t hidden : config.mlp_hidden) {
-    net->Add(absl::StrCat("fc", index++), std::make_unique<Linear>(device, width, hidden));
+    net->Add(absl::StrCat("fc", index++),
+             std::make_unique<Linear>(device, width, hidden, config.linear_block_rows));
     net->Add("", std::make_unique<Activation>(device, ActKind::kRelu));
     width = hidden;
   }
-  net->Add(absl::StrCat("fc", index), std::make_unique<Linear>(device, width, config.num_classes));
+  net->Add(absl::StrCat("fc", index), std::make_unique<Linear>(device, width, config.num_classes,
+                                                                config.linear_block_rows));
   return net;
 }
 

@@ -27,6 +27,11 @@ struct ModelConfig {
   Shape input_shape = {1, 28, 28};  // one sample: [C, H, W]
   int64_t num_classes = 10;
   std::vector<int64_t> mlp_hidden = {256};  // "mlp" only: hidden widths
+  // "mlp" and "softmax": a Linear layer of at least twice this many output
+  // features computes in blocks of this many on a CPU device (waiting for,
+  // and handing over, its parameters block by block under overlap; see
+  // Linear). 0: every layer whole.
+  int64_t linear_block_rows = 0;
 };
 
 // Loss and accuracy of a forward pass, in device memory (two floats) so the
