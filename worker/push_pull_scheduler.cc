@@ -54,7 +54,6 @@ absl::StatusOr<std::unique_ptr<PushPullScheduler>> PushPullScheduler::Create(
   s->pushed_.assign(s->buckets_.size(), true);
   s->iteration_of_.assign(s->buckets_.size(), version - 1);
   s->staged_.assign(s->buckets_.size(), false);
-  s->released_.assign(s->buckets_.size(), false);
   if (options.stage_early_pulls) s->staging_.resize(size);
   return s;
 }
@@ -112,12 +111,10 @@ void PushPullScheduler::GradientsReadyFrom(int64_t offset) {
     absl::MutexLock lock(&mu_);
     QueuePushesLocked(offset);
     released_from_ = std::min(released_from_, offset);
-    // Staged pulls wholly above the offset: copied in now if they have
-    // landed, else as they land.
+    // Staged pulls wholly above the offset that have landed are copied in
+    // now; those still in flight, as they land (OnDone).
     for (int b = static_cast<int>(buckets_.size()); b-- > 0;) {
       if (buckets_[b].begin < offset) break;
-      if (!staged_[b] || released_[b]) continue;
-      released_[b] = true;
       if (state_[b] == State::kStaged) {
         state_[b] = State::kCopying;
         copy.push_back(b);
@@ -139,8 +136,11 @@ void PushPullScheduler::CopyStaged(const std::vector<int>& buckets) {
   for (int b : buckets) {
     state_[b] = State::kHeld;
     staged_[b] = false;
-    released_[b] = false;
   }
+}
+
+bool PushPullScheduler::PullHeldLocked(int b) const {
+  return iteration_of_[b] == version_ - 1 && buckets_[b].begin < released_from_;
 }
 
 void PushPullScheduler::EarlyGradientsFrom(int64_t offset) {
@@ -162,10 +162,8 @@ PushPullScheduler::Operation PushPullScheduler::NextLocked() {
     const bool push = pass == 0;
     for (size_t b = 0; b < buckets_.size(); ++b) {
       if (state_[b] != (push ? State::kPushQueued : State::kPullQueued)) continue;
-      // A pull of this iteration may not land where the caller still reads
-      // the parameters (a previous iteration's, queued behind the bound, may).
-      const bool early =
-          !push && iteration_of_[b] == version_ - 1 && buckets_[b].begin < released_from_;
+      // A held pull waits, or with staging lands aside.
+      const bool early = !push && PullHeldLocked(static_cast<int>(b));
       if (early && !options_.stage_early_pulls) continue;
       int64_t& in_flight = push ? push_bytes_in_flight_ : pull_bytes_in_flight_;
       if (!fits(in_flight, buckets_[b].bytes())) break;  // nothing behind it jumps the queue
@@ -219,15 +217,14 @@ void PushPullScheduler::OnDone(Operation op, absl::Status status) {
       pull_bytes_in_flight_ -= bytes;
       state_[b] = State::kHeld;
       if (staged_[b] && status.ok()) {
-        if (released_[b]) {
+        if (PullHeldLocked(b)) {
+          state_[b] = State::kStaged;
+        } else {
           state_[b] = State::kCopying;
           copy.push_back(b);
-        } else {
-          state_[b] = State::kStaged;
         }
       } else {
         staged_[b] = false;
-        released_[b] = false;
       }
     }
     if (!status.ok() && error_.ok()) error_ = std::move(status);

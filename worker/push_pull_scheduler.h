@@ -167,6 +167,10 @@ class PushPullScheduler {
   void QueuePushesLocked(int64_t offset) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks until no bucket is in one of `states`, or there is an error.
   absl::Status AwaitNoBucketIn(std::initializer_list<State> states);
+  // Whether bucket b's pull would land where the caller still reads the
+  // parameters: it is of this iteration and lies below released_from_ (a
+  // previous iteration's, queued behind the bound or landing late, may).
+  bool PullHeldLocked(int b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // AwaitParameters' condition.
   bool HasParametersLocked(int64_t begin, int64_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -183,13 +187,9 @@ class PushPullScheduler {
   std::vector<bool> pushed_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> iteration_of_ ABSL_GUARDED_BY(mu_);
   // Staging (options_.stage_early_pulls): per bucket, whether its pull in
-  // flight or done lands in staging_, and whether GradientsReadyFrom has
-  // let go of its parameters meanwhile (copy on arrival).
+  // flight or done lands in staging_.
   std::vector<float> staging_;
   std::vector<bool> staged_ ABSL_GUARDED_BY(mu_);
-
-
-  std::vector<bool> released_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_);  // version() above
   // Pulls may land at and above this offset in the current iteration (the
   // caller no longer reads the parameters there).

@@ -226,12 +226,9 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   // in copies of its own. The scheduler keeps the binding's contract: a
   // bucket's gradients are written again only by the backward after the
   // forward that waited for its pull.
-  if (absl::Status bound = store_->BindBuffers(wire_gradients_, wire_parameters_);
-      !bound.ok() && !absl::IsUnimplemented(bound)) {
-    return bound;
-  } else {
-    buffers_bound_ = bound.ok();
-  }
+  const absl::Status bound = store_->BindBuffers(wire_gradients_, wire_parameters_);
+  if (!bound.ok() && !absl::IsUnimplemented(bound)) return bound;
+  buffers_bound_ = bound.ok();
   // Rank 0 may have to send its initial parameters again to a server that
   // restarted without a checkpoint (see Recover).
   if (options_.recover_from_server_loss && registration_.rank == 0) {
