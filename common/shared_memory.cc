@@ -58,12 +58,8 @@ absl::StatusOr<std::unique_ptr<SharedMemorySegment>> SharedMemorySegment::Create
   if (mapping == MAP_FAILED) {
     return absl::ErrnoToStatus(errno, absl::StrCat("mmap of ", total, " bytes"));
   }
-  auto segment = std::unique_ptr<SharedMemorySegment>(new SharedMemorySegment);
-  segment->mapping_ = static_cast<char*>(mapping);
-  segment->mapping_bytes_ = total;
-  segment->data_ = segment->mapping_ + kHeaderBytes;
-  segment->data_bytes_ = static_cast<int64_t>(data_bytes);
-  segment->pid_ = static_cast<int>(::getpid());
+  auto segment = std::unique_ptr<SharedMemorySegment>(
+      new SharedMemorySegment(static_cast<char*>(mapping), total, static_cast<int>(::getpid())));
   segment->fd_ = closer.release();
   segment->nonce_ = std::move(nonce);
   std::memcpy(segment->mapping_, segment->nonce_.data(), kNonceBytes);
@@ -118,12 +114,8 @@ absl::StatusOr<std::unique_ptr<SharedMemorySegment>> SharedMemorySegment::Attach
   void* mapping =
       ::mmap(nullptr, static_cast<size_t>(total), PROT_READ | PROT_WRITE, MAP_SHARED, opened, 0);
   if (mapping == MAP_FAILED) return absl::ErrnoToStatus(errno, absl::StrCat("mmap ", path));
-  auto segment = std::unique_ptr<SharedMemorySegment>(new SharedMemorySegment);
-  segment->mapping_ = static_cast<char*>(mapping);
-  segment->mapping_bytes_ = static_cast<size_t>(total);
-  segment->data_ = segment->mapping_ + kHeaderBytes;
-  segment->data_bytes_ = data_bytes;
-  segment->pid_ = pid;
+  auto segment = std::unique_ptr<SharedMemorySegment>(
+      new SharedMemorySegment(static_cast<char*>(mapping), static_cast<size_t>(total), pid));
   // Compared in constant time: the nonce is what proves this is the
   // announced segment.
   if (!TokensEqual(absl::string_view(segment->mapping_, kNonceBytes), nonce)) {
@@ -134,7 +126,7 @@ absl::StatusOr<std::unique_ptr<SharedMemorySegment>> SharedMemorySegment::Attach
 }
 
 SharedMemorySegment::~SharedMemorySegment() {
-  if (mapping_ != nullptr) ::munmap(mapping_, mapping_bytes_);
+  ::munmap(mapping_, mapping_bytes_);
   if (fd_ >= 0) ::close(fd_);
 }
 

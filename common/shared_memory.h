@@ -59,28 +59,28 @@ class SharedMemorySegment {
   SharedMemorySegment& operator=(const SharedMemorySegment&) = delete;
 
   // The data area.
-  char* data() const { return data_; }
-  int64_t data_bytes() const { return data_bytes_; }
+  char* data() const { return mapping_ + kHeaderBytes; }
+  int64_t data_bytes() const { return static_cast<int64_t>(mapping_bytes_ - kHeaderBytes); }
   // Whether [offset, offset + bytes) lies inside the data area (no overflow
   // for any inputs).
   bool Contains(int64_t offset, int64_t bytes) const {
-    return offset >= 0 && bytes >= 0 && offset <= data_bytes_ && bytes <= data_bytes_ - offset;
+    return offset >= 0 && bytes >= 0 && offset <= data_bytes() && bytes <= data_bytes() - offset;
   }
 
   // The announcement (creator only): this process's pid, the memfd, and
-  // the nonce (kNonceBytes raw bytes).
+  // the nonce (kNonceBytes random hex characters).
   int pid() const { return pid_; }
   int fd() const { return fd_; }
   const std::string& nonce() const { return nonce_; }
 
  private:
-  SharedMemorySegment() = default;
+  // Owns the mapping of `mapping_bytes` (header and data area) at `mapping`.
+  SharedMemorySegment(char* mapping, size_t mapping_bytes, int pid)
+      : mapping_(mapping), mapping_bytes_(mapping_bytes), pid_(pid) {}
 
-  char* mapping_ = nullptr;
-  size_t mapping_bytes_ = 0;
-  char* data_ = nullptr;
-  int64_t data_bytes_ = 0;
-  int pid_ = -1;
+  char* const mapping_;
+  const size_t mapping_bytes_;
+  const int pid_;
   int fd_ = -1;  // the creator's memfd; -1 once attached (closed after mapping)
   std::string nonce_;
 };

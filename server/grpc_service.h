@@ -12,10 +12,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
 #include "common/shared_memory.h"
 #include "proto/parameter_server.grpc.pb.h"
