@@ -162,6 +162,7 @@ TEST_F(ExperimentsTest, TwoWorkersBehindShapedLinksWriteResults) {
   EXPECT_EQ(r["rate_bits_per_second"], 1000000000);
   EXPECT_EQ(r["delay_ms"], 0);
   EXPECT_EQ(r["delay_method"], "none");
+  EXPECT_EQ(r["congestion"], "cubic");
   EXPECT_EQ(r["model"], "mlp");
   EXPECT_EQ(r["steps"], kSteps);
   EXPECT_EQ(r["model_parameters"], kMlpBytes / 4);
@@ -274,6 +275,9 @@ TEST_F(ExperimentsTest, SigtermMidRunLeavesNothingBehind) {
   EXPECT_THAT(Sh("ip netns exec " + prefix_ + "-w0 iptables-legacy -t mangle -S PREROUTING"),
               HasSubstr("NFQUEUE"));
   EXPECT_THAT(Sh("tc -n " + prefix_ + "-w0 qdisc show dev eth0"), HasSubstr("tbf"));
+  // Each host's TCP is the run's (cubic), whatever the machine's default.
+  EXPECT_EQ(Sh("ip netns exec " + prefix_ + "-s0 sysctl -n net.ipv4.tcp_congestion_control"),
+            "cubic\n");
   EXPECT_GE(ProcessesMentioning(out_).size(), 4u);  // server, workers, delayers
 
   run.Signal(SIGTERM);

@@ -126,7 +126,8 @@ def busy(samples, start_ns, end_ns, index, bps):
 
 def main():
     p = argparse.ArgumentParser()
-    for name in ("out", "prefix", "rate", "delay_method", "model", "dataset", "subnet", "compute"):
+    for name in ("out", "prefix", "rate", "delay_method", "congestion", "model", "dataset",
+                 "subnet", "compute"):
         p.add_argument("--" + name, required=True)
     for name in ("workers", "servers", "warmup_steps", "delay", "batch_size", "epochs",
                  "max_steps", "run_window_ns"):
@@ -187,6 +188,7 @@ def main():
         "rate_bits_per_second": bps,
         "delay_ms": a.delay,
         "delay_method": a.delay_method,
+        "congestion": a.congestion,
         "model": a.model,
         "compute": a.compute,
         "replay_step_s": reports[0].get("replay_step_s", 0),

@@ -15,12 +15,16 @@
 #   --servers=S [1]             server hosts (shards; every worker gets the list of all S)
 #   --rate=R [1gbit]            each host's link, both directions: 100mbit, 1gbit, ... or unshaped
 #   --delay=D [0]               one-way latency between two hosts in ms (ping RTT 2D)
+#   --congestion=NAME [cubic]   TCP congestion control in every host (cubic: Debian 12's
+#                               default; a host whose kernel defaults to another, e.g. bbr,
+#                               would otherwise give other figures)
 #   --model=NAME [lenet] --dataset=NAME [fashion_mnist] --data_dir=DIR
 #   --batch_size=B [256, global] --epochs=N [1] --max_steps=N [0: whole epochs]
 #   --warmup_steps=N [1]        worker 0's first N steps are left out of the measured window
 #   --sample_ms=MS [10]         period of the link and CPU counter samples
 #   --lr=X [0.9] --devices=SPEC [cpu:1] --threads=N [cores/W; replay: cores]
 #   --chunk_bytes=B [the server's 4 MiB]  the servers' chunk (message) size
+#   --server_flags="F ..."      more flags for every server (e.g. --max_push_lead_bytes=B)
 #   --compute=real|replay [real]  replay: each worker times its real pass alone
 #                               (workers start one after another, each once the
 #                               one before has measured), then sleeps through it
@@ -46,7 +50,7 @@ source "$here/netns.sh"
 
 workers=2 servers=1 warmup_steps=1 sample_ms=10 rate=1gbit delay=0 model=lenet dataset=fashion_mnist
 data_dir=/usr/share/datasets/fashion-mnist batch_size=256 epochs=1 max_steps=0 lr=0.9
-devices=cpu:1 compute=real chunk_bytes="" threads="" out="" csv="" prefix="psx$$" time_limit=1800 bin="" check=0
+devices=cpu:1 compute=real chunk_bytes="" server_flags="" congestion=cubic threads="" out="" csv="" prefix="psx$$" time_limit=1800 bin="" check=0
 check_seconds=5 ping_count=20
 extra=()
 while (($#)); do
@@ -66,6 +70,8 @@ while (($#)); do
     --lr=*) lr="${1#*=}" ;;
     --devices=*) devices="${1#*=}" ;;
     --compute=*) compute="${1#*=}" ;;
+    --server_flags=*) server_flags="${1#*=}" ;;
+    --congestion=*) congestion="${1#*=}" ;;
     --chunk_bytes=*) chunk_bytes="${1#*=}" ;;
     --threads=*) threads="${1#*=}" ;;
     --out=*) out="${1#*=}" ;;
@@ -145,9 +151,13 @@ for ((s = 0; s < servers; s++)); do hosts+=("s$s"); done
 for ((r = 0; r < workers; r++)); do hosts+=("w$r"); done
 netns_up "$prefix" "$rate" "$delay" "$out" "$((time_limit + 30))" "${hosts[@]}" ||
   fail "could not set up the hosts"
+for host in "${hosts[@]}"; do
+  ip netns exec "$prefix-$host" sysctl -qw net.ipv4.tcp_congestion_control="$congestion" ||
+    fail "cannot use TCP congestion control '$congestion' (available: $(cat /proc/sys/net/ipv4/tcp_available_congestion_control))"
+done
 server_address=$(netns_address 0)
 echo "run: $prefix: server at $server_address$( ((servers > 1)) && echo " (+$((servers - 1)) shards)"), $workers workers, rate $rate, delay ${delay} ms" \
-     "(${NETNS_DELAY_METHOD}), out $out"
+     "(${NETNS_DELAY_METHOD}), TCP $congestion, out $out"
 
 if ((check)); then
   # 1. Throughput: one iperf3 stream from worker 0 to the server, bounded
@@ -208,6 +218,7 @@ read_bytes() {  # host -> "tx rx" of its eth0
 # (--insecure): the namespaces' links reach nothing but each other, and the
 # experiments measure the protocol, not TLS (tests/wire_benchmark does).
 port=50051
+read -ra server_flag_list <<<"$server_flags"
 server_pids=()
 server_list=""
 for ((s = 0; s < servers; s++)); do
@@ -215,7 +226,7 @@ for ((s = 0; s < servers; s++)); do
   ip netns exec "$prefix-s$s" timeout -k 10 "$time_limit" "$bin/server/server" \
     --bind_address="$address" --insecure --port="$port" --port_file="$out/port-s$s" \
     --num_workers="$workers" --lr="$lr" --trace="$out/trace-s$s.json" \
-    ${chunk_bytes:+--chunk_bytes="$chunk_bytes"} >"$out/server-s$s.log" 2>&1 &
+    ${chunk_bytes:+--chunk_bytes="$chunk_bytes"} "${server_flag_list[@]}" >"$out/server-s$s.log" 2>&1 &
   server_pids+=($!)
   daemon_pids+=($!)
   server_list+="${server_list:+,}$address:$port"
@@ -304,6 +315,7 @@ python3 "$here/../trace/merge_traces.py" -o "$out/trace.json" "${traces[@]}" >"$
 
 python3 "$here/results.py" --out="$out" --prefix="$prefix" --workers="$workers" \
   --servers="$servers" --warmup_steps="$warmup_steps" --rate="$rate" \
-  --delay="$delay" --delay_method="$NETNS_DELAY_METHOD" --model="$model" --dataset="$dataset" \
+  --delay="$delay" --delay_method="$NETNS_DELAY_METHOD" --congestion="$congestion" \
+  --model="$model" --dataset="$dataset" \
   --batch_size="$batch_size" --epochs="$epochs" --max_steps="$max_steps" --compute="$compute" \
   --run_window_ns="$((end_ns - start_ns))" --subnet="$NETNS_SUBNET" ${csv:+--csv="$csv"}
