@@ -394,9 +394,16 @@ void WaitingPull::OnCancel() {
 ParameterServerService::ParameterServerService(ParameterServer* server, ServiceOptions options)
     : server_(server),
       options_(std::move(options)),
-      waiting_(std::make_shared<internal::WaitingPulls>(options_.max_waiting_pulls)) {
+      waiting_(std::make_shared<internal::WaitingPulls>(options_.max_waiting_pulls)),
+      pacer_({.max_lead_elements = options_.max_push_lead_bytes / 4,
+              .idle_after = options_.push_lead_idle,
+              .max_hold = options_.push_hold_limit},
+             server_->num_parameters()) {
   absl::MutexLock lock(&shutdown_mu_);
   deadline_thread_ = std::thread([this] { AnswerAtDeadlines(); });
+  if (options_.max_push_lead_bytes > 0) {
+    pacer_thread_ = std::thread([this] { AnswerHeldPushesWhenDue(); });
+  }
 }
 
 ParameterServerService::~ParameterServerService() { Shutdown(); }
@@ -405,8 +412,18 @@ void ParameterServerService::Shutdown() {
   for (internal::WaitingPull* pull : waiting_->Close()) {
     pull->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down"));
   }
+  std::vector<grpc::ServerUnaryReactor*> held;
+  {
+    absl::MutexLock lock(&pacer_mu_);
+    pacer_closed_ = true;
+    pacer_changed_.Signal();
+    for (PushPacer::Ticket ticket : pacer_.TakeAll()) held.push_back(held_pushes_[ticket]);
+    held_pushes_.clear();
+  }
+  AnswerHeldPushes(held);
   absl::MutexLock lock(&shutdown_mu_);
   if (deadline_thread_.joinable()) deadline_thread_.join();
+  if (pacer_thread_.joinable()) pacer_thread_.join();
 }
 
 int64_t ParameterServerService::waiting_pulls() const { return waiting_->size(); }
@@ -491,6 +508,63 @@ void ParameterServerService::AnswerAtDeadlines() {
   while (waiting_->TakeDue(&due)) {
     AnswerNow(due);
     due.clear();
+  }
+}
+
+bool ParameterServerService::PaceOrAnswer(const PacedPush& push,
+                                          grpc::ServerUnaryReactor* reactor) {
+  std::vector<grpc::ServerUnaryReactor*> released;
+  bool held = false;
+  {
+    absl::MutexLock lock(&pacer_mu_);
+    if (!pacer_closed_) {
+      PushPacer::Decision decision =
+          pacer_.Record(push.rank, push.iteration, push.elements, push.members, absl::Now());
+      for (PushPacer::Ticket ticket : decision.released) {
+        auto it = held_pushes_.find(ticket);
+        released.push_back(it->second);
+        held_pushes_.erase(it);
+      }
+      if (decision.held.has_value()) {
+        // A hold falls due no earlier than those before it (max_hold after
+        // it began, or the slowest rank's idle time, which its pushes only
+        // move later), so only the first of a run of holds moves the pacer
+        // thread's deadline; one that a change of slowest rank brings
+        // forward is met at most push_lead_idle late.
+        if (held_pushes_.empty()) pacer_changed_.Signal();
+        held_pushes_[*decision.held] = reactor;
+        held = true;
+      }
+    }
+  }
+  AnswerHeldPushes(released);
+  return held;
+}
+
+void ParameterServerService::AnswerHeldPushes(
+    const std::vector<grpc::ServerUnaryReactor*>& reactors) {
+  for (grpc::ServerUnaryReactor* reactor : reactors) reactor->Finish(grpc::Status::OK);
+}
+
+void ParameterServerService::AnswerHeldPushesWhenDue() {
+  for (;;) {
+    std::vector<grpc::ServerUnaryReactor*> late;
+    {
+      absl::MutexLock lock(&pacer_mu_);
+      if (pacer_closed_) return;
+      const absl::Time due = pacer_.next_due();
+      if (due == absl::InfiniteFuture()) {
+        pacer_changed_.Wait(&pacer_mu_);
+      } else {
+        pacer_changed_.WaitWithDeadline(&pacer_mu_, due);
+      }
+      for (PushPacer::Ticket ticket : pacer_.TakeDue(absl::Now())) {
+        auto it = held_pushes_.find(ticket);
+        late.push_back(it->second);
+        held_pushes_.erase(it);
+      }
+    }
+    AnswerHeldPushes(late);
   }
 }
 
@@ -685,7 +759,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServe
 
 absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& context,
                                             const grpc::ByteBuffer& request,
-                                            std::vector<ChunkId>* sent, proto::PushReply* reply) {
+                                            std::vector<ChunkId>* sent, proto::PushReply* reply,
+                                            PacedPush* paced) {
   PS_RETURN_IF_ERROR(CheckCall(context));
   proto::PushRequest header;
   PS_ASSIGN_OR_RETURN(proto::FrameReader frame, proto::FrameReader::Open(request, "push", &header));
@@ -720,6 +795,17 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
     reply->set_members_iteration(header.iteration() + 1);
     for (int member : *members) reply->add_members(member);
   }
+  if (options_.max_push_lead_bytes > 0 &&
+      server_->options().consistency == ParameterServerOptions::Consistency::kSync) {
+    paced->paced = true;
+    paced->rank = header.rank();
+    paced->iteration = header.iteration();
+    for (const ParameterServer::ChunkBytes& chunk : chunks) {
+      paced->elements += server_->ChunkLength(chunk.key, chunk.chunk);
+    }
+    absl::StatusOr<std::vector<int>> current = server_->Members(header.iteration());
+    if (current.ok()) paced->members = *std::move(current);
+  }
   return absl::OkStatus();
 }
 
@@ -728,11 +814,14 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
                                                        grpc::ByteBuffer* reply) {
   std::vector<ChunkId> sent;
   proto::PushReply push_reply;
+  PacedPush paced;
   const absl::Status status =
-      Answered("Push", DoPush(*context, *request, &sent, &push_reply));
+      Answered("Push", DoPush(*context, *request, &sent, &push_reply, &paced));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (status.ok()) *reply = proto::SerializeMessage(push_reply);
-  reactor->Finish(ToGrpcStatus(status));
+  if (!(status.ok() && paced.paced && PaceOrAnswer(paced, reactor))) {
+    reactor->Finish(ToGrpcStatus(status));
+  }
   // The reply is on its way; then the pulls whose chunks this push applied.
   if (status.ok()) AnswerReadyPulls(sent);
   return reactor;

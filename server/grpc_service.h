@@ -21,6 +21,7 @@
 #include "proto/parameter_server.grpc.pb.h"
 #include "proto/parameter_server.pb.h"
 #include "server/parameter_server.h"
+#include "server/push_pacer.h"
 
 namespace ps::server {
 namespace internal {
@@ -105,6 +106,16 @@ struct ServiceOptions {
   // staleness (async: updates behind; ssp: iterations behind). May be
   // empty.
   std::function<void(int64_t staleness)> on_staleness;
+  // Synchronous consistency: the reply to a push that leaves its rank more
+  // than this many bytes of gradient (4 per element) ahead of the slowest
+  // member waits while the slowest is pushing (it pushed within
+  // push_lead_idle) and is not within the lead again, at most
+  // push_hold_limit (server/push_pacer.h says why, and why it cannot
+  // deadlock). It slows a worker only if its bound on bytes in flight is
+  // small next to what the link carries in push_lead_idle. 0: off.
+  int64_t max_push_lead_bytes = 0;
+  absl::Duration push_lead_idle = absl::Milliseconds(20);
+  absl::Duration push_hold_limit = absl::Seconds(1);
 };
 
 class ParameterServerService final
@@ -180,12 +191,21 @@ class ParameterServerService final
   static constexpr int kMaxDimensions = 64;
 
  private:
+  // What the pacer needs of an accepted push (DoPush fills it).
+  struct PacedPush {
+    bool paced = false;  // synchronous, with pacing on
+    int rank = 0;
+    int64_t iteration = 0;
+    int64_t elements = 0;
+    std::vector<int> members;
+  };
   // Each returns the chunks it sent (which may have published some).
   absl::Status DoInitialize(const grpc::ServerContextBase& context,
                             const grpc::ByteBuffer& request,
                             std::vector<ParameterServer::ChunkId>* sent);
   absl::Status DoPush(const grpc::ServerContextBase& context, const grpc::ByteBuffer& request,
-                      std::vector<ParameterServer::ChunkId>* sent, proto::PushReply* reply);
+                      std::vector<ParameterServer::ChunkId>* sent, proto::PushReply* reply,
+                      PacedPush* paced);
   // Takes views of the chunks `ids` (checked: they exist and fit one
   // message) from the version `request` asks for, waiting until `deadline`,
   // and frames them into `reply`.
@@ -212,6 +232,13 @@ class ParameterServerService final
   void AnswerNow(const std::vector<internal::WaitingPull*>& pulls);
   // The deadline thread's loop: answers each waiting pull at its deadline.
   void AnswerAtDeadlines();
+  // Records `push` with the pacer: true when `reactor` was filed to answer
+  // later. Answers the held pushes the record lets go.
+  bool PaceOrAnswer(const PacedPush& push, grpc::ServerUnaryReactor* reactor);
+  // The pacer thread's loop: answers each held push at its hold limit.
+  void AnswerHeldPushesWhenDue();
+  // Answers (OK: each was applied) held pushes, out of pacer_mu_.
+  void AnswerHeldPushes(const std::vector<grpc::ServerUnaryReactor*>& reactors);
 
   // Reports `status` of a `method` call to options_.on_answer; returns it.
   const absl::Status& Answered(absl::string_view method, const absl::Status& status) const;
@@ -249,8 +276,16 @@ class ParameterServerService final
   // Shared with the waiting reactors, whose OnCancel may come after the
   // service has answered them.
   const std::shared_ptr<internal::WaitingPulls> waiting_;
+  // Held push replies (ServiceOptions::max_push_lead_bytes) by ticket.
+  absl::Mutex pacer_mu_;
+  PushPacer pacer_ ABSL_GUARDED_BY(pacer_mu_);
+  absl::flat_hash_map<PushPacer::Ticket, grpc::ServerUnaryReactor*> held_pushes_
+      ABSL_GUARDED_BY(pacer_mu_);
+  bool pacer_closed_ ABSL_GUARDED_BY(pacer_mu_) = false;
+  absl::CondVar pacer_changed_;  // closed, or a first reply held
   absl::Mutex shutdown_mu_;
   std::thread deadline_thread_ ABSL_GUARDED_BY(shutdown_mu_);
+  std::thread pacer_thread_ ABSL_GUARDED_BY(shutdown_mu_);
 };
 
 }  // namespace ps::server

@@ -1253,5 +1253,109 @@ TEST_F(GrpcServiceSspTest, TheBoundHoldsTheFastRanksPullAndRefusesItsPushAhead) 
   EXPECT_THAT(staleness_, ::testing::ElementsAre(0, 1, 0, 1));
 }
 
+// Synchronous, two workers, pushes paced (ServiceOptions::max_push_lead_bytes
+// of 8: two elements).
+class GrpcServicePacingTest : public GrpcServiceCredentialsTest {
+ protected:
+  void SetUp() override {
+    auto server =
+        ParameterServer::Create(Options(), Signature(), {1, 2, 3, 4, 5, 6, 7, 8}, &device_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server).value();
+    ServiceOptions service_options;
+    service_options.max_push_lead_bytes = 8;
+    service_options.push_lead_idle = kIdle;
+    service_options.push_hold_limit = absl::Seconds(30);
+    service_ = std::make_unique<ParameterServerService>(server_.get(), service_options);
+    ASSERT_NO_FATAL_FAILURE(Serve(service_.get(), &grpc_server_, &stub_, &raw_stub_));
+    ASSERT_TRUE(RegisterWith({}, "a", &a_).ok());
+    ASSERT_TRUE(RegisterWith({}, "b", &b_).ok());
+  }
+
+  // A push in flight of one chunk (every element 1) by `rank`.
+  struct AsyncPush {
+    grpc::ClientContext context;
+    grpc::ByteBuffer request;
+    grpc::ByteBuffer reply;
+    grpc::Status status;
+    absl::Time done_at;
+    absl::Notification done;
+  };
+  void StartPush(AsyncPush* push, int rank, int key, int64_t chunk, int64_t iteration) {
+    const size_t n = server_->ChunkLength(key, chunk);
+    push->context.AddMetadata(proto::kSessionMetadataKey,
+                              rank == 0 ? a_.session() : b_.session());
+    push->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    push->request = RankFrame<proto::PushRequest>(
+        {{key, chunk, std::vector<float>(n, 1.f)}}, rank, iteration);
+    raw_stub_->UnaryCall(&push->context, proto::kPushMethod, grpc::StubOptions(), &push->request,
+                         &push->reply, [push](grpc::Status s) {
+                           push->status = std::move(s);
+                           push->done_at = absl::Now();
+                           push->done.Notify();
+                         });
+  }
+  grpc::Status PushNow(int rank, int key, int64_t chunk, int64_t iteration) {
+    AsyncPush push;
+    StartPush(&push, rank, key, chunk, iteration);
+    push.done.WaitForNotification();
+    return push.status;
+  }
+
+  static constexpr absl::Duration kIdle = absl::Milliseconds(400);
+  proto::RegisterReply a_, b_;
+};
+
+TEST_F(GrpcServicePacingTest, TheLeadersReplyWaitsUntilThePushingSlowestCatchesUp) {
+  // Rank 1 pushes 2 elements, rank 0 then 4 (2 ahead: it goes) and 2 more
+  // (4 ahead while rank 1 pushes: its reply waits, the push applied).
+  ASSERT_TRUE(PushNow(1, 1, 0, 0).ok());
+  ASSERT_TRUE(PushNow(0, 0, 0, 0).ok());
+  AsyncPush held;
+  StartPush(&held, 0, 0, 1, 0);
+  EXPECT_FALSE(held.done.WaitForNotificationWithTimeout(kIdle / 4));
+  // Rank 1 catches up (6 each): the held reply goes at once, long before
+  // rank 1 would count as idle.
+  const absl::Time caught_up = absl::Now();
+  ASSERT_TRUE(PushNow(1, 0, 0, 0).ok());
+  ASSERT_TRUE(held.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(held.status.ok()) << held.status.error_message();
+  EXPECT_LT(held.done_at - caught_up, kIdle / 2);
+  // Held or not, the push was summed: once both finish, version 1 is the
+  // SGD step of the mean gradient 1 (lr 1).
+  ASSERT_TRUE(PushNow(1, 0, 1, 0).ok());
+  ASSERT_TRUE(PushNow(0, 1, 0, 0).ok());
+  EXPECT_EQ(ParametersAt(1), (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}));
+}
+
+TEST_F(GrpcServicePacingTest, ASlowestThatStopsPushingHoldsNobodyPastTheIdleTime) {
+  // No earlier than the server's record of rank 1's last push.
+  const absl::Time slowest_last = absl::Now();
+  ASSERT_TRUE(PushNow(1, 1, 0, 0).ok());
+  ASSERT_TRUE(PushNow(0, 0, 0, 0).ok());
+  AsyncPush held;
+  StartPush(&held, 0, 0, 1, 0);
+  // Rank 1 goes quiet (computing): the reply goes after kIdle, not later.
+  ASSERT_TRUE(held.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(held.status.ok()) << held.status.error_message();
+  EXPECT_GE(held.done_at - slowest_last, kIdle);
+  EXPECT_LT(held.done_at - slowest_last, kIdle + absl::Seconds(2));
+  // And with rank 1 idle, rank 0's last push of the iteration goes at once.
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(PushNow(0, 1, 0, 0).ok());
+  EXPECT_LT(absl::Now() - start, kIdle / 2);
+}
+
+TEST_F(GrpcServicePacingTest, ShutdownAnswersHeldPushes) {
+  ASSERT_TRUE(PushNow(1, 1, 0, 0).ok());
+  ASSERT_TRUE(PushNow(0, 0, 0, 0).ok());
+  AsyncPush held;
+  StartPush(&held, 0, 0, 1, 0);
+  EXPECT_FALSE(held.done.WaitForNotificationWithTimeout(kIdle / 4));
+  service_->Shutdown();
+  ASSERT_TRUE(held.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(held.status.ok()) << held.status.error_message();
+}
+
 }  // namespace
 }  // namespace ps::server

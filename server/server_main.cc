@@ -90,6 +90,14 @@ ABSL_FLAG(int64_t, grpc_memory_limit_mb, 4096,
           "memory gRPC may hold for calls in flight (a flood of large messages is refused "
           "RESOURCE_EXHAUSTED beyond it instead of growing the server)");
 ABSL_FLAG(int, max_concurrent_streams, 1000, "calls in flight per client connection");
+ABSL_FLAG(int64_t, max_push_lead_bytes, 0,
+          "sync: while the slowest worker pushes, hold the replies to a worker more than this "
+          "many gradient bytes ahead of it, so a shared link carries what can be summed "
+          "(0: off)");
+ABSL_FLAG(absl::Duration, push_lead_idle, absl::Milliseconds(20),
+          "a slowest worker silent this long is computing: the others go on");
+ABSL_FLAG(absl::Duration, push_hold_limit, absl::Seconds(1),
+          "the longest a push reply is held by --max_push_lead_bytes");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate: serve TLS (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -320,6 +328,18 @@ absl::Status Main() {
   }
   service_options.stall_report_after = absl::GetFlag(FLAGS_stall_report_every);
   service_options.liveness_timeout = absl::GetFlag(FLAGS_liveness_timeout);
+  service_options.max_push_lead_bytes = absl::GetFlag(FLAGS_max_push_lead_bytes);
+  service_options.push_lead_idle = absl::GetFlag(FLAGS_push_lead_idle);
+  service_options.push_hold_limit = absl::GetFlag(FLAGS_push_hold_limit);
+  if (service_options.max_push_lead_bytes < 0 ||
+      service_options.push_lead_idle <= absl::ZeroDuration() ||
+      service_options.push_hold_limit <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_push_lead_bytes must be >= 0, --push_lead_idle and --push_hold_limit > 0; got ",
+        service_options.max_push_lead_bytes, ", ",
+        absl::FormatDuration(service_options.push_lead_idle), " and ",
+        absl::FormatDuration(service_options.push_hold_limit)));
+  }
   PS_ASSIGN_OR_RETURN(service_options.job_token,
                       ReadJobToken(absl::GetFlag(FLAGS_job_token_file),
                                    std::getenv(kJobTokenEnvVar)));
