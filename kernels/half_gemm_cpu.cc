@@ -183,12 +183,50 @@ void Bf16Gemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int
                                            {DNNL_ARG_SCRATCHPAD, mem.scratchpad}});
     buffers.stream->wait();
   } catch (const dnnl::error& e) {
-    // The sizes were checked and the descriptors are plain strided matrices,
-    // which every oneDNN CPU build supports: a failure is a bug.
+    // The sizes were checked, the descriptors are plain strided matrices and
+    // this CPU has a bf16 matmul (OneDnnHasBf16Matmul): a failure is a bug.
     std::fprintf(stderr, "oneDNN bf16 matmul failed: %s (m=%lld n=%lld k=%lld)\n", e.what(),
                  static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
     std::abort();
   }
+}
+
+// oneDNN 2.6 has a bf16 matmul only on CPUs with AVX-512 (avx512_core and
+// up); on others (an AVX2-only AMD Zen 3, for one) creating the primitive
+// fails with "could not create a primitive descriptor iterator". Asked once,
+// with a 1 x 1 x 1 matmul.
+bool OneDnnHasBf16Matmul() {
+  static const bool has = [] {
+    try {
+      CreateMatmul(false, false, 1, 1, 1, 1.f, 0.f, 1);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return has;
+}
+
+// Without oneDNN's bf16 matmul: the operands rounded to bf16 (held as fp32,
+// exactly) and multiplied by the fp32 GEMM. A product of two bf16 values is
+// exact in fp32 (8-bit significands) and the sums are fp32 as oneDNN's are,
+// so the result differs from oneDNN's only in the order of the additions.
+void Bf16GemmInFp32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc) {
+  ThreadBuffers& buffers = Buffers();
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  uint16_t* a16 = Grown(buffers.a16, m * k);
+  uint16_t* b16 = Grown(buffers.b16, k * n);
+  float* a32 = Grown(buffers.a32, m * k);
+  float* b32 = Grown(buffers.b32, k * n);
+  RoundToBfloat16(a, a_rows, a_cols, lda, a16);
+  RoundToBfloat16(b, b_rows, b_cols, ldb, b16);
+  Bfloat16ToFloat(absl::MakeConstSpan(a16, m * k), absl::MakeSpan(a32, m * k));
+  Bfloat16ToFloat(absl::MakeConstSpan(b16, k * n), absl::MakeSpan(b32, k * n));
+  GemmCpu(Precision::kFp32, trans_a, trans_b, m, n, k, alpha, a32, a_cols, b32, b_cols, beta, c,
+          ldc);
 }
 
 void Fp16Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -237,8 +275,10 @@ void RoundToHalf(const float* src, int64_t rows, int64_t cols, int64_t ld, float
 void HalfGemmCpu(Precision precision, int threads, bool trans_a, bool trans_b, int64_t m, int64_t n,
                  int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
                  float beta, float* c, int64_t ldc) {
-  if (precision == Precision::kBf16) {
+  if (precision == Precision::kBf16 && OneDnnHasBf16Matmul()) {
     Bf16Gemm(threads, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else if (precision == Precision::kBf16) {
+    Bf16GemmInFp32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
     Fp16Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }

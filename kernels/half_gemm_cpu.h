@@ -13,7 +13,11 @@
 //    the trainer multiplies is that small.
 // 2. kBf16 multiplies the bf16 operands with oneDNN's matmul primitive,
 //    accumulating in fp32 (AVX512-BF16's dot products, about 1.8x the fp32
-//    rate on this project's CPUs), into the fp32 C with alpha and beta.
+//    rate on this project's CPUs), into the fp32 C with alpha and beta. On a
+//    CPU without AVX-512 oneDNN 2.6 has no bf16 matmul; there the bf16
+//    operands, widened to fp32 exactly, go to the fp32 GEMM (products of
+//    8-bit significands are exact in fp32: the same values, summed in
+//    another order), at about the fp32 rate less the rounding pass.
 //    kFp16 multiplies the rounded fp32 copies with dnnl_sgemm: products of
 //    11-bit significands are exact in fp32, so this is fp16 storage with
 //    fp32 arithmetic, and slower than fp32 (the rounding pass; x86 has no
