@@ -320,8 +320,22 @@ constexpr int64_t kChannelBlock = 16;
 //
 // LeNet's narrow layers (6 and 16 output channels) stay ours either way,
 // which keeps the fused kernels bit-identical to an unfused Conv2d there.
+//
+// All of that was measured on CPUs with AVX-512, and only there is oneDNN
+// chosen. On an AVX2-only CPU (AMD EPYC, Zen 3 class, session of 2026-12-02
+// 04:20 UTC) its forward was mixed (batch 64, one thread: 5-22 % faster on
+// stage 1-2's 3x3 layers, 2-2.6x slower on the strided and 1x1 ones), and
+// with it ResNet-18's one step against PyTorch (model_test's
+// OneStepMatchesTorch) missed its tolerance on stage 1's batch-norm
+// gradients by 2-3x, where im2col + GEMM passes on the same machine.
+bool DnnlConvMeasuredHere() {
+  static const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
+  return avx512;
+}
+
 bool PreferDnnlConvForward(const Conv2dShape& shape, DnnlLayout* layout) {
   *layout = DnnlLayout::kBlocked;
+  if (!DnnlConvMeasuredHere()) return false;
   const int64_t pixels = shape.out_height() * shape.out_width();
   return shape.kernel_h * shape.kernel_w > 1 && shape.out_channels >= 32 &&
          shape.in_channels >= 16 && pixels >= 4 * shape.stride_h * shape.stride_w;
@@ -329,6 +343,7 @@ bool PreferDnnlConvForward(const Conv2dShape& shape, DnnlLayout* layout) {
 
 bool PreferDnnlConvBackward(const Conv2dShape& shape, bool need_dx, DnnlLayout* layout) {
   *layout = DnnlLayout::kBlocked;
+  if (!DnnlConvMeasuredHere()) return false;
   return shape.out_channels >= 32 && !(need_dx && shape.in_channels < 16);
 }
 

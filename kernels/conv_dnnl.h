@@ -52,7 +52,9 @@ enum class DnnlLayout {
 
 // Whether conv.h's entry points send this shape's forward pass, or its
 // backward pass (with dx or without), to oneDNN and in which layout: the
-// measured choice (see conv_dnnl.cc).
+// measured choice (see conv_dnnl.cc), made only on CPUs with AVX-512
+// (DnnlConvMeasuredHere; false for every shape elsewhere).
+bool DnnlConvMeasuredHere();
 bool PreferDnnlConvForward(const Conv2dShape& shape, DnnlLayout* layout);
 bool PreferDnnlConvBackward(const Conv2dShape& shape, bool need_dx, DnnlLayout* layout);
 
