@@ -1302,17 +1302,21 @@ class GrpcServicePacingTest : public GrpcServiceCredentialsTest {
     return push.status;
   }
 
+  // Rank 1 pushes 2 elements, rank 0 then 4 (2 ahead: it goes) and starts
+  // 2 more as `held` (4 ahead while rank 1 pushes: its reply waits).
+  void StartHeldPush(AsyncPush* held) {
+    ASSERT_TRUE(PushNow(1, 1, 0, 0).ok());
+    ASSERT_TRUE(PushNow(0, 0, 0, 0).ok());
+    StartPush(held, 0, 0, 1, 0);
+  }
+
   static constexpr absl::Duration kIdle = absl::Milliseconds(400);
   proto::RegisterReply a_, b_;
 };
 
 TEST_F(GrpcServicePacingTest, TheLeadersReplyWaitsUntilThePushingSlowestCatchesUp) {
-  // Rank 1 pushes 2 elements, rank 0 then 4 (2 ahead: it goes) and 2 more
-  // (4 ahead while rank 1 pushes: its reply waits, the push applied).
-  ASSERT_TRUE(PushNow(1, 1, 0, 0).ok());
-  ASSERT_TRUE(PushNow(0, 0, 0, 0).ok());
   AsyncPush held;
-  StartPush(&held, 0, 0, 1, 0);
+  ASSERT_NO_FATAL_FAILURE(StartHeldPush(&held));
   EXPECT_FALSE(held.done.WaitForNotificationWithTimeout(kIdle / 4));
   // Rank 1 catches up (6 each): the held reply goes at once, long before
   // rank 1 would count as idle.
@@ -1331,10 +1335,8 @@ TEST_F(GrpcServicePacingTest, TheLeadersReplyWaitsUntilThePushingSlowestCatchesU
 TEST_F(GrpcServicePacingTest, ASlowestThatStopsPushingHoldsNobodyPastTheIdleTime) {
   // No earlier than the server's record of rank 1's last push.
   const absl::Time slowest_last = absl::Now();
-  ASSERT_TRUE(PushNow(1, 1, 0, 0).ok());
-  ASSERT_TRUE(PushNow(0, 0, 0, 0).ok());
   AsyncPush held;
-  StartPush(&held, 0, 0, 1, 0);
+  ASSERT_NO_FATAL_FAILURE(StartHeldPush(&held));
   // Rank 1 goes quiet (computing): the reply goes after kIdle, not later.
   ASSERT_TRUE(held.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   ASSERT_TRUE(held.status.ok()) << held.status.error_message();
@@ -1347,10 +1349,8 @@ TEST_F(GrpcServicePacingTest, ASlowestThatStopsPushingHoldsNobodyPastTheIdleTime
 }
 
 TEST_F(GrpcServicePacingTest, ShutdownAnswersHeldPushes) {
-  ASSERT_TRUE(PushNow(1, 1, 0, 0).ok());
-  ASSERT_TRUE(PushNow(0, 0, 0, 0).ok());
   AsyncPush held;
-  StartPush(&held, 0, 0, 1, 0);
+  ASSERT_NO_FATAL_FAILURE(StartHeldPush(&held));
   EXPECT_FALSE(held.done.WaitForNotificationWithTimeout(kIdle / 4));
   service_->Shutdown();
   ASSERT_TRUE(held.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
