@@ -417,8 +417,7 @@ void ParameterServerService::Shutdown() {
     absl::MutexLock lock(&pacer_mu_);
     pacer_closed_ = true;
     pacer_changed_.Signal();
-    for (PushPacer::Ticket ticket : pacer_.TakeAll()) held.push_back(held_pushes_[ticket]);
-    held_pushes_.clear();
+    held = TakeHeldPushesLocked(pacer_.TakeAll());
   }
   AnswerHeldPushes(held);
   absl::MutexLock lock(&shutdown_mu_);
@@ -520,11 +519,7 @@ bool ParameterServerService::PaceOrAnswer(const PacedPush& push,
     if (!pacer_closed_) {
       PushPacer::Decision decision =
           pacer_.Record(push.rank, push.iteration, push.elements, push.members, absl::Now());
-      for (PushPacer::Ticket ticket : decision.released) {
-        auto it = held_pushes_.find(ticket);
-        released.push_back(it->second);
-        held_pushes_.erase(it);
-      }
+      released = TakeHeldPushesLocked(decision.released);
       if (decision.held.has_value()) {
         // A hold falls due no earlier than those before it (max_hold after
         // it began, or the slowest rank's idle time, which its pushes only
@@ -539,6 +534,17 @@ bool ParameterServerService::PaceOrAnswer(const PacedPush& push,
   }
   AnswerHeldPushes(released);
   return held;
+}
+
+std::vector<grpc::ServerUnaryReactor*> ParameterServerService::TakeHeldPushesLocked(
+    const std::vector<PushPacer::Ticket>& tickets) {
+  std::vector<grpc::ServerUnaryReactor*> reactors;
+  for (PushPacer::Ticket ticket : tickets) {
+    auto it = held_pushes_.find(ticket);
+    reactors.push_back(it->second);
+    held_pushes_.erase(it);
+  }
+  return reactors;
 }
 
 void ParameterServerService::AnswerHeldPushes(
@@ -558,11 +564,7 @@ void ParameterServerService::AnswerHeldPushesWhenDue() {
       } else {
         pacer_changed_.WaitWithDeadline(&pacer_mu_, due);
       }
-      for (PushPacer::Ticket ticket : pacer_.TakeDue(absl::Now())) {
-        auto it = held_pushes_.find(ticket);
-        late.push_back(it->second);
-        held_pushes_.erase(it);
-      }
+      late = TakeHeldPushesLocked(pacer_.TakeDue(absl::Now()));
     }
     AnswerHeldPushes(late);
   }

@@ -237,6 +237,9 @@ class ParameterServerService final
   bool PaceOrAnswer(const PacedPush& push, grpc::ServerUnaryReactor* reactor);
   // The pacer thread's loop: answers each held push at its hold limit.
   void AnswerHeldPushesWhenDue();
+  // Takes the reactors of the pacer's `tickets` out of held_pushes_.
+  std::vector<grpc::ServerUnaryReactor*> TakeHeldPushesLocked(
+      const std::vector<PushPacer::Ticket>& tickets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pacer_mu_);
   // Answers (OK: each was applied) held pushes, out of pacer_mu_.
   void AnswerHeldPushes(const std::vector<grpc::ServerUnaryReactor*>& reactors);
 

@@ -24,12 +24,12 @@ PushPacer::Slowest PushPacer::FindSlowest(int64_t iteration) const {
   return slowest;
 }
 
-void PushPacer::ReleaseWithin(int64_t slowest, std::vector<Ticket>* released) {
-  auto keep = std::stable_partition(held_.begin(), held_.end(), [&](const Held& held) {
-    return held.progress - slowest > options_.max_lead_elements;
-  });
-  for (auto it = keep; it != held_.end(); ++it) released->push_back(it->ticket);
-  held_.erase(keep, held_.end());
+template <typename Pred>
+void PushPacer::TakeWhere(Pred take, std::vector<Ticket>* taken) {
+  auto kept_end = std::stable_partition(held_.begin(), held_.end(),
+                                        [&](const Held& held) { return !take(held); });
+  for (auto it = kept_end; it != held_.end(); ++it) taken->push_back(it->ticket);
+  held_.erase(kept_end, held_.end());
 }
 
 PushPacer::Decision PushPacer::Record(int rank, int64_t iteration, int64_t elements,
@@ -49,7 +49,11 @@ PushPacer::Decision PushPacer::Record(int rank, int64_t iteration, int64_t eleme
   if (!members.empty()) members_.assign(members.begin(), members.end());
   if (members_.empty()) return decision;
   const Slowest slowest = FindSlowest(iteration_);
-  ReleaseWithin(slowest.progress, &decision.released);
+  TakeWhere(
+      [&](const Held& held) {
+        return held.progress - slowest.progress <= options_.max_lead_elements;
+      },
+      &decision.released);
   const bool member = std::binary_search(members_.begin(), members_.end(), rank);
   const bool slowest_pushing = now - slowest.last_push < options_.idle_after;
   if (options_.max_lead_elements > 0 && member && slowest_pushing &&
@@ -65,11 +69,7 @@ std::vector<PushPacer::Ticket> PushPacer::TakeDue(absl::Time now) {
   std::vector<Ticket> due;
   if (held_.empty()) return due;
   const bool slowest_idle = now - FindSlowest(iteration_).last_push >= options_.idle_after;
-  auto keep = std::stable_partition(held_.begin(), held_.end(), [&](const Held& held) {
-    return !slowest_idle && held.due > now;
-  });
-  for (auto it = keep; it != held_.end(); ++it) due.push_back(it->ticket);
-  held_.erase(keep, held_.end());
+  TakeWhere([&](const Held& held) { return slowest_idle || held.due <= now; }, &due);
   return due;
 }
 
@@ -82,8 +82,7 @@ absl::Time PushPacer::next_due() const {
 
 std::vector<PushPacer::Ticket> PushPacer::TakeAll() {
   std::vector<Ticket> all;
-  for (const Held& held : held_) all.push_back(held.ticket);
-  held_.clear();
+  TakeWhere([](const Held&) { return true; }, &all);
   return all;
 }
 

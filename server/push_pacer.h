@@ -54,8 +54,8 @@ class PushPacer {
   PushPacer(Options options, int64_t elements_per_iteration);
 
   struct Decision {
-    // Set when this push's reply must wait: Release or TakeDue hands the
-    // ticket back when it may go.
+    // Set when this push's reply must wait: a later Record's `released`,
+    // TakeDue or TakeAll hands the ticket back when it may go.
     std::optional<Ticket> held;
     // Earlier held replies that may go now (this push let the slowest catch
     // up, or made `members` known).
@@ -97,8 +97,9 @@ class PushPacer {
   // The member least far on (the first such), one not heard from counting
   // as at the start of `iteration` and idle.
   Slowest FindSlowest(int64_t iteration) const;
-  // Takes out the held replies the slowest progress now lets go.
-  void ReleaseWithin(int64_t slowest, std::vector<Ticket>* released);
+  // Takes out the held replies `take` is true of, in the order held.
+  template <typename Pred>
+  void TakeWhere(Pred take, std::vector<Ticket>* taken);
 
   const Options options_;
   const int64_t elements_per_iteration_;
