@@ -207,39 +207,36 @@ bool OneDnnHasBf16Matmul() {
   return has;
 }
 
-// Without oneDNN's bf16 matmul: the operands rounded to bf16 (held as fp32,
-// exactly) and multiplied by the fp32 GEMM. A product of two bf16 values is
-// exact in fp32 (8-bit significands) and the sums are fp32 as oneDNN's are,
-// so the result differs from oneDNN's only in the order of the additions.
-void Bf16GemmInFp32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                    int64_t ldc) {
-  ThreadBuffers& buffers = Buffers();
-  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-  uint16_t* a16 = Grown(buffers.a16, m * k);
-  uint16_t* b16 = Grown(buffers.b16, k * n);
-  float* a32 = Grown(buffers.a32, m * k);
-  float* b32 = Grown(buffers.b32, k * n);
-  RoundToBfloat16(a, a_rows, a_cols, lda, a16);
-  RoundToBfloat16(b, b_rows, b_cols, ldb, b16);
-  Bfloat16ToFloat(absl::MakeConstSpan(a16, m * k), absl::MakeSpan(a32, m * k));
-  Bfloat16ToFloat(absl::MakeConstSpan(b16, k * n), absl::MakeSpan(b32, k * n));
-  GemmCpu(Precision::kFp32, trans_a, trans_b, m, n, k, alpha, a32, a_cols, b32, b_cols, beta, c,
-          ldc);
+// Rounds rows x cols floats (row r at src + r * ld) to a narrower type and
+// back to fp32, packed (row r at dst + r * cols).
+using RoundFn = void (*)(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst);
+
+// Without oneDNN's bf16 matmul (no AVX-512, so no AVX512-BF16 converter
+// either): each value through common/half.h's bf16 and back.
+void RoundToBfloat16AsFloat(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                            float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = src + r * ld;
+    float* out = dst + r * cols;
+    for (int64_t i = 0; i < cols; ++i) out[i] = Bfloat16ToFloat(FloatToBfloat16(in[i]));
+  }
 }
 
-void Fp16Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-              int64_t ldc) {
+// The operands rounded by `round`, kept as fp32 (exactly), and multiplied by
+// the fp32 GEMM. A product of two bf16 (8-bit significands) or fp16 (11-bit)
+// values is exact in fp32 and the sums are fp32, so this is the narrow
+// type's storage with fp32 arithmetic: for bf16 it differs from oneDNN's
+// bf16 matmul only in the order of the additions.
+void RoundedGemm(RoundFn round, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                 float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                 float* c, int64_t ldc) {
   ThreadBuffers& buffers = Buffers();
   float* a32 = Grown(buffers.a32, m * k);
   float* b32 = Grown(buffers.b32, k * n);
   const int64_t a_cols = trans_a ? m : k;
   const int64_t b_cols = trans_b ? k : n;
-  RoundToHalf(a, trans_a ? k : m, a_cols, lda, a32);
-  RoundToHalf(b, trans_b ? n : k, b_cols, ldb, b32);
-  // fp32 arithmetic on the rounded values: the fp32 GEMM itself.
+  round(a, trans_a ? k : m, a_cols, lda, a32);
+  round(b, trans_b ? n : k, b_cols, ldb, b32);
   GemmCpu(Precision::kFp32, trans_a, trans_b, m, n, k, alpha, a32, a_cols, b32, b_cols, beta, c,
           ldc);
 }
@@ -277,10 +274,9 @@ void HalfGemmCpu(Precision precision, int threads, bool trans_a, bool trans_b, i
                  float beta, float* c, int64_t ldc) {
   if (precision == Precision::kBf16 && OneDnnHasBf16Matmul()) {
     Bf16Gemm(threads, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  } else if (precision == Precision::kBf16) {
-    Bf16GemmInFp32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
-    Fp16Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    RoundedGemm(precision == Precision::kBf16 ? RoundToBfloat16AsFloat : RoundToHalf, trans_a,
+                trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 }
 
