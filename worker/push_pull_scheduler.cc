@@ -19,7 +19,7 @@ PushPullScheduler::PushPullScheduler(const PushPullOptions& options, ParameterSt
 
 absl::StatusOr<std::unique_ptr<PushPullScheduler>> PushPullScheduler::Create(
     const PushPullOptions& options, ParameterStore* store, absl::Span<const float> gradients,
-    absl::Span<float> params, int64_t version) {
+    absl::Span<float> params, int64_t version, absl::Span<const int64_t> layer_begins) {
   if (store == nullptr) return absl::InvalidArgumentError("no parameter store");
   if (options.bucket_bytes < 0 || options.max_bytes_in_flight < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -34,6 +34,14 @@ absl::StatusOr<std::unique_ptr<PushPullScheduler>> PushPullScheduler::Create(
         "buffers of ", gradients.size(), " and ", params.size(),
         " elements for a store of ", size, " (registered?)"));
   }
+  for (size_t i = 0; i < layer_begins.size(); ++i) {
+    if (layer_begins[i] < 0 || layer_begins[i] >= std::max<int64_t>(size, 1) ||
+        (i > 0 && layer_begins[i] <= layer_begins[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer ", i, " begins at offset ", layer_begins[i],
+          ": the layers' offsets must ascend within the ", size, " parameters"));
+    }
+  }
   std::unique_ptr<PushPullScheduler> s(
       new PushPullScheduler(options, store, gradients, params, version));
   int64_t begin = 0;
@@ -47,6 +55,7 @@ absl::StatusOr<std::unique_ptr<PushPullScheduler>> PushPullScheduler::Create(
     begin = ends[seg];
     first = seg + 1;
   }
+  s->OrderBuckets(layer_begins);
   absl::MutexLock lock(&s->mu_);
   s->state_.assign(s->buckets_.size(), State::kHeld);
   // Before the first iteration every bucket counts as pushed and pulled:
@@ -56,6 +65,25 @@ absl::StatusOr<std::unique_ptr<PushPullScheduler>> PushPullScheduler::Create(
   s->staged_.assign(s->buckets_.size(), false);
   if (options.stage_early_pulls) s->staging_.resize(size);
   return s;
+}
+
+void PushPullScheduler::OrderBuckets(absl::Span<const int64_t> layer_begins) {
+  // Per bucket, the layer its first element belongs to (without layers:
+  // its own index, so the front bucket first).
+  std::vector<int64_t> layer(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    layer[b] = layer_begins.empty()
+                   ? static_cast<int64_t>(b)
+                   : std::upper_bound(layer_begins.begin(), layer_begins.end(),
+                                      buckets_[b].begin) -
+                         layer_begins.begin();
+  }
+  priority_order_.resize(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) priority_order_[b] = static_cast<int>(b);
+  std::sort(priority_order_.begin(), priority_order_.end(), [&](int x, int y) {
+    if (layer[x] != layer[y]) return layer[x] < layer[y];
+    return x > y;  // within a layer, from its last bucket
+  });
 }
 
 PushPullScheduler::~PushPullScheduler() {
@@ -157,13 +185,13 @@ PushPullScheduler::Operation PushPullScheduler::NextLocked() {
   auto fits = [bound](int64_t in_flight, int64_t bytes) {
     return bound == 0 || in_flight == 0 || in_flight + bytes <= bound;
   };
-  // Pushes first, then pulls; within each, the front bucket first.
+  // Pushes first, then pulls; within each, in priority order.
   for (int pass = 0; pass < 2; ++pass) {
     const bool push = pass == 0;
-    for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (const int b : priority_order_) {
       if (state_[b] != (push ? State::kPushQueued : State::kPullQueued)) continue;
       // A held pull waits, or with staging lands aside.
-      const bool early = !push && PullHeldLocked(static_cast<int>(b));
+      const bool early = !push && PullHeldLocked(b);
       if (early && !options_.stage_early_pulls) continue;
       int64_t& in_flight = push ? push_bytes_in_flight_ : pull_bytes_in_flight_;
       if (!fits(in_flight, buckets_[b].bytes())) break;  // nothing behind it jumps the queue
@@ -171,7 +199,7 @@ PushPullScheduler::Operation PushPullScheduler::NextLocked() {
       state_[b] = push ? State::kPushing : State::kPulling;
       if (early) staged_[b] = true;
       ++calls_in_flight_;
-      return {static_cast<int>(b), push};
+      return {b, push};
     }
   }
   return {};

@@ -109,10 +109,11 @@ class ManualStore final : public ParameterStore {
 using Strings = std::vector<std::string>;
 
 struct Rig {
-  explicit Rig(std::vector<int64_t> ends, PushPullOptions options = {})
+  explicit Rig(std::vector<int64_t> ends, PushPullOptions options = {},
+               std::vector<int64_t> layer_begins = {})
       : store(ends), gradients(ends.back()), params(ends.back()) {
     auto s = PushPullScheduler::Create(options, &store, gradients, absl::MakeSpan(params),
-                                       /*version=*/5);
+                                       /*version=*/5, layer_begins);
     EXPECT_TRUE(s.ok()) << s.status();
     scheduler = std::move(*s);
   }
@@ -294,6 +295,59 @@ TEST(PushPullSchedulerTest, BoundsBytesInFlightAndLetsFrontBucketsGoFirst) {
   rig.store.Complete("push 0-1@5");
   EXPECT_EQ(rig.store.Pending(),
             Strings({"push 3-4@5", "pull 2-3@6", "push 1-2@5", "pull 0-1@6"}));
+}
+
+TEST(PushPullSchedulerTest, FrontLayersFirstAndWithinALayerFromItsLastBucket) {
+  // Six buckets: layer A = buckets 0-1, layer B = buckets 2-4, layer C = 5;
+  // one bucket in flight each way.
+  const std::vector<int64_t> ends = {100, 200, 300, 400, 500, 600};
+  Rig rig(ends, Buckets(0, /*in_flight=*/100), /*layer_begins=*/{0, 200, 500});
+  PushPullScheduler& s = *rig.scheduler;
+  auto pending = [&](const char* kind) {
+    Strings out;
+    for (const std::string& call : rig.store.Pending()) {
+      if (call.rfind(kind, 0) == 0) out.push_back(call);
+    }
+    return out;
+  };
+  ASSERT_TRUE(s.BeginIteration(8).ok());
+  s.GradientsReadyFrom(500);
+  EXPECT_EQ(pending("push"), Strings({"push 5-6@5"}));
+  // Layer B's buckets queue behind the one in flight.
+  s.GradientsReadyFrom(200);
+  rig.store.Complete("push 5-6@5");
+  // From B's last bucket, the order backward made them in, not its front one.
+  EXPECT_EQ(pending("push"), Strings({"push 4-5@5"}));
+  // Layer A, ready now, goes before the rest of B (the next forward needs
+  // it first), again from its last bucket.
+  s.GradientsReadyFrom(0);
+  Strings pushes;
+  while (!pending("push").empty()) {
+    pushes.push_back(pending("push")[0]);
+    rig.store.Complete(pushes.back());
+  }
+  EXPECT_EQ(pushes, Strings({"push 4-5@5", "push 1-2@5", "push 0-1@5", "push 3-4@5",
+                             "push 2-3@5"}));
+  // The pulls: C's went first, as its push was the first done; those
+  // queued behind it go in the same order as the pushes.
+  Strings pulls;
+  while (!pending("pull").empty()) {
+    pulls.push_back(pending("pull")[0]);
+    rig.store.Complete(pulls.back());
+  }
+  EXPECT_EQ(pulls, Strings({"pull 5-6@6", "pull 1-2@6", "pull 0-1@6", "pull 4-5@6",
+                            "pull 3-4@6", "pull 2-3@6"}));
+}
+
+TEST(PushPullSchedulerTest, RefusesLayerOffsetsThatDoNotAscendWithinTheBuffers) {
+  ManualStore store(kEnds);
+  std::vector<float> buffer(400);
+  for (const std::vector<int64_t>& begins :
+       {std::vector<int64_t>{0, 200, 200}, {0, 300, 100}, {-1}, {0, 400}}) {
+    auto s = PushPullScheduler::Create({}, &store, buffer, absl::MakeSpan(buffer), 0, begins);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find("must ascend"), std::string::npos) << s.status();
+  }
 }
 
 TEST(PushPullSchedulerTest, ALargeBucketStillGoesAlone) {

@@ -269,8 +269,10 @@ absl::Status Trainer::StartFrom(int64_t version) {
   // A store updating these buffers in place pulls at once: nothing to stage.
   PushPullOptions push_pull = options_.push_pull;
   push_pull.stage_early_pulls &= !buffers_bound_;
-  PS_ASSIGN_OR_RETURN(scheduler_, PushPullScheduler::Create(push_pull, store_, wire_gradients_,
-                                                            wire_parameters_, version));
+  PS_ASSIGN_OR_RETURN(scheduler_,
+                      PushPullScheduler::Create(push_pull, store_, wire_gradients_,
+                                                wire_parameters_, version,
+                                                replicas_[0]->LayerParameterBegins()));
   return absl::OkStatus();
 }
 

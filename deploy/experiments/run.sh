@@ -140,8 +140,12 @@ cleanup() {
   for pid in "${daemon_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${daemon_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   netns_down "$prefix" || rc=1
+  if [[ -n "$allowed_congestion_before" ]]; then
+    sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed_congestion_before" || rc=1
+  fi
   exit "$rc"
 }
+allowed_congestion_before=""  # the kernel's list, when this run extended it
 trap cleanup EXIT
 trap 'echo "run: interrupted; removing $prefix" >&2; exit 130' INT
 trap 'echo "run: terminated; removing $prefix" >&2; exit 143' TERM
@@ -151,6 +155,15 @@ for ((s = 0; s < servers; s++)); do hosts+=("s$s"); done
 for ((r = 0; r < workers; r++)); do hosts+=("w$r"); done
 netns_up "$prefix" "$rate" "$delay" "$out" "$((time_limit + 30))" "${hosts[@]}" ||
   fail "could not set up the hosts"
+# A namespace other than the initial one may only pick an algorithm on the
+# kernel's allowed list, which need not hold the one asked for even when it
+# is available (a kernel defaulting to bbr may allow just "reno bbr"): add
+# it for the run, and put the list back when the run ends.
+allowed_congestion=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)
+if [[ " $allowed_congestion " != *" $congestion "* ]]; then
+  sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed_congestion $congestion" &&
+    allowed_congestion_before=$allowed_congestion
+fi
 for host in "${hosts[@]}"; do
   ip netns exec "$prefix-$host" sysctl -qw net.ipv4.tcp_congestion_control="$congestion" ||
     fail "cannot use TCP congestion control '$congestion' (available: $(cat /proc/sys/net/ipv4/tcp_available_congestion_control))"

@@ -369,9 +369,10 @@ TEST_F(LayerTest, BlockedLinearGradients) {
   CheckLayerGradients(dev(), linear, {3, 8}, CheckOptions());
 }
 
-// ... and asks for its weight block by block and its bias last in the
-// forward pass, hands its gradients over bias first, then weight blocks
-// from the last, and gives the same bits whether anyone listens or not.
+// ... and asks for its weight block by block from the last (the order its
+// backward hands them over in) and its bias last in the forward pass, hands
+// its gradients over bias first, then weight blocks from the last, and
+// gives the same bits whether anyone listens or not.
 TEST_F(LayerTest, BlockedLinearWaitsAndHandsOverInBlocksWithTheSameValues) {
   constexpr int64_t kIn = 8, kOut = 1100, kWeight = kIn * kOut;
   Linear linear(dev(), kIn, kOut, /*block_rows=*/512);
@@ -403,9 +404,9 @@ TEST_F(LayerTest, BlockedLinearWaitsAndHandsOverInBlocksWithTheSameValues) {
   pass(&y1, &grads1, &dx1);
   linear.set_parameters_needed(nullptr);
   linear.set_gradients_ready(nullptr);
-  EXPECT_EQ(needed, (std::vector<std::pair<int64_t, int64_t>>{{0, 512 * kIn},
+  EXPECT_EQ(needed, (std::vector<std::pair<int64_t, int64_t>>{{1024 * kIn, kWeight},
                                                               {512 * kIn, 1024 * kIn},
-                                                              {1024 * kIn, kWeight},
+                                                              {0, 512 * kIn},
                                                               {kWeight, kWeight + kOut}}));
   EXPECT_EQ(ready, (std::vector<int64_t>{kWeight, 1024 * kIn, 512 * kIn, 0}));
   EXPECT_EQ(y1, y0);

@@ -43,15 +43,19 @@ bool Linear::Blocked() const {
   return block_rows_ > 0 && device()->is_cpu() && out_features_ >= 2 * block_rows_;
 }
 
+int64_t Linear::LastBlockRow() const { return (out_features_ - 1) / block_rows_ * block_rows_; }
+
 absl::StatusOr<Tensor> Linear::Forward(const Tensor& x, Mode mode) {
   PS_RETURN_IF_ERROR(CheckDevice(Describe(), x, device()));
   PS_ASSIGN_OR_RETURN(Shape out_shape, OutputShape(x.shape()));
   PS_ASSIGN_OR_RETURN(Tensor y, y_.Get(device(), out_shape));
   if (Blocked()) {
-    // Each block of output features once its rows of the weight are here;
-    // the bias (behind the weight in the flat buffer, so it arrives last)
-    // at the end.
-    for (int64_t row = 0; row < out_features_; row += block_rows_) {
+    // Each block of output features once its rows of the weight are here,
+    // from the last block, the order in which backward hands them over and
+    // the scheduler sends them (see PushPullScheduler); the bias (behind
+    // the weight in the flat buffer, a bucket of its own or the last
+    // weight rows') at the end.
+    for (int64_t row = LastBlockRow(); row >= 0; row -= block_rows_) {
       const int64_t end = std::min(out_features_, row + block_rows_);
       PS_RETURN_IF_ERROR(ParametersNeeded(row * in_features_, end * in_features_));
       PS_RETURN_IF_ERROR(kernels::LinearForwardRows(*device(), x.dim(0), in_features_,
@@ -111,8 +115,7 @@ absl::StatusOr<Tensor> Linear::BackwardBlocked(const Tensor& dy, bool need_dx) {
                                              dy.data<float>(), /*dx=*/nullptr,
                                              /*dweight=*/nullptr, MutableF32(bias_grad_)));
   GradientsReady(out_features_ * in_features_);
-  const int64_t last = (out_features_ - 1) / block_rows_ * block_rows_;
-  for (int64_t row = last; row >= 0; row -= block_rows_) {
+  for (int64_t row = LastBlockRow(); row >= 0; row -= block_rows_) {
     const int64_t end = std::min(out_features_, row + block_rows_);
     PS_RETURN_IF_ERROR(kernels::LinearWeightGradientRows(*device(), batch, in_features_,
                                                          out_features_, x_.data<float>(),

@@ -27,13 +27,14 @@ class Linear final : public Layer {
   // With block_rows_ > 0, on a CPU device, a layer of at least two blocks
   // of block_rows_ output features computes its forward pass and its weight
   // gradient block by block (the same blocks whether or not anyone listens,
-  // so the values never depend on it): each forward block waits only for
-  // its own rows of the weight, and the weight gradient is handed over
-  // block by block from the last, so on a slow link the first pushes
+  // so the values never depend on it), both from the last block: each
+  // forward block waits only for its own rows of the weight, and the weight
+  // gradient is handed over block by block, so on a slow link the first pushes
   // leave, and the next forward starts, a fraction of the layer's compute
   // earlier (MLP-20M's 4096 x 4096 fc2). A block's GEMM runs a few per
   // cent slower than the whole layer's, hence off by default.
   bool Blocked() const;
+  int64_t LastBlockRow() const;  // the first row of the last block
   absl::StatusOr<Tensor> BackwardBlocked(const Tensor& dy, bool need_dx);
 
   const int64_t in_features_, out_features_, block_rows_;

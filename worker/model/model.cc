@@ -187,6 +187,9 @@ class LayerModel final : public Model {
   }
   void set_step(int64_t step) override { events_.step = step; }
   void set_parameter_hooks(ParameterHooks* hooks) override { hooks_ = hooks; }
+  std::vector<int64_t> LayerParameterBegins() const override {
+    return net_->ChildParameterBegins();
+  }
 
   absl::StatusOr<DeviceMetrics> ForwardBackward(const Tensor& inputs,
                                                 const Tensor& labels) override {

@@ -108,6 +108,9 @@ class Model {
   // driving the replica. Null (the default): none. Must outlive the model or
   // be reset to null.
   virtual void set_parameter_hooks(ParameterHooks* hooks) = 0;
+  // Where the parameters of each top-level layer that has any begin in
+  // flat_parameters(), ascending: the layers of the hooks' ranges.
+  virtual std::vector<int64_t> LayerParameterBegins() const = 0;
 
   // Loss scaling (fp16 training): ForwardBackward's gradients are those of
   // the loss sum times `scale` (dlogits are multiplied by it, so every

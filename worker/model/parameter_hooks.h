@@ -14,8 +14,9 @@ namespace ps::worker::model {
 // flat_gradients(). Ranges come in layer order in the forward pass and in
 // reverse in the backward pass. A layer that works in parts
 // (Layer::AwaitsParametersInParts: a large Linear) calls BeforeForward once
-// per part, its parts' ranges ascending, and GradientsReady once per part
-// with `begin` descending and `end` its own end.
+// per part, its parts' ranges descending (the order in which its backward
+// hands them over, and so the order in which they arrive), and
+// GradientsReady once per part with `begin` descending and `end` its own end.
 class ParameterHooks {
  public:
   virtual ~ParameterHooks() = default;

@@ -37,6 +37,14 @@ void Sequential::Declare(const std::string& prefix, TensorDecls* decls) {
   }
 }
 
+std::vector<int64_t> Sequential::ChildParameterBegins() const {
+  std::vector<int64_t> begins;
+  for (const auto& [begin, end] : child_parameters_) {
+    if (begin < end) begins.push_back(begin);
+  }
+  return begins;
+}
+
 absl::StatusOr<Tensor> Sequential::Forward(const Tensor& x, Mode mode) {
   const LayerEvents events = events_ != nullptr ? *events_ : LayerEvents();
   Tensor h = x;

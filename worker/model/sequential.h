@@ -49,6 +49,11 @@ class Sequential final : public Layer {
   // default): nothing.
   void set_events(const LayerEvents* events) { events_ = events; }
 
+  // Where each child's parameters begin in the flat buffer, for the children
+  // that have any, ascending: the layers whose ranges the parameter hooks
+  // see. Valid after Declare.
+  std::vector<int64_t> ChildParameterBegins() const;
+
  private:
   // Half-open ranges of the flat parameter buffer per child, as Declare laid
   // them out (absolute offsets: counted from the first declaration of the
