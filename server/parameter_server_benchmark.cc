@@ -24,7 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/cpu_device.h"
-#include "common/malloc_tuning.h"
+#include "common/process_tuning.h"
 #include "server/parameter_server.h"
 
 ABSL_FLAG(int, workers, 2, "workers whose gradients are summed per chunk");
@@ -103,6 +103,7 @@ int Run(int pushers) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   ps::TuneMallocForLargeMessages();
+  ps::DisableMutexDeadlockDetection();
   std::printf("%u cores\n", std::thread::hardware_concurrency());
   for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_pushers), ',')) {
     int pushers = 0;

@@ -34,7 +34,7 @@
 #include "common/clock.h"
 #include "common/chrome_trace.h"
 #include "common/cpu_device.h"
-#include "common/malloc_tuning.h"
+#include "common/process_tuning.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/job_token.h"
@@ -527,6 +527,7 @@ absl::Status Main() {
 
 int main(int argc, char** argv) {
   ps::TuneMallocForLargeMessages();
+  ps::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage("Synchronous parameter server. See README.md.");
   absl::ParseCommandLine(argc, argv);
   const absl::Status status = ps::server::Main();

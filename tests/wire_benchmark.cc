@@ -38,7 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/cpu_device.h"
-#include "common/malloc_tuning.h"
+#include "common/process_tuning.h"
 #include "common/timed_event.h"
 #include "common/tls_credentials.h"
 #include "server/grpc_service.h"
@@ -440,6 +440,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
 
 int main(int argc, char** argv) {
   ps::TuneMallocForLargeMessages();
+  ps::DisableMutexDeadlockDetection();
   absl::ParseCommandLine(argc, argv);
   const std::vector<std::string> securities =
       absl::StrSplit(absl::GetFlag(FLAGS_security), ',');

@@ -17,7 +17,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "common/cpu_device.h"
-#include "common/malloc_tuning.h"
+#include "common/process_tuning.h"
 #include "common/precision.h"
 #include "kernels/gemm.h"
 #include "worker/data/synthetic.h"
@@ -152,6 +152,7 @@ int Run() {
 int main(int argc, char** argv) {
   // As the worker daemon does: large blocks from the heap, not fresh mmaps.
   ps::TuneMallocForLargeMessages();
+  ps::DisableMutexDeadlockDetection();
   absl::ParseCommandLine(argc, argv);
   return ps::worker::Run();
 }

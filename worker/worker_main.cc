@@ -36,7 +36,7 @@
 #include "common/chrome_trace.h"
 #include "common/clock.h"
 #include "common/cpu_device.h"
-#include "common/malloc_tuning.h"
+#include "common/process_tuning.h"
 #include "common/devices.h"
 #include "common/int_list.h"
 #include "common/job_token.h"
@@ -657,6 +657,7 @@ absl::Status MainWithTrace(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   ps::TuneMallocForLargeMessages();
+  ps::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage("Data-parallel training worker. See README.md.");
   absl::ParseCommandLine(argc, argv);
   const absl::Status status = ps::worker::MainWithTrace(argc, argv);

@@ -1,0 +1,27 @@
+#ifndef PS_COMMON_PROCESS_TUNING_H_
+#define PS_COMMON_PROCESS_TUNING_H_
+
+namespace ps {
+
+// Process-wide settings for the daemons and the benchmarks, which keep gigabytes
+// moving through gRPC and many threads.
+
+// Keeps glibc malloc from serving large blocks with fresh mmap()s. Every
+// gRPC message carries up to 4 MiB of tensor data, and by default glibc maps
+// (and zero-fills, page by page) each such buffer anew and unmaps it on
+// free: on loopback that page-fault traffic cost more than the copies. With
+// these settings blocks up to 256 MiB come from the heap and are reused.
+// Call once at the start of main(), before threads start; process-wide.
+void TuneMallocForLargeMessages();
+
+// Turns off abseil's mutex deadlock detection, which Debian's libabsl (built
+// without NDEBUG) leaves on: every Mutex::Lock then records the locks the
+// thread holds in a process-wide graph under a global lock, on the data
+// path's hottest locks (a chunk's, the scheduler's, gRPC callbacks'). The
+// daemons and benchmarks call this; the tests keep the detection. Call once
+// at the start of main(), before threads start.
+void DisableMutexDeadlockDetection();
+
+}  // namespace ps
+
+#endif  // PS_COMMON_PROCESS_TUNING_H_
