@@ -52,9 +52,8 @@ absl::StatusOr<Tensor> Linear::Forward(const Tensor& x, Mode mode) {
   if (Blocked()) {
     // Each block of output features once its rows of the weight are here,
     // from the last block, the order in which backward hands them over and
-    // the scheduler sends them (see PushPullScheduler); the bias (behind
-    // the weight in the flat buffer, a bucket of its own or the last
-    // weight rows') at the end.
+    // the scheduler sends them (see PushPullScheduler); the bias is added
+    // at the end.
     for (int64_t row = LastBlockRow(); row >= 0; row -= block_rows_) {
       const int64_t end = std::min(out_features_, row + block_rows_);
       PS_RETURN_IF_ERROR(ParametersNeeded(row * in_features_, end * in_features_));
