@@ -4,7 +4,16 @@
 # deploy/local_cluster.sh) side by side with PyTorch DDP (2 gloo ranks x 1
 # thread on 127.0.0.1, deploy/bench/pytorch_ddp.py) on the same models,
 # global batches and learning rates, alternating ours and theirs. Prints
-# every run and a table; not a test. About 6-7 minutes with --rounds=2.
+# every run and a table; not a test. About 8 minutes with --rounds=2.
+#
+# Beside them, the ceiling of any data-parallel job on this machine: the
+# same two workers training alone at once ("alone x2": each its half of the
+# global batch with its own in-process SGD, no server and no communication
+# at all), their samples/s added. Our job, or DDP, can beat it only by the
+# local SGD update it includes (one pass over the parameters a step), so
+# "ceiling/DDP" bounds what any ratio to DDP can reach here: where the
+# compute of two one-thread workers saturates both cores, no transport can
+# lift ours past it.
 #
 #   bash deploy/bench/ddp_compare.sh [--rounds=2] [--configs=mlp-b32,mlp-b256,lenet-b256]
 #
@@ -65,6 +74,29 @@ ours() {  # ours NAME MODEL BATCH LR SERVERS[:shm] ROUND FLAGS...
     "$name" "$label" "$round" "$rate" "$split" "$(cut -d' ' -f1 /proc/loadavg)"
 }
 
+alone() {  # alone NAME MODEL BATCH LR ROUND FLAGS...: the no-communication ceiling
+  local name=$1 model=$2 batch=$3 lr=$4 round=$5; shift 5
+  local logs="$out/alone-$name-r$round" hidden=() pids=() rate=0 r
+  [[ "$model" == mlp ]] && hidden=(--mlp_hidden=4096,4096)
+  mkdir -p "$logs"
+  for w in 0 1; do
+    timeout 300 bazel-bin/worker/worker --model="$model" --batch_size=$((batch / 2)) \
+      --lr="$lr" --threads=1 --devices=cpu:1 --dataset=synthetic --evaluate=false \
+      --progress=false "${hidden[@]}" "$@" >"$logs/worker-$w.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || { echo "ddp_compare: alone $name failed; see $logs" >&2; return 1; }
+  done
+  for w in 0 1; do
+    r=$(sed -n 's/.*(all workers: \([0-9]*\) samples\/s).*/\1/p' "$logs/worker-$w.log")
+    rate=$((rate + r))
+  done
+  echo "$name|alone x2|$round|$rate|" >>"$out/results"
+  printf '%-11s alone x2       round %s: %6s samples/s  [two workers at once, no communication]  load %s\n' \
+    "$name" "$round" "$rate" "$(cut -d' ' -f1 /proc/loadavg)"
+}
+
 ddp() {  # ddp NAME MODEL BATCH LR COLUMN ROUND FLAGS...
   local name=$1 model=$2 batch=$3 lr=$4 column=$5 round=$6; shift 6
   local log="$out/ddp-$name-r$round.log"
@@ -92,7 +124,9 @@ for ((round = 1; round <= rounds; round++)); do
       ours "$name" "$model" "$batch" "$lr" 1:shm "$round" $our_flags
       ddp "$name" "$model" "$batch" "$lr" "$column" "$round" $ddp_flags
       ours "$name" "$model" "$batch" "$lr" 2 "$round" $our_flags
+      alone "$name" "$model" "$batch" "$lr" "$round" $our_flags
     else
+      alone "$name" "$model" "$batch" "$lr" "$round" $our_flags
       ours "$name" "$model" "$batch" "$lr" 2 "$round" $our_flags
       ddp "$name" "$model" "$batch" "$lr" "$column" "$round" $ddp_flags
       ours "$name" "$model" "$batch" "$lr" 1:shm "$round" $our_flags
@@ -106,16 +140,19 @@ echo "ddp_compare: load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 import sys
 rows = [line.rstrip("\n").split("|") for line in open(sys.argv[1])]
 names = list(dict.fromkeys(r[0] for r in rows))
-who = ["ours S=1", "ours S=2", "ours S=1 shm", "DDP"]
+who = ["ours S=1", "ours S=2", "ours S=1 shm", "DDP", "alone x2"]
 print()
-print(f"{'config':<11} | {'ours S=1':>15} | {'ours S=2':>15} | {'ours S=1 shm':>15} | "
-      f"{'DDP':>15} | {'S=1/DDP':>8} | {'S=2/DDP':>8} | {'shm/DDP':>8}")
+print(f"{'config':<11} | {'ours S=1':>13} | {'ours S=2':>13} | {'ours S=1 shm':>13} | "
+      f"{'DDP':>13} | {'alone x2':>13} | {'S=1/DDP':>7} | {'S=2/DDP':>7} | {'shm/DDP':>7} | "
+      f"{'ceiling/DDP':>11}")
 for n in names:
     rates = {w: [float(r[3]) for r in rows if r[0] == n and r[1] == w] for w in who}
     cells = [("/".join(f"{v:.0f}" for v in rates[w])) for w in who]
     ddp = max(rates["DDP"]) if rates["DDP"] else float("nan")
-    ratio = [max(rates[w]) / ddp if rates[w] else float("nan") for w in who[:3]]
-    print(f"{n:<11} | {cells[0]:>15} | {cells[1]:>15} | {cells[2]:>15} | {cells[3]:>15} | "
-          f"{ratio[0]:>8.2f} | {ratio[1]:>8.2f} | {ratio[2]:>8.2f}")
-print("(samples/s of both processes, one figure per round; ratios of the best runs)")
+    ratio = [max(rates[w]) / ddp if rates[w] else float("nan") for w in who[:3] + who[4:]]
+    print(f"{n:<11} | {cells[0]:>13} | {cells[1]:>13} | {cells[2]:>13} | {cells[3]:>13} | "
+          f"{cells[4]:>13} | {ratio[0]:>7.2f} | {ratio[1]:>7.2f} | {ratio[2]:>7.2f} | "
+          f"{ratio[3]:>11.2f}")
+print("(samples/s of both processes, one figure per round; ratios of the best runs; alone x2:")
+print(" two workers training alone at once, no communication: the ceiling of any ratio here)")
 PY
