@@ -7,7 +7,6 @@
 namespace ps {
 
 void TuneMallocForLargeMessages() {
-  mallopt(M_ARENA_MAX, 1);
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   // Do not give freed heap memory back to the OS after every large free.
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
