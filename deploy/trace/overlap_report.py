@@ -17,8 +17,19 @@ steps after the first --skip (warm-up):
   first_layer_in  when the pull carrying the first tensor ended, relative to
                   the pull carrying the last tensor (a message's lane is its
                   place in the flat order): negative means the front layer's
-                  parameters arrived first (what priority buys when pushes
-                  queue behind a slow link)
+                  parameters arrived first. Rarely so: the last layer's
+                  gradients come first out of backward, and a small last
+                  layer is pushed, updated and pulled before the first
+                  layer's gradients exist
+  front_ahead     when the last pull of the front layer ended (every message
+                  whose first tensor belongs to the first tensor's layer:
+                  its name up to the last '.'), relative to the step's last
+                  pull to end, of any layer: negative means the next forward
+                  could begin its first layer while later layers' parameters
+                  were still arriving. The front layer's gradients are the
+                  last computed, so under first-come order its parameters
+                  come in last; priority (front layers first, P3) sends them
+                  ahead of the back layers' bytes still queued
 
 A push or pull message belongs to the step its args.step says (a pull of
 version v carries step v - 1). Standard library only; exit status 2 with a
@@ -30,15 +41,22 @@ import json
 import sys
 
 
+def fail(message):
+    """Exits with status 2 and the message on stderr (the docstring's
+    contract; a bare SystemExit(str) would exit 1)."""
+    print(f"overlap_report: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def load(path):
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SystemExit(f"overlap_report: {path}: {e}")
+        fail(f"{path}: {e}")
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     if not isinstance(events, list):
-        raise SystemExit(f"overlap_report: {path}: no traceEvents list")
+        fail(f"{path}: no traceEvents list")
     return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
 
 
@@ -75,11 +93,17 @@ def intersection(a, b):
 DEVICE0_LANE = 1  # DeviceLane(0), common/timed_event.h
 
 
+def layer_of(tensor):
+    """The layer a tensor belongs to: its name up to the last '.'
+    ("fc1.weight" -> "fc1"; a name without one is its own layer)."""
+    return tensor.rsplit(".", 1)[0]
+
+
 def report(events, pid=None, skip=1):
     if pid is None:
         pids = sorted({e.get("pid") for e in events if e.get("cat") == "push_message"})
         if not pids:
-            raise SystemExit("overlap_report: no push messages in the trace")
+            fail("no push messages in the trace")
         pid = pids[0]
     events = [e for e in events if e.get("pid") == pid]
 
@@ -114,6 +138,10 @@ def report(events, pid=None, skip=1):
         # carries the first tensor, the highest the last.
         first = min(pulls[step], key=lambda e: e["tid"])
         last = max(pulls[step], key=lambda e: e["tid"])
+        front_layer = layer_of(first["name"])
+        front_in = max(e["ts"] + e["dur"] for e in pulls[step]
+                       if layer_of(e["name"]) == front_layer)
+        all_in = max(e["ts"] + e["dur"] for e in pulls[step])
         rows.append({
             "step": step,
             "backward_end_ms": bw_end / 1e3,
@@ -124,6 +152,8 @@ def report(events, pid=None, skip=1):
             "last_tensor": last["name"],
             "first_layer_in_vs_last_ms":
                 ((first["ts"] + first["dur"]) - (last["ts"] + last["dur"])) / 1e3,
+            "front_layer": front_layer,
+            "front_layer_in_vs_all_in_ms": (front_in - all_in) / 1e3,
         })
     timed = [r for r in rows if r["step"] >= skip]
     total_comm = sum(r["comm_s"] for r in timed)
@@ -136,6 +166,8 @@ def report(events, pid=None, skip=1):
             1 for r in timed if r["first_push_vs_backward_end_ms"] < 0),
         "steps_first_layer_in_first": sum(
             1 for r in timed if r["first_layer_in_vs_last_ms"] < 0),
+        "steps_front_layer_ahead": sum(
+            1 for r in timed if r["front_layer_in_vs_all_in_ms"] < 0),
     }
     return rows, summary
 
@@ -152,16 +184,20 @@ def main(argv):
         print(json.dumps({"steps": rows, "summary": summary}, indent=1))
         return 0
     print(f"{'step':>5} {'first push vs bw end':>21} {'comm s':>8} {'hidden':>7} "
-          f"{'first layer in vs last':>23}")
+          f"{'first layer in vs last':>23} {'front layer in vs all in':>25}")
     for r in rows:
         print(f"{r['step']:>5} {r['first_push_vs_backward_end_ms']:>18.1f} ms "
               f"{r['comm_s']:>8.3f} {r['hidden']:>6.0%} "
-              f"{r['first_layer_in_vs_last_ms']:>20.1f} ms")
+              f"{r['first_layer_in_vs_last_ms']:>20.1f} ms "
+              f"{r['front_layer_in_vs_all_in_ms']:>22.1f} ms")
+    front = rows[0]["front_layer"] if rows else "-"
     print(f"over {summary['steps']} steps after {args.skip} warm-up: "
           f"{summary['hidden_fraction']:.0%} of communication time under compute; "
           f"first push before backward ended in {summary['steps_pushing_before_backward_ends']}; "
           f"front layer's parameters in before the back layer's in "
-          f"{summary['steps_first_layer_in_first']}")
+          f"{summary['steps_first_layer_in_first']}; "
+          f"front layer ({front}) all in before the step's last parameters in "
+          f"{summary['steps_front_layer_ahead']}")
     return 0
 
 
