@@ -11,11 +11,12 @@ namespace ps {
 // (and zero-fills, page by page) each such buffer anew and unmaps it on
 // free: on loopback that page-fault traffic cost more than the copies. With
 // these settings blocks up to 256 MiB come from the heap and are reused.
-// Thread arenas still unmap a whole 64 MiB heap once it is free (clear_page
-// is 9 % of tests/wire_benchmark's CPU). One arena for all threads
-// (M_ARENA_MAX=1) removed that, but left the daemons behind a shaped link
-// stalling on the one malloc lock in half the runs (MLP-20M: 1.8 s a step
-// instead of 1.45 s), so the arenas stay.
+// glibc's thread arenas still fault fresh pages in: tests/wire_benchmark
+// (64 MiB model) faults 57 K pages more than with one arena before its
+// first round, then 2.6 K (10 MB) a round more, its RSS growing 3.4 MB a
+// round. One arena for all threads (M_ARENA_MAX=1) removed both, but left
+// the daemons behind a shaped link stalling on the one malloc lock in half
+// the runs (MLP-20M: 1.8 s a step instead of 1.45 s), so the arenas stay.
 // Call once at the start of main(), before threads start; process-wide.
 void TuneMallocForLargeMessages();
 
