@@ -14,9 +14,10 @@ namespace ps {
 // glibc's thread arenas still fault fresh pages in: tests/wire_benchmark
 // (64 MiB model) faults 57 K pages more than with one arena before its
 // first round, then 2.6 K (10 MB) a round more, its RSS growing 3.4 MB a
-// round. One arena for all threads (M_ARENA_MAX=1) removed both, but left
-// the daemons behind a shaped link stalling on the one malloc lock in half
-// the runs (MLP-20M: 1.8 s a step instead of 1.45 s), so the arenas stay.
+// round. One arena for all threads (M_ARENA_MAX=1) removed both, but behind
+// a shaped link the server then stalled in 3 runs of 6 (MLP-20M: 1.8 s a
+// step instead of 1.45 s; its longest pull 12 ms instead of 0.7), as if
+// its threads queued on the one malloc lock, so the arenas stay.
 // Call once at the start of main(), before threads start; process-wide.
 void TuneMallocForLargeMessages();
 
