@@ -90,6 +90,7 @@ alone() {  # alone NAME MODEL BATCH LR ROUND FLAGS...: the no-communication ceil
   done
   for w in 0 1; do
     r=$(sed -n 's/.*(all workers: \([0-9]*\) samples\/s).*/\1/p' "$logs/worker-$w.log")
+    [[ -n "$r" ]] || { echo "ddp_compare: alone $name printed no rate; see $logs" >&2; return 1; }
     rate=$((rate + r))
   done
   echo "$name|alone x2|$round|$rate|" >>"$out/results"
