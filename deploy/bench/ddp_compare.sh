@@ -51,6 +51,16 @@ configs=(
   "lenet-b256|lenet|256|0.9|--epochs=6|--warmup=5 --steps=160 --repeats=5|best"
 )
 
+# The flags that make --model=mlp the MLP-20M measured here (784-4096-4096-10).
+model_flags() {  # model_flags MODEL
+  if [[ "$1" == mlp ]]; then echo --mlp_hidden=4096,4096; fi
+}
+
+# The "all workers" samples/s a worker's log ends with (empty if none).
+workers_rate() {  # workers_rate LOG
+  sed -n 's/.*(all workers: \([0-9]*\) samples\/s).*/\1/p' "$1"
+}
+
 ours() {  # ours NAME MODEL BATCH LR SERVERS[:shm] ROUND FLAGS...
   local name=$1 model=$2 batch=$3 lr=$4 servers=$5 round=$6; shift 6
   local label="S=$servers"
@@ -60,14 +70,12 @@ ours() {  # ours NAME MODEL BATCH LR SERVERS[:shm] ROUND FLAGS...
     set -- "$@" --shared_memory
   fi
   local logs="$out/ours-$name-s$servers-${label// /-}-r$round"
-  local hidden=()
-  [[ "$model" == mlp ]] && hidden=(--mlp_hidden=4096,4096)
   timeout 300 bash deploy/local_cluster.sh --workers=2 --servers="$servers" --threads=1 \
-    --model="$model" --batch_size="$batch" --lr="$lr" --logs="$logs" -- "${hidden[@]}" \
+    --model="$model" --batch_size="$batch" --lr="$lr" --logs="$logs" -- $(model_flags "$model") \
     --dataset=synthetic --evaluate=false "$@" >"$logs.log" 2>&1 || {
       echo "ddp_compare: ours $name S=$servers failed; see $logs.log" >&2; return 1; }
   local rate split
-  rate=$(sed -n 's/.*(all workers: \([0-9]*\) samples\/s).*/\1/p' "$logs/worker-0.log")
+  rate=$(workers_rate "$logs/worker-0.log")
   split=$(grep '^epoch' "$logs/worker-0.log" | tail -n 1 | sed 's/.*\[\(.*\)\]/\1/')
   echo "$name|ours $label|$round|$rate|$split" >>"$out/results"
   printf '%-11s ours %-9s round %s: %6s samples/s  [%s]  load %s\n' \
@@ -76,20 +84,19 @@ ours() {  # ours NAME MODEL BATCH LR SERVERS[:shm] ROUND FLAGS...
 
 alone() {  # alone NAME MODEL BATCH LR ROUND FLAGS...: the no-communication ceiling
   local name=$1 model=$2 batch=$3 lr=$4 round=$5; shift 5
-  local logs="$out/alone-$name-r$round" hidden=() pids=() rate=0 r
-  [[ "$model" == mlp ]] && hidden=(--mlp_hidden=4096,4096)
+  local logs="$out/alone-$name-r$round" pids=() rate=0 r
   mkdir -p "$logs"
   for w in 0 1; do
     timeout 300 bazel-bin/worker/worker --model="$model" --batch_size=$((batch / 2)) \
       --lr="$lr" --threads=1 --devices=cpu:1 --dataset=synthetic --evaluate=false \
-      --progress=false "${hidden[@]}" "$@" >"$logs/worker-$w.log" 2>&1 &
+      --progress=false $(model_flags "$model") "$@" >"$logs/worker-$w.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do
     wait "$pid" || { echo "ddp_compare: alone $name failed; see $logs" >&2; return 1; }
   done
   for w in 0 1; do
-    r=$(sed -n 's/.*(all workers: \([0-9]*\) samples\/s).*/\1/p' "$logs/worker-$w.log")
+    r=$(workers_rate "$logs/worker-$w.log")
     [[ -n "$r" ]] || { echo "ddp_compare: alone $name printed no rate; see $logs" >&2; return 1; }
     rate=$((rate + r))
   done
@@ -150,7 +157,7 @@ for n in names:
     rates = {w: [float(r[3]) for r in rows if r[0] == n and r[1] == w] for w in who}
     cells = [("/".join(f"{v:.0f}" for v in rates[w])) for w in who]
     ddp = max(rates["DDP"]) if rates["DDP"] else float("nan")
-    ratio = [max(rates[w]) / ddp if rates[w] else float("nan") for w in who[:3] + who[4:]]
+    ratio = [max(rates[w]) / ddp if rates[w] else float("nan") for w in who if w != "DDP"]
     print(f"{n:<11} | {cells[0]:>13} | {cells[1]:>13} | {cells[2]:>13} | {cells[3]:>13} | "
           f"{cells[4]:>13} | {ratio[0]:>7.2f} | {ratio[1]:>7.2f} | {ratio[2]:>7.2f} | "
           f"{ratio[3]:>11.2f}")
