@@ -226,6 +226,33 @@ TEST_F(ExperimentsTest, TwoWorkersBehindShapedLinksWriteResults) {
   EXPECT_LE(r["cpu_busy"].get<double>(), 1);
   EXPECT_EQ(r["cpu_bound"].get<bool>(), r["cpu_busy"].get<double>() > 0.9);
 
+  // The busiest link, and the step times the links allow: the server's
+  // link carries both workers' models each way, 2 x kMlpBytes a step at
+  // 1 Gbit/s, in frames 1514 / 1448 of that.
+  double busiest = 0;
+  std::string busiest_link;
+  for (const Json& h : r["hosts"]) {
+    for (const char* dir : {"tx", "rx"}) {
+      const double u = h[absl::StrCat(dir, "_utilisation")];
+      if (u > busiest) {
+        busiest = u;
+        busiest_link = absl::StrCat(h["host"].get<std::string>(), " ", dir);
+      }
+    }
+  }
+  EXPECT_EQ(r["max_link_utilisation"].get<double>(), busiest);
+  EXPECT_EQ(r["busiest_link"], busiest_link);
+  const double payload_bound = 2.0 * kMlpBytes * 8 / 1e9;
+  EXPECT_NEAR(r["payload_bound_s"].get<double>(), payload_bound, 1e-12);
+  EXPECT_NEAR(r["link_bound_s"].get<double>(), payload_bound * 1514 / 1448, 1e-12);
+  const double step = r["step_time_s"];
+  EXPECT_NEAR(r["step_over_link_bound"].get<double>(), step / (payload_bound * 1514 / 1448),
+              1e-9);
+  EXPECT_NEAR(r["step_over_payload_bound"].get<double>(), step / payload_bound, 1e-9);
+  // No step can beat the link's bound.
+  EXPECT_GT(r["step_over_link_bound"].get<double>(), 1.0);
+  EXPECT_THAT(run.Log(), HasSubstr("x what the busiest link needs a step in frames"));
+
   // The merged timeline holds the server and both workers.
   const Json trace = ReadJsonFile(r["trace"]);
   std::set<int64_t> pids;

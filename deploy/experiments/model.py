@@ -25,7 +25,8 @@ host, each direction), one-way delay d:
             the other phases), which passes at the veth's own speed.
   pull      the same the other way (a server's uplink carries W M / S).
   wire(B)   B x 1514 / 1448: Ethernet, IP and TCP headers per full segment
-            (tbf and the counters count frames).
+            (tbf counts frames; the veth counters results.py reads count
+            about the payload, see its tx/rx_bytes).
   step      compute + comm, where comm is push + pull when the model is
             one message (its pull can only follow its push), and otherwise
             max(push, pull) + push / n for its n messages (about M / 4 MiB):

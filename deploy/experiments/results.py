@@ -19,13 +19,32 @@ Definitions:
   step_time_s           worker 0's seconds per step over the same steps
                         (trace: start of step W to end of the last step,
                         divided by the steps)
-  tx/rx_bytes           each host's bytes sent and received in the window
+  tx/rx_bytes           each host's bytes sent and received in the window,
+                        as its veth counts them (/proc/net/dev): a GSO
+                        packet's headers once per up to 64 KiB, so about the
+                        TCP payload; tbf counts every 1,500-byte frame's
+                        headers, so these bytes reach at most 1448 / 1514 =
+                        0.956 of the rate (measured: iperf3 955.8 Mbit/s
+                        through a 1 Gbit/s link, its veth 955.0, its tbf
+                        997.5)
   tx/rx_busy_utilisation  the same over the window's sample intervals in
                         which that direction ran above half the rate (its
                         communication phases); tx/rx_busy_fraction: their
                         share of the window
   tx/rx_utilisation     bytes x 8 / (window_s x rate), per host and
                         direction; null when unshaped
+  max_link_utilisation  the busiest host and direction's tx/rx_utilisation
+                        (busiest_link names it, e.g. "s0 tx")
+  payload_bound_s       the least step time the links allow the tensors'
+                        bytes alone: max(M, W x M / S) x 8 / rate for M
+                        model bytes (a worker sends M a step, a server
+                        receives W x M / S; the same back), null unshaped
+  link_bound_s          the same in the frames that carry them, as tbf
+                        counts them: payload_bound_s x 1514 / 1448
+                        (model.py's WIRE: Ethernet, IP and TCP headers per
+                        full segment at MTU 1500)
+  step_over_link_bound  step_time_s / link_bound_s; step_over_payload_bound
+                        step_time_s / payload_bound_s
   cpu_busy              1 - (idle + iowait) / total over the window, all cores
   cpu_bound             cpu_busy > 0.9: the machine's CPUs, not the emulated
                         links, may have limited the run
@@ -37,6 +56,8 @@ import json
 import os
 import re
 import sys
+
+from model import WIRE
 
 UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 CPU_BOUND = 0.9
@@ -175,9 +196,14 @@ def main():
             "rx_busy_fraction": rx_busy_fraction,
         })
     cpu_busy = 1 - (s1[2] - s0[2]) / max(1, s1[1] - s0[1])
-    utilisations = [h[k] for h in hosts for k in ("tx_utilisation", "rx_utilisation")
-                    if h[k] is not None]
-
+    links = [(h[f"{d}_utilisation"], f"{h['host']} {d}") for h in hosts for d in ("tx", "rx")
+             if h[f"{d}_utilisation"] is not None]
+    busiest_utilisation, busiest_link = max(links) if links else (None, None)
+    step_time_s = (end_ns - start_ns) / 1e9 / window_steps
+    model_bytes = 4 * reports[0]["model_parameters"]  # fp32 on the wire
+    payload_bound_s = (max(model_bytes, a.workers * model_bytes / a.servers) * 8 / bps
+                       if bps else None)
+    link_bound_s = payload_bound_s * WIRE if bps else None
     split = reports[0]["time_split"]
     split_total = sum(split.values())
     results = {
@@ -204,12 +230,17 @@ def main():
         "time_split_fraction": {k: v / split_total if split_total else 0 for k, v in split.items()},
         "warmup_steps": a.warmup_steps,
         "window_steps": window_steps,
-        "step_time_s": (end_ns - start_ns) / 1e9 / window_steps,
-        "model_bytes": 4 * reports[0]["model_parameters"],  # fp32 on the wire
+        "step_time_s": step_time_s,
+        "model_bytes": model_bytes,
         "window_s": window_s,
         "run_window_s": a.run_window_ns / 1e9,
         "hosts": hosts,
-        "max_link_utilisation": max(utilisations) if utilisations else None,
+        "max_link_utilisation": busiest_utilisation,
+        "busiest_link": busiest_link,
+        "link_bound_s": link_bound_s,
+        "step_over_link_bound": step_time_s / link_bound_s if link_bound_s else None,
+        "payload_bound_s": payload_bound_s,
+        "step_over_payload_bound": step_time_s / payload_bound_s if payload_bound_s else None,
         "max_busy_utilisation": max(
             (h[k] for h in hosts for k in ("tx_busy_utilisation", "rx_busy_utilisation")
              if h[k] is not None), default=None),
@@ -247,6 +278,11 @@ def main():
           f"CPU {100 * cpu_busy:.0f}% busy{' (CPU-bound)' if results['cpu_bound'] else ''}; "
           f"worker 0: " + ", ".join(f"{k[:-2]} {100 * v:.0f}%"
                                     for k, v in results["time_split_fraction"].items()))
+    if bps:
+        print(f"run: step {step_time_s:.3f} s = {results['step_over_link_bound']:.3f} x what "
+              f"the busiest link needs a step in frames ({link_bound_s:.3f} s), "
+              f"{results['step_over_payload_bound']:.3f} x for the tensors' bytes alone "
+              f"({payload_bound_s:.3f} s)")
     print(f"run: results in {a.out}/results.json, results.csv; timeline {a.out}/trace.json")
 
 
