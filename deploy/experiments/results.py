@@ -42,7 +42,10 @@ Definitions:
   link_bound_s          the same in the frames that carry them, as tbf
                         counts them: payload_bound_s x 1514 / 1448
                         (model.py's WIRE: Ethernet, IP and TCP headers per
-                        full segment at MTU 1500)
+                        full segment at MTU 1500); a model of a few
+                        tbf buckets (4 ms at the rate, at least 128 KiB,
+                        passed at the veth's own speed after an idle
+                        spell) can beat it
   step_over_link_bound  step_time_s / link_bound_s; step_over_payload_bound
                         step_time_s / payload_bound_s
   cpu_busy              1 - (idle + iowait) / total over the window, all cores
