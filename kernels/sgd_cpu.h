@@ -27,6 +27,17 @@ absl::Status SgdUpdateCpu(CpuDevice& device, int64_t n, const SgdHyper& hyper, f
                           const float* grad, const float* param_in, float* param_out,
                           float* momentum_buf);
 
+// The out-of-place update with the gradient grad[i] + a[i], where `addend`
+// points at n little-endian floats a[0..n) at any alignment (the bytes of a
+// received message, read in place); grad == nullptr stands for a sum not
+// started: the gradient is then 0 + a[i] (-0 becomes +0). Bit for bit what
+// adding a into grad (or writing 0 + a) and then SgdUpdateCpu gives, without
+// writing the sum and reading it back. Runs on the calling thread: the
+// caller splits the work (the server over a message's pieces).
+absl::Status SgdUpdateAddingCpu(int64_t n, const SgdHyper& hyper, float grad_scale,
+                                const float* grad, const void* addend, const float* param_in,
+                                float* param_out, float* momentum_buf);
+
 }  // namespace ps::kernels
 
 #endif  // PS_KERNELS_SGD_CPU_H_

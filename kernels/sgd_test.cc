@@ -1,9 +1,11 @@
 #include "kernels/sgd.h"
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "common/cpu_device.h"
+#include "kernels/sgd_cpu.h"
 #include "kernels/test_util.h"
 
 namespace ps::kernels {
@@ -141,6 +143,62 @@ TEST(SgdCpuTest, RejectsBadArguments) {
   EXPECT_EQ(SgdUpdate(cpu, -1, SgdHyper{}, 1.f, &g, &p, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(p, 1.f);  // nothing was touched
+}
+
+// The server's fused last term: the update reading the last worker's part
+// in place (any alignment) equals adding it into the sum first, bit for bit,
+// with and without a sum started, for every kind of update.
+TEST(SgdCpuTest, AddingAnUnalignedAddendEqualsSummingFirstBitForBit) {
+  CpuDevice cpu(0, 1);
+  constexpr int64_t kN = 1001;
+  const std::vector<float> grad = RandomVector(kN, 1);
+  std::vector<float> addend = RandomVector(kN, 2);
+  // Sums that depend on rounding, and signed zeros (0 + -0 is +0).
+  addend[0] = -0.f;
+  addend[1] = 1e8f;
+  addend[2] = -grad[2];
+  const std::vector<float> param = RandomVector(kN, 3);
+  const std::vector<float> momentum = RandomVector(kN, 4);
+  SgdHyper plain;
+  plain.lr = 0.1f;
+  SgdHyper heavy = plain;
+  heavy.momentum = 0.9f;
+  heavy.weight_decay = 1e-2f;
+  SgdHyper nesterov = heavy;
+  nesterov.nesterov = true;
+  for (const SgdHyper& hyper : {plain, heavy, nesterov}) {
+    for (const bool started : {true, false}) {
+      for (const int misalign : {0, 1, 2, 3}) {
+        SCOPED_TRACE(::testing::Message() << "momentum " << hyper.momentum << " nesterov "
+                                        << hyper.nesterov << " sum started " << started
+                                        << " misaligned by " << misalign);
+        std::vector<char> bytes(kN * sizeof(float) + 4);
+        std::memcpy(bytes.data() + misalign, addend.data(), kN * sizeof(float));
+        std::vector<float> sum(kN);
+        for (int64_t i = 0; i < kN; ++i) sum[i] = started ? grad[i] + addend[i] : addend[i] + 0.f;
+        std::vector<float> want = param, want_momentum = momentum;
+        ASSERT_TRUE(SgdUpdateCpu(cpu, kN, hyper, 0.25f, sum.data(), param.data(), want.data(),
+                                 want_momentum.data())
+                        .ok());
+        std::vector<float> got(kN), got_momentum = momentum;
+        ASSERT_TRUE(SgdUpdateAddingCpu(kN, hyper, 0.25f, started ? grad.data() : nullptr,
+                                       bytes.data() + misalign, param.data(), got.data(),
+                                       got_momentum.data())
+                        .ok());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), kN * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(got_momentum.data(), want_momentum.data(), kN * sizeof(float)), 0);
+      }
+    }
+  }
+  // Bad arguments are refused as SgdUpdateCpu refuses them, touching nothing.
+  SgdHyper bad = heavy;
+  bad.lr = -1.f;
+  std::vector<float> out(kN, 7.f);
+  EXPECT_EQ(SgdUpdateAddingCpu(kN, bad, 1.f, grad.data(), addend.data(), param.data(),
+                               out.data(), nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out, std::vector<float>(kN, 7.f));
 }
 
 TEST(SgdCudaTest, MatchesCpu) {
