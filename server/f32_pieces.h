@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -37,6 +38,26 @@ void AssignPiecesTo(F32Pieces pieces, float* out);
 
 // Copies the elements of `pieces` (a whole number of them) to `out`.
 void CopyPiecesTo(F32Pieces pieces, float* out);
+
+// Elements [first, first + count) of some pieces: `count` little-endian
+// floats at `bytes` (any alignment, inside a piece), or, where bytes is
+// null, the one element that straddles two pieces, assembled in
+// `straddled`.
+struct F32Run {
+  int64_t first = 0;
+  int64_t count = 0;
+  const char* bytes = nullptr;
+  float straddled = 0.f;
+
+  const void* data() const {
+    return bytes != nullptr ? static_cast<const void*>(bytes) : &straddled;
+  }
+};
+
+// The runs of `pieces` (a whole number of elements) in order, none longer
+// than `max_count` elements (a longer one is cut): work to hand out over
+// threads without gathering the pieces first.
+std::vector<F32Run> F32Runs(F32Pieces pieces, int64_t max_count);
 
 namespace internal {
 

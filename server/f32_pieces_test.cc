@@ -1,6 +1,7 @@
 #include "server/f32_pieces.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,35 @@ TEST(F32PiecesTest, AssignIsAddingToZeroBitForBit) {
   EXPECT_FALSE(std::signbit(out[0]));  // 0 + -0 is +0
   EXPECT_FALSE(std::signbit(out[1]));
   EXPECT_EQ(out[2], -1.f);
+}
+
+TEST(F32PiecesTest, RunsCoverEveryElementOnceWhateverTheCuts) {
+  const std::vector<float> values = {1.5f, -2.f, 3.25f, 4.f, 5.f, -6.5f, 7.f};
+  for (size_t a = 0; a <= values.size() * 4; ++a) {
+    for (size_t b = a; b <= values.size() * 4; ++b) {
+      for (const int64_t max_count : {1, 2, 100}) {
+        Cut cut = CutAt(values, {a, b});
+        const std::vector<F32Run> runs = F32Runs(cut.pieces, max_count);
+        int64_t next = 0;
+        for (const F32Run& run : runs) {
+          EXPECT_EQ(run.first, next) << "cuts " << a << ", " << b;
+          EXPECT_GE(run.count, 1);
+          EXPECT_LE(run.count, max_count);
+          for (int64_t i = 0; i < run.count; ++i) {
+            float value;
+            std::memcpy(&value, static_cast<const char*>(run.data()) + 4 * i, 4);
+            EXPECT_EQ(value, values[run.first + i]) << "cuts " << a << ", " << b;
+          }
+          next += run.count;
+        }
+        EXPECT_EQ(next, static_cast<int64_t>(values.size())) << "cuts " << a << ", " << b;
+      }
+    }
+  }
+  // A run may be cut only where max_count says: one uncut piece is one run.
+  Cut whole = CutAt(values, {});
+  EXPECT_EQ(F32Runs(whole.pieces, 100).size(), 1u);
+  EXPECT_EQ(F32Runs(whole.pieces, 3).size(), 3u);
 }
 
 TEST(F32PiecesTest, NoPiecesAreNoElements) {

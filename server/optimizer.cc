@@ -1,8 +1,10 @@
 #include "server/optimizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -119,18 +121,13 @@ absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t
   return ApplyRange(step, num_samples, offset, grad_sum, params, params);
 }
 
-absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
-                                      absl::Span<const float> grad_sum,
+absl::Status SgdOptimizer::CheckRange(int64_t num_samples, int64_t offset,
                                       absl::Span<const float> params,
-                                      absl::Span<float> params_out, float loss_scale) {
+                                      absl::Span<float> params_out) const {
   const int64_t n = static_cast<int64_t>(params.size());
   if (params_out.size() != params.size()) {
     return absl::InvalidArgumentError(absl::StrCat("parameters in of ", params.size(),
                                                    " elements, out of ", params_out.size()));
-  }
-  if (static_cast<int64_t>(grad_sum.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient has ", grad_sum.size(),
-                                                   " elements, parameters ", n));
   }
   // Written so that no overflow can pass: offset + n is formed only once
   // offset is known to be at most num_parameters_.
@@ -143,12 +140,65 @@ absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t
     return absl::InvalidArgumentError(
         absl::StrCat("an update must cover at least one sample, got ", num_samples));
   }
+  return absl::OkStatus();
+}
+
+absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
+                                      absl::Span<const float> grad_sum,
+                                      absl::Span<const float> params,
+                                      absl::Span<float> params_out, float loss_scale) {
+  const int64_t n = static_cast<int64_t>(params.size());
+  if (static_cast<int64_t>(grad_sum.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient has ", grad_sum.size(),
+                                                   " elements, parameters ", n));
+  }
+  PS_RETURN_IF_ERROR(CheckRange(num_samples, offset, params, params_out));
   kernels::SgdHyper hyper = options_.sgd;
   hyper.lr = options_.schedule.LearningRate(options_.sgd.lr, step);
   return kernels::SgdUpdateCpu(*device_, n, hyper,
                                1.f / static_cast<float>(num_samples) / loss_scale,
                                grad_sum.data(), params.data(), params_out.data(),
                                momentum_.empty() ? nullptr : momentum_.data() + offset);
+}
+
+absl::Status SgdOptimizer::ApplyRangeAdding(int64_t step, int64_t num_samples, int64_t offset,
+                                            absl::Span<const float> grad_sum,
+                                            F32Pieces last_part,
+                                            absl::Span<const float> params,
+                                            absl::Span<float> params_out, float loss_scale) {
+  const int64_t n = static_cast<int64_t>(params.size());
+  const int64_t last_bytes = PiecesBytes(last_part);
+  if (last_bytes != n * static_cast<int64_t>(sizeof(float)) ||
+      (!grad_sum.empty() && static_cast<int64_t>(grad_sum.size()) != n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient of ", grad_sum.size(), " elements plus a last part of ", last_bytes,
+        " bytes for ", n, " parameters"));
+  }
+  PS_RETURN_IF_ERROR(CheckRange(num_samples, offset, params, params_out));
+  kernels::SgdHyper hyper = options_.sgd;
+  hyper.lr = options_.schedule.LearningRate(options_.sgd.lr, step);
+  float* const momentum = momentum_.empty() ? nullptr : momentum_.data() + offset;
+  PS_RETURN_IF_ERROR(kernels::ValidateSgd(n, hyper, momentum));
+  // The message's pieces in runs of at most kRunElements, a few runs to a
+  // thread (about as much as SgdUpdateCpu gives each of its threads).
+  constexpr int64_t kRunElements = 1 << 13;
+  const std::vector<F32Run> runs = F32Runs(last_part, kRunElements);
+  const float grad_scale = 1.f / static_cast<float>(num_samples) / loss_scale;
+  const float* const sum = grad_sum.empty() ? nullptr : grad_sum.data();
+  std::atomic<bool> failed{false};
+  device_->ParallelFor(static_cast<int64_t>(runs.size()), 4, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const F32Run& run = runs[r];
+      // Cannot fail: the arguments were checked above.
+      const absl::Status s = kernels::SgdUpdateAddingCpu(
+          run.count, hyper, grad_scale, sum != nullptr ? sum + run.first : nullptr, run.data(),
+          params.data() + run.first, params_out.data() + run.first,
+          momentum != nullptr ? momentum + run.first : nullptr);
+      if (!s.ok()) failed = true;
+    }
+  });
+  if (failed) return absl::InternalError("the SGD update of a range failed after its checks");
+  return absl::OkStatus();
 }
 
 absl::Status SgdOptimizer::RestoreMomentum(absl::Span<const float> momentum) {

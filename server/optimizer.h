@@ -10,6 +10,7 @@
 #include "absl/types/span.h"
 #include "common/cpu_device.h"
 #include "kernels/sgd_hyper.h"
+#include "server/f32_pieces.h"
 
 namespace ps::server {
 
@@ -125,6 +126,19 @@ class SgdOptimizer {
                           absl::Span<const float> grad_sum, absl::Span<const float> params_in,
                           absl::Span<float> params_out, float loss_scale = 1.f);
 
+  // The same update with the gradient grad_sum + last_part, element by
+  // element: `last_part` (little-endian floats in pieces of any length and
+  // alignment, a received message read in place) is the sum's last term,
+  // and an empty grad_sum stands for a sum not started (the gradient is then
+  // 0 + last_part). Bit for bit what adding last_part into grad_sum (or
+  // AssignPiecesTo) and then ApplyRange gives, without writing the sum and
+  // reading it back. The same errors, and kInvalidArgument for a last_part
+  // or a non-empty grad_sum of other than n elements.
+  absl::Status ApplyRangeAdding(int64_t step, int64_t num_samples, int64_t offset,
+                                absl::Span<const float> grad_sum, F32Pieces last_part,
+                                absl::Span<const float> params_in, absl::Span<float> params_out,
+                                float loss_scale = 1.f);
+
   const OptimizerOptions& options() const { return options_; }
   int64_t num_parameters() const { return num_parameters_; }
   // The momentum buffer (empty without momentum), for checkpoints.
@@ -137,6 +151,10 @@ class SgdOptimizer {
 
  private:
   SgdOptimizer(const OptimizerOptions& options, int64_t num_parameters, CpuDevice* device);
+
+  // ApplyRange's checks of everything but the gradient's size.
+  absl::Status CheckRange(int64_t num_samples, int64_t offset, absl::Span<const float> params_in,
+                          absl::Span<float> params_out) const;
 
   const OptimizerOptions options_;
   const int64_t num_parameters_;

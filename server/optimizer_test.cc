@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -150,6 +152,85 @@ TEST(SgdOptimizerTest, ApplyRangeOverPiecesEqualsApplyOverTheWhole) {
     }
     EXPECT_NE(p_whole[1], std::sin(0.7f) * 3.f);  // it did move
   }
+}
+
+// The server's last term, read in place from a message's pieces: the update
+// equals adding the part into the sum first (or, with no sum started,
+// writing 0 + part) and ApplyRange, bit for bit, on one thread and on two,
+// with the pieces cut at odd byte offsets (elements straddling two pieces).
+TEST(SgdOptimizerTest, ApplyRangeAddingEqualsSummingFirstBitForBit) {
+  constexpr int64_t kN = 100003;  // several of ApplyRangeAdding's runs a thread
+  constexpr int64_t kOffset = 5;
+  for (const int threads : {1, 2}) {
+    CpuDevice device(0, threads);
+    OptimizerOptions options;
+    options.sgd.lr = 0.05f;
+    options.sgd.momentum = 0.9f;
+    options.sgd.weight_decay = 0.003f;
+    auto added = SgdOptimizer::Create(options, kN + kOffset, &device);
+    auto fused = SgdOptimizer::Create(options, kN + kOffset, &device);
+    ASSERT_TRUE(added.ok() && fused.ok());
+    std::vector<float> p_added(kN), p_fused(kN), sum(kN), part(kN);
+    for (int64_t i = 0; i < kN; ++i) p_added[i] = p_fused[i] = std::sin(0.7f * i) * 3.f;
+    for (int64_t step = 0; step < 4; ++step) {
+      const bool started = step % 2 == 0;
+      for (int64_t i = 0; i < kN; ++i) {
+        sum[i] = std::cos(1.3f * i + step) * 1e7f;
+        part[i] = i % 11 == 0 ? -0.f : std::sin(0.1f * i + step);
+      }
+      // The part's bytes one byte off alignment, cut every 4097 bytes.
+      std::string bytes(1, '\0');
+      bytes.append(reinterpret_cast<const char*>(part.data()), kN * sizeof(float));
+      std::vector<absl::string_view> pieces;
+      for (size_t at = 1; at < bytes.size(); at += 4097) {
+        pieces.push_back(absl::string_view(bytes).substr(at, 4097));
+      }
+      std::vector<float> want_sum(kN);
+      for (int64_t i = 0; i < kN; ++i) want_sum[i] = started ? sum[i] + part[i] : part[i] + 0.f;
+      std::vector<float> out_added(kN), out_fused(kN);
+      ASSERT_TRUE((*added)
+                      ->ApplyRange(step, 3, kOffset, want_sum, p_added, absl::MakeSpan(out_added))
+                      .ok());
+      ASSERT_TRUE((*fused)
+                      ->ApplyRangeAdding(step, 3, kOffset,
+                                         started ? absl::MakeConstSpan(sum)
+                                                 : absl::Span<const float>(),
+                                         pieces, p_fused, absl::MakeSpan(out_fused))
+                      .ok());
+      ASSERT_EQ(std::memcmp(out_fused.data(), out_added.data(), kN * sizeof(float)), 0)
+          << threads << " threads, step " << step;
+      ASSERT_EQ(std::memcmp((*fused)->momentum().data(), (*added)->momentum().data(),
+                            (kN + kOffset) * sizeof(float)),
+                0);
+      p_added = out_added;
+      p_fused = out_fused;
+    }
+    EXPECT_NE(p_fused[1], std::sin(0.7f) * 3.f);  // it did move
+  }
+}
+
+TEST(SgdOptimizerTest, ApplyRangeAddingRejectsSizesThatDoNotMatch) {
+  CpuDevice device(0, 1);
+  OptimizerOptions options;
+  options.sgd.momentum = 0.5f;
+  auto opt = SgdOptimizer::Create(options, 4, &device);
+  ASSERT_TRUE(opt.ok());
+  std::vector<float> p = {1, 2}, out = {7, 7}, g = {1, 1}, g3 = {1, 1, 1};
+  const std::string two(8, '\0'), three(12, '\0'), ragged(7, '\0');
+  const absl::string_view piece2[] = {two}, piece3[] = {three}, piece_ragged[] = {ragged};
+  EXPECT_EQ((*opt)->ApplyRangeAdding(0, 1, 0, g, piece3, p, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*opt)->ApplyRangeAdding(0, 1, 0, g, piece_ragged, p, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*opt)->ApplyRangeAdding(0, 1, 0, g3, piece2, p, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*opt)->ApplyRangeAdding(0, 1, 3, g, piece2, p, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*opt)->ApplyRangeAdding(0, 0, 0, g, piece2, p, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out, (std::vector<float>{7, 7}));
+  for (float m : (*opt)->momentum()) EXPECT_EQ(m, 0.f);
+  EXPECT_TRUE((*opt)->ApplyRangeAdding(0, 1, 2, g, piece2, p, absl::MakeSpan(out)).ok());
 }
 
 TEST(SgdOptimizerTest, ApplyRangeRejectsRangesOutsideTheVector) {
