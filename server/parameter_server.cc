@@ -900,17 +900,28 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   }
   // 4. Add each chunk to its sum, in rank order (see SumInRankOrderLocked),
   //    under the chunk's lock alone: pushes of different chunks run at once.
+  //    A part that completes its chunk as the sum's last term is left for
+  //    step 5, which reads it in place inside the update (IsLastTermLocked).
   const int num_workers = options_.num_workers;
-  std::vector<int64_t> complete;  // the chunks every worker has now pushed
+  struct Completed {
+    int64_t global_chunk;
+    size_t index;            // in the message
+    bool last_term_pending;  // this message's part is not in the sum yet
+  };
+  std::vector<Completed> complete;  // the chunks every worker has now pushed
   for (size_t c = 0; c < chunks.size(); ++c) {
     if (carried[c]) continue;
     Chunk& chunk = layout->chunks[global_chunks[c]];
     absl::MutexLock lock(&chunk.mu);
     Aggregation& agg = chunk.slots[SlotOf(iteration)];
     if (overflow[c]) agg.overflow = true;
-    SumInRankOrderLocked(rank, chunk, agg, chunks[c].pieces);
+    const bool completes = agg.pushes + 1 + chunk.waived_count == num_workers;
+    const bool pending = completes && IsLastTermLocked(rank, chunk, agg, chunks[c].pieces);
+    if (!pending) SumInRankOrderLocked(rank, chunk, agg, chunks[c].pieces);
     agg.samples += num_samples;
-    if (++agg.pushes + chunk.waived_count == num_workers) complete.push_back(global_chunks[c]);
+    if (++agg.pushes + chunk.waived_count == num_workers) {
+      complete.push_back({global_chunks[c], c, pending});
+    }
   }
   if (options_.observer != nullptr) {
     int64_t bytes = 0;
@@ -922,11 +933,34 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   // 5. Apply and publish each chunk this message completed, in message
   //    order (under ssp:S, once the chunk's earlier iterations are
   //    applied: then with them); the last chunk of the iteration also
-  //    publishes the version.
-  for (const int64_t gc : complete) {
-    PS_RETURN_IF_ERROR(CompleteChunk(*layout, optimizer, iteration, gc));
+  //    publishes the version. A pending last term goes into the update
+  //    itself when the update may run now; otherwise (an earlier iteration
+  //    of the chunk still to apply, or a state capture holding updates
+  //    back) it is added to the sum and the chunk takes the usual path.
+  for (const Completed& done : complete) {
+    if (done.last_term_pending) {
+      const LastTerm last{iteration, chunks[done.index].pieces};
+      bool applied = false;
+      PS_RETURN_IF_ERROR(AdvanceChunk(*layout, optimizer, done.global_chunk, &last, &applied));
+      if (applied) continue;
+      Chunk& chunk = layout->chunks[done.global_chunk];
+      absl::MutexLock lock(&chunk.mu);
+      SumInRankOrderLocked(rank, chunk, chunk.slots[SlotOf(iteration)], last.pieces);
+    }
+    PS_RETURN_IF_ERROR(CompleteChunk(*layout, optimizer, iteration, done.global_chunk));
   }
   return absl::OkStatus();
+}
+
+bool ParameterServer::IsLastTermLocked(int rank, Chunk& chunk, Aggregation& agg,
+                                       F32Pieces data) {
+  if (agg.overflow || PiecesBytes(data) == 0) return false;
+  SkipWaivedLocked(chunk, agg);
+  if (agg.ranks_summed != rank) return false;  // a lower rank's part is missing
+  for (int r = rank + 1; r < static_cast<int>(chunk.waived.size()); ++r) {
+    if (!chunk.waived[r]) return false;  // a higher rank's part is held for after it
+  }
+  return true;
 }
 
 absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_version,
@@ -1106,12 +1140,13 @@ absl::Status ParameterServer::CompleteChunk(const Layout& layout, SgdOptimizer* 
     absl::MutexLock lock(&mu_);
     iterations_[SlotOf(iteration)].ready[global_chunk] = true;
   }
-  return AdvanceChunk(layout, optimizer, global_chunk);
+  return AdvanceChunk(layout, optimizer, global_chunk, nullptr, nullptr);
 }
 
 absl::Status ParameterServer::ApplyAggregationLocked(const Layout& layout, SgdOptimizer* optimizer,
                                                      int64_t iteration, int64_t global_chunk,
-                                                     float loss_scale, Chunk& chunk,
+                                                     float loss_scale,
+                                                     const F32Pieces* last_term, Chunk& chunk,
                                                      bool* skipped) {
   Aggregation& agg = chunk.slots[SlotOf(iteration)];
   *skipped = agg.overflow;
@@ -1130,9 +1165,17 @@ absl::Status ParameterServer::ApplyAggregationLocked(const Layout& layout, SgdOp
     // Into the next buffer, keeping these parameters as the previous ones
     // for exact pulls (see PullChunkViews).
     std::shared_ptr<std::vector<float>> next = NextParamsLocked(chunk);
-    PS_RETURN_IF_ERROR(optimizer->ApplyRange(
-        iteration, agg.samples, layout.chunk_offset[global_chunk], agg.grad_sum, *chunk.params,
-        absl::MakeSpan(*next), loss_scale > 0 ? loss_scale : 1.f));
+    if (last_term != nullptr) {
+      // The sum's last term read in place (see IsLastTermLocked).
+      PS_RETURN_IF_ERROR(optimizer->ApplyRangeAdding(
+          iteration, agg.samples, layout.chunk_offset[global_chunk],
+          agg.sum_started ? absl::MakeConstSpan(agg.grad_sum) : absl::Span<const float>(),
+          *last_term, *chunk.params, absl::MakeSpan(*next), loss_scale > 0 ? loss_scale : 1.f));
+    } else {
+      PS_RETURN_IF_ERROR(optimizer->ApplyRange(
+          iteration, agg.samples, layout.chunk_offset[global_chunk], agg.grad_sum,
+          *chunk.params, absl::MakeSpan(*next), loss_scale > 0 ? loss_scale : 1.f));
+    }
     chunk.previous = std::move(chunk.params);
     chunk.params = std::move(next);
   } else {
@@ -1148,11 +1191,15 @@ absl::Status ParameterServer::ApplyAggregationLocked(const Layout& layout, SgdOp
 }
 
 absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* optimizer,
-                                           int64_t global_chunk) {
+                                           int64_t global_chunk, const LastTerm* last,
+                                           bool* applied_last) {
   for (;;) {
     // 1. Claim the chunk's next update, if it is ready and allowed: its
     //    iteration is the chunk's version (the slot cannot hold a later
-    //    iteration's: those need version_ past this one).
+    //    iteration's: those need version_ past this one). An iteration
+    //    whose last term the caller holds is not marked ready (no other
+    //    thread may apply it without that term): it is claimed here, if its
+    //    update may run now, or left to the caller.
     int64_t iteration = 0;
     float loss_scale = 0;
     {
@@ -1161,12 +1208,17 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
       loss_scale = loss_scale_.scale;  // iteration's: loss scaling is kSync only
       iteration = chunk_version_[global_chunk];
       IterationState& it = iterations_[SlotOf(iteration)];
-      if (!it.ready[global_chunk]) return absl::OkStatus();
-      if (iteration >= apply_limit_) {
-        held_back_ = true;  // applied once the capture is served
-        return absl::OkStatus();
+      if (last != nullptr) {
+        if (iteration != last->iteration || iteration >= apply_limit_) return absl::OkStatus();
+        *applied_last = true;
+      } else {
+        if (!it.ready[global_chunk]) return absl::OkStatus();
+        if (iteration >= apply_limit_) {
+          held_back_ = true;  // applied once the capture is served
+          return absl::OkStatus();
+        }
+        it.ready[global_chunk] = false;
       }
-      it.ready[global_chunk] = false;
       applying_[global_chunk] = true;
     }
     // 2. The update, under the chunk's lock alone.
@@ -1177,8 +1229,10 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
       Chunk& chunk = layout.chunks[global_chunk];
       absl::MutexLock lock(&chunk.mu);
       applied = ApplyAggregationLocked(layout, optimizer, iteration, global_chunk, loss_scale,
-                                       chunk, &skipped);
+                                       last != nullptr ? &last->pieces : nullptr, chunk,
+                                       &skipped);
     }
+    last = nullptr;  // the later iterations (ssp) come summed
     // 3. Publish it; the event is reported under mu_ too, so that once a
     //    version is visible every update event of it is in.
     std::vector<std::function<void(State)>> captures;
@@ -1228,7 +1282,9 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
     if (resume) {
       // The updates the capture held back (this chunk's: the loop goes on).
       for (int64_t gc = 0; gc < layout.total_chunks; ++gc) {
-        if (gc != global_chunk) PS_RETURN_IF_ERROR(AdvanceChunk(layout, optimizer, gc));
+        if (gc != global_chunk) {
+          PS_RETURN_IF_ERROR(AdvanceChunk(layout, optimizer, gc, nullptr, nullptr));
+        }
       }
     }
   }
@@ -1305,7 +1361,7 @@ int ParameterServer::CancelCaptures() {
   }
   // The updates the dropped captures held back.
   for (int64_t gc = 0; gc < layout->total_chunks; ++gc) {
-    const absl::Status applied = AdvanceChunk(*layout, optimizer, gc);
+    const absl::Status applied = AdvanceChunk(*layout, optimizer, gc, nullptr, nullptr);
     if (!applied.ok()) break;  // an optimizer invariant; the pushes report theirs
   }
   return n;

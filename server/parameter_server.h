@@ -18,6 +18,7 @@
 #include "common/cpu_device.h"
 #include "common/param_spec.h"
 #include "common/timed_event.h"
+#include "server/f32_pieces.h"
 #include "server/optimizer.h"
 
 namespace ps::server {
@@ -637,6 +638,14 @@ class ParameterServer {
   void SumInRankOrderLocked(int rank, Chunk& chunk, Aggregation& agg,
                             absl::Span<const absl::string_view> data)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Whether `data`, worker `rank`'s part completing `chunk` in `agg`, is
+  // the sum's last term: every lower rank's part is summed, every higher
+  // rank is waived, and the sum is not an overflow. Such a part is added
+  // inside the update (SgdOptimizer::ApplyRangeAdding), read in place from
+  // the message: the sum is neither written with it nor read back, bit for
+  // bit the same update.
+  static bool IsLastTermLocked(int rank, Chunk& chunk, Aggregation& agg, F32Pieces data)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Moves the aggregation's place in the rank order past waived ranks.
   static void SkipWaivedLocked(const Chunk& chunk, Aggregation& agg)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
@@ -669,14 +678,26 @@ class ParameterServer {
   // mu_; the last chunk of an iteration publishes version + 1 and resets
   // the iteration's slot (and serves the captures, releasing the updates
   // they held back).
-  absl::Status AdvanceChunk(const Layout& layout, SgdOptimizer* optimizer, int64_t global_chunk)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  //
+  // With `last` (a push's part that is the last term of iteration
+  // last->iteration's sum, not added, see IsLastTermLocked): that update
+  // reads it in place, if the chunk is at that iteration, no other thread
+  // applies it and no capture holds it back; then *applied_last is set.
+  // Otherwise nothing is done, and the caller adds the part and completes
+  // the chunk as usual.
+  struct LastTerm {
+    int64_t iteration;
+    F32Pieces pieces;
+  };
+  absl::Status AdvanceChunk(const Layout& layout, SgdOptimizer* optimizer, int64_t global_chunk,
+                            const LastTerm* last, bool* applied_last) ABSL_LOCKS_EXCLUDED(mu_);
   // The optimizer step of iteration `iteration` on the chunk, from its
-  // slot's sum, which it resets; skipped (*skipped) for an overflow under
-  // loss scaling. loss_scale is the iteration's (0: none).
+  // slot's sum (plus `last_term`, when not null: the sum's last term, not
+  // added), which it resets; skipped (*skipped) for an overflow under loss
+  // scaling. loss_scale is the iteration's (0: none).
   absl::Status ApplyAggregationLocked(const Layout& layout, SgdOptimizer* optimizer,
                                       int64_t iteration, int64_t global_chunk, float loss_scale,
-                                      Chunk& chunk, bool* skipped)
+                                      const F32Pieces* last_term, Chunk& chunk, bool* skipped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Iterations in flight at once: S + 1 under kSsp, else 1.
   int64_t SlotOf(int64_t iteration) const { return iteration % window_; }
