@@ -222,6 +222,14 @@ TEST_F(ExperimentsTest, TwoWorkersBehindShapedLinksWriteResults) {
       }
     }
   }
+  // Each host's TCP loss recovery over the run, read from its namespace.
+  for (const Json& h : r["hosts"]) {
+    ASSERT_TRUE(h["tcp_retransmitted_segments"].is_number_integer()) << h.dump();
+    EXPECT_GE(h["tcp_retransmitted_segments"].get<int64_t>(), 0);
+    ASSERT_TRUE(h["tcp_timeouts"].is_number_integer()) << h.dump();
+    EXPECT_GE(h["tcp_timeouts"].get<int64_t>(), 0);
+  }
+  EXPECT_THAT(run.Log(), HasSubstr("TCP segments sent again (timeouts) over the run: s0 "));
   EXPECT_GE(r["cpu_busy"].get<double>(), 0);
   EXPECT_LE(r["cpu_busy"].get<double>(), 1);
   EXPECT_EQ(r["cpu_bound"].get<bool>(), r["cpu_busy"].get<double>() > 0.9);

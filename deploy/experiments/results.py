@@ -48,6 +48,11 @@ Definitions:
                         spell) can beat it
   step_over_link_bound  step_time_s / link_bound_s; step_over_payload_bound
                         step_time_s / payload_bound_s
+  tcp_retransmitted_segments, tcp_timeouts
+                        per host, over the whole run (nstat's
+                        TcpRetransSegs and TcpExtTCPTimeouts in its
+                        namespace; null where not recorded): the TCP loss
+                        recovery after drops at a link's queue
   cpu_busy              1 - (idle + iowait) / total over the window, all cores
   cpu_bound             cpu_busy > 0.9: the machine's CPUs, not the emulated
                         links, may have limited the run
@@ -112,6 +117,15 @@ def training_span(trace_path, warmup_steps):
                 len(kept) - 1)
     start_us, end_us = kept[0]
     return origin + int(start_us * 1000), origin + int(end_us * 1000), 1
+
+
+def read_tcp(path):
+    """run.sh's tcp-HOST.txt (nstat NAME VALUE lines) as a dict, {} if absent."""
+    try:
+        with open(path) as f:
+            return {name: int(value) for name, value in (line.split() for line in f if line.strip())}
+    except (OSError, ValueError):
+        return {}
 
 
 def bracket(samples, start_ns, end_ns):
@@ -186,6 +200,7 @@ def main():
         rx = s1[3][2 * i + 1] - s0[3][2 * i + 1]
         tx_busy, tx_busy_fraction = busy(samples, s0[0], s1[0], 2 * i, bps)
         rx_busy, rx_busy_fraction = busy(samples, s0[0], s1[0], 2 * i + 1, bps)
+        tcp = read_tcp(os.path.join(a.out, f"tcp-{host}.txt"))
         hosts.append({
             "host": host,
             "address": f"{a.subnet}.{i + 2}",
@@ -197,6 +212,8 @@ def main():
             "rx_busy_utilisation": rx_busy,
             "tx_busy_fraction": tx_busy_fraction,
             "rx_busy_fraction": rx_busy_fraction,
+            "tcp_retransmitted_segments": tcp.get("TcpRetransSegs"),
+            "tcp_timeouts": tcp.get("TcpExtTCPTimeouts"),
         })
     cpu_busy = 1 - (s1[2] - s0[2]) / max(1, s1[1] - s0[1])
     links = [(h[f"{d}_utilisation"], f"{h['host']} {d}") for h in hosts for d in ("tx", "rx")
@@ -286,6 +303,10 @@ def main():
               f"the busiest link needs a step in frames ({link_bound_s:.3f} s), "
               f"{results['step_over_payload_bound']:.3f} x for the tensors' bytes alone "
               f"({payload_bound_s:.3f} s)")
+    if any(h["tcp_retransmitted_segments"] is not None for h in hosts):
+        print("run: TCP segments sent again (timeouts) over the run: " + ", ".join(
+            f"{h['host']} {h['tcp_retransmitted_segments']} ({h['tcp_timeouts']})"
+            for h in hosts))
     print(f"run: results in {a.out}/results.json, results.csv; timeline {a.out}/trace.json")
 
 

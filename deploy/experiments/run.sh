@@ -314,6 +314,14 @@ done
 end_ns=$(date +%s%N)
 kill -TERM "$counters_pid" 2>/dev/null || true
 wait "$counters_pid" || echo "run: the counter sampler exited with $?" >&2
+# Each host's TCP loss recovery over the whole run (the namespace is the
+# run's own, so its counters start at 0): segments sent again after a drop
+# at a link's queue, and retransmission timeouts. Behind tbf these are what
+# a slow run of the same command differs by.
+for host in "${hosts[@]}"; do
+  ip netns exec "$prefix-$host" nstat -az TcpRetransSegs TcpExtTCPTimeouts 2>/dev/null |
+    awk 'NR > 1 {print $1, $2}' >"$out/tcp-$host.txt" || true
+done
 
 # The servers write their timelines when stopped.
 traces=()
