@@ -183,7 +183,9 @@ struct NamedTensor {
 // concurrent message of the same worker may have changed (so of two such
 // messages with a chunk in common one is refused, having added nothing),
 // then (4) sums each chunk under that chunk's lock, and (5) applies each
-// chunk it completed under that chunk's lock and publishes it under mu_.
+// chunk it completed under that chunk's lock and publishes it under mu_
+// (a part that completes a chunk as its sum's last term is not summed in
+// (4) but read in place by the update in (5), see IsLastTermLocked).
 // So pushes of different chunks run at once, and those of one chunk one
 // after another in any order, still summed in rank order; pulls wait under
 // mu_ and take each chunk's view under its lock. (On 2 cores, 4 workers x
