@@ -63,33 +63,19 @@ void CopyPiecesTo(F32Pieces pieces, float* out) {
 }
 
 std::vector<F32Run> F32Runs(F32Pieces pieces, int64_t max_count) {
-  // ForEachRun's walk, keeping each straddling element's value.
   std::vector<F32Run> runs;
-  char carry[sizeof(float)];
-  size_t carry_len = 0;
-  int64_t element = 0;
-  for (absl::string_view piece : pieces) {
-    const char* bytes = piece.data();
-    size_t size = piece.size();
-    if (carry_len > 0) {
-      const size_t take = std::min(sizeof(float) - carry_len, size);
-      std::memcpy(carry + carry_len, bytes, take);
-      carry_len += take;
-      bytes += take;
-      size -= take;
-      if (carry_len < sizeof(float)) continue;
-      runs.push_back({element++, 1, nullptr, LoadF32(carry)});
-      carry_len = 0;
-    }
-    const int64_t whole = static_cast<int64_t>(size / sizeof(float));
-    for (int64_t done = 0; done < whole; done += max_count) {
-      runs.push_back({element + done, std::min(max_count, whole - done),
-                      bytes + done * static_cast<int64_t>(sizeof(float))});
-    }
-    element += whole;
-    carry_len = size % sizeof(float);
-    std::memcpy(carry, bytes + whole * sizeof(float), carry_len);
-  }
+  internal::ForEachRun(
+      pieces,
+      [&](int64_t first, const char* bytes, int64_t count) {
+        for (int64_t done = 0; done < count; done += max_count) {
+          runs.push_back({first + done, std::min(max_count, count - done),
+                          bytes + done * static_cast<int64_t>(sizeof(float))});
+        }
+      },
+      // Assembled on ForEachRun's stack: keep its value.
+      [&](int64_t element, const char* bytes) {
+        runs.push_back({element, 1, nullptr, LoadF32(bytes)});
+      });
   return runs;
 }
 

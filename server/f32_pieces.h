@@ -69,9 +69,11 @@ inline float LoadF32(const char* bytes) {
 
 // Calls run(first_element, bytes, count) for consecutive runs of whole
 // elements: `count` unaligned little-endian floats at `bytes`, element
-// `first_element` onwards. A straddling element comes as a run of one.
-template <typename Run>
-void ForEachRun(F32Pieces pieces, Run run) {
+// `first_element` onwards, inside one piece; and straddled(element, bytes)
+// for an element that straddles two pieces, assembled in 4 bytes on this
+// function's stack (valid during the call).
+template <typename Run, typename Straddled>
+void ForEachRun(F32Pieces pieces, Run run, Straddled straddled) {
   char carry[sizeof(float)];
   size_t carry_len = 0;
   int64_t element = 0;
@@ -85,7 +87,7 @@ void ForEachRun(F32Pieces pieces, Run run) {
       bytes += take;
       size -= take;
       if (carry_len < sizeof(float)) continue;
-      run(element, static_cast<const char*>(carry), int64_t{1});
+      straddled(element, static_cast<const char*>(carry));
       ++element;
       carry_len = 0;
     }
@@ -95,6 +97,13 @@ void ForEachRun(F32Pieces pieces, Run run) {
     carry_len = size % sizeof(float);
     std::memcpy(carry, bytes + whole * sizeof(float), carry_len);
   }
+}
+
+// The same with a straddling element coming to `run` as a run of one.
+template <typename Run>
+void ForEachRun(F32Pieces pieces, Run run) {
+  ForEachRun(pieces, run,
+             [&run](int64_t element, const char* bytes) { run(element, bytes, int64_t{1}); });
 }
 
 }  // namespace internal

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -209,51 +210,57 @@ TEST(SgdOptimizerTest, ApplyRangeAddingEqualsSummingFirstBitForBit) {
   }
 }
 
-TEST(SgdOptimizerTest, ApplyRangeAddingRejectsSizesThatDoNotMatch) {
-  CpuDevice device(0, 1);
+// An optimizer over 4 parameters with momentum (its buffer shows whether a
+// refused call touched it).
+std::unique_ptr<SgdOptimizer> FourParametersWithMomentum(CpuDevice* device) {
   OptimizerOptions options;
   options.sgd.momentum = 0.5f;
-  auto opt = SgdOptimizer::Create(options, 4, &device);
-  ASSERT_TRUE(opt.ok());
+  auto created = SgdOptimizer::Create(options, 4, device);
+  EXPECT_TRUE(created.ok()) << created.status();
+  return created.ok() ? std::move(*created) : nullptr;
+}
+
+TEST(SgdOptimizerTest, ApplyRangeAddingRejectsSizesThatDoNotMatch) {
+  CpuDevice device(0, 1);
+  auto opt = FourParametersWithMomentum(&device);
+  ASSERT_NE(opt, nullptr);
   std::vector<float> p = {1, 2}, out = {7, 7}, g = {1, 1}, g3 = {1, 1, 1};
   const std::string two(8, '\0'), three(12, '\0'), ragged(7, '\0');
   const absl::string_view piece2[] = {two}, piece3[] = {three}, piece_ragged[] = {ragged};
-  EXPECT_EQ((*opt)->ApplyRangeAdding(0, 1, 0, g, piece3, p, absl::MakeSpan(out)).code(),
+  EXPECT_EQ(opt->ApplyRangeAdding(0, 1, 0, g, piece3, p, absl::MakeSpan(out)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*opt)->ApplyRangeAdding(0, 1, 0, g, piece_ragged, p, absl::MakeSpan(out)).code(),
+  EXPECT_EQ(opt->ApplyRangeAdding(0, 1, 0, g, piece_ragged, p, absl::MakeSpan(out)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*opt)->ApplyRangeAdding(0, 1, 0, g3, piece2, p, absl::MakeSpan(out)).code(),
+  EXPECT_EQ(opt->ApplyRangeAdding(0, 1, 0, g3, piece2, p, absl::MakeSpan(out)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*opt)->ApplyRangeAdding(0, 1, 3, g, piece2, p, absl::MakeSpan(out)).code(),
+  EXPECT_EQ(opt->ApplyRangeAdding(0, 1, 3, g, piece2, p, absl::MakeSpan(out)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*opt)->ApplyRangeAdding(0, 0, 0, g, piece2, p, absl::MakeSpan(out)).code(),
+  EXPECT_EQ(opt->ApplyRangeAdding(0, 0, 0, g, piece2, p, absl::MakeSpan(out)).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(out, (std::vector<float>{7, 7}));
-  for (float m : (*opt)->momentum()) EXPECT_EQ(m, 0.f);
-  EXPECT_TRUE((*opt)->ApplyRangeAdding(0, 1, 2, g, piece2, p, absl::MakeSpan(out)).ok());
+  for (float m : opt->momentum()) EXPECT_EQ(m, 0.f);
+  EXPECT_TRUE(opt->ApplyRangeAdding(0, 1, 2, g, piece2, p, absl::MakeSpan(out)).ok());
 }
 
 TEST(SgdOptimizerTest, ApplyRangeRejectsRangesOutsideTheVector) {
   CpuDevice device(0, 1);
-  OptimizerOptions options;
-  options.sgd.momentum = 0.5f;
-  auto opt = SgdOptimizer::Create(options, 4, &device);
-  ASSERT_TRUE(opt.ok());
+  auto opt = FourParametersWithMomentum(&device);
+  ASSERT_NE(opt, nullptr);
   std::vector<float> p = {1, 2}, g = {1, 1}, g3 = {1, 1, 1};
   for (int64_t offset : {int64_t{-1}, int64_t{3}, int64_t{5}, INT64_MAX}) {
-    absl::Status s = (*opt)->ApplyRange(0, 1, offset, g, absl::MakeSpan(p));
+    absl::Status s = opt->ApplyRange(0, 1, offset, g, absl::MakeSpan(p));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << offset;
   }
-  EXPECT_EQ((*opt)->ApplyRange(0, 1, 0, g3, absl::MakeSpan(p)).code(),
+  EXPECT_EQ(opt->ApplyRange(0, 1, 0, g3, absl::MakeSpan(p)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*opt)->ApplyRange(0, 0, 0, g, absl::MakeSpan(p)).code(),
+  EXPECT_EQ(opt->ApplyRange(0, 0, 0, g, absl::MakeSpan(p)).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(p, (std::vector<float>{1, 2}));
-  for (float m : (*opt)->momentum()) EXPECT_EQ(m, 0.f);
+  for (float m : opt->momentum()) EXPECT_EQ(m, 0.f);
   // The last two elements are a valid range.
-  ASSERT_TRUE((*opt)->ApplyRange(0, 1, 2, g, absl::MakeSpan(p)).ok());
-  EXPECT_EQ((*opt)->momentum()[1], 0.f);
-  EXPECT_NE((*opt)->momentum()[2], 0.f);
+  ASSERT_TRUE(opt->ApplyRange(0, 1, 2, g, absl::MakeSpan(p)).ok());
+  EXPECT_EQ(opt->momentum()[1], 0.f);
+  EXPECT_NE(opt->momentum()[2], 0.f);
 }
 
 }  // namespace
