@@ -143,6 +143,16 @@ absl::Status SgdOptimizer::CheckRange(int64_t num_samples, int64_t offset,
   return absl::OkStatus();
 }
 
+kernels::SgdHyper SgdOptimizer::HyperAt(int64_t step) const {
+  kernels::SgdHyper hyper = options_.sgd;
+  hyper.lr = options_.schedule.LearningRate(options_.sgd.lr, step);
+  return hyper;
+}
+
+float SgdOptimizer::GradScale(int64_t num_samples, float loss_scale) {
+  return 1.f / static_cast<float>(num_samples) / loss_scale;
+}
+
 absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
                                       absl::Span<const float> grad_sum,
                                       absl::Span<const float> params,
@@ -153,10 +163,7 @@ absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t
                                                    " elements, parameters ", n));
   }
   PS_RETURN_IF_ERROR(CheckRange(num_samples, offset, params, params_out));
-  kernels::SgdHyper hyper = options_.sgd;
-  hyper.lr = options_.schedule.LearningRate(options_.sgd.lr, step);
-  return kernels::SgdUpdateCpu(*device_, n, hyper,
-                               1.f / static_cast<float>(num_samples) / loss_scale,
+  return kernels::SgdUpdateCpu(*device_, n, HyperAt(step), GradScale(num_samples, loss_scale),
                                grad_sum.data(), params.data(), params_out.data(),
                                momentum_.empty() ? nullptr : momentum_.data() + offset);
 }
@@ -175,15 +182,14 @@ absl::Status SgdOptimizer::ApplyRangeAdding(int64_t step, int64_t num_samples, i
         " bytes for ", n, " parameters"));
   }
   PS_RETURN_IF_ERROR(CheckRange(num_samples, offset, params, params_out));
-  kernels::SgdHyper hyper = options_.sgd;
-  hyper.lr = options_.schedule.LearningRate(options_.sgd.lr, step);
+  const kernels::SgdHyper hyper = HyperAt(step);
   float* const momentum = momentum_.empty() ? nullptr : momentum_.data() + offset;
   PS_RETURN_IF_ERROR(kernels::ValidateSgd(n, hyper, momentum));
   // The message's pieces in runs of at most kRunElements, a few runs to a
   // thread (about as much as SgdUpdateCpu gives each of its threads).
   constexpr int64_t kRunElements = 1 << 13;
   const std::vector<F32Run> runs = F32Runs(last_part, kRunElements);
-  const float grad_scale = 1.f / static_cast<float>(num_samples) / loss_scale;
+  const float grad_scale = GradScale(num_samples, loss_scale);
   const float* const sum = grad_sum.empty() ? nullptr : grad_sum.data();
   std::atomic<bool> failed{false};
   device_->ParallelFor(static_cast<int64_t>(runs.size()), 4, [&](int64_t b, int64_t e) {

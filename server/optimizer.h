@@ -155,6 +155,11 @@ class SgdOptimizer {
   // ApplyRange's checks of everything but the gradient's size.
   absl::Status CheckRange(int64_t num_samples, int64_t offset, absl::Span<const float> params_in,
                           absl::Span<float> params_out) const;
+  // Update `step`'s hyperparameters (the learning rate of its schedule) and
+  // the factor on the summed gradient, the same for every way of applying
+  // it so that they give the same bits.
+  kernels::SgdHyper HyperAt(int64_t step) const;
+  static float GradScale(int64_t num_samples, float loss_scale);
 
   const OptimizerOptions options_;
   const int64_t num_parameters_;

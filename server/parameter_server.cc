@@ -915,13 +915,11 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     absl::MutexLock lock(&chunk.mu);
     Aggregation& agg = chunk.slots[SlotOf(iteration)];
     if (overflow[c]) agg.overflow = true;
-    const bool completes = agg.pushes + 1 + chunk.waived_count == num_workers;
+    const bool completes = ++agg.pushes + chunk.waived_count == num_workers;
     const bool pending = completes && IsLastTermLocked(rank, chunk, agg, chunks[c].pieces);
     if (!pending) SumInRankOrderLocked(rank, chunk, agg, chunks[c].pieces);
     agg.samples += num_samples;
-    if (++agg.pushes + chunk.waived_count == num_workers) {
-      complete.push_back({global_chunks[c], c, pending});
-    }
+    if (completes) complete.push_back({global_chunks[c], c, pending});
   }
   if (options_.observer != nullptr) {
     int64_t bytes = 0;
