@@ -71,7 +71,7 @@ while (($#)); do
     --slowdown=*) slowdown="${1#*=}" ;;
     --slowdown_period=*) slowdown_period="${1#*=}" ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,35p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "local_cluster: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
   shift

@@ -258,7 +258,7 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
       ip netns list 2>/dev/null | awk '{print $1}' | sed -n 's/-br$//p'
       ;;
     *)
-      sed -n '2,21p' "$0" | sed -e 's/^# //' -e 's/^#$//'
+      sed -n '2,17p' "$0" | sed -e 's/^# //' -e 's/^#$//'
       exit 2
       ;;
   esac

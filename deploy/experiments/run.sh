@@ -83,7 +83,7 @@ while (($#)); do
     --check_seconds=*) check_seconds="${1#*=}" ;;
     --ping_count=*) ping_count="${1#*=}" ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,33p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "run: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
   shift

@@ -46,7 +46,7 @@ for arg in "$@"; do
     --out=*) out="${arg#*=}" ;;
     --no-data) data=no ;;
     --gzip) compress=gzip ;;
-    -h|--help) sed -n '2,39p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "build_bundle: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done

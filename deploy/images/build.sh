@@ -36,7 +36,7 @@ for arg in "$@"; do
     --engine=*) engine="${arg#*=}" ;;
     --tag=*) tag="${arg#*=}" ;;
     --no-gpu) gpu=no ;;
-    -h|--help) sed -n '2,28p' "$0" | sed -e 's/^# //' -e 's/^#$//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
