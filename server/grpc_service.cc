@@ -84,6 +84,25 @@ absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
                                  values.size() * sizeof(float));
     chunks.push_back({chunk.key(), chunk.chunk(), absl::MakeConstSpan(&decoded->pieces.back(), 1)});
   };
+  // What a message decodes or copies into buffers of its own stays within
+  // one message's chunk_elements (a worker's messages never carry more,
+  // see the proto), checked before each buffer is allocated: a top-k entry
+  // costs a few header bytes but decodes into its chunk's whole length, and
+  // a shared-memory entry copies up to the whole segment, so a header
+  // naming one chunk a million times would otherwise allocate terabytes.
+  // (Dense F32 chunks are read in place, and F16 and BF16 ones decode into
+  // twice their bytes on the wire, which gRPC's receive limit bounds.)
+  const int64_t max_decoded = server.options().chunk_elements;
+  int64_t decoded_elements = 0;
+  auto count = [&](const proto::TensorChunk& chunk, int64_t elements) -> absl::Status {
+    decoded_elements += elements;
+    if (decoded_elements > max_decoded) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " decodes to more than ", max_decoded, " elements in one message (at key ",
+          chunk.key(), " chunk ", chunk.chunk(), "); split it"));
+    }
+    return absl::OkStatus();
+  };
   for (int c = 0; c < header_chunks.size(); ++c) {
     const proto::TensorChunk& chunk = header_chunks[c];
     if (chunk.in_shared_memory()) {
@@ -105,6 +124,7 @@ absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
             chunk.shm_offset(), ", +", chunk.data_bytes(),
             ") are not whole F32 elements inside the shared memory's ", segment->data_bytes()));
       }
+      PS_RETURN_IF_ERROR(count(chunk, chunk.data_bytes() / sizeof(float)));
       // Copied out before anything reads it: the worker can write its
       // memory at any time, and the checks must see what is summed.
       std::vector<float>& values =
@@ -127,6 +147,7 @@ absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
         return absl::OutOfRangeError(absl::StrCat(what, " of chunk ", chunk.chunk(), " of key ",
                                                   chunk.key(), ": no such chunk"));
       }
+      PS_RETURN_IF_ERROR(count(chunk, length));
       std::vector<float>& values = decoded->values.emplace_back(length);
       if (absl::Status s = DecodeTopK(frame.pieces(c), absl::MakeSpan(values)); !s.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(what, " of key ", chunk.key(), " chunk ",
@@ -740,10 +761,10 @@ absl::Status ParameterServerService::DoInitialize(const grpc::ServerContextBase&
   PS_ASSIGN_OR_RETURN(proto::FrameReader frame,
                       proto::FrameReader::Open(request, "initial parameters", &header));
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
+  PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
                       ChunksOf(*server_, header.chunks(), frame, "initial value",
                                /*decoded=*/nullptr, /*segment=*/nullptr));
-  PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   *sent = IdsOf(chunks);
   return server_->InitializeChunkBytes(header.rank(), chunks);
 }
@@ -768,10 +789,17 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
   PS_ASSIGN_OR_RETURN(proto::FrameReader frame, proto::FrameReader::Open(request, "push", &header));
   DecodedChunks decoded;
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
+  // The session first: nothing is decoded or copied for a caller that is not
+  // the rank it claims.
+  PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
+  if (header.based_on_version() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("push claims it was computed from version ",
+                                                   header.based_on_version(),
+                                                   "; versions start at 0"));
+  }
   const std::shared_ptr<SharedMemorySegment> segment = SegmentOf(SessionOf(context));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
                       ChunksOf(*server_, header.chunks(), frame, "push", &decoded, segment.get()));
-  PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
   *sent = IdsOf(chunks);
   if (server_->options().consistency == ParameterServerOptions::Consistency::kAsync) {
     PS_ASSIGN_OR_RETURN(const int64_t staleness,

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -350,6 +351,23 @@ TEST_F(GrpcServiceTest, MalformedAndHostileCallsGetSpecificStatuses) {
     EXPECT_THAT(s.error_message(), HasSubstr("more than 4 elements in one message"));
   }
 
+  // A push computed from a version below 0 (its staleness would overflow).
+  {
+    proto::PushRequest request;
+    request.set_rank(0);
+    request.set_num_samples(1);
+    request.set_based_on_version(std::numeric_limits<int64_t>::min());
+    proto::TensorChunk* c = request.add_chunks();
+    c->set_key(0);
+    c->set_chunk(1);
+    const std::string bytes(8, '\0');
+    c->set_data_bytes(8);
+    grpc::ByteBuffer reply;
+    s = RawCall(proto::kPushMethod, proto::MakeFrame(request, {grpc::Slice(bytes)}), &reply);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("versions start at 0"));
+  }
+
   // A message with one bad chunk adds none of its chunks.
   s = PushMany({{0, 1, {1, 1}}, {1, 0, {2, NAN}}});
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -462,6 +480,11 @@ TEST_F(GrpcServiceTest, SharedMemoryPushesAndPullsAndTheirHostileForms) {
   EXPECT_EQ(shm_push({{0, 0, 0, 15}}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(shm_push({{0, 0, 0, 8}}, proto::DTYPE_F16).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+  // One chunk named twice, each a copy of up to the whole segment: counted
+  // (and refused) before anything is copied.
+  s = shm_push({{0, 0, 0, 16}, {0, 0, 0, 16}});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("decodes to more than 4 elements"));
   s = shm_push({{0, 1, 16, 8}, {1, 0, 24, 8}});  // b's second element is NaN
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(server_->version(), 0);
@@ -600,6 +623,22 @@ TEST_F(GrpcServiceTest, TopKPushesAreDecodedAndMalformedOnesRefused) {
       {frame(0, 0, proto::ENCODING_DELTA, f32, {{1, 1.f}}), grpc::StatusCode::INVALID_ARGUMENT,
        "encoding 2"},
       {frame(5, 0, topk, f32, {{1, 1.f}}), grpc::StatusCode::OUT_OF_RANGE, "no such chunk"},
+      // One chunk named again and again, each entry a few header bytes that
+      // would decode into the chunk's whole length: refused by the count
+      // before any of it is allocated.
+      {[] {
+         proto::PushRequest request;
+         request.set_rank(0);
+         request.set_num_samples(1);
+         for (int i = 0; i < 100000; ++i) {
+           proto::TensorChunk* c = request.add_chunks();
+           c->set_key(0);
+           c->set_chunk(0);
+           c->set_encoding(proto::ENCODING_TOPK);
+         }
+         return proto::MakeFrame(request, {});
+       }(),
+       grpc::StatusCode::INVALID_ARGUMENT, "decodes to more than 4 elements in one message"},
   };
   for (const auto& r : refused) {
     const grpc::Status s = RawCall(proto::kPushMethod, r.request, &reply);

@@ -7,6 +7,7 @@
 #include <random>
 
 #include <sys/random.h>
+#include <unistd.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -323,6 +324,9 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromStat
   if (state.version < 0) {
     return absl::InvalidArgumentError(absl::StrCat("a saved state of version ", state.version));
   }
+  if (state.signature.empty()) {
+    return absl::InvalidArgumentError("a saved state with an empty signature (no parameters)");
+  }
   if (state.steps_per_epoch < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("a saved state of ", state.steps_per_epoch, " steps per epoch"));
@@ -447,11 +451,36 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
                                                      DTypeName(spec.dtype),
                                                      "; the server stores F32 only"));
     }
+    // Shapes come from the wire: multiplied with overflow checked, and the
+    // whole bounded, before anything is allocated.
+    int64_t n = 1;
+    for (const int64_t d : spec.shape) {
+      if (d < 0 || __builtin_mul_overflow(n, d, &n) || n >= kMaxParameters) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter '", spec.name, "' has shape ", ShapeToString(spec.shape),
+                         ": a negative dimension, or 2^40 elements or more"));
+      }
+    }
     layout->key_offset.push_back(total);
     layout->key_first_chunk.push_back(chunks);
-    const int64_t n = NumElements(spec.shape);
-    total += n;
+    total += n;  // each term below 2^40: no overflow before the check
+    if (total >= kMaxParameters) {
+      return absl::InvalidArgumentError("the model has 2^40 parameters or more");
+    }
     chunks += ChunkCount(n, options_.chunk_elements);
+  }
+  // What the layout below allocates per element (the parameters, each
+  // iteration slot's sum, the momentum), against the machine's memory: a
+  // model that can never fit is refused with its sizes, not met by the
+  // out-of-memory killer halfway through zero-filling it.
+  const int64_t physical_bytes =
+      static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  const int64_t needed_bytes = total * static_cast<int64_t>(sizeof(float)) * (2 + window_);
+  if (physical_bytes > 0 && needed_bytes > physical_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the model's ", total, " parameters need at least ", needed_bytes >> 20,
+        " MiB on this server (parameters, momentum and ", window_,
+        " iteration sums); this machine has ", physical_bytes >> 20, " MiB"));
   }
   std::vector<float> params;
   const bool given = !named_initial_.empty();
@@ -984,6 +1013,10 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
     if (num_samples < 0 || num_samples > kMaxSamplesPerPush) {
       return absl::InvalidArgumentError(
           absl::StrCat("push claims ", num_samples, " samples; 0 to ", kMaxSamplesPerPush));
+    }
+    if (based_on_version < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push claims it was computed from version ", based_on_version, "; versions start at 0"));
     }
     layout = layout_.get();
     optimizer = optimizer_.get();

@@ -362,6 +362,10 @@ class ParameterServer {
   // The most samples one push may claim (kInvalidArgument beyond): the sum
   // over up to 2^22 workers stays inside int64.
   static constexpr int64_t kMaxSamplesPerPush = int64_t{1} << 40;
+  // A signature's tensors and their sum stay below this many elements
+  // (kInvalidArgument at registration otherwise; 4 TiB of fp32), so sizes
+  // derived from it cannot overflow.
+  static constexpr int64_t kMaxParameters = int64_t{1} << 40;
 
   // Several chunks at once, all or nothing: every chunk is checked (as in
   // Push, and for repeats within `chunks`) before any is added.

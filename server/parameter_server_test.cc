@@ -284,6 +284,33 @@ TEST_F(ParameterServerTest, RegistrationErrors) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// Shapes come from the wire: a product past int64, a model of 2^40
+// elements, or one this machine's memory can never hold is refused with its
+// sizes before anything is allocated, and an honest worker still registers.
+TEST_F(ParameterServerTest, SignaturesTooLargeAreRefusedBeforeAnythingIsAllocated) {
+  ParameterServerOptions options;
+  options.num_workers = 1;
+  auto server = ParameterServer::Create(options, &device_);
+  ASSERT_TRUE(server.ok());
+  const int64_t big = int64_t{1} << 39;
+  const auto overflow =
+      (*server)->Register("a", {{"w", {int64_t{1} << 32, int64_t{1} << 32}, DType::kF32}});
+  EXPECT_EQ(overflow.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(overflow.status().message()), HasSubstr("'w' has shape ["));
+  const auto too_many =
+      (*server)->Register("a", {{"a", {big}, DType::kF32}, {"b", {big}, DType::kF32}});
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(too_many.status().message()), HasSubstr("2^40 parameters or more"));
+  const auto unfit = (*server)->Register("a", {{"w", {big}, DType::kF32}});  // 6 TiB with its sums
+  EXPECT_EQ(unfit.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(unfit.status().message()), HasSubstr("MiB on this server"));
+  EXPECT_FALSE((*server)->initialized());
+  const auto honest = (*server)->Register("a", Signature());
+  ASSERT_TRUE(honest.ok()) << honest.status();
+  EXPECT_EQ(honest->rank, 0);
+  EXPECT_EQ((*server)->num_parameters(), 8);
+}
+
 TEST_F(ParameterServerTest, RequestedRanks) {
   auto server = MakeServer(2);
   auto b = server->Register("b", Signature(), /*requested_rank=*/1);
@@ -890,6 +917,15 @@ TEST_F(ParameterServerTest, CapturedStateResumesBitForBit) {
   short_params.parameters.pop_back();
   EXPECT_EQ(ParameterServer::CreateFromState(options, short_params, &device_).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // A state of no parameters at all, for a server without momentum.
+  ParameterServer::State nothing = captured[0];
+  nothing.signature.clear();
+  nothing.parameters.clear();
+  nothing.momentum.clear();
+  ParameterServerOptions plain = options;
+  plain.optimizer.sgd.momentum = 0;
+  EXPECT_EQ(ParameterServer::CreateFromState(plain, nothing, &device_).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // Pending captures can be dropped (a server stopping mid-iteration).
   PushChunkOf(*server, 0, 4, 1, 0);
   PushChunkOf(*server, 1, 4, 1, 0);
@@ -1013,6 +1049,12 @@ TEST_F(ParameterServerTest, AsyncAppliesEachPushAsItArrives) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(push(0, 0, 7, 0, 1.f, 1).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(push(5, 0, 1, 0, 1.f, 1).status().code(), absl::StatusCode::kNotFound);
+  // A version from the wire below 0 (the staleness would overflow) is
+  // refused, and nothing moves.
+  const auto from_nowhere = push(0, std::numeric_limits<int64_t>::min(), 1, 0, 1.f, 1);
+  EXPECT_EQ(from_nowhere.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(from_nowhere.status().message()), HasSubstr("versions start at 0"));
+  EXPECT_EQ(Params(**server)[6], -1.5f);
   // Once every chunk has moved, so has the server's version.
   ASSERT_TRUE(push(0, 0, 0, 0, 1.f, 1).ok());
   ASSERT_TRUE(push(0, 0, 0, 1, 1.f, 1).ok());
