@@ -538,6 +538,9 @@ bool ParameterServerService::PaceOrAnswer(const PacedPush& push,
   {
     absl::MutexLock lock(&pacer_mu_);
     if (!pacer_closed_) {
+      // The service may start before the model is known; a push means a
+      // worker has registered it.
+      pacer_.set_elements_per_iteration(server_->num_parameters());
       PushPacer::Decision decision =
           pacer_.Record(push.rank, push.iteration, push.elements, push.members, absl::Now());
       released = TakeHeldPushesLocked(decision.released);

@@ -7,10 +7,18 @@
 namespace ps::server {
 
 PushPacer::PushPacer(Options options, int64_t elements_per_iteration)
-    : options_(options), elements_per_iteration_(std::max<int64_t>(1, elements_per_iteration)) {}
+    : options_(options), elements_per_iteration_(std::max<int64_t>(0, elements_per_iteration)) {}
+
+void PushPacer::set_elements_per_iteration(int64_t elements_per_iteration) {
+  if (elements_per_iteration_ == 0 && elements_per_iteration > 0) {
+    elements_per_iteration_ = elements_per_iteration;
+  }
+}
 
 int64_t PushPacer::ProgressOf(const Position& position) const {
-  return position.iteration * elements_per_iteration_ + position.elements;
+  // Unknown (0), an iteration counts as one element: never the case for a
+  // pacer used as documented, and no worse than counting within iterations.
+  return position.iteration * std::max<int64_t>(1, elements_per_iteration_) + position.elements;
 }
 
 PushPacer::Slowest PushPacer::FindSlowest(int64_t iteration) const {

@@ -51,7 +51,16 @@ class PushPacer {
   };
   using Ticket = uint64_t;
 
+  // `elements_per_iteration`: the elements of one whole push on this shard
+  // (the model's, or this shard's part of it); 0 when not known yet, and
+  // then set_elements_per_iteration before the first Record.
   PushPacer(Options options, int64_t elements_per_iteration);
+
+  // For a pacer built before the model was known (a server whose first
+  // worker registers after it starts): the first value > 0 given, here or
+  // to the constructor, is the one used; later calls change nothing, so
+  // every progress is counted in one unit.
+  void set_elements_per_iteration(int64_t elements_per_iteration);
 
   struct Decision {
     // Set when this push's reply must wait: a later Record's `released`,
@@ -102,7 +111,7 @@ class PushPacer {
   void TakeWhere(Pred take, std::vector<Ticket>* taken);
 
   const Options options_;
-  const int64_t elements_per_iteration_;
+  int64_t elements_per_iteration_;  // 0 until known
   absl::flat_hash_map<int, Position> positions_;
   std::vector<int> members_;
   std::vector<Held> held_;  // in the order held

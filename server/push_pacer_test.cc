@@ -44,6 +44,24 @@ TEST(PushPacerTest, HoldsTheLeaderWhileTheSlowestPushesAndLetsGoWhenItCatchesUp)
   EXPECT_EQ(pacer.next_due(), absl::InfiniteFuture());
 }
 
+// Progress across an iteration's end is counted in the model's elements,
+// also for a pacer built before the model was known: rank 0, one element
+// into iteration 1, is 3 ahead of rank 1 with 6 of iteration 0's 8 in.
+// Counted as if an iteration were one element, rank 0 would look 4 behind.
+TEST(PushPacerTest, ASizeGivenLaterCountsProgressAcrossIterations) {
+  PushPacer pacer(Lead(2), /*elements_per_iteration=*/0);
+  pacer.set_elements_per_iteration(8);
+  pacer.set_elements_per_iteration(1000);  // the first size stays
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_FALSE(pacer.Record(1, 0, 6, kTwo, t0).held.has_value());
+  EXPECT_FALSE(pacer.Record(0, 0, 8, kTwo, t0).held.has_value());  // lead 2
+  const PushPacer::Decision ahead = pacer.Record(0, 1, 1, kTwo, t0 + absl::Milliseconds(1));
+  ASSERT_TRUE(ahead.held.has_value());  // 9 against 6
+  // Rank 1's last two elements bring it within the lead (and end iteration 0).
+  EXPECT_THAT(pacer.Record(1, 0, 2, kTwo, t0 + absl::Milliseconds(2)).released,
+              ElementsAre(*ahead.held));
+}
+
 TEST(PushPacerTest, NeverHoldsForASlowestThatIsNotPushing) {
   PushPacer pacer(Lead(100), kModel);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
