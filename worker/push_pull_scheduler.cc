@@ -46,11 +46,19 @@ absl::StatusOr<std::unique_ptr<PushPullScheduler>> PushPullScheduler::Create(
       new PushPullScheduler(options, store, gradients, params, version));
   int64_t begin = 0;
   int first = 0;
+  const auto bytes = [](int64_t from, int64_t to) {
+    return (to - from) * static_cast<int64_t>(sizeof(float));
+  };
   for (int seg = 0; seg < static_cast<int>(ends.size()); ++seg) {
-    const bool last = seg + 1 == static_cast<int>(ends.size());
-    if (!last && (ends[seg] - begin) * static_cast<int64_t>(sizeof(float)) < options.bucket_bytes) {
-      continue;
+    const int64_t seg_begin = seg == 0 ? 0 : ends[seg - 1];
+    if (first < seg && bytes(seg_begin, ends[seg]) >= options.bucket_bytes) {
+      // A full segment after small ones: they close their own bucket.
+      s->buckets_.push_back({begin, seg_begin, first, seg});
+      begin = seg_begin;
+      first = seg;
     }
+    const bool last = seg + 1 == static_cast<int>(ends.size());
+    if (!last && bytes(begin, ends[seg]) < options.bucket_bytes) continue;
     s->buckets_.push_back({begin, ends[seg], first, seg + 1});
     begin = ends[seg];
     first = seg + 1;

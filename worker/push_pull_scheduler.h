@@ -19,10 +19,15 @@ struct PushPullOptions {
   // Consecutive store segments are grouped into buckets of at least this
   // many bytes (the last bucket may be smaller): the unit of readiness, of
   // priority and of one push and one pull. DDP buckets 25 MB; BytePS
-  // partitions 4 MB. 0: one bucket per segment. The default, 4 MB (not MiB),
-  // gives each of a server's full messages (4 MiB less a little) a bucket of
-  // its own and packs small tensors together: two messages to a bucket made
-  // each pull wait for both pushes.
+  // partitions 4 MB. 0: one bucket per segment. A segment of this many
+  // bytes or more is always a bucket of its own (the small segments before
+  // it close their bucket, however small): it never waits for a small
+  // neighbour's gradients, e.g. the tail of the layer in front, computed
+  // last in backward, nor makes that layer's forward wait for its own
+  // pull. The default, 4 MB (not MiB), gives each of a server's full
+  // messages (4 MiB less a little) a bucket of its own and packs small
+  // tensors together: two messages to a bucket made each pull wait for
+  // both pushes.
   int64_t bucket_bytes = 4000000;
   // Bounds the bytes of pushes in flight, and separately the bytes of pulls
   // in flight (the link is full duplex), so a large back-layer transfer

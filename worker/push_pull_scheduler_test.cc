@@ -147,6 +147,17 @@ TEST(PushPullSchedulerTest, GroupsSegmentsIntoBucketsOfAtLeastTheBucketBytes) {
   EXPECT_EQ(odd.scheduler->bucket(0).end, 300);
   Rig whole(kEnds, Buckets(int64_t{1} << 40));
   EXPECT_EQ(whole.scheduler->num_buckets(), 1);
+  // A full segment (800 bytes) after small ones is a bucket of its own: the
+  // small ones close theirs, short as it is, rather than hold it back (a
+  // layer's short tail message before the next layer's first full chunk).
+  Rig tail(/*ends=*/{100, 150, 350, 400}, Buckets(800));
+  ASSERT_EQ(tail.scheduler->num_buckets(), 3);
+  EXPECT_EQ(tail.scheduler->bucket(0).end, 150);
+  EXPECT_EQ(tail.scheduler->bucket(0).last_segment, 2);
+  EXPECT_EQ(tail.scheduler->bucket(1).begin, 150);
+  EXPECT_EQ(tail.scheduler->bucket(1).end, 350);
+  EXPECT_EQ(tail.scheduler->bucket(1).first_segment, 2);
+  EXPECT_EQ(tail.scheduler->bucket(2).begin, 350);
 }
 
 TEST(PushPullSchedulerTest, PushesAsLayersFinishAndPullsEachBucketAfterItsPush) {
