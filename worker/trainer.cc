@@ -234,15 +234,16 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   if (options_.recover_from_server_loss && registration_.rank == 0) {
     initial_parameters_.assign(proposal.begin(), proposal.end());
   }
-  PS_RETURN_IF_ERROR(StartFrom(registration_.version));
   // Overlap needs each layer's gradients as backward makes them, in memory
   // the pushes can read: one CPU device (several would need a reduction per
   // layer between their threads; a CUDA device, events per layer).
   // Under loss scaling a step's pushes wait for the whole backward: an
   // overflow anywhere in it must reach every chunk (see loss_scaling_).
+  // Known before StartFrom builds the scheduler: staging serves overlap only.
   loss_scaling_ = registration_.loss_scale > 0;
   overlapping_ = options_.overlap && !loss_scaling_ && devices_.size() == 1 &&
                  devices_[0]->is_cpu() && devices_[0]->is_host_memory();
+  PS_RETURN_IF_ERROR(StartFrom(registration_.version));
   if (options_.replay_compute) PS_RETURN_IF_ERROR(CalibrateReplay());
   for (Device* device : devices_) device->ResetCounters();
   return absl::OkStatus();
@@ -266,9 +267,11 @@ absl::Status Trainer::StartFrom(int64_t version) {
   std::vector<Tensor*> params;
   for (auto& m : replicas_) params.push_back(&m->flat_parameters());
   PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
-  // A store updating these buffers in place pulls at once: nothing to stage.
+  // Staging holds pulls that come while backward still reads their layer
+  // (overlap only); a store updating these buffers in place pulls at once,
+  // so it has nothing to stage. Without either, no staging buffer.
   PushPullOptions push_pull = options_.push_pull;
-  push_pull.stage_early_pulls &= !buffers_bound_;
+  push_pull.stage_early_pulls &= !buffers_bound_ && overlapping_;
   PS_ASSIGN_OR_RETURN(scheduler_,
                       PushPullScheduler::Create(push_pull, store_, wire_gradients_,
                                                 wire_parameters_, version,
