@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 
@@ -128,11 +129,12 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
   for (size_t i = 1; i < shards_.size(); ++i) {
     const Registration& r = registrations[i];
     if (r.async != decided.async || r.staleness_bound != decided.staleness_bound ||
-        (r.loss_scale > 0) != (decided.loss_scale > 0)) {
+        (r.loss_scale > 0) != (decided.loss_scale > 0) ||
+        r.dynamic_members != decided.dynamic_members) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", shards_[i].index, " (", shards_[i].address, ") runs another consistency or ",
-          "loss scaling than shard ", first.index, " (", first.address, "): start every shard ",
-          "with the same --consistency and --loss_scale"));
+          "shard ", shards_[i].index, " (", shards_[i].address, ") runs another consistency, ",
+          "loss scaling or policy on a lost worker than shard ", first.index, " (", first.address,
+          "): start every shard with the same --consistency, --loss_scale and --on_worker_loss"));
     }
     if (r.rank != decided.rank || r.num_workers != decided.num_workers ||
         r.version != decided.version) {
@@ -150,6 +152,29 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
   }
   registered_ = true;
   return decided;
+}
+
+absl::StatusOr<std::vector<int>> ShardedParameterStore::Members(int64_t iteration,
+                                                                int num_workers) {
+  if (!registered_) return absl::FailedPreconditionError("Members before Register");
+  // Each shard announces them in its own push replies; every shard drops a
+  // lost worker at the same boundary (each hears its heartbeats stop), and
+  // a job whose shards split the batch differently would train wrong, so a
+  // disagreement is an error, never a choice.
+  PS_ASSIGN_OR_RETURN(const std::vector<int> members,
+                      shards_[0].store->Members(iteration, num_workers));
+  for (size_t i = 1; i < shards_.size(); ++i) {
+    absl::StatusOr<std::vector<int>> other = shards_[i].store->Members(iteration, num_workers);
+    if (!other.ok()) return NameShard(shards_[i], other.status());
+    if (*other != members) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the shards disagree on the workers of iteration ", iteration, ": shard ",
+          shards_[0].index, " (", shards_[0].address, ") has ranks ",
+          absl::StrJoin(members, ","), ", shard ", shards_[i].index, " (", shards_[i].address,
+          ") ranks ", absl::StrJoin(*other, ",")));
+    }
+  }
+  return members;
 }
 
 float ShardedParameterStore::LossScale() const {

@@ -83,6 +83,10 @@ class ShardedParameterStore final : public ParameterStore {
   // Shard 0's: every shard decides the same scales (each sees every
   // worker's overflows, since an overflowing worker poisons every chunk).
   float LossScale() const override;
+  // The members every shard announced for `iteration` (a job that shrinks);
+  // kFailedPrecondition, naming both, when two shards announce different
+  // ones, and each shard's RemoteParameterStore::Members error otherwise.
+  absl::StatusOr<std::vector<int>> Members(int64_t iteration, int num_workers) override;
   void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
                     absl::Span<const float> gradient, Done done) override;
   void PullSegments(int64_t version, int first, int last, absl::Span<float> params,

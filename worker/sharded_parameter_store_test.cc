@@ -349,6 +349,40 @@ TEST(ShardedParameterStoreTest, EveryShardGivesTheFirstShardsRankOrRefuses) {
               HasSubstr(absl::StrCat("shard 1 of 2 (", servers[1]->address(), ")")));
 }
 
+// A job that shrinks: the members of an iteration are the ones every shard
+// announced in its push replies, not every rank; shards that announce
+// different ones are an error that names both.
+TEST(ShardedParameterStoreTest, MembersAreWhatEveryShardAnnouncedAndMustAgree) {
+  const std::vector<float> gradient(kElements, 0.5f);
+  for (const bool both : {true, false}) {
+    SCOPED_TRACE(both ? "rank 1 dropped on both shards" : "rank 1 dropped on shard 0 only");
+    auto servers = StartServers(2, 2);
+    auto w0 = MakeSharded(Addresses(servers), "w0", nullptr, 0);
+    auto w1 = MakeSharded(Addresses(servers), "w1", nullptr, 1);
+    ASSERT_TRUE(w0->Register(Signature(), Initial(0)).ok());
+    ASSERT_TRUE(w1->Register(Signature(), Initial(1)).ok());
+    ASSERT_TRUE(w0->Push(0, 1, gradient).ok());
+    ASSERT_TRUE(w1->Push(0, 1, gradient).ok());
+    auto members = w0->Members(1, 2);
+    ASSERT_TRUE(members.ok()) << members.status();
+    EXPECT_EQ(*members, (std::vector<int>{0, 1}));
+    // Rank 1 is lost; rank 0's pushes of iteration 1 announce iteration 2's.
+    ASSERT_TRUE(servers[0]->domain().DropWorker(1).ok());
+    if (both) ASSERT_TRUE(servers[1]->domain().DropWorker(1).ok());
+    ASSERT_TRUE(w0->Push(1, 1, gradient).ok());
+    members = w0->Members(2, 2);
+    if (both) {
+      ASSERT_TRUE(members.ok()) << members.status();
+      EXPECT_EQ(*members, (std::vector<int>{0}));
+    } else {
+      EXPECT_EQ(members.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_THAT(members.status().message(),
+                  HasSubstr(absl::StrCat("has ranks 0, shard 1 (", servers[1]->address(),
+                                         ") ranks 0,1")));
+    }
+  }
+}
+
 TEST(ShardedParameterStoreTest, EachShardsMessagesHaveTheirOwnLanes) {
   auto servers = StartServers(2, 1);
   RecordingObserver observer;
