@@ -550,7 +550,6 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
   }
   iterations_.assign(window_, IterationState());
   for (IterationState& it : iterations_) {
-    it.claims.assign(chunks, 0);
     it.ready.assign(chunks, false);
   }
   applying_.assign(chunks, false);
@@ -904,7 +903,6 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
     WorkerState& worker = workers_[rank];
     WorkerPushes& pushes = worker.slots[SlotOf(iteration)];
-    IterationState& state = iterations_[SlotOf(iteration)];
     for (size_t c = 0; c < chunks.size(); ++c) {
       if (pushes.pushed[global_chunks[c]]) return AlreadyError(*layout, chunks[c], what);
     }
@@ -916,7 +914,6 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
         carried[c] = true;
       } else {
         ++pushes.chunks;
-        if (++state.claims[gc] == options_.num_workers) ++state.completed;
       }
     }
     if (!chunks.empty()) pushes.num_samples = num_samples;
@@ -949,6 +946,13 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     if (!pending) SumInRankOrderLocked(rank, chunk, agg, chunks[c].pieces);
     agg.samples += num_samples;
     if (completes) complete.push_back({global_chunks[c], c, pending});
+  }
+  if (!complete.empty()) {
+    // Counted where decided (every member's part in, waived ranks counted
+    // as in), before any is applied: a state capture from here on waits for
+    // the boundary instead of taking a half-updated model for one.
+    absl::MutexLock lock(&mu_);
+    iterations_[SlotOf(iteration)].completed += static_cast<int64_t>(complete.size());
   }
   if (options_.observer != nullptr) {
     int64_t bytes = 0;
@@ -1283,7 +1287,6 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
         it.overflow = false;
         it.applied = 0;
         it.completed = 0;
-        std::fill(it.claims.begin(), it.claims.end(), 0);
         for (WorkerState& w : workers_) {
           WorkerPushes& pushes = w.slots[SlotOf(iteration)];
           std::fill(pushes.pushed.begin(), pushes.pushed.end(), false);

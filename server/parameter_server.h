@@ -798,14 +798,13 @@ class ParameterServer {
   std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
 
   const std::string incarnation_;
-  // One iteration in flight, server-wide. Per global chunk: how many
-  // workers have claimed it (PushChunkBytes step 3), and whether every
-  // worker's part is summed and its update not yet taken up (ready);
-  // `completed` counts the chunks all have claimed, whose update may be
-  // under way (none for the iteration in progress: nothing of it is
-  // applied, the state is at a boundary), `applied` those published.
+  // One per iteration in flight (iterations_[SlotOf(k)]). Per global
+  // chunk: whether every member's part is summed and its update not yet
+  // taken up (ready); `completed` counts the chunks every member has pushed
+  // (a waived rank counting as pushed), counted before their update starts
+  // (none for the iteration in progress: nothing of it is applied, the
+  // state is at a boundary), `applied` those published.
   struct IterationState {
-    std::vector<int> claims;
     std::vector<bool> ready;
     int64_t completed = 0;
     int64_t applied = 0;

@@ -971,12 +971,21 @@ TEST_F(ParameterServerTest, ADroppedWorkerIsWaivedAndRejoinsAtABoundary) {
   // workers split its batch three ways; rank 1's part is missing.
   EXPECT_EQ(server->Members(1).value(), (std::vector<int>{0, 1, 2}));
   push(1, 1, 0, 0, 1.f, absl::StatusCode::kAborted);
+  // Key 1 completes without rank 1 and is applied: a state captured now
+  // would hold key 1 after iteration 1 and key 0 before it, so the capture
+  // waits for the boundary.
+  for (int rank : {0, 2}) push(rank, 1, 1, 0, 1.f);
+  std::vector<ParameterServer::State> captured;
+  server->CaptureState([&](ParameterServer::State state) { captured.push_back(std::move(state)); });
+  EXPECT_TRUE(captured.empty()) << "captured mid-iteration, with key 1 updated and key 0 not";
   for (int rank : {0, 2}) {
     push(rank, 1, 0, 0, 1.f);
     push(rank, 1, 0, 1, 1.f);
-    push(rank, 1, 1, 0, 1.f);
   }
   EXPECT_EQ(server->version(), 2);
+  ASSERT_EQ(captured.size(), 1u);
+  EXPECT_EQ(captured[0].version, 2);
+  EXPECT_EQ(captured[0].parameters, Params(*server));
   EXPECT_EQ(server->Members(2).value(), (std::vector<int>{0, 2}));  // announced at iteration 1's first push
   EXPECT_EQ(server->Members(3).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(server->Members(0).status().code(), absl::StatusCode::kOutOfRange);
