@@ -270,7 +270,8 @@ class WaitingPulls {
   // ready (with the kAnyChunk ones that now are) and files each other one
   // it looks at under the next chunk it waits for.
   std::vector<WaitingPull*> TakeReady(const ParameterServer& server,
-                                      absl::Span<const ChunkId> sent) ABSL_LOCKS_EXCLUDED(mu_) {
+                                      absl::Span<const ChunkId> sent,
+                                      bool every = false) ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<WaitingPull*> ready;
     absl::MutexLock lock(&mu_);
     if (pulls_.empty()) return ready;
@@ -279,8 +280,12 @@ class WaitingPulls {
       auto it = by_chunk_.find(watch);
       if (it != by_chunk_.end()) candidates.insert(candidates.end(), it->second.begin(), it->second.end());
     };
-    for (const ChunkId& id : sent) add({id.key, id.chunk});
-    add(kAnyChunk);
+    if (every) {
+      for (const auto& [seq, entry] : pulls_) candidates.push_back(seq);
+    } else {
+      for (const ChunkId& id : sent) add({id.key, id.chunk});
+      add(kAnyChunk);
+    }
     for (const uint64_t seq : candidates) {
       auto it = pulls_.find(seq);
       if (it == pulls_.end()) continue;
@@ -606,7 +611,12 @@ void ParameterServerService::AnswerNow(const std::vector<internal::WaitingPull*>
 }
 
 void ParameterServerService::AnswerReadyPulls(absl::Span<const ChunkId> sent) {
-  AnswerNow(waiting_->TakeReady(*server_, sent));
+  // Updates a state capture held back may have been published since the
+  // last look (by this call or another, or by a cancelled capture): then
+  // any waiting pull may be ready, whatever chunks this call sent.
+  const int64_t releases = server_->held_back_releases();
+  const bool every = releases != held_back_releases_seen_.exchange(releases);
+  AnswerNow(waiting_->TakeReady(*server_, sent, every));
 }
 
 absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& context,

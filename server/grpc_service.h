@@ -225,7 +225,9 @@ class ParameterServerService final
                                        std::shared_ptr<SharedMemorySegment> segment, bool wait,
                                        grpc::ByteBuffer* reply);
   // Answers the waiting pulls that a successful call sending `sent` (and
-  // perhaps completing version 0 or the server's version) has made ready.
+  // perhaps completing version 0 or the server's version) has made ready;
+  // every waiting pull that is ready when held-back updates were released
+  // since the last call (ParameterServer::held_back_releases).
   void AnswerReadyPulls(absl::Span<const ParameterServer::ChunkId> sent);
   // Finishes waiting pulls, now out of the index, with their chunks or the
   // error PullChunkViews gives at once (never waiting).
@@ -279,6 +281,8 @@ class ParameterServerService final
   // Shared with the waiting reactors, whose OnCancel may come after the
   // service has answered them.
   const std::shared_ptr<internal::WaitingPulls> waiting_;
+  // ParameterServer::held_back_releases() at the last AnswerReadyPulls.
+  std::atomic<int64_t> held_back_releases_seen_{0};
   // Held push replies (ServiceOptions::max_push_lead_bytes) by ticket.
   absl::Mutex pacer_mu_;
   PushPacer pacer_ ABSL_GUARDED_BY(pacer_mu_);

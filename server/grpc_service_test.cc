@@ -1292,6 +1292,42 @@ TEST_F(GrpcServiceSspTest, TheBoundHoldsTheFastRanksPullAndRefusesItsPushAhead) 
   EXPECT_THAT(staleness_, ::testing::ElementsAre(0, 1, 0, 1));
 }
 
+// A state capture under ssp:1 holds back the updates of the iteration
+// ahead until the boundary; when they are applied then, a pull waiting for
+// one of them is answered, though the push that reached the boundary sent
+// other chunks.
+TEST_F(GrpcServiceSspTest, APullWaitingForAHeldBackUpdateIsAnsweredWhenItIsApplied) {
+  proto::RegisterReply a, b;
+  ASSERT_TRUE(RegisterWith({}, "a", &a).ok());
+  ASSERT_TRUE(RegisterWith({}, "b", &b).ok());
+  grpc::ByteBuffer reply;
+  auto push = [&](const proto::RegisterReply& who, int rank, int64_t iteration,
+                  std::vector<ChunkSpec> chunks) {
+    return RawCallWith({"", who.session()}, proto::kPushMethod,
+                       RankFrame<proto::PushRequest>(chunks, rank, iteration), &reply);
+  };
+  const ChunkSpec w0{0, 0, {1, 1, 1, 1}}, w1{0, 1, {1, 1}}, bias{1, 0, {1, 1}};
+  ASSERT_TRUE(push(a, 0, 0, {w0, w1, bias}).ok());
+  ASSERT_TRUE(push(a, 0, 1, {w0, w1, bias}).ok());
+  ASSERT_TRUE(push(b, 1, 0, {bias}).ok());  // iteration 0's bias is updated
+  int captures = 0;
+  server_->CaptureState([&](ParameterServer::State) { ++captures; });
+  EXPECT_EQ(captures, 0);                   // mid-iteration: it waits
+  ASSERT_TRUE(push(b, 1, 1, {bias}).ok());  // iteration 1's bias, held back
+  AsyncPull pull;
+  Completions done;
+  StartPull(&pull, {{1, 0}}, /*version=*/2, /*timeout_ms=*/60000, &done);
+  ASSERT_TRUE(AwaitWaitingPulls(1));
+  ASSERT_TRUE(push(b, 1, 0, {w0, w1}).ok());  // the boundary: captured, then released
+  EXPECT_EQ(captures, 1);
+  ASSERT_TRUE(done.WaitFor(1, absl::Seconds(10))) << "the pull still waits";
+  ASSERT_TRUE(pull.status.ok()) << pull.status.error_message();
+  proto::PullReply pulled;
+  ASSERT_TRUE(ParsePullReply(pull.frame, &pulled).ok());
+  EXPECT_EQ(pulled.version(), 2);
+  EXPECT_EQ(service_->waiting_pulls(), 0);
+}
+
 // Synchronous, two workers, pushes paced (ServiceOptions::max_push_lead_bytes
 // of 8: two elements).
 class GrpcServicePacingTest : public GrpcServiceCredentialsTest {

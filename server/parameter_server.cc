@@ -1320,6 +1320,8 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
           PS_RETURN_IF_ERROR(AdvanceChunk(layout, optimizer, gc, nullptr, nullptr));
         }
       }
+      absl::MutexLock lock(&mu_);
+      ++held_back_releases_;
     }
   }
 }
@@ -1398,7 +1400,14 @@ int ParameterServer::CancelCaptures() {
     const absl::Status applied = AdvanceChunk(*layout, optimizer, gc, nullptr, nullptr);
     if (!applied.ok()) break;  // an optimizer invariant; the pushes report theirs
   }
+  absl::MutexLock lock(&mu_);
+  ++held_back_releases_;
   return n;
+}
+
+int64_t ParameterServer::held_back_releases() const {
+  absl::MutexLock lock(&mu_);
+  return held_back_releases_;
 }
 
 absl::Status ParameterServer::AwaitVersionLocked(int64_t version, absl::Time deadline) {

@@ -252,6 +252,12 @@ class ParameterServer {
   // request waits for version 1. `done` must not call back into the server.
   // Requests made before one is served are served together.
   void CaptureState(std::function<void(State)> done);
+  // How many times the updates a capture held back were applied together
+  // (the capture served, or CancelCaptures): each may have published
+  // chunks no call of their own sent, so a caller answering waiting pulls
+  // by the chunks a call sent looks at every waiting pull when this moves.
+  // Counted once those updates are published.
+  int64_t held_back_releases() const;
   // Drops the CaptureState requests not yet served (their `done` is never
   // called); returns how many.
   int CancelCaptures();
@@ -811,6 +817,7 @@ class ParameterServer {
     bool overflow = false;  // a chunk's update was skipped (loss scaling)
   };
   std::vector<IterationState> iterations_ ABSL_GUARDED_BY(mu_);  // by SlotOf
+  int64_t held_back_releases_ ABSL_GUARDED_BY(mu_) = 0;
   // Dynamic loss scaling: the scale of iteration version_, the clean
   // iterations in a row before it, and the iterations skipped in all.
   LossScaleState loss_scale_ ABSL_GUARDED_BY(mu_);
