@@ -194,7 +194,7 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
     if (!RankHeldLocked(rank)) {
       return absl::NotFoundError(absl::StrCat("no worker holds rank ", rank));
     }
-    if (window_ > 1) {
+    if (window_ > 1 || options_.consistency == ParameterServerOptions::Consistency::kAsync) {
       return absl::FailedPreconditionError(absl::StrCat(
           "cannot drop rank ", rank, " under ", ConsistencyName(options_),
           ": shrinking the job is supported under sync and ssp:0 only"));

@@ -510,7 +510,8 @@ class ParameterServer {
   // drop completed (their waiting pulls can be answered). kNotFound for a
   // rank no worker holds; kFailedPrecondition for the last member, and
   // under kSsp with S > 0 (several iterations in flight, each with its
-  // members: not supported).
+  // members: not supported) and under kAsync (no iterations, nobody waits
+  // for a lost worker: nothing to shrink).
   absl::StatusOr<std::vector<ChunkId>> DropWorker(int rank);
 
   // The ranks taking part in iteration `iteration`, ascending: a worker's

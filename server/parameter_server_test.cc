@@ -1058,6 +1058,8 @@ TEST_F(ParameterServerTest, AsyncAppliesEachPushAsItArrives) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(push(0, 0, 7, 0, 1.f, 1).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(push(5, 0, 1, 0, 1.f, 1).status().code(), absl::StatusCode::kNotFound);
+  // Nobody waits for a lost worker here: nothing to shrink.
+  EXPECT_EQ((*server)->DropWorker(1).status().code(), absl::StatusCode::kFailedPrecondition);
   // A version from the wire below 0 (the staleness would overflow) is
   // refused, and nothing moves.
   const auto from_nowhere = push(0, std::numeric_limits<int64_t>::min(), 1, 0, 1.f, 1);

@@ -280,6 +280,12 @@ absl::Status Main() {
         "several iterations are in flight at once; use --on_worker_loss=wait (a lost worker "
         "rejoins), or sync / ssp:0"));
   }
+  if (shrink && options.consistency == ParameterServerOptions::Consistency::kAsync) {
+    return absl::InvalidArgumentError(
+        "--on_worker_loss=shrink with --consistency=async is not supported: under async no "
+        "worker waits for another, so a lost worker holds nobody up and there is nothing to "
+        "shrink; use --on_worker_loss=wait");
+  }
   ServiceOptions service_options;
   service_options.shrinks = shrink;
   prometheus::Family<prometheus::Counter>* rpcs = nullptr;
