@@ -1120,7 +1120,9 @@ void ParameterServer::DrainHeldLocked(const Chunk& chunk, Aggregation& agg) {
     agg.early[agg.ranks_summed] = std::vector<float>();
     const int64_t n = static_cast<int64_t>(held.size());
     if (!agg.sum_started) {
-      std::copy(held.begin(), held.end(), sum);
+      // The first term (the ranks before it waived): 0 + g, as in
+      // SumInRankOrderLocked, so -0 starts the sum as +0 here too.
+      for (int64_t i = 0; i < n; ++i) sum[i] = held[i] + 0.f;
       agg.sum_started = true;
     } else {
       for (int64_t i = 0; i < n; ++i) sum[i] += held[i];

@@ -1018,6 +1018,29 @@ TEST_F(ParameterServerTest, ADroppedWorkerIsWaivedAndRejoinsAtABoundary) {
   EXPECT_EQ(server->DropWorker(2).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A held part that becomes the sum's first term once the ranks before it
+// are waived starts the sum as 0 + g, like any first term (-0 becomes +0):
+// the sum does not depend on whether the part came before or after the drop.
+TEST_F(ParameterServerTest, AHeldPartThatBecomesTheFirstTermStartsTheSumAsZeroPlusIt) {
+  ParameterServerOptions options;
+  options.num_workers = 2;
+  options.chunk_elements = 4;
+  options.optimizer.sgd.lr = 1.f;
+  std::vector<float> initial = Initial();
+  initial[0] = -0.f;
+  auto server = ParameterServer::Create(options, Signature(), initial, &device_);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*server)->Register("a", Signature(), 0).ok());
+  ASSERT_TRUE((*server)->Register("b", Signature(), 1).ok());
+  // Rank 1's part of chunk (0, 0) comes first and is held for rank 0's.
+  ASSERT_TRUE((*server)->Push(1, 0, 0, 0, /*samples=*/1, std::vector<float>(4, -0.f)).ok());
+  ASSERT_TRUE((*server)->DropWorker(0).ok());
+  // -0 - (0 + -0) = -0 - +0 = -0; a sum started as -0 would give +0.
+  const std::vector<float> params = Params(**server);
+  EXPECT_EQ(params[0], 0.f);
+  EXPECT_TRUE(std::signbit(params[0]));
+}
+
 // Asynchronous consistency: each push is an update of its chunks at once,
 // scaled by its own samples; chunk versions count updates, the server's is
 // their least, and the staleness says how many updates a push's chunks got
