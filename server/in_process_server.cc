@@ -7,7 +7,7 @@ namespace ps::server {
 
 absl::StatusOr<std::unique_ptr<InProcessServer>> InProcessServer::Start(
     const ParameterServerOptions& options, std::vector<ParamSpec> signature,
-    std::vector<float> initial) {
+    std::vector<float> initial, int port) {
   std::unique_ptr<InProcessServer> s(new InProcessServer());
   if (signature.empty()) {
     PS_ASSIGN_OR_RETURN(s->server_, ParameterServer::Create(options, &s->device_));
@@ -17,11 +17,14 @@ absl::StatusOr<std::unique_ptr<InProcessServer>> InProcessServer::Start(
   }
   s->service_ = std::make_unique<ParameterServerService>(s->server_.get());
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
+                           &s->port_);
   builder.RegisterService(s->service_.get());
   s->grpc_server_ = builder.BuildAndStart();
   if (s->grpc_server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError("cannot listen on a loopback port");
+    return absl::UnavailableError(
+        port == 0 ? std::string("cannot listen on a loopback port")
+                  : absl::StrCat("cannot listen on loopback port ", port));
   }
   return s;
 }

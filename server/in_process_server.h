@@ -20,11 +20,14 @@ namespace ps::server {
 class InProcessServer {
  public:
   // A server without parameters (rank 0 sends them), or one that starts
-  // from `initial` in `signature` order. kUnavailable when no port can be
-  // bound; the options' errors as ParameterServer::Create.
+  // from `initial` in `signature` order, on loopback port `port` (0: any
+  // free one; a given one lets a test restart a server where its workers
+  // look for it). kUnavailable when the port cannot be bound; the options'
+  // errors as ParameterServer::Create.
   static absl::StatusOr<std::unique_ptr<InProcessServer>> Start(
       const ParameterServerOptions& options, std::vector<ParamSpec> signature = {},
-      std::vector<float> initial = {});
+      std::vector<float> initial = {}, int port = 0);
+  int port() const { return port_; }
   ~InProcessServer();
 
   // "127.0.0.1:PORT".

@@ -430,7 +430,12 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
     absl::Time deadline) {
   proto::RegisterRequest request;
   request.set_worker_id(options_.worker_id);
-  if (options_.rank >= 0) request.set_requested_rank(options_.rank);
+  // The rank asked for, else the one held before (a reconnect): a restarted
+  // server hands out ranks in arrival order, and a worker coming back as
+  // another rank would change the rank order of every sum, or, as rank 0,
+  // be asked for the initial parameters it does not keep.
+  const int requested_rank = options_.rank >= 0 ? options_.rank : rank_;
+  if (requested_rank >= 0) request.set_requested_rank(requested_rank);
   request.set_steps_per_epoch(options_.steps_per_epoch);
   for (const ParamSpec& spec : signature) {
     proto::TensorSpec* t = request.add_signature();

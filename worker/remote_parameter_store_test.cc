@@ -112,6 +112,29 @@ TEST(RemoteParameterStoreTest, RankZeroSendsItsInitialParametersAndEveryonePulls
   }
 }
 
+// A server that restarts hands out ranks in arrival order; a worker that
+// reconnects asks for the rank it held, so one that held rank 1 and comes
+// back first does not become rank 0 (asked for initial parameters it does
+// not keep, and moving every sum's rank order).
+TEST(RemoteParameterStoreTest, AReconnectAsksForTheRankHeldBefore) {
+  auto server = StartServer(2);
+  const int port = server->port();
+  auto a = MakeStore(server->address(), "a");
+  auto b = MakeStore(server->address(), "b");
+  ASSERT_EQ(a->Register(Signature(), Ramp(1.f, 0.25f))->rank, 0);
+  ASSERT_EQ(b->Register(Signature(), Ramp(1.f, 0.25f))->rank, 1);
+  server.reset();
+  server::ParameterServerOptions options;
+  options.num_workers = 2;
+  options.chunk_elements = kChunkElements;
+  auto restarted = server::InProcessServer::Start(options, {}, {}, port);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  auto again = b->Reconnect(Signature(), std::vector<float>(kElements, 0.f));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->rank, 1);
+  EXPECT_FALSE(b->sent_initial_parameters());
+}
+
 TEST(RemoteParameterStoreTest, PushesOfAllWorkersMakeOneUpdateAcrossChunksAndPackedMessages) {
   auto server = StartServer(2);
   RecordingObserver observer;

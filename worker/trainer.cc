@@ -292,6 +292,7 @@ absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& cause) {
   // for them, since they hold the buffers.
   scheduler_.reset();
   const int num_workers = registration_.num_workers;
+  const int rank = registration_.rank;
   std::vector<float> proposed = initial_parameters_;
   if (proposed.empty()) proposed.assign(num_parameters_, 0.f);  // not asked for: not rank 0
   absl::StatusOr<ParameterStore::Registration> registration =
@@ -303,10 +304,11 @@ absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& cause) {
                                      cause.message(), ")"));
   }
   registration_ = *std::move(registration);
-  if (registration_.num_workers != num_workers) {
+  if (registration_.num_workers != num_workers || registration_.rank != rank) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the parameter server came back with ", registration_.num_workers,
-        " workers, the job had ", num_workers, " (", cause.message(), ")"));
+        "the parameter server came back with this worker as rank ", registration_.rank, " of ",
+        registration_.num_workers, " workers; it was rank ", rank, " of ", num_workers, " (",
+        cause.message(), ")"));
   }
   PS_RETURN_IF_ERROR(StartFrom(registration_.version));
   return registration_.version;
