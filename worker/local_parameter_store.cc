@@ -241,8 +241,10 @@ absl::Status LocalParameterStore::PullLocked(int64_t version, int first, int las
                                               " was asked for"));
     }
   }
+  // A pull into another buffer copies the parameters out; the pending
+  // updates read the gradients where the pushes left them (the bound
+  // buffer, or the store's own copy), so the gradient buffer stays as it is.
   const bool in_place = params.data() == params_.data();
-  if (!in_place) EnsureOwnGradientsLocked();
   for (int s = first; s < last; ++s) {
     PS_RETURN_IF_ERROR(ApplyPendingLocked(s));
     if (!in_place) CopySegmentLocked(s, params_.data(), params.data());

@@ -164,12 +164,16 @@ TEST(LocalParameterStoreTest, BoundBuffersAreUpdatedInPlaceWhenPulled) {
   ASSERT_TRUE(PushSync(**store, 1, 2, 0, 1, grad).ok());
   ASSERT_TRUE(PullSync(**store, 2, 0, 1, absl::MakeSpan(params)).ok());
   EXPECT_EQ(PushSync(**store, 2, 2, 1, 2, grad).code(), absl::StatusCode::kFailedPrecondition);
-  // Another buffer may still read the parameters (a copy).
+  // Another buffer may still read the parameters (a copy), the pending
+  // update of segment 1 applied from the bound gradients (lr 0.5, 2
+  // samples: g / 4), and the binding stands: the bound buffer pushes on.
   std::vector<float> copy(6, 0.f);
   auto pulled = (*store)->Pull(2, absl::MakeSpan(copy));
   ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(copy, (std::vector<float>{0, 1, 2, 3, 3, 4}));
   EXPECT_EQ(copy, params);
   EXPECT_EQ((*store)->bytes_copied(), 6 * 4);
+  EXPECT_TRUE(PushSync(**store, 2, 2, 1, 2, grad).ok());
 }
 
 // The store's arithmetic is the server's: the same SGD (momentum, weight
