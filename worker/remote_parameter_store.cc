@@ -710,6 +710,12 @@ absl::Status RemoteParameterStore::WaitForVersion(int64_t version) {
                                      options_.server_address));
 }
 
+proto::DType RemoteParameterStore::PullDType() const {
+  return pull_codec_->dtype() == DType::kF16    ? proto::DTYPE_F16
+         : pull_codec_->dtype() == DType::kBF16 ? proto::DTYPE_BF16
+                                                : proto::DTYPE_F32;
+}
+
 void RemoteParameterStore::StartPull(int64_t version, int first, int last,
                                      absl::Span<float> params, bool exact,
                                      std::function<void(absl::StatusOr<int64_t>)> done) {
@@ -749,9 +755,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
           absl::MutexLock lock(&held_mu_);
           request.set_delta(held_version_[m] == asked - 1);
         }
-        request.set_dtype(pull_codec_->dtype() == DType::kF16    ? proto::DTYPE_F16
-                          : pull_codec_->dtype() == DType::kBF16 ? proto::DTYPE_BF16
-                                                                 : proto::DTYPE_F32);
+        request.set_dtype(PullDType());
         const bool shared = PullsIntoSharedMemory();
         request.set_shared_memory(shared);
         for (const Chunk& chunk : messages_[m]) {
@@ -765,8 +769,8 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
       // Each reply is checked and copied out of gRPC's receive buffers
       // straight into `params` on its completion thread, while the other
       // messages are still in flight.
-      [this, params, versions, first, received](size_t m,
-                                                const grpc::ByteBuffer& frame) -> absl::Status {
+      [this, params, versions, first, received, version, exact, stale](
+          size_t m, const grpc::ByteBuffer& frame) -> absl::Status {
         const Message& wanted = messages_[m];
         if (delta_pulls_) {
           // Until this reply is wholly applied the buffer holds no version.
@@ -781,6 +785,13 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
           return absl::InternalError(absl::StrCat("server sent ", reply.chunks_size(),
                                                   " chunks, expected ", wanted.size()));
         }
+        // Checked before any byte lands in `params` (the batch's end checks
+        // that the messages agree with one another).
+        if (exact && !async_ && !stale && reply.version() != version) {
+          return absl::InternalError(absl::StrCat("server ", options_.server_address,
+                                                  " answered a pull of version ", version,
+                                                  " with version ", reply.version()));
+        }
         for (size_t c = 0; c < wanted.size(); ++c) {
           const proto::TensorChunk& got = reply.chunks(static_cast<int>(c));
           const Chunk& chunk = wanted[c];
@@ -788,7 +799,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
           if (got.encoding() == proto::ENCODING_DELTA) {
             // Only what changed since the version this buffer holds.
             if (!delta_pulls_ || got.key() != chunk.key || got.chunk() != chunk.index ||
-                got.dtype() != proto::DTYPE_F32) {
+                got.dtype() != proto::DTYPE_F32 || got.in_shared_memory()) {
               return absl::InternalError(absl::StrCat(
                   "server sent an unasked delta for key ", got.key(), " chunk ", got.chunk()));
             }
@@ -801,11 +812,13 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
           }
           const int64_t bytes = pull_codec_->EncodedBytes(chunk.length);
           if (got.key() != chunk.key || got.chunk() != chunk.index ||
-              got.data_bytes() != bytes) {
+              got.data_bytes() != bytes || got.dtype() != PullDType() ||
+              got.encoding() != proto::ENCODING_DENSE) {
             return absl::InternalError(absl::StrCat(
                 "server sent key ", got.key(), " chunk ", got.chunk(), " with ",
-                got.data_bytes(), " bytes where key ", chunk.key, " chunk ", chunk.index,
-                " with ", bytes, " bytes was expected"));
+                got.data_bytes(), " bytes of dtype ", got.dtype(), ", encoding ",
+                got.encoding(), " where key ", chunk.key, " chunk ", chunk.index, " with ",
+                bytes, " dense bytes of dtype ", PullDType(), " was expected"));
           }
           if (got.in_shared_memory()) {
             // Written where this pull asked, before the reply was sent.
