@@ -549,7 +549,14 @@ double Trainer::SlowdownAt(int64_t iteration) const {
                                                                                 : 1;
 }
 
+absl::Status Trainer::CheckExchange() const {
+  if (scheduler_ != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "no parameter exchange: the trainer is not initialised, or its last recovery failed");
+}
+
 absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
+  PS_RETURN_IF_ERROR(CheckExchange());
   const int64_t iteration = epoch * steps_per_epoch() + step;
   if (registration_.dynamic_members) {
     // The step's members, announced with the previous step's first push
@@ -664,6 +671,7 @@ void Trainer::PoisonOverflow(int64_t iteration) {
 }
 
 absl::Status Trainer::FinishCommunication() {
+  PS_RETURN_IF_ERROR(CheckExchange());
   if (!overlapping_) return scheduler_->AwaitAll();
   // The last step's pulls, still in flight: time the step waits for.
   StepPhases phases(&phase_observers_, clock_, last_iteration_);

@@ -242,6 +242,9 @@ class Trainer {
   // Pulls exactly `version` into every replica and starts a scheduler that
   // holds it.
   absl::Status StartFrom(int64_t version);
+  // kFailedPrecondition when there is no scheduler (a failed Recover or
+  // CatchUp leaves none): TrainStep and FinishCommunication refuse then.
+  absl::Status CheckExchange() const;
   // Stale synchronous (registration_.staleness_bound > 0), at the end of an
   // epoch: waits until every worker's steps up to `version` are applied and
   // starts from it, so the epoch's evaluation and weights see the model
