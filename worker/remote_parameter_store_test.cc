@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -283,6 +284,28 @@ TEST(RemoteParameterStoreTest, SharedMemoryMakesTheSameUpdatesAsTcp) {
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE((*c)->Register(Signature(), Ramp(1.f, 0.25f)).ok());
   EXPECT_FALSE((*c)->uses_shared_memory());
+}
+
+// One message of a batch refused, the others answered on a connection of
+// their own that writes nothing more: the batch's `done` comes with the
+// refusal without waiting for gRPC to drop the answered messages' slices
+// (it keeps a written message's slices until that connection's next write).
+TEST(RemoteParameterStoreTest, ABatchWithOneRefusedMessageEndsWithoutAnotherWrite) {
+  auto server = StartServer(1);
+  auto store = MakeStore(server->address(), "a", nullptr, /*connections=*/2);
+  ASSERT_TRUE(store->Register(Signature(), Ramp(1.f, 0.25f)).ok());
+  std::vector<float> gradient = Ramp(0.5f, 0.125f);
+  gradient[0] = std::numeric_limits<float>::quiet_NaN();  // message 0, connection 0
+  absl::Notification finished;
+  absl::Status result;
+  store->PushSegments(0, 1, 0, 6, gradient, [&](absl::Status s) {
+    result = s;
+    finished.Notify();
+  });
+  ASSERT_TRUE(finished.WaitForNotificationWithTimeout(absl::Seconds(20)))
+      << "the batch never ended";
+  EXPECT_EQ(result.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(result.message()), HasSubstr("refusing a non-finite value"));
 }
 
 TEST(RemoteParameterStoreTest, ErrorsNameTheCallAndTheMessage) {
