@@ -23,8 +23,9 @@ namespace ps::worker {
 //   WaitForVersion(t + 1)                           -> all workers have pushed
 //   Pull(t + 1, params)                             -> the new parameters
 // Buffers are host memory, flat, in signature order; the caller owns them
-// and may reuse them as soon as a call returns. Calls for one store come from
-// one thread.
+// and may reuse them as soon as a call returns. The blocking calls for one
+// store come from one thread; the segment calls below may come from
+// several at once (see there).
 //
 // The pipelined protocol does the same per segment: the flat buffer is cut
 // into segments (SegmentEnds) that move independently, so a worker pushes
@@ -112,19 +113,14 @@ class ParameterStore {
   // kDeadlineExceeded). kInternal when a reply carries another version.
   // Those segments of `params` must not be read or written until `done`.
   //
-  // Several Push/PullSegments may be in flight at once, started from one
-  // thread; they must not overlap the blocking calls above.
+  // Several Push/PullSegments may be in flight at once, started from any
+  // thread, also from inside another call's `done` (the pipeline's
+  // scheduler starts them from the training thread and from gRPC's
+  // completion threads): implementations are thread-safe for them. They
+  // must not overlap the blocking calls above.
   virtual void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
                             Done done) = 0;
 
-  // Registers again after the store lost its server (a call failed with a
-  // status IsServerLost accepts: the server process restarted, or shut
-  // down and came back), waiting for it within the store's bounds, with
-  // the same signature and `proposed` as Register. Returns the new
-  // registration: the worker resumes at its version (pulling it with
-  // Pull), which may be older than where it was (the server restarted
-  // from a checkpoint) or the same. No call may be in flight. Default:
-  // kUnimplemented, for stores that cannot lose their server.
   // The ranks taking part in iteration `iteration` (ascending): a worker's
   // part of the global batch is its index among them. Blocks until the store
   // knows them: from the registration for its version, from the replies to
@@ -141,6 +137,15 @@ class ParameterStore {
   // not scale (the default). Thread-safe.
   virtual float LossScale() const { return 0; }
 
+  // Registers again after the store lost its server (a call failed with a
+  // status IsServerLost accepts: the server process restarted, or shut
+  // down and came back), waiting for it within the store's bounds, with
+  // the same signature and `proposed` as Register, asking for the rank it
+  // held. Returns the new registration: the worker resumes at its version
+  // (pulling it with Pull), which may be older than where it was (the
+  // server restarted from a checkpoint) or the same. No call may be in
+  // flight. Default: kUnimplemented, for stores that cannot lose their
+  // server.
   virtual absl::StatusOr<Registration> Reconnect(const std::vector<ParamSpec>& signature,
                                                  absl::Span<const float> proposed) {
     return absl::UnimplementedError("this parameter store cannot reconnect");

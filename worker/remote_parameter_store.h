@@ -111,9 +111,10 @@ struct RemoteStoreOptions {
 // `proposed`) is read by gRPC's threads while the call runs and must not
 // change until it returns; it returns once every reply has arrived (the
 // server has every byte, so gRPC reads no more of the buffer), and after a
-// failure only once gRPC has dropped every slice into the buffer. The blocking calls are
-// not thread-safe (one at a time); Push/PullSegments may be in flight
-// together, started from one thread (parameter_store.h).
+// failure only once gRPC has dropped every slice into the buffer. The
+// blocking calls are not thread-safe (one at a time); Push/PullSegments may
+// be in flight together, started from any thread (parameter_store.h): they
+// read only what registration fixed, and take locks for the rest.
 class RemoteParameterStore final : public ParameterStore {
  public:
   static absl::StatusOr<std::unique_ptr<RemoteParameterStore>> Create(
@@ -298,8 +299,9 @@ class RemoteParameterStore final : public ParameterStore {
   std::map<int64_t, int64_t> staleness_ ABSL_GUARDED_BY(async_mu_);
   std::map<int64_t, int> pulls_in_flight_ ABSL_GUARDED_BY(async_mu_);
   // The last registration's credential and rank, as the heartbeat thread
-  // reads them (the training thread writes them only in Register and
-  // Reconnect, under the lock, and reads session_ unlocked).
+  // reads them. Written only in Register and Reconnect, under the lock,
+  // when no segment call is in flight; the calls that thread and those
+  // started from gRPC's threads later read session_ unlocked.
   mutable absl::Mutex session_mu_;
   std::string session_;
   int session_rank_ ABSL_GUARDED_BY(session_mu_) = -1;

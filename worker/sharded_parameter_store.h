@@ -50,8 +50,9 @@ struct ShardedStoreOptions {
 // status code; when several shards fail, the lowest shard's error is
 // returned. Push and Register's `proposed` are read by gRPC's threads until
 // the call returns, as with RemoteParameterStore. Pull returns
-// kInternal when the shards replied with different versions. Not
-// thread-safe: one call at a time.
+// kInternal when the shards replied with different versions. The blocking
+// calls are not thread-safe (one at a time); Push/PullSegments, as
+// parameter_store.h says, may come from several threads.
 //
 // Observer events: shard s's message m is reported on
 // RpcLane(s * kRpcLanesPerShard + m % kRpcLanesPerShard), so "rpc 1003" on

@@ -57,8 +57,10 @@ struct TrainerOptions {
   // Communication overlaps compute: each layer's gradients are pushed as
   // backward produces them, and the next step's forward of a layer waits
   // only for that layer's new parameters. Takes effect with one CPU device
-  // (several devices, or a CUDA device, push and pull bucket by bucket
-  // after the whole backward and reduction, without overlapping compute).
+  // and no loss scaling (several devices, or a CUDA device, push and pull
+  // bucket by bucket after the whole backward and reduction, without
+  // overlapping compute; under loss scaling a step's pushes wait for the
+  // whole backward, since an overflow anywhere must reach every chunk).
   // The parameters are bit-identical either way.
   bool overlap = true;
   // Buckets and bytes in flight of the push/pull scheduler.

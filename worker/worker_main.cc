@@ -382,7 +382,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   std::unique_ptr<ParameterStore> store;
   // Tensor bytes over the wire so far, in a server job.
   std::function<int64_t()> bytes_pushed, bytes_pulled;
-  std::function<std::map<int64_t, int64_t>()> staleness;  // one server only
+  std::function<std::map<int64_t, int64_t>()> staleness;  // a server job's, one or sharded
   if (absl::GetFlag(FLAGS_server).empty()) {
     PS_ASSIGN_OR_RETURN(const server::LossScaleOptions scaling,
                         server::LossScaleOptionsFromFlags());

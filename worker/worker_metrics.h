@@ -148,8 +148,8 @@ class MeteredParameterStore final : public ParameterStore {
 
   const std::unique_ptr<ParameterStore> store_;
   WorkerMetrics* const metrics_;
-  // The store's segment ends, read at each registration; written and read
-  // only on the one thread that calls the store (parameter_store.h).
+  // The store's segment ends, read at each registration (no segment call
+  // in flight then); the segment calls, from any thread, only read them.
   std::vector<int64_t> ends_;
 };
 
