@@ -292,9 +292,9 @@ ParameterServer::Progress ParameterServer::progress() const {
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     const ParameterServerOptions& options, CpuDevice* device) {
-  if (options.num_workers < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_workers must be >= 1, got ", options.num_workers));
+  if (options.num_workers < 1 || options.num_workers > kMaxWorkers) {
+    return absl::InvalidArgumentError(absl::StrCat("num_workers must be 1 to ", kMaxWorkers,
+                                                   ", got ", options.num_workers));
   }
   if (options.chunk_elements < 1) {
     return absl::InvalidArgumentError(

@@ -58,7 +58,8 @@ struct ParameterServerOptions {
   static constexpr int64_t kDefaultChunkElements = ((int64_t{4} << 20) - 4096) / 4;
   // Receives the server's timed events (common/timed_event.h), each timed
   // from when the call holds the server's bookkeeping lock (waiting for it
-  // is not the work) and reported only when the call succeeds:
+  // is not the work) and reported only when the call's part so far
+  // succeeded (kServerPush once the message is summed, before its updates):
   //   - kServerPush on ServerPushLane(rank) per PushChunks (or Push) call:
   //     checking and summing one message (with any wait for a chunk's lock
   //     held by another worker's push of that chunk); step: its iteration,
@@ -191,11 +192,13 @@ struct NamedTensor {
 // mu_ and take each chunk's view under its lock. (On 2 cores, 4 workers x
 // 16 chunks of 4 MB, server/parameter_server_benchmark pushes 17 GB/s from
 // one thread and 27 GB/s from two; under one lock for everything, 17 and
-// 17.) Lock order: a chunk's
-// lock may be taken while holding mu_ (laying out and initialising only),
-// never mu_ while holding a chunk's lock; at most one chunk's lock is held
-// at a time; device_mu_ (the optimizer's device) is taken under a chunk's
-// lock, and no lock under it.
+// 17.) Lock order: a chunk's lock may be taken while holding mu_ (laying
+// out and initialising, resuming from a state, a membership change at a
+// boundary, and a state capture, which copies the whole model under mu_
+// and so holds up the bookkeeping for that copy), never mu_ while holding
+// a chunk's lock; at most one chunk's lock is held at a time; device_mu_
+// (the optimizer's device) is taken under a chunk's lock, and no lock
+// under it.
 class ParameterServer {
  public:
   // A server without parameters: rank 0 will send them. `device` runs the
@@ -365,8 +368,10 @@ class ParameterServer {
   // been applied).
   absl::Status Push(int rank, int64_t iteration, int key, int64_t chunk, int64_t num_samples,
                     absl::Span<const float> gradient);
-  // The most samples one push may claim (kInvalidArgument beyond): the sum
-  // over up to 2^22 workers stays inside int64.
+  // The most workers a server takes (Create: kInvalidArgument beyond) and
+  // the most samples one push may claim (kInvalidArgument beyond): the sum
+  // of the samples over the workers stays inside int64.
+  static constexpr int kMaxWorkers = 1 << 22;
   static constexpr int64_t kMaxSamplesPerPush = int64_t{1} << 40;
   // A signature's tensors and their sum stay below this many elements
   // (kInvalidArgument at registration otherwise; 4 TiB of fp32), so sizes

@@ -264,6 +264,16 @@ TEST_F(ParameterServerTest, SumsInRankOrderWhateverTheArrivalOrder) {
   EXPECT_EQ(runs, 6);
 }
 
+TEST_F(ParameterServerTest, AWorkerCountOutsideOneTo2To22IsRefused) {
+  for (const int workers : {0, ParameterServer::kMaxWorkers + 1}) {
+    ParameterServerOptions options;
+    options.num_workers = workers;
+    EXPECT_EQ(ParameterServer::Create(options, &device_).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << workers;
+  }
+}
+
 TEST_F(ParameterServerTest, RegistrationErrors) {
   auto server = MakeServer(1);
   EXPECT_EQ(server->Register("", Signature()).status().code(),
