@@ -513,7 +513,9 @@ Expectation JudgePush(const Model& m, const Request& r) {
     if (header.iteration() != kVersion) codes |= kFailedPrecondition;
     // Both workers have pushed in this iteration, so their counts are fixed;
     // a count no sum could hold is refused as such.
-    if (header.num_samples() > ParameterServer::kMaxSamplesPerPush) codes |= kInvalidArgument;
+    if (header.num_samples() < 0 || header.num_samples() > ParameterServer::kMaxSamplesPerPush) {
+      codes |= kInvalidArgument;
+    }
     if (header.num_samples() != kSamples[rank]) codes |= kFailedPrecondition;
   }
   std::vector<int64_t> seen;

@@ -797,6 +797,15 @@ absl::Status ParameterServer::PushChunks(int rank, int64_t iteration, int64_t nu
   return PushChunkBytes(rank, iteration, num_samples, AsChunkBytes(chunks, &pieces));
 }
 
+absl::Status ParameterServer::CheckSamples(int64_t num_samples) {
+  if (num_samples < 0 || num_samples > kMaxSamplesPerPush) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push claims ", num_samples, " samples; 0 to ", kMaxSamplesPerPush,
+                     " (so that the workers' sum cannot overflow)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
                                               int64_t num_samples) const {
   if (!RankHeldLocked(rank)) {
@@ -825,13 +834,9 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
         ": it was dropped from the job (lost past the grace period); register again to rejoin "
         "at a step boundary"));
   }
-  if (num_samples > kMaxSamplesPerPush) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "push claims ", num_samples, " samples; at most ", kMaxSamplesPerPush,
-        " (so that the workers' sum cannot overflow)"));
-  }
+  PS_RETURN_IF_ERROR(CheckSamples(num_samples));
   const WorkerPushes& pushes = workers_[rank].slots[SlotOf(iteration)];
-  if (num_samples < 0 || (pushes.num_samples >= 0 && num_samples != pushes.num_samples)) {
+  if (pushes.num_samples >= 0 && num_samples != pushes.num_samples) {
     return absl::FailedPreconditionError(absl::StrCat(
         "push claims ", num_samples, " samples but worker rank ", rank, " claimed ",
         pushes.num_samples, " earlier in iteration ", iteration));
@@ -1014,10 +1019,7 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
       return absl::FailedPreconditionError(
           "push before the initial parameters are complete (version 0 does not exist yet)");
     }
-    if (num_samples < 0 || num_samples > kMaxSamplesPerPush) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push claims ", num_samples, " samples; 0 to ", kMaxSamplesPerPush));
-    }
+    PS_RETURN_IF_ERROR(CheckSamples(num_samples));
     if (based_on_version < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "push claims it was computed from version ", based_on_version, "; versions start at 0"));

@@ -629,9 +629,12 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckStepsPerEpochLocked(const std::string& worker_id, int64_t steps_per_epoch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kInvalidArgument for a sample count below 0 or above kMaxSamplesPerPush.
+  static absl::Status CheckSamples(int64_t num_samples);
   // The checks of a push that need no chunk: the rank is registered,
-  // version 0 exists, the iteration is the current one and num_samples
-  // agrees with the worker's earlier pushes of it.
+  // version 0 exists, the iteration is the current one and num_samples is
+  // in range (CheckSamples) and agrees with the worker's earlier pushes of
+  // it (kFailedPrecondition).
   absl::Status CheckPushLocked(int rank, int64_t iteration, int64_t num_samples) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks every chunk of a message without reading its values (range,

@@ -363,6 +363,8 @@ TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
        "iteration 5 but the server is at iteration 0"},
       {"sample count changes", server->Push(0, 0, 0, 1, 4, two),
        absl::StatusCode::kFailedPrecondition, "claims 4 samples"},
+      {"negative sample count", server->Push(0, 0, 0, 1, -1, two),
+       absl::StatusCode::kInvalidArgument, "claims -1 samples; 0 to"},
       {"NaN", server->Push(0, 0, 1, 0, 3, with_nan), absl::StatusCode::kInvalidArgument,
        "non-finite"},
   };
