@@ -1287,29 +1287,7 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
       if (++it.applied == layout.total_chunks) {
         // The iteration's last chunk (iteration == version_: each chunk's
         // iterations are applied in order): every worker's pushes are in.
-        loss_scale_.Advance(it.overflow, options_.loss_scale.growth_interval);
-        it.overflow = false;
-        it.applied = 0;
-        it.completed = 0;
-        for (WorkerState& w : workers_) {
-          WorkerPushes& pushes = w.slots[SlotOf(iteration)];
-          std::fill(pushes.pushed.begin(), pushes.pushed.end(), false);
-          std::fill(pushes.carried.begin(), pushes.carried.end(), false);
-          pushes.chunks = 0;
-          pushes.num_samples = -1;
-        }
-        ++version_;
-        version_ns_ = NowNanos();
-        AdvanceMembershipLocked();
-        // The boundary a capture waits for: every chunk at version_, none
-        // ahead (the updates past it are held back), nothing moves while
-        // the state is copied.
-        if (version_ >= apply_limit_) {
-          if (!captures_.empty()) captures = TakeCapturesLocked(&state);
-          apply_limit_ = kNoLimit;
-          resume = held_back_;
-          held_back_ = false;
-        }
+        FinishIterationLocked(iteration, &captures, &state, &resume);
       }
       ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, iteration,
                   layout.signature[layout.chunk_key[global_chunk]].name,
@@ -1327,6 +1305,35 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
       absl::MutexLock lock(&mu_);
       ++held_back_releases_;
     }
+  }
+}
+
+void ParameterServer::FinishIterationLocked(int64_t iteration,
+                                            std::vector<std::function<void(State)>>* captures,
+                                            State* state, bool* resume) {
+  IterationState& it = iterations_[SlotOf(iteration)];
+  loss_scale_.Advance(it.overflow, options_.loss_scale.growth_interval);
+  it.overflow = false;
+  it.applied = 0;
+  it.completed = 0;
+  for (WorkerState& w : workers_) {
+    WorkerPushes& pushes = w.slots[SlotOf(iteration)];
+    std::fill(pushes.pushed.begin(), pushes.pushed.end(), false);
+    std::fill(pushes.carried.begin(), pushes.carried.end(), false);
+    pushes.chunks = 0;
+    pushes.num_samples = -1;
+  }
+  ++version_;
+  version_ns_ = NowNanos();
+  AdvanceMembershipLocked();
+  // The boundary a capture waits for: every chunk at version_, none ahead
+  // (the updates past it are held back), nothing moves while the state is
+  // copied.
+  if (version_ >= apply_limit_) {
+    if (!captures_.empty()) *captures = TakeCapturesLocked(state);
+    apply_limit_ = kNoLimit;
+    *resume = held_back_;
+    held_back_ = false;
   }
 }
 

@@ -682,6 +682,13 @@ class ParameterServer {
   // holds it); the update then makes it current and the current previous.
   static std::shared_ptr<std::vector<float>> NextParamsLocked(Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // The end of iteration `iteration` (== version_), once its last chunk is
+  // applied: the loss scale decides, the workers' pushes of it reset, the
+  // version and the membership advance; at a capture's boundary the
+  // pending captures are taken into *captures (with *state, to run outside
+  // mu_) and *resume says whether updates were held back for them.
+  void FinishIterationLocked(int64_t iteration, std::vector<std::function<void(State)>>* captures,
+                             State* state, bool* resume) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies the current state at the boundary (every chunk at version_,
   // nothing of the iteration applied) and hands it to the pending
   // CaptureState requests, which it returns to be run outside mu_.
