@@ -56,7 +56,10 @@ void Checkpointer::Loop() {
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
-      last = last_version_;
+      // After a failure, the version it tried counts as done: the next try
+      // is at the next due point, not at once (a write that fails fast
+      // would otherwise copy the model under the server's lock in a loop).
+      last = std::max(last_version_, failed_version_);
       last_time = last_time_;
     }
     bool due = false;
@@ -75,9 +78,12 @@ void Checkpointer::Loop() {
     if (!due) continue;
     const absl::Status status = CaptureAndWrite(absl::InfiniteFuture());
     if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {
-      Log(absl::StrCat("checkpoint failed (will try again): ", status.ToString()));
+      const int64_t tried = server_->version();
+      Log(absl::StrCat("checkpoint of version ", tried,
+                       " failed (will try again when the next is due): ", status.ToString()));
       absl::MutexLock lock(&mu_);
-      last_time_ = absl::Now();  // not again at once
+      last_time_ = absl::Now();
+      failed_version_ = std::max(failed_version_, tried);
     }
   }
 }

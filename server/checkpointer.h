@@ -36,8 +36,10 @@ struct CheckpointerOptions {
 // the push that ends the iteration, under the server's lock, a few
 // milliseconds per 10M parameters) and writes it (server/checkpoint.h:
 // safetensors + manifest, atomic, the last `keep` kept) while training goes
-// on. A write that fails is reported and retried at the next due point;
-// training never waits for a write.
+// on. A write that fails is reported and retried at the next due point (the
+// next multiple of every_steps past the version it tried, or `every` later
+// once the version has moved), never at once; training never waits for a
+// write.
 //
 // Not thread-safe: one thread calls WriteFinal and Stop.
 class Checkpointer {
@@ -74,6 +76,8 @@ class Checkpointer {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t last_version_ ABSL_GUARDED_BY(mu_);
+  // The newest version a background write failed at (-1: none).
+  int64_t failed_version_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Time last_time_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

@@ -1,8 +1,11 @@
 #include "server/checkpointer.h"
 
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
@@ -57,6 +60,34 @@ TEST_F(CheckpointerTest, WritesEveryNStepsInTheBackgroundAndAFinalOne) {
   std::vector<float> params(3);
   ASSERT_TRUE(server_->Pull(5, absl::InfiniteFuture(), absl::MakeSpan(params)).ok());
   EXPECT_EQ(loaded->contents.parameters, params);
+}
+
+// A write that fails (here at once: the directory's parent is a file) is
+// tried again at the next due point, not in a loop: one failure per
+// multiple of every_steps the server reaches.
+TEST_F(CheckpointerTest, AFailedWriteIsTriedAgainWhenTheNextIsDueNotAtOnce) {
+  const std::string file = absl::StrCat(dir_, "-a-file");
+  FILE* f = std::fopen(file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  CheckpointerOptions options;
+  options.files.directory = absl::StrCat(file, "/checkpoints");
+  options.every_steps = 1;
+  absl::Mutex mu;
+  int failures = 0;
+  options.log = [&](const std::string& line) {
+    absl::MutexLock lock(&mu);
+    if (line.find("failed") != std::string::npos) ++failures;
+  };
+  {
+    Checkpointer checkpointer(server_.get(), options, -1);
+    Step(0);
+    Step(1);
+    absl::SleepFor(absl::Milliseconds(1500));
+  }
+  absl::MutexLock lock(&mu);
+  EXPECT_GE(failures, 1);
+  EXPECT_LE(failures, 2) << "versions 1 and 2 due, each tried once";
 }
 
 TEST_F(CheckpointerTest, NoFinalCheckpointOfAHalfAppliedIteration) {
