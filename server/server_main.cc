@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -29,6 +30,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
@@ -159,7 +161,49 @@ void Log(const std::string& line) {
   std::fflush(stdout);
 }
 
+// The numeric flags no code below may see out of range: each refused with
+// its name, rather than read as "off" (a negative count), "no limit" (a
+// negative size) or "at once" (a timeout of 0 or less).
+absl::Status CheckNumericFlags() {
+  std::vector<std::string> bad;
+  auto positive = [&](const char* name, absl::Duration d) {
+    if (d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+      bad.push_back(absl::StrCat("--", name, "=", absl::FormatDuration(d),
+                                 " (must be finite and > 0)"));
+    }
+  };
+  positive("liveness_timeout", absl::GetFlag(FLAGS_liveness_timeout));
+  positive("stall_report_every", absl::GetFlag(FLAGS_stall_report_every));
+  positive("worker_loss_timeout", absl::GetFlag(FLAGS_worker_loss_timeout));
+  positive("stop_timeout", absl::GetFlag(FLAGS_stop_timeout));
+  if (absl::GetFlag(FLAGS_checkpoint_every) < absl::ZeroDuration()) {
+    bad.push_back(absl::StrCat("--checkpoint_every=",
+                               absl::FormatDuration(absl::GetFlag(FLAGS_checkpoint_every)),
+                               " (must be >= 0; 0: not by time)"));
+  }
+  if (absl::GetFlag(FLAGS_checkpoint_every_steps) < 0) {
+    bad.push_back(absl::StrCat("--checkpoint_every_steps=",
+                               absl::GetFlag(FLAGS_checkpoint_every_steps),
+                               " (must be >= 0; 0: not by steps)"));
+  }
+  if (absl::GetFlag(FLAGS_checkpoint_keep) < 1) {
+    bad.push_back(absl::StrCat("--checkpoint_keep=", absl::GetFlag(FLAGS_checkpoint_keep),
+                               " (must be >= 1)"));
+  }
+  // At most 1 TiB: the shift below stays far inside size_t.
+  const int64_t memory_mb = absl::GetFlag(FLAGS_grpc_memory_limit_mb);
+  if (memory_mb < 1 || memory_mb > (int64_t{1} << 20)) {
+    bad.push_back(absl::StrCat("--grpc_memory_limit_mb=", memory_mb, " (must be 1 to 1048576)"));
+  }
+  if (absl::GetFlag(FLAGS_threads) < 1) {
+    bad.push_back(absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads), " (must be >= 1)"));
+  }
+  if (bad.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(bad, "; "));
+}
+
 absl::Status Main() {
+  PS_RETURN_IF_ERROR(CheckNumericFlags());
   // SIGINT/SIGTERM are blocked in every thread (gRPC's inherit the mask) and
   // taken synchronously by sigwait below, so shutdown runs on this thread.
   sigset_t stop_signals;

@@ -140,5 +140,19 @@ TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
   EXPECT_THAT(server.Log(), HasSubstr("stopping at version 60"));
 }
 
+// Numeric flags out of range are refused at start, each named, never read
+// as "off", "no limit" or "at once".
+TEST(ClusterTest, AServerWithNumericFlagsOutOfRangeRefusesToStartNamingThem) {
+  Process server(testing::RunfilePath("server/server"),
+                 {"--num_workers=1", "--port=0", "--checkpoint_keep=0", "--liveness_timeout=0s",
+                  "--stop_timeout=inf", "--grpc_memory_limit_mb=-5"},
+                 testing::TestTmpPath("bad-flags.log"));
+  EXPECT_NE(server.Wait(std::chrono::seconds(20)), 0);
+  for (const char* named : {"--checkpoint_keep=0", "--liveness_timeout=0", "--stop_timeout=inf",
+                            "--grpc_memory_limit_mb=-5"}) {
+    EXPECT_THAT(server.Log(), HasSubstr(named));
+  }
+}
+
 }  // namespace
 }  // namespace ps
