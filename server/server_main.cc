@@ -497,10 +497,14 @@ absl::Status Main() {
           }
         }
       }
-      const Stall stall =
-          FindStall(progress, now, every, absl::GetFlag(FLAGS_liveness_timeout));
+      // Whom the iteration waits for, at once (a lost worker is acted on
+      // after --liveness_timeout, whatever the report's period); the report
+      // itself once it has waited --stall_report_every, and that often.
+      const Stall stall = FindStall(progress, now, /*report_after=*/absl::ZeroDuration(),
+                                    absl::GetFlag(FLAGS_liveness_timeout));
       if (stall.report.empty()) continue;
-      if (last_report_ns < 0 || now - last_report_ns >= absl::ToInt64Nanoseconds(every)) {
+      if (stall.waited >= every &&
+          (last_report_ns < 0 || now - last_report_ns >= absl::ToInt64Nanoseconds(every))) {
         Log(stall.report);
         last_report_ns = now;
       }
