@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 #include "common/status_macros.h"
 
 namespace ps {
@@ -23,10 +24,15 @@ constexpr int kMaxRandomBytes = 512;
 
 // The first kMaxTokenFileBytes + 1 bytes (at most) of the file at `path`.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("job token file \"", path, "\": cannot open"));
+  absl::StatusOr<int> opened = OpenRegularFile(path);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(),
+                        absl::StrCat("job token file \"", path, "\": ",
+                                     absl::IsFailedPrecondition(opened.status())
+                                         ? "not a regular file"
+                                         : "cannot open"));
   }
+  const int fd = *opened;
   std::string contents;
   char buffer[4096];
   while (contents.size() <= kMaxTokenFileBytes) {

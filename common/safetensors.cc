@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/half.h"
+#include "common/regular_file.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -737,16 +738,18 @@ absl::Status WriteSafetensors(const std::string& path, absl::Span<const NamedHos
 // Reading.
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  // 1. Open and size the file.
-  FilePtr file(std::fopen(path.c_str(), "rb"));
-  if (file == nullptr) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-    return ErrnoError(errno, path, "cannot open");
-  }
+  // 1. Open and size the file (a FIFO is refused, never waited on).
   struct stat st;
-  if (::fstat(::fileno(file.get()), &st) != 0) return ErrnoError(errno, path, "fstat");
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  absl::StatusOr<int> fd = OpenRegularFile(path, &st);
+  if (absl::IsFailedPrecondition(fd.status())) {
+    return absl::InvalidArgumentError(fd.status().message());
+  }
+  PS_RETURN_IF_ERROR(fd.status());
+  FilePtr file(::fdopen(*fd, "rb"));
+  if (file == nullptr) {
+    const int error = errno;
+    ::close(*fd);
+    return ErrnoError(error, path, "fdopen");
   }
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
 

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 #include "common/status_macros.h"
 
 namespace ps {
@@ -31,8 +32,14 @@ std::string Describe(absl::string_view side, absl::string_view option, const std
 
 // The contents of `path`, which must look like PEM. `what` is Describe()'s.
 absl::StatusOr<std::string> ReadPemFile(const std::string& what, const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(what, ": cannot open"));
+  absl::StatusOr<int> opened = OpenRegularFile(path);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(),
+                        absl::StrCat(what, absl::IsFailedPrecondition(opened.status())
+                                               ? ": not a regular file"
+                                               : ": cannot open"));
+  }
+  const int fd = *opened;
   std::string contents;
   char buffer[16384];
   while (true) {

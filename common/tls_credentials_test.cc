@@ -157,7 +157,7 @@ TEST_F(TlsCredentialsTest, UnreadableFileIsPermissionDenied) {
 TEST_F(TlsCredentialsTest, DirectoryIsRefused) {
   auto status = MakeChannelCredentials({*cert_dir_, "", "", ""}).status();
   EXPECT_FALSE(status.ok());
-  EXPECT_THAT(status.message(), HasSubstr("ca_file \"" + *cert_dir_ + "\": cannot read"));
+  EXPECT_THAT(status.message(), HasSubstr("ca_file \"" + *cert_dir_ + "\": not a regular file"));
 }
 
 TEST_F(TlsCredentialsTest, NotPemIsInvalidArgument) {

@@ -27,6 +27,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/regular_file.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -185,20 +186,17 @@ struct FileCheck {
 // at most `limit` + 1 bytes, so a file larger than expected is not read to
 // its end (its size comes from fstat).
 absl::StatusOr<FileCheck> CheckFile(const std::string& path, int64_t limit) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": missing file"));
-    return ErrnoError(errno, path, "cannot open");
+  struct stat st;
+  absl::StatusOr<int> opened = OpenRegularFile(path, &st);
+  if (absl::IsNotFound(opened.status())) {
+    return absl::NotFoundError(absl::StrCat(path, ": missing file"));
   }
+  PS_RETURN_IF_ERROR(opened.status());
+  const int fd = *opened;
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoError(errno, path, "fstat");
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(path, ": not a regular file"));
-  }
   FileCheck check;
   check.bytes = static_cast<int64_t>(st.st_size);
   if (check.bytes > limit) return check;  // the caller reports the size
@@ -627,15 +625,20 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, int64_t file_ver
 }
 
 absl::StatusOr<std::string> ReadManifestText(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
+  struct stat st;
+  absl::StatusOr<int> opened = OpenRegularFile(path, &st);
+  if (absl::IsNotFound(opened.status())) return absl::NotFoundError("missing file");
+  if (absl::IsFailedPrecondition(opened.status())) {
+    return absl::FailedPreconditionError("not a regular file");
+  }
+  if (!opened.ok()) return absl::Status(opened.status().code(), "cannot open");
+  std::FILE* file = ::fdopen(*opened, "rb");
   if (file == nullptr) {
-    if (errno == ENOENT) return absl::NotFoundError("missing file");
-    return absl::ErrnoToStatus(errno, "cannot open");
+    const int error = errno;
+    ::close(*opened);
+    return absl::ErrnoToStatus(error, "fdopen");
   }
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(file, &std::fclose);
-  struct stat st;
-  if (::fstat(::fileno(file), &st) != 0) return absl::ErrnoToStatus(errno, "fstat");
-  if (!S_ISREG(st.st_mode)) return absl::FailedPreconditionError("not a regular file");
   if (st.st_size > kMaxManifestBytes) {
     return absl::InvalidArgumentError(absl::StrCat(st.st_size, " bytes, above the limit of ",
                                                    kMaxManifestBytes, " for a manifest"));

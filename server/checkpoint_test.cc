@@ -293,6 +293,23 @@ TEST(CheckpointTest, TruncatedParamsFileIsRefusedAndThePreviousLoaded) {
   EXPECT_THAT(refused[0], HasSubstr(Path(dir, CheckpointManifestFileName(2))));
 }
 
+// A FIFO where a data file or the newest manifest belongs is refused by
+// name (opening it to read would wait for a writer forever), and the
+// previous checkpoint is loaded.
+TEST(CheckpointTest, AFifoInPlaceOfAFileIsRefusedNotWaitedOn) {
+  for (const bool manifest : {false, true}) {
+    const std::string dir = FreshDir();
+    WriteVersions(dir, {1, 2});
+    const std::string fifo =
+        Path(dir, manifest ? CheckpointManifestFileName(2) : CheckpointParamsFileName(2));
+    ASSERT_EQ(::unlink(fifo.c_str()), 0);
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    const std::vector<std::string> refused = ExpectLoads(dir, 1, 1);
+    ASSERT_THAT(refused, SizeIs(1));
+    EXPECT_THAT(refused[0], HasSubstr("not a regular file"));
+  }
+}
+
 TEST(CheckpointTest, LongerFileIsRefused) {
   const std::string dir = FreshDir();
   WriteVersions(dir, {1, 2});
