@@ -488,6 +488,15 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
     return absl::InternalError(absl::StrCat("server ", options_.server_address,
                                             " sent a malformed registration reply"));
   }
+  if (codec_->sparse() && reply.loss_scale() > 0) {
+    // An overflowing step poisons its push with NaN so that every chunk
+    // skips the update; top-k pairs carry finite values only (the server
+    // refuses others), and the NaN would stay in the residual for good.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--compression=", codec_->name(), " cannot run with the dynamic loss scaling of ",
+        options_.server_address, " (--loss_scale=dynamic): an overflow's NaN cannot travel as "
+        "top-k pairs; use --compression=none, fp16 or bf16, or no loss scaling"));
+  }
   rank_ = reply.rank();
   use_segment_ = offer && reply.shared_memory_attached();
   if (offer && options_.log) {

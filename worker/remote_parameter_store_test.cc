@@ -398,6 +398,25 @@ TEST(RemoteParameterStoreCompressionTest, HalfPrecisionOnTheWireBothWays) {
   }
 }
 
+// Under dynamic loss scaling an overflowing step's push is all NaN, which
+// top-k pairs cannot carry: the combination is refused at registration,
+// naming both, rather than failing at the first overflow.
+TEST(RemoteParameterStoreCompressionTest, TopKWithDynamicLossScalingIsRefusedAtRegistration) {
+  server::ParameterServerOptions options;
+  options.num_workers = 1;
+  options.chunk_elements = kChunkElements;
+  options.loss_scale.dynamic = true;
+  auto server = server::InProcessServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto store = MakeStore((*server)->address(), "w", nullptr, 1, "topk:0.2");
+  const auto refused = store->Register(Signature(), Ramp(1.f, 0.25f));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--loss_scale=dynamic"));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--compression=topk"));
+  auto fp16 = MakeStore((*server)->address(), "w", nullptr, 1, "fp16");
+  EXPECT_TRUE(fp16->Register(Signature(), Ramp(1.f, 0.25f)).ok());
+}
+
 TEST(RemoteParameterStoreCompressionTest, AnUnknownCompressionIsRefusedAtCreate) {
   RemoteStoreOptions options;
   options.compression = "fp8";
