@@ -75,6 +75,10 @@ absl::StatusOr<std::unique_ptr<ByteSource>> ByteSource::Open(const std::string& 
     }
     source->gz_ = gz;
     gzbuffer(gz, 1 << 17);
+    // No more than the file can hold: a reader reserves what the hint says,
+    // and a corrupt trailer may claim 4 GB for a 30-byte file.
+    source->content_bytes_hint_ =
+        std::min(source->content_bytes_hint_, source->max_content_bytes());
   } else if (std::fseek(source->file_, 0, SEEK_SET) != 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot seek in ", path));
   }

@@ -50,9 +50,11 @@ class ByteSource {
   int64_t max_content_bytes() const;
   // Content bytes consumed so far.
   int64_t bytes_read() const { return bytes_read_; }
-  // What the file says its content's size is, not checked: the file's size
-  // for a raw file; for gzip, the size its trailer records (ISIZE: the
-  // last member's uncompressed size modulo 2^32), -1 when it has none.
+  // What the file says its content's size is, checked only against
+  // max_content_bytes(): the file's size for a raw file; for gzip, the
+  // size its trailer records (ISIZE: the last member's uncompressed size
+  // modulo 2^32) or max_content_bytes() if that is less, -1 when it has
+  // none.
   int64_t content_bytes_hint() const { return content_bytes_hint_; }
 
   // Reads up to `n` bytes into `buffer` and returns how many were read: fewer

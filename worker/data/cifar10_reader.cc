@@ -44,7 +44,11 @@ absl::Status AppendCifarFile(internal::ByteSource& source, Dataset* dataset) {
       dataset->labels.push_back(bytes[0]);
       dataset->pixels.insert(dataset->pixels.end(), bytes + 1, bytes + kCifar10RecordBytes);
     }
-    if (got < static_cast<int64_t>(block.size())) return absl::OkStatus();
+    if (got < static_cast<int64_t>(block.size())) {
+      // An empty file (an interrupted download, say) holds no record.
+      if (record == 0) return absl::DataLossError(absl::StrCat(path, ": holds no record"));
+      return absl::OkStatus();
+    }
   }
 }
 

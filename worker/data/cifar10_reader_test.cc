@@ -150,6 +150,20 @@ TEST(Cifar10ReaderTest, CorruptGzip) {
   EXPECT_THAT(dataset.status().message(), HasSubstr("corrupt gzip"));
 }
 
+// An empty batch file (an interrupted download) is refused by name rather
+// than read as no records.
+TEST(Cifar10ReaderTest, AnEmptyFileIsRefused) {
+  const std::string dir = TestDir("cifar_empty");
+  WriteSplits(dir, /*gzip=*/false);
+  const std::string path = dir + "/data_batch_3.bin";
+  for (const bool gzip : {false, true}) {
+    WriteFile(path, gzip ? Gzip(Bytes{}) : Bytes{});
+    absl::StatusOr<Dataset> dataset = LoadCifar10(dir, "train");
+    EXPECT_EQ(dataset.status().code(), absl::StatusCode::kDataLoss) << gzip;
+    EXPECT_THAT(dataset.status().message(), HasSubstr(path + ": holds no record"));
+  }
+}
+
 TEST(Cifar10ReaderTest, LoadFilesDirectly) {
   const std::string dir = TestDir("cifar_files");
   WriteSplits(dir, /*gzip=*/false);

@@ -129,9 +129,17 @@ absl::StatusOr<Dataset> LoadIdxDataset(const std::string& images_path,
   const int64_t n = images.dims[0];
   const int64_t rows = images.dims[1];
   const int64_t cols = images.dims[2];
-  if (rows == 0 || cols == 0) {
-    return absl::DataLossError(
-        absl::StrCat(images_path, ": images of ", rows, " x ", cols, " pixels: corrupt header"));
+  // What a dataset may hold (ValidateDataset: every dimension in [1, 2^20])
+  // and at least one sample: with none, any rows and cols pass the size
+  // check (0 bytes of pixels), and the model would be built for them.
+  constexpr int64_t kMaxSide = int64_t{1} << 20;
+  if (rows < 1 || cols < 1 || rows > kMaxSide || cols > kMaxSide) {
+    return absl::DataLossError(absl::StrCat(images_path, ": images of ", rows, " x ", cols,
+                                            " pixels: corrupt header (each side 1 to ",
+                                            kMaxSide, ")"));
+  }
+  if (n == 0) {
+    return absl::DataLossError(absl::StrCat(images_path, ": holds no images"));
   }
   if (labels.dims[0] != n) {
     return absl::DataLossError(absl::StrCat("image and label counts differ: ", images_path,

@@ -106,6 +106,15 @@ TEST(IdxReaderTest, ContentSizeHints) {
   auto tiny = internal::ByteSource::Open(dir + "/tiny");
   ASSERT_TRUE(tiny.ok());
   EXPECT_EQ((*tiny)->content_bytes_hint(), -1);
+  // A trailer claiming 4 GB: the hint is what the file can hold at most
+  // (readers reserve it), not the claim.
+  Bytes lying = Gzip(content);
+  for (size_t i = lying.size() - 4; i < lying.size(); ++i) lying[i] = 0xff;
+  WriteFile(dir + "/lying", lying);
+  auto source = internal::ByteSource::Open(dir + "/lying");
+  ASSERT_TRUE(source.ok());
+  EXPECT_EQ((*source)->content_bytes_hint(), (*source)->max_content_bytes());
+  EXPECT_LT((*source)->content_bytes_hint(), int64_t{0xffffffff});
 }
 
 TEST(IdxReaderTest, LoadMnistLikeFindsStandardNames) {
@@ -371,6 +380,24 @@ TEST(IdxReaderTest, ZeroSizedImages) {
   absl::StatusOr<Dataset> dataset = LoadIdxDataset(files.images, files.labels, "mnist");
   EXPECT_EQ(dataset.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(dataset.status().message(), HasSubstr(files.images));
+}
+
+// No samples: any rows and cols pass the size check (0 bytes of pixels),
+// and the model would be built for them, so an empty file pair, or sides
+// beyond a dataset's 2^20, are refused by name.
+TEST(IdxReaderTest, NoImagesOrSidesBeyondTheBoundAreRefused) {
+  const std::string dir = TestDir("idx_empty");
+  const Files files = WriteValid(dir, /*gzip=*/false);
+  WriteFile(files.images, IdxHeader(0x803, {0, 0xffffffffu, 0xffffffffu}));
+  WriteFile(files.labels, IdxHeader(0x801, {0}));
+  absl::StatusOr<Dataset> dataset = LoadIdxDataset(files.images, files.labels, "mnist");
+  EXPECT_EQ(dataset.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(dataset.status().message(), HasSubstr(files.images));
+  EXPECT_THAT(dataset.status().message(), HasSubstr("each side 1 to 1048576"));
+  WriteFile(files.images, IdxHeader(0x803, {0, 28, 28}));
+  dataset = LoadIdxDataset(files.images, files.labels, "mnist");
+  EXPECT_EQ(dataset.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(dataset.status().message(), HasSubstr("holds no images"));
 }
 
 TEST(IdxReaderTest, RandomCorruptionNeverCrashes) {
