@@ -4,7 +4,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
@@ -157,37 +159,73 @@ absl::Status Checkpointer::WriteFinal(absl::Time deadline) {
   return CaptureAndWrite(deadline);
 }
 
+namespace {
+
+// A float as the shortest text (6 to 9 significant digits) that reads back
+// to the same float: StrCat's 6 made 0.1234567 and 0.1234568 one job.
+std::string ExactFloat(float x) {
+  std::string text;
+  for (int digits = 6; digits <= 9; ++digits) {
+    text = absl::StrFormat("%.*g", digits, x);
+    double back = 0;
+    if (absl::SimpleAtod(text, &back) && static_cast<float>(back) == x) break;
+  }
+  return text;
+}
+
+// Two settings' texts name the same value: the same text, or, for numbers
+// with a fraction or an exponent, the same float (a checkpoint written with
+// 6 digits, "0.9", still matches "0.899999976").
+bool SameSetting(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  auto fractional = [](const std::string& s) {
+    return s.find_first_of(".eE") != std::string::npos;
+  };
+  double x = 0, y = 0;
+  return (fractional(a) || fractional(b)) && absl::SimpleAtod(a, &x) &&
+         absl::SimpleAtod(b, &y) && static_cast<float>(x) == static_cast<float>(y);
+}
+
+}  // namespace
+
 std::map<std::string, std::string> JobSettings(const ParameterServerOptions& options) {
   const OptimizerOptions& optimizer = options.optimizer;
   const LrSchedule& schedule = optimizer.schedule;
   std::map<std::string, std::string> job = {
       {"num_workers", absl::StrCat(options.num_workers)},
       {"consistency", ConsistencyName(options)},
-      {"lr", absl::StrCat(optimizer.sgd.lr)},
-      {"momentum", absl::StrCat(optimizer.sgd.momentum)},
-      {"weight_decay", absl::StrCat(optimizer.sgd.weight_decay)},
+      {"lr", ExactFloat(optimizer.sgd.lr)},
+      {"momentum", ExactFloat(optimizer.sgd.momentum)},
+      {"weight_decay", ExactFloat(optimizer.sgd.weight_decay)},
       {"nesterov", optimizer.sgd.nesterov ? "true" : "false"},
       {"lr_decay_every", absl::StrCat(schedule.step_size)},
-      {"lr_decay_gamma", absl::StrCat(schedule.gamma)},
+      {"lr_decay_gamma", ExactFloat(schedule.gamma)},
       {"lr_decay_unit", schedule.unit == LrSchedule::Unit::kEpochs ? "epochs" : "steps"},
       {"lr_warmup_steps", absl::StrCat(schedule.warmup_steps)},
   };
   // Only when on, so that checkpoints written before loss scaling existed
   // still match a job without it.
   if (options.loss_scale.dynamic) {
-    job["loss_scale"] = absl::StrCat("dynamic initial ", options.loss_scale.initial, " growth ",
-                                     options.loss_scale.growth_interval);
+    job["loss_scale"] = absl::StrCat("dynamic initial ", ExactFloat(options.loss_scale.initial),
+                                     " growth ", options.loss_scale.growth_interval);
   }
   return job;
 }
 
 std::string JobDifferences(const std::map<std::string, std::string>& saved,
                            const std::map<std::string, std::string>& current) {
+  // Every key of either: a setting the checkpoint has and this job has not
+  // (its dynamic loss scaling, say) differs as much as the reverse.
+  std::map<std::string, std::pair<std::string, std::string>> both;
+  for (const auto& [key, value] : saved) both[key].first = value;
+  for (const auto& [key, value] : current) both[key].second = value;
   std::vector<std::string> differences;
-  for (const auto& [key, value] : current) {
-    auto it = saved.find(key);
-    const std::string was = it == saved.end() ? "(none)" : it->second;
-    if (was != value) differences.push_back(absl::StrCat(key, " ", was, " in the checkpoint, ", value, " now"));
+  for (const auto& [key, values] : both) {
+    const std::string was = saved.count(key) ? values.first : "(none)";
+    const std::string now = current.count(key) ? values.second : "(none)";
+    if (!SameSetting(was, now)) {
+      differences.push_back(absl::StrCat(key, " ", was, " in the checkpoint, ", now, " now"));
+    }
   }
   return absl::StrJoin(differences, "; ");
 }

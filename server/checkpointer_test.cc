@@ -131,6 +131,21 @@ TEST(JobSettingsTest, DifferencesNameTheSetting) {
   f.optimizer.schedule.warmup_steps = 100;
   EXPECT_EQ(JobDifferences(JobSettings(a), JobSettings(f)),
             "lr_warmup_steps 0 in the checkpoint, 100 now");
+  // Learning rates that differ in the 7th digit are two jobs.
+  ParameterServerOptions g = a, h = a;
+  g.optimizer.sgd.lr = 0.1234567f;
+  h.optimizer.sgd.lr = 0.1234568f;
+  EXPECT_EQ(JobDifferences(JobSettings(g), JobSettings(h)),
+            "lr 0.1234567 in the checkpoint, 0.1234568 now");
+  // A setting only the checkpoint has is a difference too.
+  ParameterServerOptions scaled = a;
+  scaled.loss_scale.dynamic = true;
+  EXPECT_EQ(JobDifferences(JobSettings(scaled), JobSettings(a)),
+            "loss_scale dynamic initial 65536 growth 2000 in the checkpoint, (none) now");
+  // A checkpoint's value written with fewer digits is the same float.
+  std::map<std::string, std::string> older = JobSettings(a);
+  older["lr"] = "0.900000";
+  EXPECT_EQ(JobDifferences(older, JobSettings(a)), "");
 }
 
 }  // namespace
