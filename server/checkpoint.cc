@@ -30,6 +30,7 @@
 #include "common/regular_file.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "server/optimizer.h"
 #include "nlohmann/json.hpp"
 
 namespace ps::server {
@@ -552,25 +553,33 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, int64_t file_ver
                                                      kCheckpointFormatVersion));
   }
   Manifest m;
-  PS_ASSIGN_OR_RETURN(m.contents.version, GetInt(json["version"], "version", 0));
+  // Counters a resumed server goes on counting from: bounded so that they
+  // cannot overflow however long it runs (2^62 steps).
+  constexpr int64_t kMaxCount = int64_t{1} << 62;
+  PS_ASSIGN_OR_RETURN(m.contents.version, GetInt(json["version"], "version", 0, kMaxCount));
   if (m.contents.version != file_version) {
     return FieldError("version", absl::StrCat(" is ", m.contents.version,
                                               ", but the file name says ", file_version));
   }
   PS_ASSIGN_OR_RETURN(m.contents.steps_per_epoch,
-                      GetInt(json["steps_per_epoch"], "steps_per_epoch", 0));
+                      GetInt(json["steps_per_epoch"], "steps_per_epoch", 0, kMaxCount));
   if (json.contains("loss_scale")) {
     const Json& scale = json["loss_scale"];
     PS_RETURN_IF_ERROR(
         CheckKeys(scale, "loss_scale", {"scale", "clean_iterations", "skipped_iterations"}));
-    if (!scale["scale"].is_number() || !(scale["scale"].get<double>() > 0)) {
-      return FieldError("loss_scale.scale", " is not a positive number");
+    // Checked as the float it becomes: a power of two a loss scale may be
+    // (1e39 would be infinity, 1e-50 zero: "no scale").
+    if (!scale["scale"].is_number() || !IsValidLossScale(scale["scale"].get<float>())) {
+      return FieldError("loss_scale.scale",
+                        " is not a power of two from 2^-24 to 2^24 (as a float)");
     }
     m.contents.loss_scale = scale["scale"].get<float>();
-    PS_ASSIGN_OR_RETURN(m.contents.loss_scale_clean_iterations,
-                        GetInt(scale["clean_iterations"], "loss_scale.clean_iterations", 0));
-    PS_ASSIGN_OR_RETURN(m.contents.loss_scale_skipped_iterations,
-                        GetInt(scale["skipped_iterations"], "loss_scale.skipped_iterations", 0));
+    PS_ASSIGN_OR_RETURN(
+        m.contents.loss_scale_clean_iterations,
+        GetInt(scale["clean_iterations"], "loss_scale.clean_iterations", 0, kMaxCount));
+    PS_ASSIGN_OR_RETURN(
+        m.contents.loss_scale_skipped_iterations,
+        GetInt(scale["skipped_iterations"], "loss_scale.skipped_iterations", 0, kMaxCount));
   }
   const Json& job = json["job"];
   if (!job.is_object()) return FieldError("job", " is not a JSON object");

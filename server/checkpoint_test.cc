@@ -19,6 +19,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -218,6 +219,28 @@ TEST(CheckpointTest, LossScaleRoundTripsAndIsChecked) {
   EXPECT_FALSE(LoadNewestCheckpoint(dir, &refused).ok());
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_THAT(refused[0], HasSubstr("loss_scale lacks field 'clean_iterations'"));
+
+  // Numbers a float or a counter cannot hold are refused by name: a scale
+  // that would be infinity, or zero ("no scale"), and a version or count
+  // that the resumed server would overflow counting on.
+  for (const auto& [from, to, problem] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"\"scale\": 2048.0", "\"scale\": 1e39", "loss_scale.scale"},
+           {"\"scale\": 2048.0", "\"scale\": 1e-50", "loss_scale.scale"},
+           {"\"clean_iterations\": 17", "\"clean_iterations\": 9223372036854775807",
+            "loss_scale.clean_iterations"},
+       }) {
+    const std::string bad = absl::StrReplaceAll(manifest, {{from, to}});
+    ASSERT_NE(bad, manifest) << from;
+    {
+      std::ofstream out(manifest_path, std::ios::trunc);
+      out << bad;
+    }
+    refused.clear();
+    EXPECT_FALSE(LoadNewestCheckpoint(dir, &refused).ok()) << to;
+    ASSERT_EQ(refused.size(), 1u);
+    EXPECT_THAT(refused[0], HasSubstr(problem)) << to;
+  }
 }
 
 TEST(CheckpointTest, ManifestListsEveryField) {

@@ -273,8 +273,16 @@ absl::Status Main() {
       state.loss_scale = loaded->contents.loss_scale;
       state.loss_scale_clean_iterations = loaded->contents.loss_scale_clean_iterations;
       state.loss_scale_skipped_iterations = loaded->contents.loss_scale_skipped_iterations;
-      PS_ASSIGN_OR_RETURN(server, ParameterServer::CreateFromState(options, std::move(state),
-                                                                   &device));
+      absl::StatusOr<std::unique_ptr<ParameterServer>> resumed =
+          ParameterServer::CreateFromState(options, std::move(state), &device);
+      if (!resumed.ok()) {
+        // Named: the file a server cannot resume from (non-finite values
+        // of a diverged run, say), for the operator to move aside.
+        return absl::Status(resumed.status().code(),
+                            absl::StrCat(loaded->manifest_path, ": cannot resume from it: ",
+                                         resumed.status().message()));
+      }
+      server = *std::move(resumed);
       resumed_version = server->version();
       initial_from = absl::StrCat(loaded->manifest_path, " (resumed at version ", resumed_version,
                                   ")");
