@@ -2,9 +2,12 @@
 // whether it serves, for container health checks and init containers that
 // wait for the servers. One call, with a deadline; the exit status says:
 //   0  SERVING
-//   1  reached, but NOT_SERVING / UNKNOWN / SERVICE_UNKNOWN (e.g. stopping)
-//   2  not reached: refused, unresolvable, deadline, TLS handshake failed
-//   3  bad flags or unreadable TLS files
+//   1  reached, but not serving: NOT_SERVING / UNKNOWN (e.g. stopping), or
+//      the call refused (NOT_FOUND: no such --service; UNIMPLEMENTED: no
+//      health service; any other code but the two below)
+//   2  not reached: UNAVAILABLE (refused, unresolvable, TLS handshake
+//      failed) or DEADLINE_EXCEEDED
+//   3  bad flags (a --timeout of 0 or less) or unreadable TLS files
 // and one line on stdout names the address and the answer or the error.
 //
 //   ps-health --address=ps-server-0:50051 [--timeout=2s] [--tls_ca=...]
@@ -37,6 +40,11 @@ using grpc::health::v1::HealthCheckResponse;
 
 int Run() {
   const std::string address = absl::GetFlag(FLAGS_address);
+  if (absl::GetFlag(FLAGS_timeout) <= absl::ZeroDuration()) {
+    std::printf("ps-health: --timeout=%s must be > 0\n",
+                absl::FormatDuration(absl::GetFlag(FLAGS_timeout)).c_str());
+    return 3;
+  }
   const ps::ClientTlsOptions tls{absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
                                  absl::GetFlag(FLAGS_tls_key),
                                  absl::GetFlag(FLAGS_tls_server_name)};
@@ -58,9 +66,14 @@ int Run() {
   HealthCheckResponse response;
   const grpc::Status status = stub->Check(&context, request, &response);
   if (!status.ok()) {
-    std::printf("ps-health: %s not reached: %s (code %d)\n", address.c_str(),
-                status.error_message().c_str(), static_cast<int>(status.error_code()));
-    return 2;
+    // Only these two mean the server was not reached; any other code is
+    // its answer (an unknown --service is NOT_FOUND).
+    const bool reached = status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                         status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+    std::printf("ps-health: %s %s: %s (code %d)\n", address.c_str(),
+                reached ? "refused the check" : "not reached", status.error_message().c_str(),
+                static_cast<int>(status.error_code()));
+    return reached ? 1 : 2;
   }
   const std::string answer = HealthCheckResponse::ServingStatus_Name(response.status());
   std::printf("ps-health: %s %s\n", address.c_str(), answer.c_str());

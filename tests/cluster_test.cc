@@ -66,6 +66,17 @@ TEST(ClusterTest, ServerAndTwoWorkerProcessesTrainToTheEnd) {
               2)
         << output;
     EXPECT_THAT(output, HasSubstr(closed + " not reached"));
+    // Reached, but asked about a service it does not have: 1, not "not
+    // reached"; and a timeout of 0 is a bad flag (3).
+    EXPECT_EQ(testing::RunCommand(health_check + " --address=" + address + " --service=typo",
+                                  &output),
+              1)
+        << output;
+    EXPECT_THAT(output, HasSubstr(address + " refused the check"));
+    EXPECT_EQ(testing::RunCommand(health_check + " --address=" + address + " --timeout=0s",
+                                  &output),
+              3)
+        << output;
   }
 
   std::vector<std::unique_ptr<Process>> workers;
