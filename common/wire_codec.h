@@ -3,14 +3,16 @@
 
 // How tensor data travels between workers and servers (--compression): a
 // codec turns a chunk's fp32 values into the bytes of one TensorChunk and
-// back. The chunk's dtype names its codec (proto/parameter_server.proto), so
+// back. The chunk's dtype and encoding name its codec
+// (proto/parameter_server.proto: top-k pairs are F32 with ENCODING_TOPK), so
 // a receiver decodes whatever each sender chose; the server keeps fp32
 // master weights and decodes every push into fp32 before summing, and
 // encodes pulls as each pull asks.
 //
 //   none  F32, 4 bytes per element, exact
-//   fp16  IEEE binary16, 2 bytes: round to nearest even; beyond 65504 is
-//         infinity (which the server refuses as non-finite)
+//   fp16  IEEE binary16, 2 bytes: round to nearest even; from 65520 on (what
+//         rounds past 65504) is infinity (which the server refuses as
+//         non-finite)
 //   bf16  bfloat16, 2 bytes: float's range, 8 bits of mantissa
 //   topk:F  (pushes only) the largest F fraction of each chunk's values by
 //         magnitude, as (uint32 index, f32 value) pairs with the indices
@@ -38,7 +40,7 @@ class WireCodec {
  public:
   virtual ~WireCodec() = default;
 
-  // "none", "fp16" or "bf16": the --compression value.
+  // "none", "fp16", "bf16" or "topk:F": the --compression value.
   virtual absl::string_view name() const = 0;
   // The dtype a chunk in this encoding carries on the wire.
   virtual DType dtype() const = 0;

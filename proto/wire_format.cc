@@ -37,10 +37,12 @@ grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message) 
 absl::Status ParseMessage(const grpc::ByteBuffer& buffer, const char* what,
                           google::protobuf::MessageLite* message) {
   std::vector<grpc::Slice> slices;
-  std::string bytes;
-  if (buffer.Valid() && buffer.Dump(&slices).ok()) {
-    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  // An unreadable buffer is no message, not an empty (all-default) one.
+  if (!buffer.Valid() || !buffer.Dump(&slices).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed ", what, ": unreadable message"));
   }
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   if (!message->ParseFromString(bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("malformed ", what, ": not a parsable message"));
   }

@@ -50,7 +50,8 @@ void Checkpointer::Log(const std::string& line) const {
 
 void Checkpointer::Loop() {
   // Checks the stop flag at least every 200 ms; otherwise waits on the
-  // server's version (a condition, not a poll of it).
+  // server's version by steps (a condition, not a poll of it); by time
+  // alone, it looks every 200 ms.
   constexpr absl::Duration kTick = absl::Milliseconds(200);
   for (;;) {
     int64_t last;

@@ -18,8 +18,8 @@ namespace ps::server {
 
 struct CheckpointerOptions {
   CheckpointOptions files;  // directory and how many to keep
-  // A checkpoint once the server is this many versions past the last one
-  // (0: not by steps) ...
+  // A checkpoint at every version that is a multiple of this (0: not by
+  // steps) ...
   int64_t every_steps = 0;
   // ... and/or once this long has passed since the last one and the
   // version has moved (zero: not by time).
@@ -41,7 +41,8 @@ struct CheckpointerOptions {
 // once the version has moved), never at once; training never waits for a
 // write.
 //
-// Not thread-safe: one thread calls WriteFinal and Stop.
+// One thread calls WriteFinal and Stop; last_version and last_write_time
+// may be read from any thread.
 class Checkpointer {
  public:
   // `server` must outlive the checkpointer; `last_version` is the version
