@@ -373,7 +373,8 @@ NameInfo ClassifyName(absl::string_view name) {
   return info;
 }
 
-// Deletes every checkpoint but `written` and the keep - 1 newest others,
+// Deletes every checkpoint but `written` and the keep - 1 newest older ones
+// (newer ones are of an abandoned history, see CheckpointOptions::keep),
 // then the data files of versions without a manifest and our ".tmp" files:
 // manifests first, so that no manifest ever outlives its data.
 absl::Status DeleteOldCheckpoints(const std::string& directory, int64_t written, int keep) {
@@ -381,7 +382,7 @@ absl::Status DeleteOldCheckpoints(const std::string& directory, int64_t written,
   std::vector<int64_t> others;
   for (const std::string& name : names) {
     const NameInfo info = ClassifyName(name);
-    if (info.kind == NameInfo::kManifest && info.version != written) others.push_back(info.version);
+    if (info.kind == NameInfo::kManifest && info.version < written) others.push_back(info.version);
   }
   std::sort(others.begin(), others.end(), std::greater<int64_t>());
   std::set<int64_t> kept = {written};

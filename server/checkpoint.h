@@ -93,9 +93,13 @@ struct CheckpointOptions {
   // Where the checkpoints live; created (with its parents) if missing.
   std::string directory;
   // How many checkpoints to keep, >= 1: after a successful write, every
-  // checkpoint but the one just written and the keep - 1 newest others (by
-  // version) is deleted. Counted by manifest, valid or not: checking every
-  // file's CRC-32 on each write would cost a read of each.
+  // checkpoint but the one just written and the keep - 1 newest older ones
+  // (by version) is deleted. Counted by manifest, valid or not: checking
+  // every file's CRC-32 on each write would cost a read of each. One newer
+  // than the one just written is of an abandoned history (a server that
+  // resumed from an older checkpoint, the newer ones refused at its start)
+  // and is deleted too: kept, a later start would resume from it and
+  // throw away the run since.
   int keep = 3;
 };
 

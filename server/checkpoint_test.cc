@@ -290,6 +290,24 @@ TEST(CheckpointTest, KeepOneNeverDeletesTheCheckpointJustWritten) {
   ExpectLoads(dir, 3, 0);
 }
 
+// A server that resumed from version 3 (4 and 5 refused at its start, say)
+// writes 4 over the abandoned 4 and deletes the abandoned 5 rather than
+// keeping it among the newest: a later start would resume from 5 and throw
+// the run since away. Older ones fill the keep.
+TEST(CheckpointTest, NewerCheckpointsOfAnAbandonedHistoryAreDeleted) {
+  const std::string dir = FreshDir();
+  WriteVersions(dir, {1, 2, 3, 4, 5}, /*keep=*/10);
+  WriteVersions(dir, {4}, /*keep=*/3);
+  EXPECT_EQ(ListDir(dir),
+            (std::set<std::string>{"checkpoint-000000000002.json", "params-000000000002.safetensors",
+                                   "momentum-000000000002.safetensors",
+                                   "checkpoint-000000000003.json", "params-000000000003.safetensors",
+                                   "momentum-000000000003.safetensors",
+                                   "checkpoint-000000000004.json", "params-000000000004.safetensors",
+                                   "momentum-000000000004.safetensors"}));
+  ExpectLoads(dir, 4, 0);
+}
+
 TEST(CheckpointTest, RewritingAVersionReplacesIt) {
   const std::string dir = FreshDir();
   CheckpointContents first = SmallContents(4, true);
