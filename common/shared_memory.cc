@@ -82,19 +82,26 @@ absl::StatusOr<std::unique_ptr<SharedMemorySegment>> SharedMemorySegment::Attach
   }
   const std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
   // Only a memfd is opened: reopening whatever else an fd names (a pipe, a
-  // device) could have effects of its own.
-  char target[64] = {};
-  const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
-  if (n < 0) {
+  // device) could have effects of its own. The peer's fd is first taken as
+  // a path handle (O_PATH: no open, no effect), checked, and then that very
+  // file reopened through our own handle, so the peer cannot swap another
+  // file onto its fd number between the check and the open.
+  const int handle = ::open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (handle < 0) {
     return absl::ErrnoToStatus(errno,
-                               absl::StrCat("readlink ", path,
+                               absl::StrCat("open ", path,
                                             " (is the worker on another host, in another PID "
                                             "namespace, or another user's?)"));
   }
+  FdCloser handle_closer(handle);
+  const std::string own = absl::StrCat("/proc/self/fd/", handle);
+  char target[64] = {};
+  const ssize_t n = ::readlink(own.c_str(), target, sizeof(target) - 1);
+  if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat("readlink ", path));
   if (!absl::StartsWith(absl::string_view(target, static_cast<size_t>(n)), "/memfd:")) {
     return absl::FailedPreconditionError(absl::StrCat(path, " is not a memfd"));
   }
-  const int opened = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  const int opened = ::open(own.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (opened < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
   FdCloser closer(opened);
   struct stat st;
