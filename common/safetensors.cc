@@ -672,6 +672,12 @@ absl::Status WriteSafetensors(const std::string& path, absl::Span<const NamedHos
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": duplicate tensor name '", t.name, "'"));
     }
+    // What ReadSafetensors takes: nothing is written that reads back refused.
+    if (t.shape.size() > kMaxRank) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", t.name, "' has ",
+                                                     t.shape.size(), " dimensions; at most ",
+                                                     kMaxRank));
+    }
     int64_t bytes;
     if (!CheckedNumBytes(t.shape, t.dtype, &bytes) ||
         static_cast<uint64_t>(bytes) != t.data.size()) {
@@ -699,6 +705,11 @@ absl::Status WriteSafetensors(const std::string& path, absl::Span<const NamedHos
   // 3. The header, padded with spaces to 8 bytes.
   std::string header = HeaderJson(metadata, order);
   header.append((8 - header.size() % 8) % 8, ' ');
+  if (header.size() > kMaxSafetensorsHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": a header of ", header.size(),
+                                                   " bytes, above the ", kMaxSafetensorsHeaderBytes,
+                                                   " a reader takes"));
+  }
   uint8_t length[8];
   const uint64_t header_size = header.size();
   std::memcpy(length, &header_size, 8);

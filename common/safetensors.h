@@ -129,8 +129,10 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 //
 // Errors (each naming the file and the problem):
 //   kInvalidArgument  duplicate names, a name "__metadata__",
-//                     negative dimensions, data of the wrong size, names or
-//                     metadata that are not valid UTF-8.
+//                     negative dimensions, more than 64 of them, data of
+//                     the wrong size, names or metadata that are not valid
+//                     UTF-8, a header over kMaxSafetensorsHeaderBytes
+//                     (what ReadSafetensors would refuse).
 //   others            from the file system (errno's mapping), e.g. kNotFound
 //                     for a missing directory, kPermissionDenied.
 absl::Status WriteSafetensors(const std::string& path, absl::Span<const NamedHostTensor> tensors,

@@ -177,6 +177,13 @@ TEST(SafetensorsTest, WriteRejectsBadInputAndLeavesNoFile) {
   bad_utf8.name = "bad\xFF";
   expect_invalid({bad_utf8}, {}, "not valid UTF-8");
   expect_invalid({x}, {{"k", "\xC0\x80"}}, "not valid UTF-8");
+  // Nothing is written that ReadSafetensors would refuse: 65 dimensions,
+  // or a header over its limit (metadata of 100 MB).
+  NamedHostTensor deep = x;
+  deep.shape.assign(65, 1);
+  deep.shape[0] = 2;
+  expect_invalid({deep}, {}, "65 dimensions; at most 64");
+  expect_invalid({x}, {{"big", std::string(kMaxSafetensorsHeaderBytes, 'a')}}, "a header of");
 
   absl::Status status = WriteSafetensors(testing::TestTmpPath("no/such/dir/x.safetensors"), {x});
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
