@@ -202,6 +202,76 @@ absl::Status CheckNumericFlags() {
   return absl::InvalidArgumentError(absl::StrJoin(bad, "; "));
 }
 
+// The parameter server this process serves, and where its parameters come
+// from.
+struct StartedServer {
+  std::unique_ptr<ParameterServer> server;
+  std::string initial_from = "worker rank 0";  // for the start line
+  int64_t resumed_version = -1;                // the checkpoint's, -1 when none
+};
+
+// Resumed from the newest valid checkpoint in `checkpoint_dir` (of this
+// `job`: another job's is refused, naming the differences, as is a
+// directory that holds checkpoints but no valid one), else started from
+// --init_weights, else waiting for worker rank 0's parameters.
+absl::StatusOr<StartedServer> CreateOrResume(const ParameterServerOptions& options,
+                                             const std::string& checkpoint_dir,
+                                             const std::map<std::string, std::string>& job,
+                                             CpuDevice* device) {
+  StartedServer started;
+  if (!checkpoint_dir.empty()) {
+    std::vector<std::string> refused;
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(checkpoint_dir, &refused);
+    for (const std::string& why : refused) Log(absl::StrCat("refused checkpoint: ", why));
+    if (loaded.ok()) {
+      const std::string differences = JobDifferences(loaded->contents.job, job);
+      if (!differences.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            loaded->manifest_path, " is of another job (", differences,
+            "): start with the same settings, or another --checkpoint_dir"));
+      }
+      ParameterServer::State state;
+      state.version = loaded->contents.version;
+      state.steps_per_epoch = loaded->contents.steps_per_epoch;
+      state.signature = std::move(loaded->contents.signature);
+      state.parameters = std::move(loaded->contents.parameters);
+      state.momentum = std::move(loaded->contents.momentum);
+      state.loss_scale = loaded->contents.loss_scale;
+      state.loss_scale_clean_iterations = loaded->contents.loss_scale_clean_iterations;
+      state.loss_scale_skipped_iterations = loaded->contents.loss_scale_skipped_iterations;
+      absl::StatusOr<std::unique_ptr<ParameterServer>> resumed =
+          ParameterServer::CreateFromState(options, std::move(state), device);
+      if (!resumed.ok()) {
+        // Named: the file a server cannot resume from (non-finite values
+        // of a diverged run, say), for the operator to move aside.
+        return absl::Status(resumed.status().code(),
+                            absl::StrCat(loaded->manifest_path, ": cannot resume from it: ",
+                                         resumed.status().message()));
+      }
+      started.server = *std::move(resumed);
+      started.resumed_version = started.server->version();
+      started.initial_from = absl::StrCat(loaded->manifest_path, " (resumed at version ",
+                                          started.resumed_version, ")");
+      return started;
+    }
+    if (loaded.status().code() != absl::StatusCode::kNotFound) {
+      // Checkpoints exist but none is valid: starting afresh would throw
+      // the job away, so say so and stop.
+      return loaded.status();
+    }
+  }
+  const std::string init_weights = absl::GetFlag(FLAGS_init_weights);
+  if (init_weights.empty()) {
+    PS_ASSIGN_OR_RETURN(started.server, ParameterServer::Create(options, device));
+    return started;
+  }
+  PS_ASSIGN_OR_RETURN(std::vector<NamedTensor> initial, ReadInitialTensors(init_weights));
+  started.initial_from = absl::StrCat(init_weights, " (", initial.size(), " tensors)");
+  PS_ASSIGN_OR_RETURN(started.server,
+                      ParameterServer::CreateFromNamedTensors(options, std::move(initial), device));
+  return started;
+}
+
 absl::Status Main() {
   PS_RETURN_IF_ERROR(CheckNumericFlags());
   // SIGINT/SIGTERM are blocked in every thread (gRPC's inherit the mask) and
@@ -248,62 +318,12 @@ absl::Status Main() {
     std::fflush(stdout);
   }
   options.observer = observers.empty() ? nullptr : &observers;
-  std::unique_ptr<ParameterServer> server;
-  std::string initial_from = "worker rank 0";
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   const std::map<std::string, std::string> job = JobSettings(options);
-  int64_t resumed_version = -1;
-  if (!checkpoint_dir.empty()) {
-    std::vector<std::string> refused;
-    absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(checkpoint_dir, &refused);
-    for (const std::string& why : refused) Log(absl::StrCat("refused checkpoint: ", why));
-    if (loaded.ok()) {
-      const std::string differences = JobDifferences(loaded->contents.job, job);
-      if (!differences.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            loaded->manifest_path, " is of another job (", differences,
-            "): start with the same settings, or another --checkpoint_dir"));
-      }
-      ParameterServer::State state;
-      state.version = loaded->contents.version;
-      state.steps_per_epoch = loaded->contents.steps_per_epoch;
-      state.signature = std::move(loaded->contents.signature);
-      state.parameters = std::move(loaded->contents.parameters);
-      state.momentum = std::move(loaded->contents.momentum);
-      state.loss_scale = loaded->contents.loss_scale;
-      state.loss_scale_clean_iterations = loaded->contents.loss_scale_clean_iterations;
-      state.loss_scale_skipped_iterations = loaded->contents.loss_scale_skipped_iterations;
-      absl::StatusOr<std::unique_ptr<ParameterServer>> resumed =
-          ParameterServer::CreateFromState(options, std::move(state), &device);
-      if (!resumed.ok()) {
-        // Named: the file a server cannot resume from (non-finite values
-        // of a diverged run, say), for the operator to move aside.
-        return absl::Status(resumed.status().code(),
-                            absl::StrCat(loaded->manifest_path, ": cannot resume from it: ",
-                                         resumed.status().message()));
-      }
-      server = *std::move(resumed);
-      resumed_version = server->version();
-      initial_from = absl::StrCat(loaded->manifest_path, " (resumed at version ", resumed_version,
-                                  ")");
-    } else if (loaded.status().code() != absl::StatusCode::kNotFound) {
-      // Checkpoints exist but none is valid: starting afresh would throw
-      // the job away, so say so and stop.
-      return loaded.status();
-    }
-  }
-  if (server != nullptr) {
-    // Resumed from a checkpoint.
-  } else if (absl::GetFlag(FLAGS_init_weights).empty()) {
-    PS_ASSIGN_OR_RETURN(server, ParameterServer::Create(options, &device));
-  } else {
-    PS_ASSIGN_OR_RETURN(std::vector<NamedTensor> initial,
-                        ReadInitialTensors(absl::GetFlag(FLAGS_init_weights)));
-    initial_from = absl::StrCat(absl::GetFlag(FLAGS_init_weights), " (", initial.size(),
-                                " tensors)");
-    PS_ASSIGN_OR_RETURN(server, ParameterServer::CreateFromNamedTensors(
-                                    options, std::move(initial), &device));
-  }
+  PS_ASSIGN_OR_RETURN(StartedServer started, CreateOrResume(options, checkpoint_dir, job, &device));
+  std::unique_ptr<ParameterServer> server = std::move(started.server);
+  const std::string& initial_from = started.initial_from;
+  const int64_t resumed_version = started.resumed_version;
 
   ServerTlsOptions tls;
   tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
