@@ -44,9 +44,12 @@ struct RemoteStoreOptions {
   // shaped link lose more packets to its queue (two made MLP-20M steps 7 %
   // slower behind 1 Gbit/s), so one by default.
   int connections = 1;
-  // Deadline of each Push, Pull and Initialize message.
+  // Deadline of each Push and Initialize message, and of a blocking Pull's
+  // (+ 5 s for the server to answer first: its own wait is this long).
   absl::Duration rpc_timeout = absl::Seconds(60);
-  // How long WaitForVersion waits for the slowest worker.
+  // How long WaitForVersion waits for the slowest worker, and a segment
+  // pull (PullSegments: the server holds it until every worker's push of
+  // those segments is in) likewise (+ 5 s).
   absl::Duration wait_timeout = absl::Seconds(600);
   // How long Reconnect keeps trying (bounded exponential back-off, 100 ms
   // doubling to 2 s between attempts) before it gives up.
