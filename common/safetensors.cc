@@ -111,16 +111,6 @@ const DTypeInfo* FindDType(SafetensorsDType dtype) {
   return nullptr;
 }
 
-// prod(shape) into *out; false if a dimension is negative or it overflows.
-bool CheckedNumElements(const Shape& shape, int64_t* out) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return false;
-  }
-  *out = n;
-  return true;
-}
-
 // prod(shape) * element size into *out; false on negative dims or overflow.
 bool CheckedNumBytes(const Shape& shape, SafetensorsDType dtype, int64_t* out) {
   int64_t n;

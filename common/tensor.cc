@@ -19,6 +19,15 @@ int64_t NumElements(const Shape& shape) {
   return n;
 }
 
+bool CheckedNumElements(const Shape& shape, int64_t* out) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return false;
+  }
+  *out = n;
+  return true;
+}
+
 std::string ShapeToString(const Shape& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }

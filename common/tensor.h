@@ -18,6 +18,9 @@ namespace ps {
 using Shape = std::vector<int64_t>;
 
 int64_t NumElements(const Shape& shape);
+// prod(shape) into *out, for shapes from outside (files, the wire); false,
+// *out untouched, when a dimension is negative or the product overflows.
+bool CheckedNumElements(const Shape& shape, int64_t* out);
 std::string ShapeToString(const Shape& shape);  // "[256, 1, 28, 28]"
 
 // A dense, row-major array on one device. A Tensor is a cheap handle: copies

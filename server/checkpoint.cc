@@ -224,16 +224,6 @@ absl::StatusOr<FileCheck> CheckFile(const std::string& path, int64_t limit) {
 // ---------------------------------------------------------------------------
 // Checking what is written.
 
-// prod(shape) into *out; false if a dimension is negative or it overflows.
-bool CheckedNumElements(const Shape& shape, int64_t* out) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return false;
-  }
-  *out = n;
-  return true;
-}
-
 // The manifest's fields that do not depend on the files written.
 Json ManifestWithoutFiles(const CheckpointContents& contents) {
   Json signature = Json::array();

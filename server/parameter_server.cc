@@ -453,13 +453,11 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
     }
     // Shapes come from the wire: multiplied with overflow checked, and the
     // whole bounded, before anything is allocated.
-    int64_t n = 1;
-    for (const int64_t d : spec.shape) {
-      if (d < 0 || __builtin_mul_overflow(n, d, &n) || n >= kMaxParameters) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parameter '", spec.name, "' has shape ", ShapeToString(spec.shape),
-                         ": a negative dimension, or 2^40 elements or more"));
-      }
+    int64_t n = 0;
+    if (!CheckedNumElements(spec.shape, &n) || n >= kMaxParameters) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", spec.name, "' has shape ", ShapeToString(spec.shape),
+                       ": a negative dimension, or 2^40 elements or more"));
     }
     layout->key_offset.push_back(total);
     layout->key_first_chunk.push_back(chunks);
