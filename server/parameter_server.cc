@@ -1088,18 +1088,21 @@ void ParameterServer::SumInRankOrderLocked(int rank, Chunk& chunk, Aggregation& 
     early_elements_ += n;
     return;
   }
-  float* sum = agg.grad_sum.data();
-  // The first part (rank 0's, unless it is waived) starts the sum: 0 + g
-  // written without reading the old sum, so the sum needs no zeroing
-  // between iterations.
-  if (!agg.sum_started) {
-    AssignPiecesTo(data, sum);
-    agg.sum_started = true;
-  } else {
-    AddPiecesTo(data, sum);
-  }
+  StartOrAddLocked(chunk, agg, data);
   ++agg.ranks_summed;
   DrainHeldLocked(chunk, agg);
+}
+
+void ParameterServer::StartOrAddLocked(const Chunk& chunk, Aggregation& agg, F32Pieces data) {
+  // The first part (rank 0's, unless it is waived) starts the sum: 0 + g
+  // written without reading the old sum, so the sum needs no zeroing
+  // between iterations (and -0 starts it as +0, as adding to a zero would).
+  if (!agg.sum_started) {
+    AssignPiecesTo(data, agg.grad_sum.data());
+    agg.sum_started = true;
+  } else {
+    AddPiecesTo(data, agg.grad_sum.data());
+  }
 }
 
 void ParameterServer::SkipWaivedLocked(const Chunk& chunk, Aggregation& agg) {
@@ -1112,21 +1115,17 @@ void ParameterServer::SkipWaivedLocked(const Chunk& chunk, Aggregation& agg) {
 void ParameterServer::DrainHeldLocked(const Chunk& chunk, Aggregation& agg) {
   // Every held part whose turn has come, in rank order, past waived ranks.
   const int num_workers = static_cast<int>(agg.early.size());
-  float* sum = agg.grad_sum.data();
   for (;;) {
     SkipWaivedLocked(chunk, agg);
     if (agg.ranks_summed >= num_workers || agg.early[agg.ranks_summed].empty()) return;
     std::vector<float> held = std::move(agg.early[agg.ranks_summed]);
     agg.early[agg.ranks_summed] = std::vector<float>();
     const int64_t n = static_cast<int64_t>(held.size());
-    if (!agg.sum_started) {
-      // The first term (the ranks before it waived): 0 + g, as in
-      // SumInRankOrderLocked, so -0 starts the sum as +0 here too.
-      for (int64_t i = 0; i < n; ++i) sum[i] = held[i] + 0.f;
-      agg.sum_started = true;
-    } else {
-      for (int64_t i = 0; i < n; ++i) sum[i] += held[i];
-    }
+    // The held copy as one piece (the first term when the ranks before it
+    // are waived).
+    const absl::string_view piece(reinterpret_cast<const char*>(held.data()),
+                                  static_cast<size_t>(n) * sizeof(float));
+    StartOrAddLocked(chunk, agg, absl::MakeConstSpan(&piece, 1));
     early_elements_ -= n;
     ++agg.ranks_summed;
   }

@@ -667,6 +667,11 @@ class ParameterServer {
   // bit the same update.
   static bool IsLastTermLocked(int rank, Chunk& chunk, Aggregation& agg, F32Pieces data)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Adds `data`, the next part in rank order, to the aggregation's sum, or
+  // starts the sum with it (0 + g) when it is the first (`chunk`: whose
+  // lock guards `agg`).
+  static void StartOrAddLocked(const Chunk& chunk, Aggregation& agg, F32Pieces data)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Moves the aggregation's place in the rank order past waived ranks.
   static void SkipWaivedLocked(const Chunk& chunk, Aggregation& agg)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
