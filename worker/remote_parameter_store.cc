@@ -25,6 +25,14 @@ std::chrono::system_clock::time_point DeadlineAfter(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
 }
 
+// The dtype a codec's chunks carry on the wire (pushes it encodes, pulls
+// that ask for it and whose replies must carry it).
+proto::DType WireDType(const WireCodec& codec) {
+  return codec.dtype() == DType::kF16    ? proto::DTYPE_F16
+         : codec.dtype() == DType::kBF16 ? proto::DTYPE_BF16
+                                         : proto::DTYPE_F32;
+}
+
 }  // namespace
 
 RemoteParameterStore::RemoteParameterStore(const RemoteStoreOptions& options)
@@ -306,9 +314,7 @@ void RemoteParameterStore::SendFrames(
   char* const shared = use_segment_ && !encode && absl::string_view(method) == proto::kPushMethod
                            ? segment_->data()
                            : nullptr;
-  const proto::DType dtype = codec.dtype() == DType::kF16    ? proto::DTYPE_F16
-                             : codec.dtype() == DType::kBF16 ? proto::DTYPE_BF16
-                                                             : proto::DTYPE_F32;
+  const proto::DType dtype = WireDType(codec);
   StartMessages(
       what, method, EventKind::kPushMessage, step, first, last, options_.rpc_timeout,
       [this, flat, &codec, encode, feedback, dtype, shared, header = std::move(header)](
@@ -719,12 +725,6 @@ absl::Status RemoteParameterStore::WaitForVersion(int64_t version) {
                                      options_.server_address));
 }
 
-proto::DType RemoteParameterStore::PullDType() const {
-  return pull_codec_->dtype() == DType::kF16    ? proto::DTYPE_F16
-         : pull_codec_->dtype() == DType::kBF16 ? proto::DTYPE_BF16
-                                                : proto::DTYPE_F32;
-}
-
 void RemoteParameterStore::StartPull(int64_t version, int first, int last,
                                      absl::Span<float> params, bool exact,
                                      std::function<void(absl::StatusOr<int64_t>)> done) {
@@ -764,7 +764,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
           absl::MutexLock lock(&held_mu_);
           request.set_delta(held_version_[m] == asked - 1);
         }
-        request.set_dtype(PullDType());
+        request.set_dtype(WireDType(*pull_codec_));
         const bool shared = PullsIntoSharedMemory();
         request.set_shared_memory(shared);
         for (const Chunk& chunk : messages_[m]) {
@@ -821,13 +821,13 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
           }
           const int64_t bytes = pull_codec_->EncodedBytes(chunk.length);
           if (got.key() != chunk.key || got.chunk() != chunk.index ||
-              got.data_bytes() != bytes || got.dtype() != PullDType() ||
+              got.data_bytes() != bytes || got.dtype() != WireDType(*pull_codec_) ||
               got.encoding() != proto::ENCODING_DENSE) {
             return absl::InternalError(absl::StrCat(
                 "server sent key ", got.key(), " chunk ", got.chunk(), " with ",
                 got.data_bytes(), " bytes of dtype ", got.dtype(), ", encoding ",
                 got.encoding(), " where key ", chunk.key, " chunk ", chunk.index, " with ",
-                bytes, " dense bytes of dtype ", PullDType(), " was expected"));
+                bytes, " dense bytes of dtype ", WireDType(*pull_codec_), " was expected"));
           }
           if (got.in_shared_memory()) {
             // Written where this pull asked, before the reply was sent.

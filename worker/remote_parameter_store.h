@@ -207,8 +207,6 @@ class RemoteParameterStore final : public ParameterStore {
                   std::function<absl::Status(size_t, const grpc::ByteBuffer&)> check, Done done);
   // Reads a push reply's announced members.
   absl::Status ReadPushReply(const grpc::ByteBuffer& reply);
-  // The dtype pulls ask for and replies must carry (--compression's).
-  proto::DType PullDType() const;
   // Starts pulling messages [first, last) into `params`; done gets the
   // version every reply carried (kInternal when they differ, or when
   // `exact` and it is not `version`).
