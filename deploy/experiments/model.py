@@ -69,9 +69,15 @@ def bucket_bytes(bps):
     return max(bps // 8 // 250, 131072) if bps else 0
 
 
+def busiest_link_bytes(model_bytes, workers, servers):
+    """Tensor bytes one way over the busiest link end in one push (or pull):
+    a worker sends the model, a server receives W x M / S."""
+    return max(model_bytes, workers * model_bytes / servers)
+
+
 def transfer_s(model_bytes, workers, servers, bps, delay_ms):
     """One push (or one pull) of every worker, with the busiest link end."""
-    busiest = max(model_bytes, workers * model_bytes / servers)
+    busiest = busiest_link_bytes(model_bytes, workers, servers)
     shaped = max(0.0, busiest * WIRE - bucket_bytes(bps))
     return 2 * delay_ms / 1000 + shaped * 8 / (bps or UNSHAPED_BPS)
 

@@ -62,18 +62,11 @@ import argparse
 import csv
 import json
 import os
-import re
 import sys
 
-from model import WIRE
+from model import WIRE, busiest_link_bytes, rate_bps
 
-UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 CPU_BOUND = 0.9
-
-
-def rate_bps(rate):
-    m = re.fullmatch(r"(\d+)(bit|kbit|mbit|gbit)", rate)
-    return int(m.group(1)) * UNITS[m.group(2)] if m else None
 
 
 def read_counters(path):
@@ -221,7 +214,7 @@ def main():
     busiest_utilisation, busiest_link = max(links) if links else (None, None)
     step_time_s = (end_ns - start_ns) / 1e9 / window_steps
     model_bytes = 4 * reports[0]["model_parameters"]  # fp32 on the wire
-    payload_bound_s = (max(model_bytes, a.workers * model_bytes / a.servers) * 8 / bps
+    payload_bound_s = (busiest_link_bytes(model_bytes, a.workers, a.servers) * 8 / bps
                        if bps else None)
     link_bound_s = payload_bound_s * WIRE if bps else None
     split = reports[0]["time_split"]
