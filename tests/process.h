@@ -26,6 +26,7 @@ class Process {
   // timeout or a signal.
   int Wait(std::chrono::seconds timeout);
   void Signal(int sig);
+  pid_t pid() const { return pid_; }
   // The log so far.
   std::string Log() const;
 

@@ -4,10 +4,16 @@
 // whose worker 1 is killed for good gets stall reports naming the missing
 // rank from the server and the other worker within 15 s, and under the
 // wait policy with a 30 s bound fails with that message instead of hanging.
+// SIGTERM stops a training worker after its step (every thread of it has
+// SIGTERM and SIGINT blocked but the one that sigwaits) and one still
+// waiting for its server at once.
 
+#include <dirent.h>
 #include <signal.h>
+#include <sys/syscall.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -34,6 +40,35 @@ using tests::WaitForPortFile;
 
 constexpr int kSteps = 300;
 
+
+// Per thread of `pid`: its blocked signals (SigBlk of /proc/<pid>/task/<tid>/
+// status) and whether it waits in rt_sigtimedwait (sigwait), during which
+// the kernel shows the signals it waits for unblocked.
+struct ThreadSignals {
+  uint64_t blocked = 0;
+  bool in_sigwait = false;
+};
+std::vector<ThreadSignals> ThreadSignalStates(pid_t pid) {
+  std::vector<ThreadSignals> threads;
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  DIR* dir = opendir(tasks.c_str());
+  if (dir == nullptr) return threads;
+  while (const dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    const std::string task = absl::StrCat(tasks, "/", entry->d_name);
+    ThreadSignals thread;
+    std::ifstream status(task + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("SigBlk:", 0) == 0) thread.blocked = std::stoull(line.substr(7), nullptr, 16);
+    }
+    std::ifstream syscall(task + "/syscall");
+    long number = -1;
+    thread.in_sigwait = (syscall >> number) && number == SYS_rt_sigtimedwait;
+    threads.push_back(thread);
+  }
+  closedir(dir);
+  return threads;
+}
 
 class WorkerLossTest : public ::testing::Test {
  protected:
@@ -135,6 +170,22 @@ TEST_F(WorkerLossTest, AWorkerStoppedWithSigtermFinishesItsStepAndRejoins) {
   auto w1 = StartWorker("sigterm", 1);
   ASSERT_TRUE(WaitForLog(*w1, "worker 1/2: training", std::chrono::seconds(120))) << w1->Log();
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // No thread can take the signal in a handler (see worker_main.cc: a
+  // signal frame written while oneDNN's GEMM has rsp in the heap corrupted
+  // it): every thread has both blocked, the one that sigwaits included.
+  const uint64_t stop_signals = (uint64_t{1} << (SIGTERM - 1)) | (uint64_t{1} << (SIGINT - 1));
+  int waiting = 0;
+  const std::vector<ThreadSignals> threads = ThreadSignalStates(w1->pid());
+  ASSERT_GT(threads.size(), 2u);
+  for (const ThreadSignals& thread : threads) {
+    if (thread.in_sigwait) {
+      ++waiting;
+    } else {
+      EXPECT_EQ(thread.blocked & stop_signals, stop_signals)
+          << "a thread of the worker takes SIGTERM or SIGINT: SigBlk " << std::hex << thread.blocked;
+    }
+  }
+  EXPECT_EQ(waiting, 1);
   w1->Signal(SIGTERM);
   EXPECT_EQ(w1->Wait(std::chrono::seconds(30)), 143) << w1->Log();
   EXPECT_THAT(w1->Log(), HasSubstr("worker 1: stopped by a signal after step"));
@@ -144,6 +195,18 @@ TEST_F(WorkerLossTest, AWorkerStoppedWithSigtermFinishesItsStepAndRejoins) {
   server_->Signal(SIGTERM);
   EXPECT_EQ(server_->Wait(std::chrono::seconds(30)), 0);
   ExpectReferenceWeights("sigterm");
+}
+
+// Before it trains (here: retrying a server that is not there) a worker
+// ends at SIGTERM at once, with the same 143.
+TEST_F(WorkerLossTest, SigtermBeforeTrainingEndsTheWorkerAtOnce) {
+  port_ = 1;  // nothing listens on port 1
+  auto waiting = StartWorker("unregistered", 0);
+  ASSERT_TRUE(WaitForLog(*waiting, "waiting for the parameter server", std::chrono::seconds(30))) << waiting->Log();
+  const auto sent = std::chrono::steady_clock::now();
+  waiting->Signal(SIGTERM);
+  EXPECT_EQ(waiting->Wait(std::chrono::seconds(10)), 143) << waiting->Log();
+  EXPECT_LT(std::chrono::steady_clock::now() - sent, std::chrono::seconds(2));
 }
 
 TEST_F(WorkerLossTest, AWorkerLostForGoodIsReportedAndFailsTheJobAtTheBound) {

@@ -167,9 +167,37 @@ ABSL_FLAG(int64_t, trace_max_events, 1000000,
 namespace ps::worker {
 namespace {
 
-// Set by SIGTERM/SIGINT (a signal handler can touch nothing else safely);
-// the trainer reads it after each step.
+// SIGTERM and SIGINT never run a handler in this process. Debian 12's
+// oneDNN 2.6 JIT GEMM kernels (our linear layers' and convolutions' GEMMs)
+// point rsp into the heap while they run, and a signal delivered to such a
+// thread has the kernel write its signal frame there: a corrupted heap
+// (glibc's "corrupted size vs. prev_size", a SIGFPE in the conv backward),
+// seen in 3 of 70 runs of worker_loss_test's SIGTERM case; oneDNN issue
+// #4845, fixed in 3.11. main() blocks both before any thread exists (every
+// later thread inherits the mask) and one thread takes them with sigwait.
+// Until training starts a signal ends the process at once (128 + signal);
+// then the first asks the trainer to stop after the step in progress (it
+// reads stop_requested after each step) and a second ends it at once.
 std::atomic<bool> stop_requested{false};
+std::atomic<bool> training_started{false};
+
+void BlockAndTakeStopSignals() {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::thread([stop_signals] {
+    for (;;) {
+      int signal_number = 0;
+      if (sigwait(&stop_signals, &signal_number) != 0) continue;
+      if (training_started && !stop_requested.exchange(true)) continue;
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(128 + signal_number);
+    }
+  }).detach();
+}
 
 // The step phases' totals since the start (seconds and count per phase,
 // and the steps), which the heartbeats report to the server's metrics.
@@ -435,16 +463,13 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   const bool remote = static_cast<bool>(bytes_pushed);
   options.evaluate = absl::GetFlag(FLAGS_evaluate);
   options.recover_from_server_loss = remote && absl::GetFlag(FLAGS_recover);
-  // SIGTERM (and SIGINT) end training after the step in progress.
   options.should_stop = [] { return stop_requested.load(); };
-  struct sigaction on_stop = {};
-  on_stop.sa_handler = [](int) { stop_requested = true; };
-  sigemptyset(&on_stop.sa_mask);
-  sigaction(SIGTERM, &on_stop, nullptr);
-  sigaction(SIGINT, &on_stop, nullptr);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(options, model, devices, store.get(), &train, &test,
                                       validation.size() > 0 ? &validation : nullptr));
+  // Registered: from here SIGTERM (and SIGINT) end training after the step
+  // in progress (see BlockAndTakeStopSignals).
+  training_started = true;
   const int rank = trainer->registration().rank;
   if (trace != nullptr) trace->set_process(rank, absl::StrCat("worker ", rank));
   if (options.precision != Precision::kFp32) {
@@ -656,6 +681,7 @@ absl::Status MainWithTrace(int argc, char** argv) {
 }  // namespace ps::worker
 
 int main(int argc, char** argv) {
+  ps::worker::BlockAndTakeStopSignals();  // first: before any other thread exists
   ps::TuneMallocForLargeMessages();
   ps::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage("Data-parallel training worker. See README.md.");
