@@ -192,8 +192,13 @@ void BlockAndTakeStopSignals() {
       int signal_number = 0;
       if (sigwait(&stop_signals, &signal_number) != 0) continue;
       if (training_started && !stop_requested.exchange(true)) continue;
-      std::fflush(stdout);
-      std::fflush(stderr);
+      // What is buffered is written, unless another thread holds the stream
+      // (blocked writing to a pipe nobody reads): the exit never waits on it.
+      for (FILE* stream : {stdout, stderr}) {
+        if (ftrylockfile(stream) != 0) continue;
+        fflush_unlocked(stream);
+        funlockfile(stream);
+      }
       _exit(128 + signal_number);
     }
   }).detach();
