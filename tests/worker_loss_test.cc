@@ -6,7 +6,8 @@
 // wait policy with a 30 s bound fails with that message instead of hanging.
 // SIGTERM stops a training worker after its step (every thread of it has
 // SIGTERM and SIGINT blocked but the one that sigwaits) and one still
-// waiting for its server at once.
+// waiting for its server at once; workers whose server is lost stop at
+// SIGTERM without waiting for it to come back.
 
 #include <dirent.h>
 #include <signal.h>
@@ -207,6 +208,30 @@ TEST_F(WorkerLossTest, SigtermBeforeTrainingEndsTheWorkerAtOnce) {
   waiting->Signal(SIGTERM);
   EXPECT_EQ(waiting->Wait(std::chrono::seconds(10)), 143) << waiting->Log();
   EXPECT_LT(std::chrono::steady_clock::now() - sent, std::chrono::seconds(2));
+}
+
+// SIGTERM to workers waiting for their lost server to come back (within
+// --reconnect_timeout, 5 minutes): they stop at once, with 143, saying so.
+TEST_F(WorkerLossTest, SigtermWhileTheServerIsLostEndsTheWorkersWithoutWaiting) {
+  StartServer("serverlost");
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int rank = 0; rank < 2; ++rank) workers.push_back(StartWorker("serverlost", rank));
+  ASSERT_TRUE(WaitForLog(*workers[1], "worker 1/2: training", std::chrono::seconds(120)))
+      << workers[1]->Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  server_->Signal(SIGKILL);
+  EXPECT_EQ(server_->Wait(std::chrono::seconds(10)), -1);
+  for (auto& w : workers) {
+    ASSERT_TRUE(WaitForLog(*w, "waiting for the parameter server", std::chrono::seconds(30)))
+        << w->Log();
+  }
+  const auto sent = std::chrono::steady_clock::now();
+  for (auto& w : workers) w->Signal(SIGTERM);
+  for (auto& w : workers) {
+    EXPECT_EQ(w->Wait(std::chrono::seconds(10)), 143) << w->Log();
+    EXPECT_THAT(w->Log(), HasSubstr("asked to stop while waiting for the parameter server"));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - sent, std::chrono::seconds(3));
 }
 
 TEST_F(WorkerLossTest, AWorkerLostForGoodIsReportedAndFailsTheJobAtTheBound) {

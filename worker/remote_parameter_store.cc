@@ -385,7 +385,14 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetry
   auto elapsed = [&] {
     return absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100)));
   };
+  auto asked_to_stop = [&] { return reconnecting && options_.should_stop && options_.should_stop(); };
+  auto stopped = [&] {
+    return absl::CancelledError(absl::StrCat("asked to stop while waiting for the parameter server at ",
+                                             options_.server_address, " to come back (",
+                                             elapsed(), ")"));
+  };
   for (int attempt = 1;; ++attempt) {
+    if (asked_to_stop()) return stopped();
     // Not waiting for the channel: a refused connection or a failed TLS
     // handshake comes back at once as UNAVAILABLE naming it, which the
     // log line below shows (waiting for the channel would say only
@@ -426,7 +433,10 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetry
                                 " (", elapsed(), ", attempt ", attempt,
                                 "): ", registration.status().message()));
     }
-    absl::SleepFor(std::min(backoff, give_up - absl::Now()));
+    for (const absl::Time wake = std::min(absl::Now() + backoff, give_up); absl::Now() < wake;) {
+      if (asked_to_stop()) return stopped();
+      absl::SleepFor(std::min(absl::Milliseconds(50), wake - absl::Now()));
+    }
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
 }

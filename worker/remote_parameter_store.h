@@ -54,6 +54,10 @@ struct RemoteStoreOptions {
   // How long Reconnect keeps trying (bounded exponential back-off, 100 ms
   // doubling to 2 s between attempts) before it gives up.
   absl::Duration reconnect_timeout = absl::Seconds(300);
+  // Reconnect gives up with kCancelled once this returns true (checked
+  // before each attempt and every 50 ms of its back-off): a worker asked to
+  // stop does not wait for a lost server. May be empty.
+  std::function<bool()> should_stop;
   // Called with a line saying what Reconnect waits for, at most once per
   // attempt (the worker prints it). May be empty.
   std::function<void(const std::string&)> log;

@@ -771,6 +771,11 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     }
     if (!status.ok()) {
       if (!options_.recover_from_server_loss || !IsServerLost(status)) return status;
+      if (options_.should_stop && options_.should_stop()) {
+        // Asked to stop: not waiting for the server to come back.
+        return absl::CancelledError(absl::StrCat("asked to stop; step ", iteration,
+                                                 " did not complete: ", status.message()));
+      }
       // The server went away or restarted: register again and resume from
       // its version, which may be older (a checkpoint). The epoch resumed
       // into counts the steps trained since; an epoch reported already and
@@ -820,7 +825,11 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     const bool stop = options_.should_stop && options_.should_stop() && iteration != end;
     if (stop) {
       // Its pulls in: the replicas hold the version the step produced.
-      PS_RETURN_IF_ERROR(FinishCommunication());
+      if (absl::Status finished = FinishCommunication(); !finished.ok()) {
+        if (!IsServerLost(finished)) return finished;
+        return absl::CancelledError(absl::StrCat("asked to stop; step ", iteration - 1,
+                                                 " did not complete: ", finished.message()));
+      }
       report.stopped_at_step = iteration - 1;
     }
     if (!stop && step + 1 != steps_per_epoch && iteration != end) continue;

@@ -108,7 +108,8 @@ struct TrainerOptions {
   // Asked after every step (and its communication) has finished: true ends
   // Run there, cleanly (the report says at which step: stopped_at_step).
   // For SIGTERM: the step in progress finishes, nothing is left half-pushed.
-  // Empty: never.
+  // Once it is true, a lost server is not waited for: Run ends with
+  // kCancelled saying which step did not complete. Empty: never.
   std::function<bool()> should_stop;
 
   // Receives every timed event of the training steps (common/timed_event.h),

@@ -145,7 +145,7 @@ ABSL_FLAG(bool, recover, true,
           "when the server goes away or restarts, reconnect and resume from its version "
           "(a checkpoint's) instead of failing");
 ABSL_FLAG(absl::Duration, reconnect_timeout, absl::Minutes(5),
-          "how long to wait for a lost server to come back");
+          "how long to wait for a lost server to come back (SIGTERM ends the wait)");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA that signed the server's certificate: connect with TLS (default plaintext)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS (with --tls_key)");
@@ -435,6 +435,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
     remote_options.compression = absl::GetFlag(FLAGS_compression);
     remote_options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
     remote_options.reconnect_timeout = absl::GetFlag(FLAGS_reconnect_timeout);
+    remote_options.should_stop = [] { return stop_requested.load(); };
     remote_options.log = [](const std::string& line) {
       std::printf("worker: %s\n", line.c_str());
       std::fflush(stdout);
@@ -694,8 +695,11 @@ int main(int argc, char** argv) {
   const absl::Status status = ps::worker::MainWithTrace(argc, argv);
   if (!status.ok()) std::fprintf(stderr, "worker: %s\n", status.ToString().c_str());
   // Stopped by SIGTERM before the end: the conventional 128 + 15, so a
-  // restart policy that restarts failures brings it back to rejoin.
-  const int code = !status.ok() ? 1 : ps::worker::stop_requested ? 128 + SIGTERM : 0;
+  // restart policy that restarts failures brings it back to rejoin. Also
+  // when the server was lost as it stopped (kCancelled: the trainer did not
+  // wait for it to come back; the message says where it stopped).
+  const bool stopped = ps::worker::stop_requested && (status.ok() || absl::IsCancelled(status));
+  const int code = stopped ? 128 + SIGTERM : !status.ok() ? 1 : 0;
   // Without running static destructors: gRPC's threads may still be
   // reconnecting a channel the store has let go of (a refused TLS
   // handshake retries), and OpenSSL torn down under them crashed the
