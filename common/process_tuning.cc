@@ -12,6 +12,15 @@ void TuneMallocForLargeMessages() {
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
 
+sigset_t BlockStopSignals() {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return stop_signals;
+}
+
 void DisableMutexDeadlockDetection() {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }

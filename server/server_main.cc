@@ -276,11 +276,7 @@ absl::Status Main() {
   PS_RETURN_IF_ERROR(CheckNumericFlags());
   // SIGINT/SIGTERM are blocked in every thread (gRPC's inherit the mask) and
   // taken synchronously by sigwait below, so shutdown runs on this thread.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = BlockStopSignals();
 
   CpuDevice device(0, std::max(1, absl::GetFlag(FLAGS_threads)));
 

@@ -167,26 +167,16 @@ ABSL_FLAG(int64_t, trace_max_events, 1000000,
 namespace ps::worker {
 namespace {
 
-// SIGTERM and SIGINT never run a handler in this process. Debian 12's
-// oneDNN 2.6 JIT GEMM kernels (our linear layers' and convolutions' GEMMs)
-// point rsp into the heap while they run, and a signal delivered to such a
-// thread has the kernel write its signal frame there: a corrupted heap
-// (glibc's "corrupted size vs. prev_size", a SIGFPE in the conv backward),
-// seen in 3 of 70 runs of worker_loss_test's SIGTERM case; oneDNN issue
-// #4845, fixed in 3.11. main() blocks both before any thread exists (every
-// later thread inherits the mask) and one thread takes them with sigwait.
-// Until training starts a signal ends the process at once (128 + signal);
+// SIGTERM and SIGINT never run a handler in this process (BlockStopSignals
+// says why: our GEMMs are oneDNN's): main() blocks both before any thread
+// exists and one thread takes them with sigwait. Until training starts a signal ends the process at once (128 + signal);
 // then the first asks the trainer to stop after the step in progress (it
 // reads stop_requested after each step) and a second ends it at once.
 std::atomic<bool> stop_requested{false};
 std::atomic<bool> training_started{false};
 
 void BlockAndTakeStopSignals() {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = BlockStopSignals();
   std::thread([stop_signals] {
     for (;;) {
       int signal_number = 0;
