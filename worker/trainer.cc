@@ -759,6 +759,12 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     start_ns = clock_->NowNanos();
   };
   if (iteration < end) begin_epoch(iteration / steps_per_epoch);
+  auto stop_asked = [this] { return options_.should_stop && options_.should_stop(); };
+  // Asked to stop when `step` failed for a lost server: not waited for.
+  auto stopped_without_server = [](int64_t step, const absl::Status& lost) {
+    return absl::CancelledError(
+        absl::StrCat("asked to stop; step ", step, " did not complete: ", lost.message()));
+  };
   while (iteration < end) {
     const int64_t epoch = iteration / steps_per_epoch;
     const int64_t step = iteration % steps_per_epoch;
@@ -771,11 +777,7 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     }
     if (!status.ok()) {
       if (!options_.recover_from_server_loss || !IsServerLost(status)) return status;
-      if (options_.should_stop && options_.should_stop()) {
-        // Asked to stop: not waiting for the server to come back.
-        return absl::CancelledError(absl::StrCat("asked to stop; step ", iteration,
-                                                 " did not complete: ", status.message()));
-      }
+      if (stop_asked()) return stopped_without_server(iteration, status);
       // The server went away or restarted: register again and resume from
       // its version, which may be older (a checkpoint). The epoch resumed
       // into counts the steps trained since; an epoch reported already and
@@ -822,13 +824,12 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
       on_step_(p);
     }
     ++iteration;
-    const bool stop = options_.should_stop && options_.should_stop() && iteration != end;
+    const bool stop = stop_asked() && iteration != end;
     if (stop) {
       // Its pulls in: the replicas hold the version the step produced.
       if (absl::Status finished = FinishCommunication(); !finished.ok()) {
         if (!IsServerLost(finished)) return finished;
-        return absl::CancelledError(absl::StrCat("asked to stop; step ", iteration - 1,
-                                                 " did not complete: ", finished.message()));
+        return stopped_without_server(iteration - 1, finished);
       }
       report.stopped_at_step = iteration - 1;
     }
