@@ -1,6 +1,7 @@
 #include "server/checkpointer.h"
 
 #include <memory>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -217,13 +218,18 @@ std::string JobDifferences(const std::map<std::string, std::string>& saved,
                            const std::map<std::string, std::string>& current) {
   // Every key of either: a setting the checkpoint has and this job has not
   // (its dynamic loss scaling, say) differs as much as the reverse.
-  std::map<std::string, std::pair<std::string, std::string>> both;
-  for (const auto& [key, value] : saved) both[key].first = value;
-  for (const auto& [key, value] : current) both[key].second = value;
+  std::set<std::string> keys;
+  for (const auto& [key, value] : saved) keys.insert(key);
+  for (const auto& [key, value] : current) keys.insert(key);
+  auto value_in = [](const std::map<std::string, std::string>& settings,
+                     const std::string& key) -> std::string {
+    auto it = settings.find(key);
+    return it == settings.end() ? "(none)" : it->second;
+  };
   std::vector<std::string> differences;
-  for (const auto& [key, values] : both) {
-    const std::string was = saved.count(key) ? values.first : "(none)";
-    const std::string now = current.count(key) ? values.second : "(none)";
+  for (const std::string& key : keys) {
+    const std::string was = value_in(saved, key);
+    const std::string now = value_in(current, key);
     if (!SameSetting(was, now)) {
       differences.push_back(absl::StrCat(key, " ", was, " in the checkpoint, ", now, " now"));
     }
