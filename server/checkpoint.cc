@@ -24,13 +24,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/types/span.h"
+#include "common/optimizer/loss_scale.h"
+#include "common/optimizer/optimizer.h"
 #include "common/regular_file.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
-#include "server/optimizer.h"
 #include "nlohmann/json.hpp"
 
 namespace ps::server {

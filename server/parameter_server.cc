@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/f32_pieces.h"
 #include "common/status_macros.h"
-#include "server/f32_pieces.h"
 
 namespace ps::server {
 namespace {

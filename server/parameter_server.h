@@ -10,16 +10,17 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/cpu_device.h"
+#include "common/f32_pieces.h"
+#include "common/optimizer/loss_scale.h"
+#include "common/optimizer/optimizer.h"
 #include "common/param_spec.h"
 #include "common/timed_event.h"
-#include "server/f32_pieces.h"
-#include "server/optimizer.h"
 
 namespace ps::server {
 

@@ -16,10 +16,10 @@
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/fake_observer.h"
+#include "common/optimizer/optimizer.h"
 #include "common/timed_event.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/optimizer.h"
 
 namespace ps::server {
 namespace {

@@ -34,16 +34,16 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/cpu_device.h"
+#include "common/optimizer/optimizer.h"
 #include "common/safetensors.h"
+#include "common/testing/subprocess.h"
 #include "gtest/gtest.h"
-#include "server/optimizer.h"
 #include "worker/data/dataset.h"
 #include "worker/data/loader.h"
 #include "worker/local_parameter_store.h"
 #include "worker/model/model.h"
 #include "worker/trainer.h"
 #include "worker/weights.h"
-#include "common/testing/subprocess.h"
 
 namespace ps::worker {
 namespace {
@@ -114,7 +114,7 @@ struct Rig {
   std::unique_ptr<Trainer> trainer;
 };
 
-absl::StatusOr<Rig> MakeRig(const model::ModelConfig& config, const server::OptimizerOptions& sgd,
+absl::StatusOr<Rig> MakeRig(const model::ModelConfig& config, const OptimizerOptions& sgd,
                             const TrainerOptions& options, const data::Dataset& train) {
   Rig rig;
   rig.device = std::make_unique<CpuDevice>(0, 2);
@@ -204,7 +204,7 @@ class AccuracyParityTest : public PytorchParityTest,
 TEST_P(AccuracyParityTest, SavedWeightsGiveTheSameTestAccuracyInPytorch) {
   const AccuracyCase& c = GetParam();
   const model::ModelConfig config = Config(*train_, c.model);
-  server::OptimizerOptions sgd;
+  OptimizerOptions sgd;
   sgd.sgd.lr = c.lr;
   sgd.sgd.momentum = c.momentum;
   sgd.sgd.weight_decay = 5e-4f;
@@ -397,7 +397,7 @@ TEST_P(SgdParityTest, StepsGiveTorchOptimSgdsParameters) {
 
   // 2. The trainer starts from W0 and takes steps 0.. of epoch 0 in data
   // order: batch s is training samples [s * B, (s + 1) * B).
-  server::OptimizerOptions sgd;
+  OptimizerOptions sgd;
   sgd.sgd.lr = c.lr;
   sgd.sgd.momentum = 0.9f;
   sgd.sgd.weight_decay = 5e-4f;

@@ -25,8 +25,8 @@ constexpr int64_t kSteps = 20;
 constexpr int64_t kGlobalBatch = 30;  // 15 per worker: shards of 8 and 7
 constexpr uint64_t kSeed = 11;
 
-server::OptimizerOptions Sgd() {
-  server::OptimizerOptions o;
+OptimizerOptions Sgd() {
+  OptimizerOptions o;
   o.sgd.lr = 0.05f;
   o.sgd.momentum = 0.9f;
   o.sgd.weight_decay = 5e-4f;

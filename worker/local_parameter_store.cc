@@ -5,22 +5,22 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/f32_pieces.h"
 #include "common/status_macros.h"
-#include "server/f32_pieces.h"
 
 namespace ps::worker {
 
 absl::StatusOr<std::unique_ptr<LocalParameterStore>> LocalParameterStore::Create(
-    const server::OptimizerOptions& optimizer, int optimizer_threads,
-    const server::LossScaleOptions& loss_scale) {
-  PS_RETURN_IF_ERROR(server::ValidateOptimizerOptions(optimizer));
-  PS_RETURN_IF_ERROR(server::ValidateLossScaleOptions(loss_scale));
+    const OptimizerOptions& optimizer, int optimizer_threads,
+    const LossScaleOptions& loss_scale) {
+  PS_RETURN_IF_ERROR(ValidateOptimizerOptions(optimizer));
+  PS_RETURN_IF_ERROR(ValidateLossScaleOptions(loss_scale));
   std::unique_ptr<LocalParameterStore> store(new LocalParameterStore());
   store->optimizer_options_ = optimizer;
   store->loss_scale_options_ = loss_scale;
   {
     absl::MutexLock lock(&store->mu_);
-    store->loss_scale_ = server::LossScaleState::Initial(loss_scale);
+    store->loss_scale_ = LossScaleState::Initial(loss_scale);
   }
   store->device_ = std::make_unique<CpuDevice>(0, optimizer_threads);
   return store;
@@ -57,20 +57,20 @@ absl::StatusOr<ParameterStore::Registration> LocalParameterStore::Register(
                                                    " elements for a model of ", total));
   }
   // The server's rule: an epoch schedule needs the steps of an epoch.
-  server::OptimizerOptions options = optimizer_options_;
+  OptimizerOptions options = optimizer_options_;
   const int64_t steps_per_epoch = options.schedule.steps_per_epoch;
   if (steps_per_epoch < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("the worker states ", steps_per_epoch, " steps per epoch"));
   }
-  if (options.schedule.unit == server::LrSchedule::Unit::kEpochs &&
+  if (options.schedule.unit == LrSchedule::Unit::kEpochs &&
       options.schedule.step_size > 0 && steps_per_epoch < 1) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the learning rate decays every ", options.schedule.step_size,
         " epochs, but the worker states no steps per epoch"));
   }
   options.schedule.steps_per_epoch = std::max<int64_t>(1, steps_per_epoch);
-  PS_ASSIGN_OR_RETURN(optimizer_, server::SgdOptimizer::Create(options, total, device_.get()));
+  PS_ASSIGN_OR_RETURN(optimizer_, SgdOptimizer::Create(options, total, device_.get()));
   signature_ = signature;
   segment_ends_ = std::move(ends);
   own_params_.assign(proposed.begin(), proposed.end());
@@ -178,7 +178,7 @@ absl::Status LocalParameterStore::PushLocked(int64_t iteration, int64_t num_samp
     const int64_t bytes = (segment_ends_[s] - begin) * static_cast<int64_t>(sizeof(float));
     const absl::string_view piece(reinterpret_cast<const char*>(gradient.data() + begin), bytes);
     float bad = 0.f;
-    const int64_t i = server::FirstNonFinite({&piece, 1}, &bad);
+    const int64_t i = FirstNonFinite({&piece, 1}, &bad);
     if (i >= 0 && loss_scale_.scale > 0) {
       overflow[s - first] = true;  // loss scaling: skipped, not refused
     } else if (i >= 0) {

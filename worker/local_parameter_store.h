@@ -9,13 +9,14 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cpu_device.h"
-#include "server/optimizer.h"
+#include "common/optimizer/loss_scale.h"
+#include "common/optimizer/optimizer.h"
 #include "worker/parameter_store.h"
 
 namespace ps::worker {
 
 // The parameter store of single-process training: one worker, and the
-// server's optimizer (server::SgdOptimizer, the same update of the same sum:
+// server's optimizer (SgdOptimizer, the same update of the same sum:
 // with one worker the sum is that worker's gradient) applied in process.
 //
 // Bound to the trainer's buffers (BindBuffers), it keeps no parameters or
@@ -29,7 +30,7 @@ namespace ps::worker {
 // reads its weights (push_pull_scheduler.h's EarlyGradientsFrom), and the
 // update must not change them under it. Updates are element-wise, so
 // applying them per segment in any order gives bit for bit what the server
-// gives (server::SgdOptimizer::ApplyRange).
+// gives (SgdOptimizer::ApplyRange).
 //
 // Every call completes inside the call (`done` runs before it returns).
 // Thread-safe, though the protocol has one caller thread.
@@ -48,8 +49,8 @@ class LocalParameterStore final : public ParameterStore {
   // then, so the whole step is skipped). kInvalidArgument for invalid
   // optimizer or loss-scale options.
   static absl::StatusOr<std::unique_ptr<LocalParameterStore>> Create(
-      const server::OptimizerOptions& optimizer, int optimizer_threads = 1,
-      const server::LossScaleOptions& loss_scale = {});
+      const OptimizerOptions& optimizer, int optimizer_threads = 1,
+      const LossScaleOptions& loss_scale = {});
 
   // Rank 0 of 1 at version 0, starting from `proposed`. kInvalidArgument for
   // an empty signature, a tensor that is not F32, or a proposal that is not
@@ -125,11 +126,11 @@ class LocalParameterStore final : public ParameterStore {
   // in bytes_copied_.
   void CopySegmentLocked(int s, const float* from, float* to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  server::OptimizerOptions optimizer_options_;
+  OptimizerOptions optimizer_options_;
   std::unique_ptr<CpuDevice> device_;  // runs the update
 
   mutable absl::Mutex mu_;
-  std::unique_ptr<server::SgdOptimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<SgdOptimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   std::vector<ParamSpec> signature_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> segment_ends_ ABSL_GUARDED_BY(mu_);  // each tensor's end, flat
   // The parameters and the pushed gradients: the store's own vectors (the
@@ -149,10 +150,10 @@ class LocalParameterStore final : public ParameterStore {
   // Loss scaling: the scale each pending update divides by, whether it is
   // an overflow (skipped), the scale of iteration version_, and whether a
   // segment of it overflowed.
-  server::LossScaleOptions loss_scale_options_;
+  LossScaleOptions loss_scale_options_;
   std::vector<float> pending_scale_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> pending_overflow_ ABSL_GUARDED_BY(mu_);
-  server::LossScaleState loss_scale_ ABSL_GUARDED_BY(mu_);
+  LossScaleState loss_scale_ ABSL_GUARDED_BY(mu_);
   bool iteration_overflow_ ABSL_GUARDED_BY(mu_) = false;
   // The iteration being pushed (every segment has at least it), how many
   // segments have pushed it, and the samples its pushes claim (-1: none yet).

@@ -19,7 +19,7 @@ std::vector<ParamSpec> Signature() {
 }
 
 TEST(LocalParameterStoreTest, StartsFromTheProposalAndAppliesSgd) {
-  server::OptimizerOptions sgd;
+  OptimizerOptions sgd;
   sgd.sgd.lr = 0.5f;
   auto store = LocalParameterStore::Create(sgd);
   ASSERT_TRUE(store.ok()) << store.status();
@@ -45,7 +45,7 @@ TEST(LocalParameterStoreTest, StartsFromTheProposalAndAppliesSgd) {
 // One segment per tensor, each done inside its call: a tensor's new value
 // can be pulled as soon as its push returns, before the other is pushed.
 TEST(LocalParameterStoreTest, SegmentsAreTensorsPublishedAsSoonAsPushed) {
-  server::OptimizerOptions sgd;
+  OptimizerOptions sgd;
   sgd.sgd.lr = 0.5f;
   auto store = LocalParameterStore::Create(sgd);
   ASSERT_TRUE(store.ok());
@@ -73,7 +73,7 @@ TEST(LocalParameterStoreTest, SegmentsAreTensorsPublishedAsSoonAsPushed) {
 }
 
 TEST(LocalParameterStoreTest, RefusesWhatWouldNeverComplete) {
-  auto store = LocalParameterStore::Create(server::OptimizerOptions());
+  auto store = LocalParameterStore::Create(OptimizerOptions());
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE((*store)->Register(Signature(), {1, 2, 3, 4, 5, 6}).ok());
   // With one worker, a version beyond the next one never comes.
@@ -87,16 +87,16 @@ TEST(LocalParameterStoreTest, RefusesWhatWouldNeverComplete) {
 }
 
 TEST(LocalParameterStoreTest, ProposalOfTheWrongSizeIsRefused) {
-  auto store = LocalParameterStore::Create(server::OptimizerOptions());
+  auto store = LocalParameterStore::Create(OptimizerOptions());
   ASSERT_TRUE(store.ok());
   EXPECT_EQ((*store)->Register(Signature(), {1, 2, 3}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 TEST(LocalParameterStoreTest, EpochScheduleUsesTheStatedStepsPerEpoch) {
-  server::OptimizerOptions sgd;
+  OptimizerOptions sgd;
   sgd.sgd.lr = 1.f;
-  sgd.schedule.unit = server::LrSchedule::Unit::kEpochs;
+  sgd.schedule.unit = LrSchedule::Unit::kEpochs;
   sgd.schedule.step_size = 1;
   sgd.schedule.gamma = 0.5f;
   sgd.schedule.steps_per_epoch = 2;
@@ -129,7 +129,7 @@ absl::Status PullSync(ParameterStore& store, int64_t version, int first, int las
 // and only when their pull comes (a layer may push its weight gradients
 // while it still reads its weights).
 TEST(LocalParameterStoreTest, BoundBuffersAreUpdatedInPlaceWhenPulled) {
-  server::OptimizerOptions sgd;
+  OptimizerOptions sgd;
   sgd.sgd.lr = 0.5f;
   auto store = LocalParameterStore::Create(sgd);
   ASSERT_TRUE(store.ok());
@@ -181,11 +181,11 @@ TEST(LocalParameterStoreTest, BoundBuffersAreUpdatedInPlaceWhenPulled) {
 // over gradients with zeros of both signs, pushed per segment back to
 // front and whole, and an iteration without samples.
 TEST(LocalParameterStoreTest, UpdatesAreTheServersBitForBit) {
-  server::OptimizerOptions sgd;
+  OptimizerOptions sgd;
   sgd.sgd.lr = 0.1f;
   sgd.sgd.momentum = 0.9f;
   sgd.sgd.weight_decay = 5e-4f;
-  sgd.schedule.unit = server::LrSchedule::Unit::kEpochs;
+  sgd.schedule.unit = LrSchedule::Unit::kEpochs;
   sgd.schedule.step_size = 1;
   sgd.schedule.gamma = 0.5f;
   sgd.schedule.steps_per_epoch = 3;
@@ -251,10 +251,10 @@ TEST(LocalParameterStoreTest, UpdatesAreTheServersBitForBit) {
 // again, an overflowing iteration skipped (parameters and momentum kept),
 // the scale halved, then doubled after the growth interval.
 TEST(LocalParameterStoreTest, LossScalingIsTheServersBitForBit) {
-  server::OptimizerOptions sgd;
+  OptimizerOptions sgd;
   sgd.sgd.lr = 0.1f;
   sgd.sgd.momentum = 0.9f;
-  server::LossScaleOptions scaling;
+  LossScaleOptions scaling;
   scaling.dynamic = true;
   scaling.initial = 256.f;
   scaling.growth_interval = 2;

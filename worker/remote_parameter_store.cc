@@ -12,11 +12,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/f32_pieces.h"
 #include "common/grpc_status.h"
 #include "common/job_token.h"
 #include "common/status_macros.h"
 #include "proto/wire_format.h"
-#include "server/f32_pieces.h"
 
 namespace ps::worker {
 namespace {
@@ -851,7 +851,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
             continue;
           }
           if (pull_codec_->dtype() == DType::kF32) {
-            server::CopyPiecesTo(reader->pieces(c), params.data() + chunk.offset);
+            CopyPiecesTo(reader->pieces(c), params.data() + chunk.offset);
           } else {
             absl::Status decoded = pull_codec_->Decode(
                 reader->pieces(c), params.subspan(chunk.offset, chunk.length));

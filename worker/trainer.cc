@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "common/f32_pieces.h"
 #include "common/status_macros.h"
 #include "kernels/elementwise.h"
-#include "server/f32_pieces.h"
 #include "worker/split_batch.h"
 #include "worker/weights.h"
 
@@ -665,7 +665,7 @@ void Trainer::PoisonOverflow(int64_t iteration) {
   const absl::string_view bytes(reinterpret_cast<const char*>(gradients),
                                 num_parameters_ * static_cast<int64_t>(sizeof(float)));
   float bad = 0.f;
-  if (server::FirstNonFinite({&bytes, 1}, &bad) < 0) return;
+  if (FirstNonFinite({&bytes, 1}, &bad) < 0) return;
   ++overflow_steps_;
   std::fill(gradients, gradients + num_parameters_, std::numeric_limits<float>::quiet_NaN());
 }

@@ -17,8 +17,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "common/cpu_device.h"
-#include "common/process_tuning.h"
 #include "common/precision.h"
+#include "common/process_tuning.h"
 #include "kernels/gemm.h"
 #include "worker/data/synthetic.h"
 #include "worker/local_parameter_store.h"
@@ -55,7 +55,7 @@ absl::Status Measure(const std::string& model_name, const Config& c, Precision p
   }
   const int blas = absl::GetFlag(FLAGS_blas_threads);
   kernels::SetBlasThreads(blas > 0 ? blas : c.threads_per_device);
-  server::OptimizerOptions sgd;
+  OptimizerOptions sgd;
   sgd.sgd.lr = 0.1f;
   sgd.sgd.momentum = 0.9f;
   auto store = LocalParameterStore::Create(sgd);

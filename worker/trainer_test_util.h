@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "common/optimizer/optimizer.h"
 #include "gtest/gtest.h"
-#include "server/optimizer.h"
 #include "worker/data/synthetic.h"
 
 namespace ps::worker::testing {
@@ -23,8 +23,8 @@ inline data::Dataset SyntheticDataset(int64_t size) {
 }
 
 // SGD with momentum and weight decay on, so both are exercised.
-inline server::OptimizerOptions MomentumSgd() {
-  server::OptimizerOptions o;
+inline OptimizerOptions MomentumSgd() {
+  OptimizerOptions o;
   o.sgd.lr = 0.1f;
   o.sgd.momentum = 0.9f;
   o.sgd.weight_decay = 1e-3f;

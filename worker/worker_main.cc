@@ -36,23 +36,23 @@
 #include "common/chrome_trace.h"
 #include "common/clock.h"
 #include "common/cpu_device.h"
-#include "common/process_tuning.h"
 #include "common/devices.h"
 #include "common/int_list.h"
 #include "common/job_token.h"
 #include "common/metrics.h"
-#include "common/wire_codec.h"
+#include "common/optimizer/optimizer_flags.h"
+#include "common/process_tuning.h"
 #include "common/status_macros.h"
+#include "common/wire_codec.h"
 #include "kernels/gemm.h"
 #include "proto/parameter_server.pb.h"
 #include "worker/data/loader.h"
-#include "server/optimizer_flags.h"
 #include "worker/local_parameter_store.h"
 #include "worker/remote_parameter_store.h"
 #include "worker/server_check.h"
-#include "worker/training_plot.h"
 #include "worker/sharded_parameter_store.h"
 #include "worker/trainer.h"
+#include "worker/training_plot.h"
 #include "worker/weights.h"
 #include "worker/worker_metrics.h"
 
@@ -286,7 +286,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   // Optimizer: in this process when training alone; a parameter-server job
   // has one optimizer, the server's, so its flags here would be ignored.
   if (!absl::GetFlag(FLAGS_server).empty()) {
-    const std::vector<std::string> given = server::OptimizerFlagsOnCommandLine(argc, argv);
+    const std::vector<std::string> given = OptimizerFlagsOnCommandLine(argc, argv);
     if (!given.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           absl::StrJoin(given, ", "), given.size() == 1 ? " is" : " are",
@@ -295,7 +295,7 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
           given[0], "=...) and not to the worker"));
     }
   }
-  PS_ASSIGN_OR_RETURN(server::OptimizerOptions optimizer, server::OptimizerOptionsFromFlags());
+  PS_ASSIGN_OR_RETURN(OptimizerOptions optimizer, OptimizerOptionsFromFlags());
 
   // The trainer's events go to the timeline (if any), to the totals the
   // heartbeats report, and to the metrics (--metrics_port, added below).
@@ -407,8 +407,8 @@ absl::Status Main(int argc, char** argv, ChromeTraceObserver* trace) {
   std::function<int64_t()> bytes_pushed, bytes_pulled;
   std::function<std::map<int64_t, int64_t>()> staleness;  // a server job's, one or sharded
   if (absl::GetFlag(FLAGS_server).empty()) {
-    PS_ASSIGN_OR_RETURN(const server::LossScaleOptions scaling,
-                        server::LossScaleOptionsFromFlags());
+    PS_ASSIGN_OR_RETURN(const LossScaleOptions scaling,
+                        LossScaleOptionsFromFlags());
     PS_ASSIGN_OR_RETURN(store, LocalParameterStore::Create(optimizer, 1, scaling));
   } else {
     RemoteStoreOptions remote_options;

@@ -1,4 +1,4 @@
-#include "server/optimizer_flags.h"
+#include "common/optimizer/optimizer_flags.h"
 
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
@@ -30,7 +30,7 @@ ABSL_FLAG(double, loss_scale_initial, 65536,
 ABSL_FLAG(int64_t, loss_scale_growth_interval, 2000,
           "clean steps in a row after which the dynamic loss scale doubles");
 
-namespace ps::server {
+namespace ps {
 
 absl::StatusOr<LossScaleOptions> LossScaleOptionsFromFlags() {
   const std::string mode = absl::GetFlag(FLAGS_loss_scale);
@@ -89,4 +89,4 @@ std::vector<std::string> OptimizerFlagsOnCommandLine(int argc, char** argv) {
   return given;
 }
 
-}  // namespace ps::server
+}  // namespace ps

@@ -1,5 +1,5 @@
-#ifndef PS_SERVER_F32_PIECES_H_
-#define PS_SERVER_F32_PIECES_H_
+#ifndef PS_COMMON_F32_PIECES_H_
+#define PS_COMMON_F32_PIECES_H_
 
 // F32 elements stored little-endian across consecutive byte ranges, read in
 // place: a received gRPC message is a list of slices (HTTP/2 frames cut out
@@ -17,7 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace ps::server {
+namespace ps {
 
 using F32Pieces = absl::Span<const absl::string_view>;
 
@@ -107,6 +107,6 @@ void ForEachRun(F32Pieces pieces, Run run) {
 }
 
 }  // namespace internal
-}  // namespace ps::server
+}  // namespace ps
 
-#endif  // PS_SERVER_F32_PIECES_H_
+#endif  // PS_COMMON_F32_PIECES_H_

@@ -1,4 +1,4 @@
-#include "server/optimizer.h"
+#include "common/optimizer/optimizer.h"
 
 #include <cmath>
 #include <cstdint>
@@ -10,7 +10,7 @@
 
 #include "gtest/gtest.h"
 
-namespace ps::server {
+namespace ps {
 namespace {
 
 TEST(LrScheduleTest, StepDecay) {
@@ -264,4 +264,4 @@ TEST(SgdOptimizerTest, ApplyRangeRejectsRangesOutsideTheVector) {
 }
 
 }  // namespace
-}  // namespace ps::server
+}  // namespace ps

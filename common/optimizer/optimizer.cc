@@ -1,4 +1,4 @@
-#include "server/optimizer.h"
+#include "common/optimizer/optimizer.h"
 
 #include <algorithm>
 #include <atomic>
@@ -10,7 +10,7 @@
 #include "common/status_macros.h"
 #include "kernels/sgd_cpu.h"
 
-namespace ps::server {
+namespace ps {
 
 float LrSchedule::LearningRate(float base_lr, int64_t step) const {
   float lr = base_lr;
@@ -82,37 +82,6 @@ absl::Status SgdOptimizer::Apply(int64_t step, int64_t num_samples,
                                                    " parameters, got ", params.size()));
   }
   return ApplyRange(step, num_samples, 0, grad_sum, params);
-}
-
-bool IsValidLossScale(float scale) {
-  int exponent = 0;
-  return scale >= kMinLossScale && scale <= kMaxLossScale && std::frexp(scale, &exponent) == 0.5f;
-}
-
-absl::Status ValidateLossScaleOptions(const LossScaleOptions& options) {
-  if (!options.dynamic) return absl::OkStatus();
-  if (!IsValidLossScale(options.initial)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the initial loss scale must be a power of two from 2^-24 to 2^24, got ",
-        options.initial));
-  }
-  if (options.growth_interval < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the loss scale's growth interval must be >= 1, got ", options.growth_interval));
-  }
-  return absl::OkStatus();
-}
-
-void LossScaleState::Advance(bool overflow, int64_t growth_interval) {
-  if (scale == 0) return;
-  if (overflow) {
-    ++skipped_iterations;
-    clean_iterations = 0;
-    scale = std::max(kMinLossScale, scale / 2);
-  } else if (++clean_iterations >= growth_interval) {
-    clean_iterations = 0;
-    scale = std::min(kMaxLossScale, scale * 2);
-  }
 }
 
 absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
@@ -218,4 +187,4 @@ absl::Status SgdOptimizer::RestoreMomentum(absl::Span<const float> momentum) {
   return absl::OkStatus();
 }
 
-}  // namespace ps::server
+}  // namespace ps

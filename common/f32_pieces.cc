@@ -1,9 +1,9 @@
-#include "server/f32_pieces.h"
+#include "common/f32_pieces.h"
 
 #include <algorithm>
 #include <cmath>
 
-namespace ps::server {
+namespace ps {
 
 using internal::LoadF32;
 
@@ -79,4 +79,4 @@ std::vector<F32Run> F32Runs(F32Pieces pieces, int64_t max_count) {
   return runs;
 }
 
-}  // namespace ps::server
+}  // namespace ps

@@ -1,5 +1,5 @@
-#ifndef PS_SERVER_OPTIMIZER_FLAGS_H_
-#define PS_SERVER_OPTIMIZER_FLAGS_H_
+#ifndef PS_COMMON_OPTIMIZER_OPTIMIZER_FLAGS_H_
+#define PS_COMMON_OPTIMIZER_OPTIMIZER_FLAGS_H_
 
 // The optimizer's command-line flags, defined once for both daemons: the
 // server (which owns the optimizer of a parameter-server job) and the worker
@@ -15,9 +15,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/optimizer.h"
+#include "common/optimizer/loss_scale.h"
+#include "common/optimizer/optimizer.h"
 
-namespace ps::server {
+namespace ps {
 
 // The options the flags give, validated (kInvalidArgument names the flag).
 // The schedule's steps_per_epoch is left at its default: the caller knows it
@@ -34,6 +35,6 @@ absl::StatusOr<LossScaleOptions> LossScaleOptionsFromFlags();
 // order; empty when none is given.
 std::vector<std::string> OptimizerFlagsOnCommandLine(int argc, char** argv);
 
-}  // namespace ps::server
+}  // namespace ps
 
-#endif  // PS_SERVER_OPTIMIZER_FLAGS_H_
+#endif  // PS_COMMON_OPTIMIZER_OPTIMIZER_FLAGS_H_

@@ -1,4 +1,4 @@
-#include "server/f32_pieces.h"
+#include "common/f32_pieces.h"
 
 #include <cmath>
 #include <cstring>
@@ -7,7 +7,7 @@
 
 #include "gtest/gtest.h"
 
-namespace ps::server {
+namespace ps {
 namespace {
 
 // `values` as little-endian bytes, one byte of padding first so no piece is
@@ -117,4 +117,4 @@ TEST(F32PiecesTest, NoPiecesAreNoElements) {
 }
 
 }  // namespace
-}  // namespace ps::server
+}  // namespace ps

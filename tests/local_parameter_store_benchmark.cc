@@ -11,7 +11,7 @@
 //                     (BindBuffers): the update in place, no copy
 // Prints figures; not a test (tagged "benchmark").
 //
-//   bazel run //worker:local_parameter_store_benchmark -- --models=lenet,resnet18
+//   bazel run //tests:local_parameter_store_benchmark -- --models=lenet,resnet18
 
 #include <chrono>
 #include <cstdio>
@@ -63,7 +63,7 @@ absl::Status Measure(const std::string& name, int64_t steps) {
   const std::vector<ParamSpec> signature = (*m)->parameters();
   const int64_t n = model::TotalElements(signature);
   const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
-  server::OptimizerOptions sgd;
+  OptimizerOptions sgd;
   sgd.sgd.lr = 1e-3f;
   sgd.sgd.momentum = 0.9f;
   std::vector<float> initial(n, 0.5f), grad(n, 0.25f), params(n);
