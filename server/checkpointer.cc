@@ -195,7 +195,7 @@ std::map<std::string, std::string> JobSettings(const ParameterServerOptions& opt
   const LrSchedule& schedule = optimizer.schedule;
   std::map<std::string, std::string> job = {
       {"num_workers", absl::StrCat(options.num_workers)},
-      {"consistency", ConsistencyName(options)},
+      {"consistency", options.consistency->Name()},
       {"lr", ExactFloat(optimizer.sgd.lr)},
       {"momentum", ExactFloat(optimizer.sgd.momentum)},
       {"weight_decay", ExactFloat(optimizer.sgd.weight_decay)},

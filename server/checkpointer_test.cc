@@ -117,14 +117,14 @@ TEST(JobSettingsTest, DifferencesNameTheSetting) {
   ParameterServerOptions c = a;
   c.num_workers = 3;
   ParameterServerOptions d = a;
-  d.consistency = ParameterServerOptions::Consistency::kAsync;
+  d.consistency = AsyncConsistency();
   EXPECT_EQ(JobDifferences(JobSettings(a), JobSettings(a)), "");
   EXPECT_EQ(JobDifferences(JobSettings(a), JobSettings(b)), "lr 0.9 in the checkpoint, 0.5 now");
   EXPECT_NE(JobDifferences(JobSettings(a), JobSettings(c)).find("num_workers 2"), std::string::npos);
   EXPECT_EQ(JobDifferences(JobSettings(a), JobSettings(d)),
             "consistency sync in the checkpoint, async now");
   ParameterServerOptions e = a;
-  ASSERT_TRUE(ParseConsistency("ssp:2", &e).ok());
+  e.consistency = ParseConsistency("ssp:2").value();
   EXPECT_EQ(JobDifferences(JobSettings(a), JobSettings(e)),
             "consistency sync in the checkpoint, ssp:2 now");
   ParameterServerOptions f = a;

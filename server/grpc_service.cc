@@ -673,7 +673,7 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   reply->set_session(reg.session);
   for (int member : reg.members) reply->add_members(member);
   reply->set_shrinks(options_.shrinks);
-  reply->set_consistency(ConsistencyName(server_->options()));
+  reply->set_consistency(server_->options().consistency->Name());
   reply->set_loss_scale(server_->loss_scale().scale);
   AttachSharedMemory(request, reg.rank, reg.session, reply);
   return absl::OkStatus();
@@ -814,7 +814,8 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
                       ChunksOf(*server_, header.chunks(), frame, "push", &decoded, segment.get()));
   *sent = IdsOf(chunks);
-  if (server_->options().consistency == ParameterServerOptions::Consistency::kAsync) {
+  const Consistency& consistency = *server_->options().consistency;
+  if (consistency.AppliesEachPush()) {
     PS_ASSIGN_OR_RETURN(const int64_t staleness,
                         server_->ApplyNow(header.rank(), header.based_on_version(),
                                           header.num_samples(), chunks));
@@ -824,12 +825,10 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
   }
   PS_RETURN_IF_ERROR(
       server_->PushChunkBytes(header.rank(), header.iteration(), header.num_samples(), chunks));
-  if (server_->options().consistency == ParameterServerOptions::Consistency::kSsp) {
-    // The iterations before this one whose updates its parameters lacked.
-    const int64_t staleness =
-        std::max<int64_t>(0, header.iteration() - header.based_on_version());
-    reply->set_staleness(staleness);
-    if (options_.on_staleness) options_.on_staleness(staleness);
+  if (const std::optional<int64_t> staleness =
+          consistency.ReplyStaleness(header.iteration(), header.based_on_version())) {
+    reply->set_staleness(*staleness);
+    if (options_.on_staleness) options_.on_staleness(*staleness);
   }
   // Announced by the first push of the iteration (this one or earlier); the
   // version may have moved on since, and then the members are past.
@@ -838,8 +837,7 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
     reply->set_members_iteration(header.iteration() + 1);
     for (int member : *members) reply->add_members(member);
   }
-  if (options_.max_push_lead_bytes > 0 &&
-      server_->options().consistency == ParameterServerOptions::Consistency::kSync) {
+  if (options_.max_push_lead_bytes > 0 && consistency.PacesPushes()) {
     paced->paced = true;
     paced->rank = header.rank();
     paced->iteration = header.iteration();

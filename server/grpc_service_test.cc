@@ -1200,7 +1200,7 @@ class GrpcServiceSspTest : public GrpcServiceCredentialsTest {
  protected:
   void SetUp() override {
     ParameterServerOptions options = Options();
-    ASSERT_TRUE(ParseConsistency("ssp:1", &options).ok());
+    options.consistency = ParseConsistency("ssp:1").value();
     auto server = ParameterServer::Create(options, Signature(), {1, 2, 3, 4, 5, 6, 7, 8}, &device_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();

@@ -84,45 +84,10 @@ std::string RandomHex(int bytes) {
 
 }  // namespace
 
-absl::Status ParseConsistency(absl::string_view text, ParameterServerOptions* options) {
-  if (text == "sync" || text == "async") {
-    options->consistency = text == "sync" ? ParameterServerOptions::Consistency::kSync
-                                          : ParameterServerOptions::Consistency::kAsync;
-    options->staleness = 0;
-    return absl::OkStatus();
-  }
-  int64_t bound = -1;
-  absl::string_view digits = text;
-  if (absl::ConsumePrefix(&digits, "ssp:") && !digits.empty() &&
-      std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-      absl::SimpleAtoi(digits, &bound) && bound <= ParameterServerOptions::kMaxStaleness) {
-    options->consistency = ParameterServerOptions::Consistency::kSsp;
-    options->staleness = bound;
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "consistency '", text, "': use sync, async or ssp:S (S a whole number of steps, 0 to ",
-      ParameterServerOptions::kMaxStaleness, ")"));
-}
-
-std::string ConsistencyName(const ParameterServerOptions& options) {
-  switch (options.consistency) {
-    case ParameterServerOptions::Consistency::kAsync:
-      return "async";
-    case ParameterServerOptions::Consistency::kSsp:
-      return absl::StrCat("ssp:", options.staleness);
-    case ParameterServerOptions::Consistency::kSync:
-      break;
-  }
-  return "sync";
-}
-
 ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevice* device,
                                  std::string incarnation)
     : options_(options),
-      window_(options.consistency == ParameterServerOptions::Consistency::kSsp
-                  ? options.staleness + 1
-                  : 1),
+      window_(options.consistency->Window()),
       device_(device),
       workers_(options.num_workers),
       incarnation_(std::move(incarnation)) {
@@ -194,10 +159,9 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
     if (!RankHeldLocked(rank)) {
       return absl::NotFoundError(absl::StrCat("no worker holds rank ", rank));
     }
-    if (window_ > 1 || options_.consistency == ParameterServerOptions::Consistency::kAsync) {
+    if (absl::Status can = options_.consistency->CheckCanShrink(); !can.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot drop rank ", rank, " under ", ConsistencyName(options_),
-          ": shrinking the job is supported under sync and ssp:0 only"));
+          "cannot drop rank ", rank, " under ", options_.consistency->Name(), ": ", can.message()));
     }
     if (dropped_[rank]) return std::vector<ChunkId>();
     int others = 0;
@@ -303,18 +267,14 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
   if (options.observer != nullptr && options.clock == nullptr) {
     return absl::InvalidArgumentError("an event observer needs a clock");
   }
-  if (options.consistency == ParameterServerOptions::Consistency::kSsp &&
-      (options.staleness < 0 || options.staleness > ParameterServerOptions::kMaxStaleness)) {
-    return absl::InvalidArgumentError(absl::StrCat("ssp staleness must be 0 to ",
-                                                   ParameterServerOptions::kMaxStaleness,
-                                                   ", got ", options.staleness));
+  if (options.consistency == nullptr) {
+    return absl::InvalidArgumentError("no consistency policy (server/consistency/consistency.h)");
   }
   PS_RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
   PS_RETURN_IF_ERROR(ValidateLossScaleOptions(options.loss_scale));
-  if (options.loss_scale.dynamic &&
-      options.consistency != ParameterServerOptions::Consistency::kSync) {
+  if (options.loss_scale.dynamic && !options.consistency->SupportsLossScaling()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "dynamic loss scaling needs sync consistency, not ", ConsistencyName(options)));
+        "dynamic loss scaling needs sync consistency, not ", options.consistency->Name()));
   }
   return std::unique_ptr<ParameterServer>(new ParameterServer(options, device, RandomHex(8)));
 }
@@ -813,14 +773,9 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
     return absl::FailedPreconditionError(
         "push before the initial parameters are complete (version 0 does not exist yet)");
   }
-  if (options_.consistency == ParameterServerOptions::Consistency::kSsp &&
-      iteration >= version_ + window_) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "push for iteration ", iteration, " runs ahead of the ", ConsistencyName(options_),
-        " bound: it may be computed once every rank has pushed iteration ",
-        iteration - window_, " (version ", iteration - window_ + 1,
-        "), and the server is at version ", version_, ", waiting for ranks ",
-        absl::StrJoin(RanksMissingLocked(), ", ")));
+  if (absl::Status ahead = options_.consistency->CheckNotAhead(iteration, version_); !ahead.ok()) {
+    return absl::Status(ahead.code(), absl::StrCat(ahead.message(), ", waiting for ranks ",
+                                                   absl::StrJoin(RanksMissingLocked(), ", ")));
   }
   if (iteration < version_ || iteration >= version_ + window_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -856,7 +811,7 @@ std::vector<int> ParameterServer::RanksMissingLocked() const {
 
 absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
                                              absl::Span<const ChunkBytes> chunks) {
-  if (options_.consistency == ParameterServerOptions::Consistency::kAsync) {
+  if (options_.consistency->AppliesEachPush()) {
     return absl::FailedPreconditionError(
         "a synchronous push to an asynchronous server (ApplyNow takes its pushes)");
   }
@@ -1000,7 +955,7 @@ bool ParameterServer::IsLastTermLocked(int rank, Chunk& chunk, Aggregation& agg,
 absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_version,
                                                   int64_t num_samples,
                                                   absl::Span<const ChunkBytes> chunks) {
-  if (options_.consistency != ParameterServerOptions::Consistency::kAsync) {
+  if (!options_.consistency->AppliesEachPush()) {
     return absl::FailedPreconditionError("an asynchronous push to a synchronous server");
   }
   const std::string what = absl::StrCat("pushed by worker rank ", rank);
@@ -1241,7 +1196,7 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
     {
       absl::MutexLock lock(&mu_);
       if (applying_[global_chunk]) return absl::OkStatus();  // its applier goes on
-      loss_scale = loss_scale_.scale;  // iteration's: loss scaling is kSync only
+      loss_scale = loss_scale_.scale;  // iteration's: loss scaling is sync only
       iteration = chunk_version_[global_chunk];
       IterationState& it = iterations_[SlotOf(iteration)];
       if (last != nullptr) {

@@ -21,29 +21,24 @@
 #include "common/optimizer/optimizer.h"
 #include "common/param_spec.h"
 #include "common/timed_event.h"
+#include "server/consistency/consistency.h"
 
 namespace ps::server {
 
 struct ParameterServerOptions {
   // Workers that take part in every synchronous iteration.
   int num_workers = 1;
-  // kSync: the iterations as described below (the default, and the
-  // equivalence with one device's SGD). kAsync: every push is applied as it
-  // arrives, scaled by its own samples (ApplyNow), each chunk's version
-  // advancing per update; workers never wait for each other, and a pull of
-  // version 0 returns the newest parameters. kSsp: stale synchronous
-  // parallel with bound `staleness` (S, see "Stale synchronous parallel"
-  // below): the iterations of kSync, applied in order, but up to S + 1 of
-  // them in flight at once; S = 0 is kSync bit for bit.
-  enum class Consistency { kSync, kAsync, kSsp };
-  Consistency consistency = Consistency::kSync;
-  // kSsp's bound S, 0 .. kMaxStaleness (kInvalidArgument beyond); ignored
-  // otherwise.
-  int64_t staleness = 0;
-  static constexpr int64_t kMaxStaleness = 64;
+  // How pushes become updates: sync (the iterations described below, the
+  // default, and the equivalence with one device's SGD), async (every push
+  // applied as it arrives, scaled by its own samples, each chunk's version
+  // advancing per update; a pull of version 0 returns the newest
+  // parameters) or ssp:S (the iterations of sync, up to S + 1 of them in
+  // flight at once; see "Stale synchronous parallel" below). Never null
+  // (kInvalidArgument). See server/consistency/consistency.h.
+  std::shared_ptr<const Consistency> consistency = SyncConsistency();
   OptimizerOptions optimizer;
-  // Dynamic loss scaling (server/optimizer.h), kSync only (Create refuses
-  // it otherwise). Workers multiply their loss by loss_scale() (the scale
+  // Dynamic loss scaling (common/optimizer/loss_scale.h), only under a
+  // policy that supports it (sync; Create refuses it otherwise). Workers multiply their loss by loss_scale() (the scale
   // of the step they compute, published with the parameters) and push the
   // scaled gradients. A chunk pushed with a value that is not finite is an
   // overflow then, not an error: every update of that chunk in the
@@ -85,14 +80,6 @@ struct ParameterServerOptions {
   EventObserver* observer = nullptr;
   const Clock* clock = Clock::Real();
 };
-
-// "sync", "async" or "ssp:S" (S a whole number 0 .. kMaxStaleness) as
-// --consistency and RegisterReply.consistency spell it: sets
-// options->consistency and options->staleness. kInvalidArgument, naming
-// the choices, for anything else.
-absl::Status ParseConsistency(absl::string_view text, ParameterServerOptions* options);
-// The inverse: "sync", "async" or "ssp:S".
-std::string ConsistencyName(const ParameterServerOptions& options);
 
 // One named tensor of initial values, matched to the workers' signature by
 // name (a safetensors file's tensors have no order).
@@ -146,24 +133,24 @@ struct NamedTensor {
 // arrive in rank order, at most (num_workers - 1) models' worth when they
 // arrive in reverse (held_elements() says how much is held now).
 //
-// Stale synchronous parallel (Consistency::kSsp, bound S; Ho et al. 2013,
+// Stale synchronous parallel (ssp:S, bound S; Ho et al. 2013,
 // Bosen): a worker may begin step t once every worker has pushed step
 // t - S - 1, i.e. once version t - S exists, and computes it from whatever
 // newer parameters it pulls (of version t - S or later, chunks possibly of
-// different versions). The updates are those of kSync: iteration k's
+// different versions). The updates are those of sync: iteration k's
 // update of a chunk is the rank-order sum of every worker's push of
 // iteration k, applied once all have arrived and iteration k - 1's update
 // of that chunk is applied, with the learning rate of step k; so the
 // iterations are applied in order, one chunk at a time, and only what the
-// workers computed their gradients from differs from kSync (with S = 0,
-// nothing: ssp:0 is kSync bit for bit). The server enforces the bound: a
+// workers computed their gradients from differs from sync (with S = 0,
+// nothing: ssp:0 is sync bit for bit). The server enforces the bound: a
 // push for iteration t is accepted only while version() >= t - S, so
 // iterations version() .. version() + S are in flight at once, each with
 // its own sums, held parts and per-worker bookkeeping (S + 1 of each, and
 // S + 1 gradient sums of a model each in memory); a push beyond is refused
 // with kOutOfRange naming the bound and the ranks the iteration in progress
 // waits for. A worker's pull for step t asks for version t - S and waits
-// for it (the gRPC service holds it). Rejoining works as under kSync (the
+// for it (the gRPC service holds it). Rejoining works as under sync (the
 // worker resumes at version(), and what its previous process pushed of
 // every iteration in flight is counted once), though under S > 0 the
 // rejoined worker computes from the newest parameters, not exactly
@@ -247,7 +234,7 @@ class ParameterServer {
   // from now: on this thread at once when the iteration in progress has
   // completed no chunk yet (nothing of it has been applied), otherwise on
   // the thread of the push that completes the iteration, just before the
-  // new version is published (so no update can run meanwhile). Under kSsp
+  // new version is published (so no update can run meanwhile). Under ssp:S
   // with S > 0 the updates of the next iterations wait meanwhile (their
   // pushes are still accepted and summed) so that no chunk is ahead of the
   // captured version; they are applied right after the capture. Copies the
@@ -338,7 +325,7 @@ class ParameterServer {
     int64_t heard_ns = -1;       // last Register, Push or Heartbeat
     int64_t pushed_chunks = 0;   // of the iteration in progress
     // The first iteration from the version on that the rank has not pushed
-    // whole: the step it is at (under kSsp it may be up to S ahead).
+    // whole: the step it is at (under ssp:S it may be up to S ahead).
     int64_t next_iteration = 0;
     int64_t last_push_iteration = -1;  // the latest it pushed any of
     int64_t last_push_ns = -1;
@@ -360,9 +347,9 @@ class ParameterServer {
   // Errors, each leaving all state untouched: kNotFound unknown rank,
   // kOutOfRange key or chunk out of range, kInvalidArgument wrong chunk length
   // or a non-finite value (named), kFailedPrecondition iteration is not the
-  // current one (under kSsp: is past, or the server is asynchronous) or
+  // current one (under ssp:S: is past, or the server is asynchronous) or
   // num_samples differs from this worker's earlier chunks of the iteration,
-  // kOutOfRange under kSsp for an iteration beyond version() + S (ahead of
+  // kOutOfRange under ssp:S for an iteration beyond version() + S (ahead of
   // the staleness bound: the message names the bound and the ranks the
   // iteration in progress waits for), kAlreadyExists the chunk was already
   // pushed this iteration (even when every worker has pushed it and it has
@@ -515,8 +502,8 @@ class ParameterServer {
   // the next iteration's is announced without it). Returns the chunks the
   // drop completed (their waiting pulls can be answered). kNotFound for a
   // rank no worker holds; kFailedPrecondition for the last member, and
-  // under kSsp with S > 0 (several iterations in flight, each with its
-  // members: not supported) and under kAsync (no iterations, nobody waits
+  // under ssp:S with S > 0 (several iterations in flight, each with its
+  // members: not supported) and under async (no iterations, nobody waits
   // for a lost worker: nothing to shrink).
   absl::StatusOr<std::vector<ChunkId>> DropWorker(int rank);
 
@@ -588,7 +575,7 @@ class ParameterServer {
     // Updates applied to params (published to chunk_version_ just after).
     int64_t version ABSL_GUARDED_BY(mu) = 0;
     // Iteration k's aggregation is slots[k % window_] (one slot but under
-    // kSsp, where iterations version_ .. version_ + S are in flight);
+    // ssp:S, where iterations version_ .. version_ + S are in flight);
     // asynchronous updates use slots[0].grad_sum as their scratch.
     std::vector<Aggregation> slots ABSL_GUARDED_BY(mu);
     // Ranks whose part of this chunk the iteration in progress does without
@@ -733,7 +720,7 @@ class ParameterServer {
                                       int64_t iteration, int64_t global_chunk, float loss_scale,
                                       const F32Pieces* last_term, Chunk& chunk, bool* skipped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Iterations in flight at once: S + 1 under kSsp, else 1.
+  // Iterations in flight at once: the policy's Window(): S + 1 under ssp:S, else 1.
   int64_t SlotOf(int64_t iteration) const { return iteration % window_; }
   // The ranks that have not pushed all of iteration version_ (for
   // refusals and stall lines).

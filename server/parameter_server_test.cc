@@ -1062,7 +1062,7 @@ TEST_F(ParameterServerTest, AsyncAppliesEachPushAsItArrives) {
   options.num_workers = 2;
   options.chunk_elements = 4;
   options.optimizer.sgd.lr = 1.f;
-  options.consistency = ParameterServerOptions::Consistency::kAsync;
+  options.consistency = AsyncConsistency();
   auto server = ParameterServer::Create(options, Signature(), Initial(), &device_);
   ASSERT_TRUE(server.ok());
   ASSERT_TRUE((*server)->Register("a", Signature(), 0).ok());
@@ -1125,31 +1125,13 @@ TEST_F(ParameterServerTest, AsyncAppliesEachPushAsItArrives) {
   return ::testing::AssertionSuccess();
 }
 
-TEST(ConsistencyTest, ParsesItsNames) {
+TEST(ConsistencyTest, CreateRefusesNoPolicy) {
   ParameterServerOptions options;
-  ASSERT_TRUE(ParseConsistency("ssp:2", &options).ok());
-  EXPECT_EQ(options.consistency, ParameterServerOptions::Consistency::kSsp);
-  EXPECT_EQ(options.staleness, 2);
-  EXPECT_EQ(ConsistencyName(options), "ssp:2");
-  ASSERT_TRUE(ParseConsistency("ssp:0", &options).ok());
-  EXPECT_EQ(ConsistencyName(options), "ssp:0");
-  ASSERT_TRUE(ParseConsistency("async", &options).ok());
-  EXPECT_EQ(ConsistencyName(options), "async");
-  ASSERT_TRUE(ParseConsistency("sync", &options).ok());
-  EXPECT_EQ(ConsistencyName(options), "sync");
-  for (const char* bad : {"", "ssp", "ssp:", "ssp:-1", "ssp:+1", "ssp:1.5", "ssp:x", "ssp:65",
-                          "ssp:99999999999999999999", "SSP:1", "bsp"}) {
-    const absl::Status s = ParseConsistency(bad, &options);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("'", bad, "'"))) << bad;
-    EXPECT_THAT(s.message(), HasSubstr("ssp:S")) << bad;
-  }
-  EXPECT_EQ(ConsistencyName(options), "sync");  // unchanged by the refusals
+  options.consistency = nullptr;
   CpuDevice device(0, 1);
-  options.consistency = ParameterServerOptions::Consistency::kSsp;
-  options.staleness = ParameterServerOptions::kMaxStaleness + 1;
-  EXPECT_EQ(ParameterServer::Create(options, &device).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  const absl::Status status = ParameterServer::Create(options, &device).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("no consistency policy"));
 }
 
 // A server of two workers under ssp:S with MakeServer's model (chunks of
@@ -1166,8 +1148,7 @@ std::unique_ptr<ParameterServer> MakeSspServer(int64_t staleness, CpuDevice* dev
   options.optimizer.schedule.step_size = 2;
   options.optimizer.schedule.gamma = 0.5f;
   if (staleness >= 0) {
-    options.consistency = ParameterServerOptions::Consistency::kSsp;
-    options.staleness = staleness;
+    options.consistency = SspConsistency(staleness).value();
   }
   auto server = ParameterServer::Create(options, Signature(), Initial(), device);
   EXPECT_TRUE(server.ok()) << server.status();
@@ -1594,8 +1575,7 @@ ParameterServerOptions ConcurrencyOptions(const ConcurrencyCase& c) {
   options.optimizer.sgd.weight_decay = 1e-3f;
   options.optimizer.sgd.nesterov = true;
   if (c.ssp >= 0) {
-    options.consistency = ParameterServerOptions::Consistency::kSsp;
-    options.staleness = c.ssp;
+    options.consistency = SspConsistency(c.ssp).value();
   }
   return options;
 }
@@ -2071,10 +2051,10 @@ TEST_F(ParameterServerTest, LossScalingOptionsAreChecked) {
   EXPECT_THAT(ParameterServer::Create(options, &device_).status().message(),
               HasSubstr("growth interval"));
   options.loss_scale.growth_interval = 10;
-  ASSERT_TRUE(ParseConsistency("async", &options).ok());
+  options.consistency = ParseConsistency("async").value();
   EXPECT_THAT(ParameterServer::Create(options, &device_).status().message(),
               HasSubstr("needs sync consistency"));
-  ASSERT_TRUE(ParseConsistency("sync", &options).ok());
+  options.consistency = ParseConsistency("sync").value();
   EXPECT_TRUE(ParameterServer::Create(options, &device_).ok());
 }
 

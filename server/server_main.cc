@@ -292,10 +292,13 @@ absl::Status Main() {
   ParameterServerOptions options;
   options.num_workers = absl::GetFlag(FLAGS_num_workers);
   options.chunk_elements = absl::GetFlag(FLAGS_chunk_bytes) / 4;
-  if (absl::Status parsed = ParseConsistency(absl::GetFlag(FLAGS_consistency), &options);
-      !parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--consistency: ", parsed.message()));
+  absl::StatusOr<std::shared_ptr<const Consistency>> consistency =
+      ParseConsistency(absl::GetFlag(FLAGS_consistency));
+  if (!consistency.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--consistency: ", consistency.status().message()));
   }
+  options.consistency = *std::move(consistency);
   PS_ASSIGN_OR_RETURN(options.optimizer, OptimizerOptionsFromFlags());
   PS_ASSIGN_OR_RETURN(options.loss_scale, LossScaleOptionsFromFlags());
   // Metrics: the timed events, the calls' codes, and the job's state.
@@ -340,19 +343,12 @@ absl::Status Main() {
         absl::StrCat("--on_worker_loss=", on_worker_loss, ": use wait or shrink"));
   }
   const bool shrink = on_worker_loss == "shrink";
-  if (shrink && options.consistency == ParameterServerOptions::Consistency::kSsp &&
-      options.staleness > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--on_worker_loss=shrink with --consistency=", ConsistencyName(options),
-        " is not supported: shrinking changes an iteration's members, and under ssp:S with S > 0 "
-        "several iterations are in flight at once; use --on_worker_loss=wait (a lost worker "
-        "rejoins), or sync / ssp:0"));
-  }
-  if (shrink && options.consistency == ParameterServerOptions::Consistency::kAsync) {
-    return absl::InvalidArgumentError(
-        "--on_worker_loss=shrink with --consistency=async is not supported: under async no "
-        "worker waits for another, so a lost worker holds nobody up and there is nothing to "
-        "shrink; use --on_worker_loss=wait");
+  if (shrink) {
+    if (absl::Status can = options.consistency->CheckCanShrink(); !can.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--on_worker_loss=shrink with --consistency=", options.consistency->Name(),
+                       " is not supported: ", can.message()));
+    }
   }
   ServiceOptions service_options;
   service_options.shrinks = shrink;
@@ -446,7 +442,7 @@ absl::Status Main() {
                    : (IsLoopback(bind_address) ? "plaintext (loopback)"
                                                : "INSECURE plaintext (--insecure)");
   std::printf("parameter server for %d workers (%s) at %s, %s%s, initial parameters from %s\n",
-              options.num_workers, ConsistencyName(options).c_str(), advertised.c_str(),
+              options.num_workers, options.consistency->Name().c_str(), advertised.c_str(),
               security.c_str(),
               service_options.job_token.empty() ? "" : ", job token required",
               initial_from.c_str());

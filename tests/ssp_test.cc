@@ -60,7 +60,7 @@ Outcome Train(const std::string& consistency, int64_t steps, double slowdown = 1
   job.server.optimizer.sgd.momentum = momentum;
   job.server.optimizer.sgd.weight_decay = 5e-4f;
   job.server.chunk_elements = 1000;  // several messages: a pipeline of buckets
-  EXPECT_TRUE(server::ParseConsistency(consistency, &job.server).ok());
+  job.server.consistency = server::ParseConsistency(consistency).value();
   job.steps = steps;
   job.trainer.batch_size = kGlobalBatch;
   job.trainer.seed = kSeed;
@@ -150,7 +150,7 @@ TEST(SspTest, AHeldBackWorkerNamesTheRanksItWaitsFor) {
   server::ParameterServerOptions server_options;
   server_options.num_workers = 2;
   server_options.optimizer.sgd.lr = 0.1f;
-  ASSERT_TRUE(server::ParseConsistency("ssp:1", &server_options).ok());
+  server_options.consistency = server::ParseConsistency("ssp:1").value();
   const std::vector<ParamSpec> signature = {{"w", {3}, DType::kF32}};
   auto server = server::InProcessServer::Start(server_options, signature, {1, 2, 3});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -172,7 +172,7 @@ TEST(SspTest, AHeldBackWorkerNamesTheRanksItWaitsFor) {
     ASSERT_TRUE(store.ok()) << store.status();
     auto registration = (*store)->Register(signature, {});
     ASSERT_TRUE(registration.ok()) << registration.status();
-    EXPECT_EQ(registration->staleness_bound, 1);
+    EXPECT_EQ(registration->consistency.staleness_bound(), 1);
     stores.push_back(std::move(store).value());
   }
   std::vector<float> gradient = {1, 1, 1};

@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
 #include "common/param_spec.h"
+#include "worker/consistency.h"
 
 namespace ps::worker {
 
@@ -49,16 +50,9 @@ class ParameterStore {
     // The members may change from one iteration to the next (the server
     // shrinks the job when it loses a worker): read them with Members.
     bool dynamic_members = false;
-    // Asynchronous consistency: every push is applied as it arrives and
-    // pulls bring the newest parameters, whatever version they ask for;
-    // the worker runs its own steps from 0, waiting for nobody.
-    bool async = false;
-    // Stale synchronous parallel (ssp:S): S. The protocol and the updates
-    // are sync's, but a pull of version v brings any parameters of version
-    // v - S or newer (the newest there are, waiting only while version
-    // v - S does not exist), so a step computes from parameters up to S
-    // updates behind. 0 under sync (and ssp:0, which is sync).
-    int64_t staleness_bound = 0;
+    // The server's consistency policy, as it bears on this worker's steps
+    // and pulls (worker/consistency.h); sync without a server.
+    WorkerConsistency consistency;
     // Dynamic loss scaling (the server's --loss_scale=dynamic): the scale
     // of iteration `version`'s loss; 0 when the server does not scale.
     float loss_scale = 0;

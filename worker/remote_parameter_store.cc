@@ -63,7 +63,7 @@ void RemoteParameterStore::SendHeartbeats() {
     // A failure says nothing the training calls will not: the server is
     // away, restarting, or shutting down.
     if (!stub_->Heartbeat(&context, request, &reply).ok()) continue;
-    if (stale_pulls() && options_.log &&
+    if (consistency_.stale_pulls() && options_.log &&
         absl::Now() - last_bound_log >= options_.stall_log_every) {
       // A pull still waiting for a version the server lacks: the step it is
       // for (version + S) is held back by the ranks that have not pushed
@@ -82,10 +82,10 @@ void RemoteParameterStore::SendHeartbeats() {
         }
         if (!ranks.empty()) {
           last_bound_log = absl::Now();
-          options_.log(absl::StrCat("step ", waits_for + staleness_bound_, " waits for ranks ",
-                                    absl::StrJoin(ranks, ", "), " (at step",
+          options_.log(absl::StrCat("step ", waits_for + consistency_.staleness_bound(),
+                                    " waits for ranks ", absl::StrJoin(ranks, ", "), " (at step",
                                     steps.size() > 1 ? "s " : " ", absl::StrJoin(steps, ", "),
-                                    "; ssp:", staleness_bound_, ")"));
+                                    "; ", consistency_.Name(), ")"));
         }
       }
     }
@@ -482,22 +482,12 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   proto::RegisterReply reply;
   PS_RETURN_IF_ERROR(FromGrpcStatus(stub_->Register(&context, request, &reply),
                                     absl::StrCat("Register with ", options_.server_address)));
-  // The server's consistency: "sync" (or empty: an older server), "async"
-  // or "ssp:S".
-  bool ssp = false;
-  int64_t staleness_bound = 0;
-  if (absl::StartsWith(reply.consistency(), "ssp:")) {
-    ssp = absl::SimpleAtoi(absl::string_view(reply.consistency()).substr(4), &staleness_bound) &&
-          staleness_bound >= 0;
-    if (!ssp) {
-      return absl::InternalError(absl::StrCat("server ", options_.server_address,
-                                              " sent consistency '", reply.consistency(), "'"));
-    }
-  } else if (!reply.consistency().empty() && reply.consistency() != "sync" &&
-             reply.consistency() != "async") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the server at ", options_.server_address, " runs with consistency '",
-        reply.consistency(), "', which this worker does not know (sync, async, ssp:S)"));
+  absl::StatusOr<WorkerConsistency> consistency =
+      WorkerConsistency::FromName(reply.consistency());
+  if (!consistency.ok()) {
+    return absl::Status(consistency.status().code(),
+                        absl::StrCat("the server at ", options_.server_address, " runs with ",
+                                     consistency.status().message()));
   }
   if (reply.chunk_elements() < 1 || reply.num_workers() < 1 || reply.rank() < 0 ||
       reply.rank() >= reply.num_workers()) {
@@ -569,22 +559,19 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   out.version = reply.version();
   out.members.assign(reply.members().begin(), reply.members().end());
   out.dynamic_members = reply.shrinks();
-  out.async = reply.consistency() == "async";
-  out.staleness_bound = staleness_bound;
+  out.consistency = *consistency;
   out.loss_scale = reply.loss_scale();
   {
     absl::MutexLock lock(&loss_scale_mu_);
     loss_scale_ = reply.loss_scale();
     loss_scale_version_ = reply.version();
   }
-  async_ = out.async;
-  ssp_ = ssp;
-  staleness_bound_ = staleness_bound;
+  consistency_ = *consistency;
   {
     absl::MutexLock lock(&async_mu_);
     pulled_version_.assign(messages_.size(), reply.version());
   }
-  delta_pulls_ = codec_->sparse() && !out.async && !ssp;
+  delta_pulls_ = codec_->sparse() && consistency_.allows_delta_pulls();
   {
     absl::MutexLock lock(&held_mu_);
     held_version_.assign(messages_.size(), -1);
@@ -650,7 +637,7 @@ void RemoteParameterStore::PushSegments(int64_t iteration, int64_t num_samples, 
   }
   const int rank = rank_;
   int64_t based_on = 0;
-  if (async_ || ssp_) {
+  if (consistency_.reports_staleness()) {
     // The least version the pushed messages' parameters came from.
     absl::MutexLock lock(&async_mu_);
     based_on = *std::min_element(pulled_version_.begin() + first, pulled_version_.begin() + last);
@@ -675,7 +662,7 @@ absl::Status RemoteParameterStore::ReadPushReply(const grpc::ByteBuffer& reply) 
   if (absl::Status s = proto::ParseMessage(reply, "push reply", &message); !s.ok()) {
     return absl::InternalError(absl::StrCat("server sent a malformed ", s.message()));
   }
-  if (async_ || ssp_) {
+  if (consistency_.reports_staleness()) {
     absl::MutexLock lock(&async_mu_);
     ++staleness_[message.staleness()];
   }
@@ -746,9 +733,8 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
   const int64_t timeout_ms = absl::ToInt64Milliseconds(timeout);
   // Asynchronous: whatever is newest, at once. ssp:S: the newest of version
   // - S or later, once that exists (the staleness bound).
-  const bool stale = stale_pulls();
-  const int64_t asked =
-      async_ ? 0 : stale ? std::max<int64_t>(0, version - staleness_bound_) : version;
+  const bool stale = consistency_.stale_pulls();
+  const int64_t asked = consistency_.OldestPullable(version);
   if (stale) {
     absl::MutexLock lock(&async_mu_);
     ++pulls_in_flight_[asked];
@@ -769,7 +755,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
         proto::PullRequest request;
         request.set_version(asked);
         request.set_timeout_ms(timeout_ms);
-        request.set_exact(exact && !async_ && !stale);
+        request.set_exact(exact && consistency_.exact_pulls());
         if (delta_pulls_) {
           absl::MutexLock lock(&held_mu_);
           request.set_delta(held_version_[m] == asked - 1);
@@ -806,7 +792,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
         }
         // Checked before any byte lands in `params` (the batch's end checks
         // that the messages agree with one another).
-        if (exact && !async_ && !stale && reply.version() != version) {
+        if (exact && consistency_.exact_pulls() && reply.version() != version) {
           return absl::InternalError(absl::StrCat("server ", options_.server_address,
                                                   " answered a pull of version ", version,
                                                   " with version ", reply.version()));
@@ -872,7 +858,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
             loss_scale_version_ = reply.loss_scale_version();
           }
         }
-        if (async_ || ssp_) {
+        if (consistency_.reports_staleness()) {
           absl::MutexLock lock(&async_mu_);
           if (m < pulled_version_.size()) pulled_version_[m] = reply.version();
         }
@@ -885,7 +871,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
           if (--pulls_in_flight_[asked] == 0) pulls_in_flight_.erase(asked);
         }
         if (!status.ok()) return done(status);
-        if (async_ || stale) {
+        if (!consistency_.exact_pulls()) {
           // The newest of each message (asynchronous; or ssp:S, each at
           // least version - S): versions differ by design.
           bytes_pulled_ += received->load();

@@ -282,14 +282,8 @@ class RemoteParameterStore final : public ParameterStore {
   int64_t PullOffset(const Chunk& chunk) const {
     return static_cast<int64_t>(sizeof(float)) * (num_parameters_ + chunk.offset);
   }
-  // The server's consistency, from the registration: asynchronous, or
-  // ssp:S (ssp_, with staleness_bound_ = S).
-  bool async_ = false;
-  bool ssp_ = false;
-  int64_t staleness_bound_ = 0;
-  // Pulls of version v ask for the newest parameters of version v - S or
-  // later (not exactly v): ssp:S with S > 0.
-  bool stale_pulls() const { return ssp_ && staleness_bound_ > 0; }
+  // The server's consistency, from the registration.
+  WorkerConsistency consistency_;
   // Dynamic loss scaling: the newest scale the server sent, and its version.
   mutable absl::Mutex loss_scale_mu_;
   float loss_scale_ ABSL_GUARDED_BY(loss_scale_mu_) = 0;

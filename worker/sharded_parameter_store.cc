@@ -128,7 +128,7 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
   // Step 3: one job, one rank, one version.
   for (size_t i = 1; i < shards_.size(); ++i) {
     const Registration& r = registrations[i];
-    if (r.async != decided.async || r.staleness_bound != decided.staleness_bound ||
+    if (r.consistency != decided.consistency ||
         (r.loss_scale > 0) != (decided.loss_scale > 0) ||
         r.dynamic_members != decided.dynamic_members) {
       return absl::FailedPreconditionError(absl::StrCat(

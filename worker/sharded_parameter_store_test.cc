@@ -213,7 +213,7 @@ TEST(ShardedParameterStoreTest, StalenessHistogramSumsTheShards) {
     std::vector<std::unique_ptr<server::InProcessServer>> servers;
     for (int s = 0; s < 2; ++s) {
       server::ParameterServerOptions options = ServerOptions(1);
-      ASSERT_TRUE(server::ParseConsistency(consistency, &options).ok());
+      options.consistency = server::ParseConsistency(consistency).value();
       auto server = server::InProcessServer::Start(options);
       ASSERT_TRUE(server.ok()) << server.status();
       servers.push_back(std::move(server).value());

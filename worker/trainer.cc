@@ -745,7 +745,7 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
   // and t, so any worker can start, or start again, anywhere.
   // Asynchronous: the server's version counts every worker's updates; this
   // worker runs its own steps.
-  int64_t iteration = registration_.async ? 0 : registration_.version;
+  int64_t iteration = registration_.consistency.independent_steps() ? 0 : registration_.version;
   int64_t total_steps = 0;
   double later_samples = 0, later_seconds = 0, later_global_samples = 0;
   EpochStats stats;
@@ -773,7 +773,7 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     // epoch ends (evaluation, weights, the next epoch's stats).
     if (status.ok() && (step + 1 == steps_per_epoch || iteration + 1 == end)) {
       status = FinishCommunication();
-      if (status.ok() && registration_.staleness_bound > 0) status = CatchUp(iteration + 1);
+      if (status.ok() && registration_.consistency.stale_pulls()) status = CatchUp(iteration + 1);
     }
     if (!status.ok()) {
       if (!options_.recover_from_server_loss || !IsServerLost(status)) return status;
@@ -793,7 +793,7 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
       if (on_recovery_) on_recovery_(recovery);
       // Asynchronous: the server's version counts every worker's updates,
       // not this worker's steps; it goes on from its own step.
-      if (!registration_.async) iteration = resume;
+      if (!registration_.consistency.independent_steps()) iteration = resume;
       while (!report.epochs.empty() && report.epochs.back().epoch > iteration / steps_per_epoch) {
         report.epochs.pop_back();
       }

@@ -248,7 +248,7 @@ class Trainer {
   // kFailedPrecondition when there is no scheduler (a failed Recover or
   // CatchUp leaves none): TrainStep and FinishCommunication refuse then.
   absl::Status CheckExchange() const;
-  // Stale synchronous (registration_.staleness_bound > 0), at the end of an
+  // Stale synchronous (registration_.consistency.stale_pulls()), at the end of an
   // epoch: waits until every worker's steps up to `version` are applied and
   // starts from it, so the epoch's evaluation and weights see the model
   // sync would (this worker's pulls may have been up to S updates behind).
