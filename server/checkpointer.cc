@@ -14,12 +14,20 @@
 
 namespace ps::server {
 
+struct Checkpointer::CaptureSlot {
+  absl::Mutex mu;
+  bool ready ABSL_GUARDED_BY(mu) = false;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;  // by Stop
+  ParameterServer::State state ABSL_GUARDED_BY(mu);
+};
+
 Checkpointer::Checkpointer(ParameterServer* server, CheckpointerOptions options,
                            int64_t last_version)
     : server_(server),
       options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
       last_version_(last_version),
-      last_time_(absl::Now()) {
+      last_time_ns_(clock_->NowNanos()) {
   if (options_.every_steps > 0 || options_.every > absl::ZeroDuration()) {
     thread_ = std::thread([this] { Loop(); });
   }
@@ -28,9 +36,15 @@ Checkpointer::Checkpointer(ParameterServer* server, CheckpointerOptions options,
 Checkpointer::~Checkpointer() { Stop(); }
 
 void Checkpointer::Stop() {
+  std::shared_ptr<CaptureSlot> capture;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    capture = capture_;
+  }
+  if (capture != nullptr) {
+    absl::MutexLock lock(&capture->mu);
+    capture->cancelled = true;
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -40,23 +54,33 @@ int64_t Checkpointer::last_version() const {
   return last_version_;
 }
 
-absl::Time Checkpointer::last_write_time() const {
+absl::Duration Checkpointer::time_since_last_write() const {
   absl::MutexLock lock(&mu_);
-  return last_time_;
+  return absl::Nanoseconds(clock_->NowNanos() - last_time_ns_);
+}
+
+absl::Time Checkpointer::last_write_time() const {
+  return absl::Now() - time_since_last_write();
 }
 
 void Checkpointer::Log(const std::string& line) const {
   if (options_.log) options_.log(line);
 }
 
+bool Checkpointer::SleepUntilOrStop(int64_t deadline_ns) {
+  absl::MutexLock lock(&mu_);
+  return !clock_->AwaitWithDeadline(&mu_, absl::Condition(&stopping_), deadline_ns);
+}
+
 void Checkpointer::Loop() {
-  // Checks the stop flag at least every 200 ms; otherwise waits on the
-  // server's version by steps (a condition, not a poll of it); by time
-  // alone, it looks every 200 ms.
-  constexpr absl::Duration kTick = absl::Milliseconds(200);
+  // How long a wait on the server's version lasts before the stop flag is
+  // looked at again: real time, since the server's wait takes a wall-clock
+  // deadline and Stop cannot wake it.
+  constexpr absl::Duration kStopTick = absl::Milliseconds(200);
+  const int64_t every_ns = absl::ToInt64Nanoseconds(options_.every);
   for (;;) {
     int64_t last;
-    absl::Time last_time;
+    int64_t last_time_ns;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
@@ -64,75 +88,81 @@ void Checkpointer::Loop() {
       // is at the next due point, not at once (a write that fails fast
       // would otherwise copy the model under the server's lock in a loop).
       last = std::max(last_version_, failed_version_);
-      last_time = last_time_;
+      last_time_ns = last_time_ns_;
     }
     bool due = false;
     if (options_.every_steps > 0) {
       // Versions that are multiples of every_steps (the first after a
       // resumed one included).
       const int64_t next = (std::max<int64_t>(last, 0) / options_.every_steps + 1) * options_.every_steps;
-      due = server_->WaitForVersion(next, absl::Now() + kTick).ok();
+      due = server_->WaitForVersion(next, absl::Now() + kStopTick).ok();
+      if (!due && every_ns > 0) {
+        due = clock_->NowNanos() - last_time_ns >= every_ns && server_->initialized() &&
+              server_->version() > last;
+      }
     } else {
-      absl::SleepFor(kTick);
-    }
-    if (!due && options_.every > absl::ZeroDuration()) {
-      due = absl::Now() - last_time >= options_.every && server_->initialized() &&
-            server_->version() > last;
+      // By time alone: asleep on the clock until `every` has passed, then
+      // waiting for a version past the last one (its wait ends only once
+      // the initial parameters exist, so version 0 is written too).
+      const int64_t due_ns =
+          last_time_ns > Clock::kNever - every_ns ? Clock::kNever : last_time_ns + every_ns;
+      if (!SleepUntilOrStop(due_ns)) return;
+      due = server_->WaitForVersion(last + 1, absl::Now() + kStopTick).ok();
     }
     if (!due) continue;
-    const absl::Status status = CaptureAndWrite(absl::InfiniteFuture());
+    const absl::Status status = CaptureAndWrite(Clock::kNever, /*background=*/true);
     if (!status.ok() && status.code() != absl::StatusCode::kCancelled) {
       const int64_t tried = server_->version();
       Log(absl::StrCat("checkpoint of version ", tried,
                        " failed (will try again when the next is due): ", status.ToString()));
       absl::MutexLock lock(&mu_);
-      last_time_ = absl::Now();
+      last_time_ns_ = clock_->NowNanos();
       failed_version_ = std::max(failed_version_, tried);
     }
   }
 }
 
-absl::Status Checkpointer::CaptureAndWrite(absl::Time deadline) {
+absl::Status Checkpointer::CaptureAndWrite(int64_t deadline_ns, bool background) {
   // The capture may be served on a push thread after this call gives up
   // waiting: the slot outlives both.
-  struct Slot {
-    absl::Mutex mu;
-    bool ready ABSL_GUARDED_BY(mu) = false;
-    ParameterServer::State state ABSL_GUARDED_BY(mu);
-  };
-  auto slot = std::make_shared<Slot>();
+  auto slot = std::make_shared<CaptureSlot>();
+  if (background) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::CancelledError("stopping");
+    capture_ = slot;
+  }
   server_->CaptureState([slot](ParameterServer::State state) {
     absl::MutexLock lock(&slot->mu);
     slot->state = std::move(state);
     slot->ready = true;
   });
   ParameterServer::State state;
+  absl::Status waited;
   {
     absl::MutexLock lock(&slot->mu);
-    // Wake up for Stop too (checked every 200 ms: Stop sets the flag under
-    // another lock).
-    for (;;) {
-      const absl::Time until = std::min(deadline, absl::Now() + absl::Milliseconds(200));
-      if (slot->mu.AwaitWithDeadline(absl::Condition(&slot->ready), until)) break;
-      if (absl::Now() >= deadline) {
-        server_->CancelCaptures();
-        return absl::DeadlineExceededError(
-            "the iteration in progress did not complete before the deadline, so there is no "
-            "version boundary to save");
-      }
-      bool stopping;
-      {
-        absl::MutexLock stop_lock(&mu_);
-        stopping = stopping_;
-      }
-      if (stopping && deadline == absl::InfiniteFuture()) {
-        server_->CancelCaptures();
-        return absl::CancelledError("stopping");
-      }
+    auto served_or_cancelled = [&slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot->mu) {
+      return slot->ready || slot->cancelled;
+    };
+    clock_->AwaitWithDeadline(&slot->mu, absl::Condition(&served_or_cancelled), deadline_ns);
+    if (slot->ready) {
+      state = std::move(slot->state);
+    } else if (slot->cancelled) {
+      waited = absl::CancelledError("stopping");
+    } else {
+      waited = absl::DeadlineExceededError(
+          "the iteration in progress did not complete before the deadline, so there is no "
+          "version boundary to save");
     }
-    state = std::move(slot->state);
   }
-  const absl::Time start = absl::Now();
+  if (background) {
+    absl::MutexLock lock(&mu_);
+    capture_.reset();
+  }
+  if (!waited.ok()) {
+    server_->CancelCaptures();
+    return waited;
+  }
+  const int64_t start_ns = clock_->NowNanos();
   CheckpointContents contents;
   contents.version = state.version;
   contents.steps_per_epoch = state.steps_per_epoch;
@@ -144,21 +174,26 @@ absl::Status Checkpointer::CaptureAndWrite(absl::Time deadline) {
   contents.loss_scale_clean_iterations = state.loss_scale_clean_iterations;
   contents.loss_scale_skipped_iterations = state.loss_scale_skipped_iterations;
   PS_ASSIGN_OR_RETURN(const std::string manifest, WriteCheckpoint(options_.files, contents));
+  const int64_t end_ns = clock_->NowNanos();
   {
     absl::MutexLock lock(&mu_);
     last_version_ = contents.version;
-    last_time_ = absl::Now();
+    last_time_ns_ = end_ns;
   }
   Log(absl::StrCat("checkpoint of version ", contents.version, " written to ", manifest, " in ",
-                   absl::ToInt64Milliseconds(absl::Now() - start), " ms"));
+                   (end_ns - start_ns) / 1'000'000, " ms"));
   return absl::OkStatus();
 }
 
-absl::Status Checkpointer::WriteFinal(absl::Time deadline) {
+absl::Status Checkpointer::WriteFinal(absl::Duration timeout) {
   Stop();
   if (!server_->initialized()) return absl::OkStatus();  // nothing trained yet
   if (server_->version() == last_version() && last_version() >= 0) return absl::OkStatus();
-  return CaptureAndWrite(deadline);
+  return CaptureAndWrite(clock_->DeadlineAfter(timeout), /*background=*/false);
+}
+
+absl::Status Checkpointer::WriteFinal(absl::Time deadline) {
+  return WriteFinal(deadline - absl::Now());
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "server/checkpoint.h"
 #include "server/parameter_server.h"
 
@@ -28,6 +29,9 @@ struct CheckpointerOptions {
   std::map<std::string, std::string> job;
   // Told one line per checkpoint written or failed. May be empty.
   std::function<void(const std::string&)> log;
+  // What `every`, WriteFinal's timeout and the times reported are measured
+  // on; must outlive the checkpointer. Null: the real one.
+  const Clock* clock = Clock::Real();
 };
 
 // Writes a ParameterServer's checkpoints in the background: one thread that
@@ -41,8 +45,18 @@ struct CheckpointerOptions {
 // once the version has moved), never at once; training never waits for a
 // write.
 //
-// One thread calls WriteFinal and Stop; last_version and last_write_time
-// may be read from any thread.
+// Time: `every` and WriteFinal's timeout are measured on options.clock,
+// so a test drives them with a FakeClock. By time alone (every_steps 0) the
+// thread sleeps on the clock until `every` has passed since the last write
+// (or failure), then waits for the version to move past it. With
+// every_steps it waits on the server's version instead, looking at the
+// clock for `every` whenever that wait ends. Stop wakes the thread at once
+// while it sleeps on the clock or waits for a capture; while it waits on
+// the server's version, within 200 ms of real time (ParameterServer::
+// WaitForVersion takes a wall-clock deadline and nothing else wakes it).
+//
+// One thread calls WriteFinal and Stop; last_version and the times of the
+// last write may be read from any thread.
 class Checkpointer {
  public:
   // `server` must outlive the checkpointer; `last_version` is the version
@@ -52,34 +66,55 @@ class Checkpointer {
   ~Checkpointer();
 
   // Stops the background thread, then writes the state at the next version
-  // boundary (at once between iterations), waiting for it until `deadline`:
-  // kDeadlineExceeded, writing nothing, when the iteration in progress has
-  // applied part of its update and does not complete by then (its state is
-  // neither version's). OK without writing when the newest checkpoint is
-  // already of the current version.
+  // boundary (at once between iterations), waiting for it for `timeout` of
+  // options.clock (infinite: as long as it takes): kDeadlineExceeded,
+  // writing nothing, when the iteration in progress has applied part of its
+  // update and does not complete by then (its state is neither version's).
+  // OK without writing when the newest checkpoint is already of the current
+  // version.
+  absl::Status WriteFinal(absl::Duration timeout);
+  // The same with a wall-clock deadline, for a caller that holds one: the
+  // time left until it is taken as the timeout.
   absl::Status WriteFinal(absl::Time deadline);
+  // Stops the background thread (a write under way finishes first; a
+  // capture it waits for is given up). Idempotent.
   void Stop();
 
-  // The newest version written (or given at construction), -1 for none, and
-  // when it was written (construction time until the first write).
+  // The newest version written (or given at construction), -1 for none.
   int64_t last_version() const;
+  // How long ago, on options.clock, that version was written (since
+  // construction until the first write).
+  absl::Duration time_since_last_write() const;
+  // The same as a wall-clock time: absl::Now() - time_since_last_write().
   absl::Time last_write_time() const;
 
  private:
+  // A capture request's answer, shared with the server's push thread that
+  // may serve it after the checkpointer has given up waiting.
+  struct CaptureSlot;
+
   void Loop();
-  // Captures the state at the next boundary (waiting until `deadline`, or
-  // until Stop) and writes it.
-  absl::Status CaptureAndWrite(absl::Time deadline);
+  // Sleeps on the clock until it reads `deadline_ns` or Stop is called
+  // (false).
+  bool SleepUntilOrStop(int64_t deadline_ns);
+  // Captures the state at the next boundary (waiting until the clock reads
+  // `deadline_ns`; a background capture also until Stop: kCancelled) and
+  // writes it.
+  absl::Status CaptureAndWrite(int64_t deadline_ns, bool background);
   void Log(const std::string& line) const;
 
   ParameterServer* const server_;
   const CheckpointerOptions options_;
+  const Clock* const clock_;  // options_.clock, never null
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t last_version_ ABSL_GUARDED_BY(mu_);
   // The newest version a background write failed at (-1: none).
   int64_t failed_version_ ABSL_GUARDED_BY(mu_) = -1;
-  absl::Time last_time_ ABSL_GUARDED_BY(mu_);
+  // The clock's reading at the last write or failure (construction before).
+  int64_t last_time_ns_ ABSL_GUARDED_BY(mu_);
+  // The background capture being waited for, which Stop gives up.
+  std::shared_ptr<CaptureSlot> capture_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -21,8 +22,17 @@
 namespace ps::worker {
 namespace {
 
-std::chrono::system_clock::time_point DeadlineAfter(absl::Duration d) {
+// A gRPC call's deadline: gRPC enforces it in real time, so it is a
+// wall-clock time whatever the store's clock (options.clock).
+std::chrono::system_clock::time_point WallDeadlineAfter(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
+}
+
+// How long ago `then_ns` was on `clock`; infinite for kNoReading.
+constexpr int64_t kNoReading = std::numeric_limits<int64_t>::min();
+absl::Duration Since(const Clock& clock, int64_t then_ns) {
+  if (then_ns == kNoReading) return absl::InfiniteDuration();
+  return absl::Nanoseconds(clock.NowNanos() - then_ns);
 }
 
 // The dtype a codec's chunks carry on the wire (pushes it encodes, pulls
@@ -39,17 +49,28 @@ RemoteParameterStore::RemoteParameterStore(const RemoteStoreOptions& options)
     : options_(options) {}
 
 RemoteParameterStore::~RemoteParameterStore() {
-  stop_heartbeats_.Notify();
+  {
+    absl::MutexLock lock(&heartbeats_mu_);
+    stop_heartbeats_ = true;
+  }
   if (heartbeats_.joinable()) heartbeats_.join();
 }
 
 void RemoteParameterStore::SendHeartbeats() {
-  absl::Time last_log = absl::InfinitePast();
-  absl::Time last_bound_log = absl::InfinitePast();
-  while (!stop_heartbeats_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
+  const Clock& clock = *options_.clock;
+  int64_t last_log_ns = kNoReading;
+  int64_t last_bound_log_ns = kNoReading;
+  // Sleeps one interval on the clock (from the end of the previous
+  // heartbeat); true once the destructor asks the thread to stop.
+  auto stop_within_interval = [&] {
+    absl::MutexLock lock(&heartbeats_mu_);
+    return clock.AwaitWithDeadline(&heartbeats_mu_, absl::Condition(&stop_heartbeats_),
+                                   clock.DeadlineAfter(options_.heartbeat_interval));
+  };
+  while (!stop_within_interval()) {
     proto::HeartbeatRequest request;
     grpc::ClientContext context;
-    context.set_deadline(DeadlineAfter(options_.heartbeat_interval));
+    context.set_deadline(WallDeadlineAfter(options_.heartbeat_interval));
     if (!options_.job_token.empty()) {
       context.AddMetadata(kJobTokenMetadataKey, options_.job_token);
     }
@@ -64,7 +85,7 @@ void RemoteParameterStore::SendHeartbeats() {
     // away, restarting, or shutting down.
     if (!stub_->Heartbeat(&context, request, &reply).ok()) continue;
     if (consistency_.stale_pulls() && options_.log &&
-        absl::Now() - last_bound_log >= options_.stall_log_every) {
+        Since(clock, last_bound_log_ns) >= options_.stall_log_every) {
       // A pull still waiting for a version the server lacks: the step it is
       // for (version + S) is held back by the ranks that have not pushed
       // the iteration before that version.
@@ -81,7 +102,7 @@ void RemoteParameterStore::SendHeartbeats() {
           steps.push_back(absl::StrCat(reply.rank_steps(r)));
         }
         if (!ranks.empty()) {
-          last_bound_log = absl::Now();
+          last_bound_log_ns = clock.NowNanos();
           options_.log(absl::StrCat("step ", waits_for + consistency_.staleness_bound(),
                                     " waits for ranks ", absl::StrJoin(ranks, ", "), " (at step",
                                     steps.size() > 1 ? "s " : " ", absl::StrJoin(steps, ", "),
@@ -93,8 +114,8 @@ void RemoteParameterStore::SendHeartbeats() {
     bool others = false;
     for (int rank : reply.missing_ranks()) others |= rank != request.rank();
     if (!others || reply.stall_report().empty() || !options_.log) continue;
-    if (absl::Now() - last_log < options_.stall_log_every) continue;
-    last_log = absl::Now();
+    if (Since(clock, last_log_ns) < options_.stall_log_every) continue;
+    last_log_ns = clock.NowNanos();
     options_.log(absl::StrCat("rank ", request.rank(), " waits: ", reply.stall_report()));
   }
 }
@@ -266,7 +287,7 @@ void RemoteParameterStore::StartMessages(
   for (int m = first; m < last; ++m) {
     Batch::Call& call = batch->call(static_cast<size_t>(m - first));
     batch->ExpectReply();
-    call.context.set_deadline(DeadlineAfter(timeout));
+    call.context.set_deadline(WallDeadlineAfter(timeout));
     AddCredentials(&call.context);
     call.request = fill(static_cast<size_t>(m), lend);
     if (options_.observer != nullptr) call.start_ns = options_.clock->NowNanos();
@@ -379,11 +400,12 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::Reconnect(
 absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetrying(
     const std::vector<ParamSpec>& signature, absl::Span<const float> proposed,
     absl::Duration timeout, bool reconnecting) {
-  const absl::Time start = absl::Now();
-  const absl::Time give_up = start + timeout;
+  const Clock& clock = *options_.clock;
+  const int64_t start_ns = clock.NowNanos();
+  const int64_t give_up_ns = clock.DeadlineAfter(timeout);
   absl::Duration backoff = absl::Milliseconds(100);
   auto elapsed = [&] {
-    return absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100)));
+    return absl::FormatDuration(absl::Trunc(Since(clock, start_ns), absl::Milliseconds(100)));
   };
   auto asked_to_stop = [&] { return reconnecting && options_.should_stop && options_.should_stop(); };
   auto stopped = [&] {
@@ -397,8 +419,12 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetry
     // handshake comes back at once as UNAVAILABLE naming it, which the
     // log line below shows (waiting for the channel would say only
     // "Deadline Exceeded" at the end).
-    const absl::Time deadline = std::min(give_up, absl::Now() + absl::Seconds(10));
-    absl::StatusOr<Registration> registration = RegisterOnce(signature, proposed, deadline);
+    // The attempt's gRPC deadline: what is left on the clock, at most 10 s,
+    // from the wall clock's now.
+    const absl::Duration left =
+        absl::Nanoseconds(give_up_ns) - absl::Nanoseconds(clock.NowNanos());
+    absl::StatusOr<Registration> registration =
+        RegisterOnce(signature, proposed, absl::Now() + std::min(left, absl::Seconds(10)));
     const bool retry = !registration.ok() &&
                        (IsServerLost(registration.status()) ||
                         registration.status().code() == absl::StatusCode::kDeadlineExceeded);
@@ -412,7 +438,7 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetry
       }
       return registration;
     }
-    if (absl::Now() >= give_up) {
+    if (clock.NowNanos() >= give_up_ns) {
       // A TLS handshake the server refuses (a plaintext client, a missing
       // or foreign client certificate) reaches no handler: gRPC says no
       // more than for a server that is down, so the message says both.
@@ -433,9 +459,10 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetry
                                 " (", elapsed(), ", attempt ", attempt,
                                 "): ", registration.status().message()));
     }
-    for (const absl::Time wake = std::min(absl::Now() + backoff, give_up); absl::Now() < wake;) {
+    const int64_t wake_ns = std::min(clock.DeadlineAfter(backoff), give_up_ns);
+    while (clock.NowNanos() < wake_ns) {
       if (asked_to_stop()) return stopped();
-      absl::SleepFor(std::min(absl::Milliseconds(50), wake - absl::Now()));
+      clock.SleepUntil(std::min(wake_ns, clock.DeadlineAfter(absl::Milliseconds(50))));
     }
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
@@ -688,7 +715,8 @@ absl::StatusOr<std::vector<int>> RemoteParameterStore::Members(int64_t iteration
   auto known = [this, iteration]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(members_mu_) {
     return members_.count(iteration) > 0;
   };
-  if (!members_mu_.AwaitWithTimeout(absl::Condition(&known), options_.rpc_timeout)) {
+  if (!options_.clock->AwaitWithDeadline(&members_mu_, absl::Condition(&known),
+                                         options_.clock->DeadlineAfter(options_.rpc_timeout))) {
     return absl::DeadlineExceededError(absl::StrCat(
         "no push reply from ", options_.server_address, " announced the members of iteration ",
         iteration, " within ", absl::FormatDuration(options_.rpc_timeout)));
@@ -711,7 +739,7 @@ absl::Status RemoteParameterStore::Push(int64_t iteration, int64_t num_samples,
 
 absl::Status RemoteParameterStore::WaitForVersion(int64_t version) {
   grpc::ClientContext context;
-  context.set_deadline(DeadlineAfter(options_.wait_timeout + absl::Seconds(5)));
+  context.set_deadline(WallDeadlineAfter(options_.wait_timeout + absl::Seconds(5)));
   AddCredentials(&context);
   proto::WaitRequest request;
   request.set_version(version);

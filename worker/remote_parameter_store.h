@@ -14,7 +14,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/shared_memory.h"
@@ -55,8 +54,8 @@ struct RemoteStoreOptions {
   // doubling to 2 s between attempts) before it gives up.
   absl::Duration reconnect_timeout = absl::Seconds(300);
   // Reconnect gives up with kCancelled once this returns true (checked
-  // before each attempt and every 50 ms of its back-off): a worker asked to
-  // stop does not wait for a lost server. May be empty.
+  // before each attempt and every 50 ms of `clock` in its back-off): a
+  // worker asked to stop does not wait for a lost server. May be empty.
   std::function<bool()> should_stop;
   // Called with a line saying what Reconnect waits for, at most once per
   // attempt (the worker prints it). May be empty.
@@ -96,6 +95,14 @@ struct RemoteStoreOptions {
   // for message m (stable for the store's life), from gRPC's completion
   // threads. May be null. Both must outlive the store.
   EventObserver* observer = nullptr;
+  // Times the events, and every wait of the store's own: Register's and
+  // Reconnect's retries and back-off (connect_timeout, reconnect_timeout),
+  // the heartbeat interval, stall_log_every, and how long Members waits
+  // (rpc_timeout). The deadlines given to gRPC with each call (rpc_timeout,
+  // wait_timeout, a heartbeat's, a Register attempt's) are wall-clock
+  // times, which gRPC enforces in real time: the wall clock's now plus the
+  // timeout (for a Register attempt, the time left on this clock, at most
+  // 10 s). Never null.
   const Clock* clock = Clock::Real();
 };
 
@@ -226,7 +233,7 @@ class RemoteParameterStore final : public ParameterStore {
   absl::StatusOr<Registration> RegisterRetrying(const std::vector<ParamSpec>& signature,
                                                 absl::Span<const float> proposed,
                                                 absl::Duration timeout, bool reconnecting);
-  // One Register call (deadline `deadline`).
+  // One Register call (deadline `deadline`, a wall-clock time for gRPC).
   absl::StatusOr<Registration> RegisterOnce(const std::vector<ParamSpec>& signature,
                                             absl::Span<const float> proposed,
                                             absl::Time deadline);
@@ -308,7 +315,10 @@ class RemoteParameterStore final : public ParameterStore {
   // replies; the last few kept.
   absl::Mutex members_mu_;
   std::map<int64_t, std::vector<int>> members_ ABSL_GUARDED_BY(members_mu_);
-  absl::Notification stop_heartbeats_;
+  // Set by the destructor; the heartbeat thread sleeps on options_.clock
+  // with it as its condition, so that it wakes at once.
+  absl::Mutex heartbeats_mu_;
+  bool stop_heartbeats_ ABSL_GUARDED_BY(heartbeats_mu_) = false;
   std::thread heartbeats_;
   std::atomic<int64_t> bytes_pushed_{0};
   std::atomic<int64_t> bytes_pulled_{0};

@@ -5,11 +5,13 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/in_process_server.h"
@@ -348,6 +350,99 @@ TEST(RemoteParameterStoreTest, NoServerIsAnErrorAfterTheConnectTimeout) {
   EXPECT_THAT(std::string(reg.status().message()), HasSubstr("Register with 127.0.0.1:1"));
   EXPECT_EQ(RemoteParameterStore::Create(RemoteStoreOptions{.server_address = ""}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A log that a test reads while the store writes it.
+class Lines {
+ public:
+  std::function<void(const std::string&)> Sink() {
+    return [this](const std::string& line) {
+      absl::MutexLock lock(&mu_);
+      lines_.push_back(line);
+    };
+  }
+  std::vector<std::string> get() const {
+    absl::MutexLock lock(&mu_);
+    return lines_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
+};
+
+// Register's back-off and connect timeout run on the store's clock: with
+// nothing listening, attempts at 0, 100, 300 and 700 ms (back-off 100 ms
+// doubling), each failure logged, and a last one at the 1 s timeout, which
+// gives up. Each WaitForWaiters returns once the registering thread sleeps
+// on the clock again, having done all it does at that reading.
+TEST(RemoteParameterStoreTest, RegisterRetriesOnItsClockAndGivesUpExactlyAtTheTimeout) {
+  FakeClock clock;
+  Lines log;
+  RemoteStoreOptions options;
+  options.server_address = "127.0.0.1:1";  // nothing listens on port 1
+  options.worker_id = "lonely";
+  options.connect_timeout = absl::Seconds(1);
+  options.clock = &clock;
+  options.log = log.Sink();
+  auto store = RemoteParameterStore::Create(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<ParameterStore::Registration> registration;
+  std::thread registrar([&] { registration = (*store)->Register(Signature(), Ramp(0, 1)); });
+  auto attempts_logged_at = [&](absl::Duration step) {
+    clock.Advance(step);
+    EXPECT_TRUE(clock.WaitForWaiters(1));
+    return log.get().size();
+  };
+  EXPECT_EQ(attempts_logged_at(absl::ZeroDuration()), 1u);
+  EXPECT_EQ(attempts_logged_at(absl::Milliseconds(99)), 1u);   // 99 ms
+  EXPECT_EQ(attempts_logged_at(absl::Milliseconds(1)), 2u);    // 100 ms
+  EXPECT_EQ(attempts_logged_at(absl::Milliseconds(199)), 2u);  // 299 ms
+  EXPECT_EQ(attempts_logged_at(absl::Milliseconds(1)), 3u);    // 300 ms
+  EXPECT_EQ(attempts_logged_at(absl::Milliseconds(400)), 4u);  // 700 ms
+  EXPECT_EQ(attempts_logged_at(absl::Milliseconds(299)), 4u);  // 999 ms
+  clock.Advance(absl::Milliseconds(1));                        // 1 s: the last attempt
+  registrar.join();
+  EXPECT_EQ(registration.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(registration.status().message()),
+              HasSubstr("did not answer within 1s (5 attempts"));
+  const std::vector<std::string> lines = log.get();
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_THAT(lines[1], HasSubstr("(100ms, attempt 2)"));
+  EXPECT_THAT(lines[3], HasSubstr("(700ms, attempt 4)"));
+}
+
+// A heartbeat every heartbeat_interval of the store's clock, exactly then.
+TEST(RemoteParameterStoreTest, HeartbeatsGoEveryIntervalOfTheClock) {
+  auto server = StartServer(1);
+  FakeClock clock;
+  absl::Mutex mu;
+  int heartbeats = 0;
+  RemoteStoreOptions options;
+  options.server_address = server->address();
+  options.worker_id = "a";
+  options.heartbeat_interval = absl::Seconds(2);
+  options.clock = &clock;
+  options.report = [&](proto::HeartbeatRequest*) {
+    absl::MutexLock lock(&mu);
+    ++heartbeats;
+  };
+  auto store = RemoteParameterStore::Create(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Register(Signature(), Ramp(0, 1)).ok());
+  auto heartbeats_at = [&](absl::Duration step) {
+    clock.Advance(step);
+    EXPECT_TRUE(clock.WaitForWaiters(1));  // the heartbeat thread asleep again
+    absl::MutexLock lock(&mu);
+    return heartbeats;
+  };
+  EXPECT_EQ(heartbeats_at(absl::ZeroDuration()), 0);
+  EXPECT_EQ(heartbeats_at(absl::Seconds(2) - absl::Nanoseconds(1)), 0);
+  EXPECT_EQ(heartbeats_at(absl::Nanoseconds(1)), 1);  // 2 s
+  EXPECT_EQ(heartbeats_at(absl::Seconds(1)), 1);      // 3 s
+  EXPECT_EQ(heartbeats_at(absl::Seconds(1)), 2);      // 4 s
+  store->reset();  // wakes the heartbeat thread at once, without the clock
+  EXPECT_EQ(clock.waiters(), 0);
 }
 
 }  // namespace
