@@ -194,7 +194,7 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
     chunk.waived[rank] = true;
     ++chunk.waived_count;
     Aggregation& agg = chunk.slots[SlotOf(iteration)];
-    DrainHeldLocked(chunk, agg);
+    early_elements_ -= agg.sum.SumHeldInTurn(chunk.waived);
     if (agg.pushes + chunk.waived_count == num_workers) complete.push_back(gc);
   }
   std::vector<ChunkId> ids;
@@ -486,8 +486,7 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
                            : std::make_shared<std::vector<float>>(length, 0.f);
       chunk.slots.resize(window_);
       for (Aggregation& agg : chunk.slots) {
-        agg.grad_sum.assign(length, 0.f);
-        agg.early.resize(workers_.size());
+        agg.sum.Reset(length, static_cast<int>(workers_.size()));
       }
       chunk.waived.assign(workers_.size(), false);
     }
@@ -882,10 +881,10 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     worker.last_push_iteration = std::max(worker.last_push_iteration, iteration);
     optimizer = optimizer_.get();
   }
-  // 4. Add each chunk to its sum, in rank order (see SumInRankOrderLocked),
+  // 4. Add each chunk to its sum, in rank order (server/rank_order_sum.h),
   //    under the chunk's lock alone: pushes of different chunks run at once.
   //    A part that completes its chunk as the sum's last term is left for
-  //    step 5, which reads it in place inside the update (IsLastTermLocked).
+  //    step 5, which reads it in place inside the update (IsLastTerm).
   const int num_workers = options_.num_workers;
   struct Completed {
     int64_t global_chunk;
@@ -900,8 +899,9 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     Aggregation& agg = chunk.slots[SlotOf(iteration)];
     if (overflow[c]) agg.overflow = true;
     const bool completes = ++agg.pushes + chunk.waived_count == num_workers;
-    const bool pending = completes && IsLastTermLocked(rank, chunk, agg, chunks[c].pieces);
-    if (!pending) SumInRankOrderLocked(rank, chunk, agg, chunks[c].pieces);
+    const bool pending =
+        completes && !agg.overflow && agg.sum.IsLastTerm(rank, chunks[c].pieces, chunk.waived);
+    if (!pending) SumLocked(rank, chunk, agg, chunks[c].pieces);
     agg.samples += num_samples;
     if (completes) complete.push_back({global_chunks[c], c, pending});
   }
@@ -934,22 +934,11 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
       if (applied) continue;
       Chunk& chunk = layout->chunks[done.global_chunk];
       absl::MutexLock lock(&chunk.mu);
-      SumInRankOrderLocked(rank, chunk, chunk.slots[SlotOf(iteration)], last.pieces);
+      SumLocked(rank, chunk, chunk.slots[SlotOf(iteration)], last.pieces);
     }
     PS_RETURN_IF_ERROR(CompleteChunk(*layout, optimizer, iteration, done.global_chunk));
   }
   return absl::OkStatus();
-}
-
-bool ParameterServer::IsLastTermLocked(int rank, Chunk& chunk, Aggregation& agg,
-                                       F32Pieces data) {
-  if (agg.overflow || PiecesBytes(data) == 0) return false;
-  SkipWaivedLocked(chunk, agg);
-  if (agg.ranks_summed != rank) return false;  // a lower rank's part is missing
-  for (int r = rank + 1; r < static_cast<int>(chunk.waived.size()); ++r) {
-    if (!chunk.waived[r]) return false;  // a higher rank's part is held for after it
-  }
-  return true;
 }
 
 absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_version,
@@ -999,7 +988,7 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
       absl::MutexLock lock(&chunk.mu);
       staleness = std::max(staleness, chunk.version - based_on_version);
       if (num_samples > 0 && layout->chunk_length[gc] > 0) {
-        std::vector<float>& grad = chunk.slots[0].grad_sum;
+        std::vector<float>& grad = chunk.slots[0].sum.mutable_values();
         AssignPiecesTo(chunks[c].pieces, grad.data());
         std::shared_ptr<std::vector<float>> next = NextParamsLocked(chunk);
         absl::MutexLockMaybe device_lock(device_->num_threads() > 1 ? &device_mu_ : nullptr);
@@ -1030,60 +1019,9 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
   return std::max<int64_t>(0, staleness);
 }
 
-void ParameterServer::SumInRankOrderLocked(int rank, Chunk& chunk, Aggregation& agg,
-                                           absl::Span<const absl::string_view> data) {
-  const int64_t n = PiecesBytes(data) / static_cast<int64_t>(sizeof(float));
-  if (n == 0) return;  // an empty tensor: nothing to sum, in any order
+void ParameterServer::SumLocked(int rank, Chunk& chunk, Aggregation& agg, F32Pieces part) {
   if (agg.overflow) return;  // the update will be skipped: nothing to sum
-  SkipWaivedLocked(chunk, agg);
-  if (agg.ranks_summed != rank) {
-    // A lower rank's part is still missing: hold this one until its turn.
-    agg.early[rank].resize(n);
-    CopyPiecesTo(data, agg.early[rank].data());
-    early_elements_ += n;
-    return;
-  }
-  StartOrAddLocked(chunk, agg, data);
-  ++agg.ranks_summed;
-  DrainHeldLocked(chunk, agg);
-}
-
-void ParameterServer::StartOrAddLocked(const Chunk& chunk, Aggregation& agg, F32Pieces data) {
-  // The first part (rank 0's, unless it is waived) starts the sum: 0 + g
-  // written without reading the old sum, so the sum needs no zeroing
-  // between iterations (and -0 starts it as +0, as adding to a zero would).
-  if (!agg.sum_started) {
-    AssignPiecesTo(data, agg.grad_sum.data());
-    agg.sum_started = true;
-  } else {
-    AddPiecesTo(data, agg.grad_sum.data());
-  }
-}
-
-void ParameterServer::SkipWaivedLocked(const Chunk& chunk, Aggregation& agg) {
-  const int num_workers = static_cast<int>(chunk.waived.size());
-  while (agg.ranks_summed < num_workers && chunk.waived[agg.ranks_summed]) {
-    ++agg.ranks_summed;
-  }
-}
-
-void ParameterServer::DrainHeldLocked(const Chunk& chunk, Aggregation& agg) {
-  // Every held part whose turn has come, in rank order, past waived ranks.
-  const int num_workers = static_cast<int>(agg.early.size());
-  for (;;) {
-    SkipWaivedLocked(chunk, agg);
-    if (agg.ranks_summed >= num_workers || agg.early[agg.ranks_summed].empty()) return;
-    std::vector<float> held = std::move(agg.early[agg.ranks_summed]);
-    agg.early[agg.ranks_summed] = std::vector<float>();
-    const int64_t n = static_cast<int64_t>(held.size());
-    // The held copy as one piece (the first term when the ranks before it
-    // are waived).
-    const absl::string_view piece(reinterpret_cast<const char*>(held.data()),
-                                  static_cast<size_t>(n) * sizeof(float));
-    StartOrAddLocked(chunk, agg, absl::MakeConstSpan(&piece, 1));
-    early_elements_ -= n;
-    ++agg.ranks_summed;
-  }
+  early_elements_ += agg.sum.Add(rank, part, chunk.waived);
 }
 
 absl::Status ParameterServer::InitializeChunks(int rank, absl::Span<const ChunkData> chunks) {
@@ -1145,10 +1083,7 @@ absl::Status ParameterServer::ApplyAggregationLocked(const Layout& layout, SgdOp
     // An overflow (dynamic loss scaling): the update is skipped, the
     // parameters stay, and the parts held for their turn are dropped.
     chunk.previous = chunk.params;
-    for (std::vector<float>& held : agg.early) {
-      early_elements_ -= static_cast<int64_t>(held.size());
-      held = std::vector<float>();
-    }
+    early_elements_ -= agg.sum.DropHeld();
     agg.overflow = false;
   } else if (agg.samples > 0) {
     // Every worker has pushed this chunk, so `samples` covers all of them.
@@ -1157,14 +1092,14 @@ absl::Status ParameterServer::ApplyAggregationLocked(const Layout& layout, SgdOp
     // for exact pulls (see PullChunkViews).
     std::shared_ptr<std::vector<float>> next = NextParamsLocked(chunk);
     if (last_term != nullptr) {
-      // The sum's last term read in place (see IsLastTermLocked).
+      // The sum's last term read in place (see RankOrderSum::IsLastTerm).
       PS_RETURN_IF_ERROR(optimizer->ApplyRangeAdding(
           iteration, agg.samples, layout.chunk_offset[global_chunk],
-          agg.sum_started ? absl::MakeConstSpan(agg.grad_sum) : absl::Span<const float>(),
+          agg.sum.started() ? agg.sum.values() : absl::Span<const float>(),
           *last_term, *chunk.params, absl::MakeSpan(*next), loss_scale > 0 ? loss_scale : 1.f));
     } else {
       PS_RETURN_IF_ERROR(optimizer->ApplyRange(
-          iteration, agg.samples, layout.chunk_offset[global_chunk], agg.grad_sum,
+          iteration, agg.samples, layout.chunk_offset[global_chunk], agg.sum.values(),
           *chunk.params, absl::MakeSpan(*next), loss_scale > 0 ? loss_scale : 1.f));
     }
     chunk.previous = std::move(chunk.params);
@@ -1175,8 +1110,7 @@ absl::Status ParameterServer::ApplyAggregationLocked(const Layout& layout, SgdOp
   }
   chunk.version = iteration + 1;
   agg.pushes = 0;
-  agg.ranks_summed = 0;
-  agg.sum_started = false;
+  agg.sum.Restart();
   agg.samples = 0;
   return absl::OkStatus();
 }

@@ -22,6 +22,7 @@
 #include "common/param_spec.h"
 #include "common/timed_event.h"
 #include "server/consistency/consistency.h"
+#include "server/rank_order_sum.h"
 
 namespace ps::server {
 
@@ -174,7 +175,7 @@ struct NamedTensor {
 // then (4) sums each chunk under that chunk's lock, and (5) applies each
 // chunk it completed under that chunk's lock and publishes it under mu_
 // (a part that completes a chunk as its sum's last term is not summed in
-// (4) but read in place by the update in (5), see IsLastTermLocked).
+// (4) but read in place by the update in (5), see RankOrderSum::IsLastTerm).
 // So pushes of different chunks run at once, and those of one chunk one
 // after another in any order, still summed in rank order; pulls wait under
 // mu_ and take each chunk's view under its lock. (On 2 cores, 4 workers x
@@ -543,16 +544,12 @@ class ParameterServer {
   const ParameterServerOptions& options() const { return options_; }
 
  private:
-  // One iteration's aggregation of one chunk: the sum of ranks 0 ..
-  // ranks_summed - 1's gradients, the parts of higher ranks that arrived
-  // early ([rank], empty if none), how many workers pushed it (counted apart
-  // from ranks_summed, which an empty tensor's chunk never advances) and the
-  // samples their pushes cover.
+  // One iteration's aggregation of one chunk: the rank-order sum of the
+  // workers' parts, how many workers pushed it (counted apart from the sum,
+  // which an empty tensor's chunk never advances) and the samples their
+  // pushes cover.
   struct Aggregation {
-    std::vector<float> grad_sum;
-    int ranks_summed = 0;
-    bool sum_started = false;
-    std::vector<std::vector<float>> early;
+    RankOrderSum sum;
     int pushes = 0;
     int64_t samples = 0;
     // Dynamic loss scaling: a push of this chunk was not finite (nothing
@@ -576,7 +573,7 @@ class ParameterServer {
     int64_t version ABSL_GUARDED_BY(mu) = 0;
     // Iteration k's aggregation is slots[k % window_] (one slot but under
     // ssp:S, where iterations version_ .. version_ + S are in flight);
-    // asynchronous updates use slots[0].grad_sum as their scratch.
+    // asynchronous updates use slots[0].sum's buffer as their scratch.
     std::vector<Aggregation> slots ABSL_GUARDED_BY(mu);
     // Ranks whose part of this chunk the iteration in progress does without
     // (dropped from the job, DropWorker; one slot only): skipped in the
@@ -641,30 +638,10 @@ class ParameterServer {
   // The kAlreadyExists of chunk `chunk`, already `what`.
   static absl::Status AlreadyError(const Layout& layout, const ChunkBytes& chunk,
                                    absl::string_view what);
-  // Adds `data` (worker `rank`'s part of `chunk` in aggregation `agg`, one
-  // of its slots) to the sum if every lower rank's part is in, then any
-  // held parts whose turn has come; otherwise holds it.
-  void SumInRankOrderLocked(int rank, Chunk& chunk, Aggregation& agg,
-                            absl::Span<const absl::string_view> data)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Whether `data`, worker `rank`'s part completing `chunk` in `agg`, is
-  // the sum's last term: every lower rank's part is summed, every higher
-  // rank is waived, and the sum is not an overflow. Such a part is added
-  // inside the update (SgdOptimizer::ApplyRangeAdding), read in place from
-  // the message: the sum is neither written with it nor read back, bit for
-  // bit the same update.
-  static bool IsLastTermLocked(int rank, Chunk& chunk, Aggregation& agg, F32Pieces data)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Adds `data`, the next part in rank order, to the aggregation's sum, or
-  // starts the sum with it (0 + g) when it is the first (`chunk`: whose
-  // lock guards `agg`).
-  static void StartOrAddLocked(const Chunk& chunk, Aggregation& agg, F32Pieces data)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Moves the aggregation's place in the rank order past waived ranks.
-  static void SkipWaivedLocked(const Chunk& chunk, Aggregation& agg)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Adds the held parts whose turn has come.
-  void DrainHeldLocked(const Chunk& chunk, Aggregation& agg)
+  // Adds worker `rank`'s part of `chunk` to `agg`'s rank-order sum (one of
+  // the chunk's slots), unless the iteration overflowed, counting what it
+  // holds back in early_elements_.
+  void SumLocked(int rank, Chunk& chunk, Aggregation& agg, F32Pieces part)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // The chunk's parameters to write: a fresh copy first when a ChunkViews
   // still holds its current buffer (copy on write).
@@ -701,7 +678,7 @@ class ParameterServer {
   // they held back).
   //
   // With `last` (a push's part that is the last term of iteration
-  // last->iteration's sum, not added, see IsLastTermLocked): that update
+  // last->iteration's sum, not added, see RankOrderSum::IsLastTerm): that update
   // reads it in place, if the chunk is at that iteration, no other thread
   // applies it and no capture holds it back; then *applied_last is set.
   // Otherwise nothing is done, and the caller adds the part and completes
