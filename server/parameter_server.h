@@ -22,6 +22,8 @@
 #include "common/param_spec.h"
 #include "common/timed_event.h"
 #include "server/consistency/consistency.h"
+#include "server/membership.h"
+#include "server/parameter_table.h"
 #include "server/rank_order_sum.h"
 
 namespace ps::server {
@@ -561,15 +563,11 @@ class ParameterServer {
   // flight, under the chunk's own lock (see "Locks" above).
   struct Chunk {
     absl::Mutex mu;
-    // A buffer of its own, so that an update copies only a chunk that a
-    // ChunkViews still holds. Shared with the ChunkViews handed out;
-    // written only through MutableParamsLocked.
-    std::shared_ptr<std::vector<float>> params ABSL_GUARDED_BY(mu);
-    // The parameters before the last update (version - 1), kept for exact
-    // pulls; null before the first update. The next update writes into it
-    // (unless a view still holds it) and makes the current ones previous.
-    std::shared_ptr<std::vector<float>> previous ABSL_GUARDED_BY(mu);
-    // Updates applied to params (published to chunk_version_ just after).
+    // Its parameters, current and previous (kept for exact pulls), in
+    // buffers of its own shared with the ChunkViews handed out, so that an
+    // update copies only a chunk that a view still holds.
+    ChunkBuffers buffers ABSL_GUARDED_BY(mu);
+    // Updates applied to the parameters (published to chunk_version_ just after).
     int64_t version ABSL_GUARDED_BY(mu) = 0;
     // Iteration k's aggregation is slots[k % window_] (one slot but under
     // ssp:S, where iterations version_ .. version_ + S are in flight);
@@ -582,26 +580,13 @@ class ParameterServer {
     int waived_count ABSL_GUARDED_BY(mu) = 0;
   };
 
-  // The model laid out flat in signature order and cut into chunks (per
-  // key, chunk_elements each). Built once, at the first registration,
-  // under mu_; from then on it never changes, so a call that has read
-  // layout_ under mu_ reads these fields without it. Only `chunks` is
-  // mutable, each under its own lock.
-  struct Layout {
-    std::vector<ParamSpec> signature;
-    std::vector<int64_t> key_offset;       // element offset of each key
-    std::vector<int64_t> key_first_chunk;  // global index of each key's chunk 0
-    int64_t total_chunks = 0;
-    int64_t num_parameters = 0;
-    // Per global chunk: its key, element offset in the flat layout, length.
-    std::vector<int> chunk_key;
-    std::vector<int64_t> chunk_offset;
-    std::vector<int64_t> chunk_length;
+  // The model laid out (server/parameter_table.h) with its chunks. Built
+  // once, at the first registration, under mu_; from then on it never
+  // changes, so a call that has read layout_ under mu_ reads the layout's
+  // fields without it. Only `chunks` is mutable, each under its own lock.
+  struct Layout : ChunkLayout {
+    explicit Layout(ChunkLayout cut) : ChunkLayout(std::move(cut)) {}
     std::unique_ptr<Chunk[]> chunks;  // total_chunks of them
-
-    // Global index of chunk `chunk` of key `key`, or -1 when either is out
-    // of range (cheap: no message is built, so wait conditions may call it).
-    int64_t GlobalChunk(int key, int64_t chunk) const;
   };
 
   ParameterServer(const ParameterServerOptions& options, CpuDevice* device,
@@ -642,15 +627,6 @@ class ParameterServer {
   // the chunk's slots), unless the iteration overflowed, counting what it
   // holds back in early_elements_.
   void SumLocked(int rank, Chunk& chunk, Aggregation& agg, F32Pieces part)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // The chunk's parameters to write: a fresh copy first when a ChunkViews
-  // still holds its current buffer (copy on write).
-  static std::vector<float>& MutableParamsLocked(Chunk& chunk)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // The buffer an update writes (out of place, reading the current
-  // parameters): the previous parameters' (or a fresh one when a view still
-  // holds it); the update then makes it current and the current previous.
-  static std::shared_ptr<std::vector<float>> NextParamsLocked(Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // The end of iteration `iteration` (== version_), once its last chunk is
   // applied: the loss scale decides, the workers' pushes of it reset, the
@@ -818,17 +794,8 @@ class ParameterServer {
   int64_t version_ns_ ABSL_GUARDED_BY(mu_) = -1;  // when version_ was published
   std::vector<std::function<void(State)>> captures_ ABSL_GUARDED_BY(mu_);
 
-  // Membership (DropWorker): the announced members of iteration version_
-  // and, once frozen, of the next; which ranks the current iteration still
-  // expects pushes from; which ranks are out of the job.
-  std::vector<int> members_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> next_members_ ABSL_GUARDED_BY(mu_);
-  bool next_frozen_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<bool> participating_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> dropped_ ABSL_GUARDED_BY(mu_);
-  bool waivers_dirty_ ABSL_GUARDED_BY(mu_) = false;  // a drop set some mid-iteration
-  // Announces the next iteration's members: the ranks not dropped.
-  void FreezeNextMembersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Who takes part in each iteration (DropWorker, Register, Members).
+  Membership membership_ ABSL_GUARDED_BY(mu_);
   // At a version boundary: the next members become the current ones, and
   // every chunk waives the ranks that take no part.
   void AdvanceMembershipLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
