@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/f32_pieces.h"
+#include "common/push_checks.h"
 #include "common/status_macros.h"
 
 namespace ps::server {
@@ -623,12 +624,10 @@ absl::Status ParameterServer::CheckChunkShapesLocked(absl::Span<const ChunkBytes
 absl::Status ParameterServer::CheckChunkValues(const Layout& layout, int64_t chunk_elements,
                                                absl::Span<const ChunkBytes> chunks, size_t count) {
   for (size_t c = 0; c < count; ++c) {
-    float bad = 0.f;
-    if (const int64_t i = FirstNonFinite(chunks[c].pieces, &bad); i >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "element ", chunks[c].chunk * chunk_elements + i, " of '",
-          layout.signature[chunks[c].key].name, "' is ", bad, "; refusing a non-finite value"));
-    }
+    PS_RETURN_IF_ERROR(CheckGradientValues(chunks[c].pieces, chunks[c].chunk * chunk_elements,
+                                           layout.signature[chunks[c].key].name,
+                                           /*loss_scaling=*/false)
+                           .status());
   }
   return absl::OkStatus();
 }
@@ -643,15 +642,6 @@ absl::Status ParameterServer::PushChunks(int rank, int64_t iteration, int64_t nu
                                          absl::Span<const ChunkData> chunks) {
   std::vector<absl::string_view> pieces;
   return PushChunkBytes(rank, iteration, num_samples, AsChunkBytes(chunks, &pieces));
-}
-
-absl::Status ParameterServer::CheckSamples(int64_t num_samples) {
-  if (num_samples < 0 || num_samples > kMaxSamplesPerPush) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push claims ", num_samples, " samples; 0 to ", kMaxSamplesPerPush,
-                     " (so that the workers' sum cannot overflow)"));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
@@ -677,14 +667,9 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
         ": it was dropped from the job (lost past the grace period); register again to rejoin "
         "at a step boundary"));
   }
-  PS_RETURN_IF_ERROR(CheckSamples(num_samples));
-  const WorkerPushes& pushes = workers_[rank].slots[SlotOf(iteration)];
-  if (pushes.num_samples >= 0 && num_samples != pushes.num_samples) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "push claims ", num_samples, " samples but worker rank ", rank, " claimed ",
-        pushes.num_samples, " earlier in iteration ", iteration));
-  }
-  return absl::OkStatus();
+  PS_RETURN_IF_ERROR(CheckPushSamples(num_samples));
+  return CheckSameSamples(num_samples, workers_[rank].slots[SlotOf(iteration)].num_samples,
+                          absl::StrCat("worker rank ", rank), iteration);
 }
 
 std::vector<int> ParameterServer::RanksMissingLocked() const {
@@ -729,8 +714,7 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   if (options_.loss_scale.dynamic) {
     PS_RETURN_IF_ERROR(shapes);
     for (size_t c = 0; c < chunks.size(); ++c) {
-      float bad = 0.f;
-      overflow[c] = FirstNonFinite(chunks[c].pieces, &bad) >= 0;
+      overflow[c] = *CheckGradientValues(chunks[c].pieces, 0, "", /*loss_scaling=*/true);
     }
   } else {
     PS_RETURN_IF_ERROR(
@@ -852,7 +836,7 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
       return absl::FailedPreconditionError(
           "push before the initial parameters are complete (version 0 does not exist yet)");
     }
-    PS_RETURN_IF_ERROR(CheckSamples(num_samples));
+    PS_RETURN_IF_ERROR(CheckPushSamples(num_samples));
     if (based_on_version < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "push claims it was computed from version ", based_on_version, "; versions start at 0"));

@@ -20,6 +20,7 @@
 #include "common/optimizer/loss_scale.h"
 #include "common/optimizer/optimizer.h"
 #include "common/param_spec.h"
+#include "common/push_checks.h"
 #include "common/timed_event.h"
 #include "server/consistency/consistency.h"
 #include "server/membership.h"
@@ -363,7 +364,7 @@ class ParameterServer {
   // the most samples one push may claim (kInvalidArgument beyond): the sum
   // of the samples over the workers stays inside int64.
   static constexpr int kMaxWorkers = 1 << 22;
-  static constexpr int64_t kMaxSamplesPerPush = int64_t{1} << 40;
+  static constexpr int64_t kMaxSamplesPerPush = ps::kMaxSamplesPerPush;  // common/push_checks.h
   // A signature's tensors and their sum stay below this many elements
   // (kInvalidArgument at registration otherwise; 4 TiB of fp32), so sizes
   // derived from it cannot overflow.
@@ -599,11 +600,9 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckStepsPerEpochLocked(const std::string& worker_id, int64_t steps_per_epoch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // kInvalidArgument for a sample count below 0 or above kMaxSamplesPerPush.
-  static absl::Status CheckSamples(int64_t num_samples);
   // The checks of a push that need no chunk: the rank is registered,
   // version 0 exists, the iteration is the current one and num_samples is
-  // in range (CheckSamples) and agrees with the worker's earlier pushes of
+  // in range and agrees with the worker's earlier pushes of
   // it (kFailedPrecondition).
   absl::Status CheckPushLocked(int rank, int64_t iteration, int64_t num_samples) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
