@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/f32_pieces.h"
+#include "common/push_checks.h"
 #include "common/status_macros.h"
 
 namespace ps::server {
@@ -90,63 +91,32 @@ ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevic
       window_(options.consistency->Window()),
       device_(device),
       workers_(options.num_workers),
-      incarnation_(std::move(incarnation)) {
+      incarnation_(std::move(incarnation)),
+      membership_(options.num_workers) {
   absl::MutexLock lock(&mu_);
   version_ns_ = NowNanos();
   loss_scale_ = LossScaleState::Initial(options.loss_scale);
-  for (int r = 0; r < options.num_workers; ++r) members_.push_back(r);
-  participating_.assign(options.num_workers, true);
-  dropped_.assign(options.num_workers, false);
-}
-
-void ParameterServer::FreezeNextMembersLocked() {
-  next_members_.clear();
-  for (int r = 0; r < static_cast<int>(dropped_.size()); ++r) {
-    if (!dropped_[r]) next_members_.push_back(r);
-  }
-  next_frozen_ = true;
 }
 
 void ParameterServer::AdvanceMembershipLocked() {
-  if (!next_frozen_) FreezeNextMembersLocked();
-  members_ = next_members_;
-  next_frozen_ = false;
-  std::vector<bool> participating(dropped_.size(), false);
-  for (int r : members_) participating[r] = !dropped_[r];
-  // The chunks' waivers follow participating_ unless a drop changed some
-  // mid-iteration.
-  if ((participating == participating_ && !waivers_dirty_) || layout_ == nullptr) {
-    participating_ = std::move(participating);
-    return;
-  }
-  participating_ = std::move(participating);
-  waivers_dirty_ = false;
-  // No push of the new iteration can have been claimed (it needed this
-  // version): every chunk's waivers are set before any.
+  // The chunks' waivers follow the participating ranks; no push of the new
+  // iteration can have been claimed (it needed this version): every
+  // chunk's waivers are set before any.
+  if (!membership_.AdvanceIteration() || layout_ == nullptr) return;
+  const std::vector<bool>& participating = membership_.participating();
   int waived = 0;
-  for (bool p : participating_) waived += !p;
+  for (bool p : participating) waived += !p;
   for (int64_t gc = 0; gc < layout_->total_chunks; ++gc) {
     Chunk& chunk = layout_->chunks[gc];
     absl::MutexLock chunk_lock(&chunk.mu);
-    for (size_t r = 0; r < participating_.size(); ++r) chunk.waived[r] = !participating_[r];
+    for (size_t r = 0; r < participating.size(); ++r) chunk.waived[r] = !participating[r];
     chunk.waived_count = waived;
   }
 }
 
 absl::StatusOr<std::vector<int>> ParameterServer::Members(int64_t iteration) const {
   absl::MutexLock lock(&mu_);
-  if (iteration == version_) return members_;
-  // Under ssp:S > 0 nobody is dropped: every iteration in flight (and the
-  // one after) has the same members.
-  if (window_ > 1 && iteration > version_ && iteration <= version_ + window_) return members_;
-  if (iteration == version_ + 1 && next_frozen_) return next_members_;
-  if (iteration < version_) {
-    return absl::OutOfRangeError(absl::StrCat("iteration ", iteration, " is past (the server is at ",
-                                              version_, ")"));
-  }
-  return absl::UnavailableError(absl::StrCat("the members of iteration ", iteration,
-                                             " are not announced yet (the server is at ", version_,
-                                             ")"));
+  return membership_.MembersOf(iteration, version_, window_);
 }
 
 absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorker(int rank) {
@@ -163,17 +133,7 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
       return absl::FailedPreconditionError(absl::StrCat(
           "cannot drop rank ", rank, " under ", options_.consistency->Name(), ": ", can.message()));
     }
-    if (dropped_[rank]) return std::vector<ChunkId>();
-    int others = 0;
-    for (int r = 0; r < static_cast<int>(dropped_.size()); ++r) others += r != rank && !dropped_[r];
-    if (others == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("rank ", rank, " is the job's last member: the job waits for it"));
-    }
-    dropped_[rank] = true;
-    waivers_dirty_ = true;
-    const bool took_part = participating_[rank];
-    participating_[rank] = false;
+    PS_ASSIGN_OR_RETURN(const bool took_part, membership_.Drop(rank));
     iteration = version_;
     layout = layout_.get();
     optimizer = optimizer_.get();
@@ -194,7 +154,7 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
     chunk.waived[rank] = true;
     ++chunk.waived_count;
     Aggregation& agg = chunk.slots[SlotOf(iteration)];
-    DrainHeldLocked(chunk, agg);
+    early_elements_ -= agg.sum.SumHeldInTurn(chunk.waived);
     if (agg.pushes + chunk.waived_count == num_workers) complete.push_back(gc);
   }
   std::vector<ChunkId> ids;
@@ -240,7 +200,7 @@ ParameterServer::Progress ParameterServer::progress() const {
     wp.heard_ns = w.heard_ns;
     wp.last_push_iteration = w.last_push_iteration;
     wp.last_push_ns = w.last_push_ns;
-    wp.dropped = dropped_[r] || !participating_[r];
+    wp.dropped = membership_.dropped(r) || !membership_.participating()[r];
     wp.next_iteration = version_;
     if (!w.slots.empty()) {
       wp.pushed_chunks = w.slots[SlotOf(version_)].chunks;
@@ -392,41 +352,11 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromName
   return server;
 }
 
-int64_t ParameterServer::Layout::GlobalChunk(int key, int64_t chunk) const {
-  if (key < 0 || key >= static_cast<int>(signature.size())) return -1;
-  const int64_t first = key_first_chunk[key];
-  const int64_t end =
-      key + 1 < static_cast<int>(signature.size()) ? key_first_chunk[key + 1] : total_chunks;
-  if (chunk < 0 || chunk >= end - first) return -1;
-  return first + chunk;
-}
-
 absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>& signature) {
-  if (signature.empty()) return absl::InvalidArgumentError("the signature is empty");
-  auto layout = std::make_unique<Layout>();
-  int64_t total = 0, chunks = 0;
-  for (const ParamSpec& spec : signature) {
-    if (spec.dtype != DType::kF32) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter '", spec.name, "' is ",
-                                                     DTypeName(spec.dtype),
-                                                     "; the server stores F32 only"));
-    }
-    // Shapes come from the wire: multiplied with overflow checked, and the
-    // whole bounded, before anything is allocated.
-    int64_t n = 0;
-    if (!CheckedNumElements(spec.shape, &n) || n >= kMaxParameters) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", spec.name, "' has shape ", ShapeToString(spec.shape),
-                       ": a negative dimension, or 2^40 elements or more"));
-    }
-    layout->key_offset.push_back(total);
-    layout->key_first_chunk.push_back(chunks);
-    total += n;  // each term below 2^40: no overflow before the check
-    if (total >= kMaxParameters) {
-      return absl::InvalidArgumentError("the model has 2^40 parameters or more");
-    }
-    chunks += ChunkCount(n, options_.chunk_elements);
-  }
+  PS_ASSIGN_OR_RETURN(ChunkLayout cut,
+                      ChunkLayout::Make(signature, options_.chunk_elements, kMaxParameters));
+  auto layout = std::make_unique<Layout>(std::move(cut));
+  const int64_t total = layout->num_parameters, chunks = layout->total_chunks;
   // What the layout below allocates per element (the parameters, each
   // iteration slot's sum, the momentum), against the machine's memory: a
   // model that can never fit is refused with its sizes, not met by the
@@ -461,36 +391,19 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
       std::copy(it->values.begin(), it->values.end(), params.begin() + layout->key_offset[key]);
     }
   }
-  layout->signature = signature;
-  layout->total_chunks = chunks;
-  layout->num_parameters = total;
-  layout->chunk_key.reserve(chunks);
-  layout->chunk_offset.reserve(chunks);
-  layout->chunk_length.reserve(chunks);
   layout->chunks = std::make_unique<Chunk[]>(chunks);
-  for (size_t key = 0; key < signature.size(); ++key) {
-    const int64_t n = NumElements(signature[key].shape);
-    for (int64_t begin = 0, c = 0; c < ChunkCount(n, options_.chunk_elements);
-         ++c, begin += options_.chunk_elements) {
-      const int64_t length = std::min(options_.chunk_elements, n - begin);
-      const int64_t offset = layout->key_offset[key] + begin;
-      Chunk& chunk = layout->chunks[layout->chunk_key.size()];
-      layout->chunk_key.push_back(static_cast<int>(key));
-      layout->chunk_offset.push_back(offset);
-      layout->chunk_length.push_back(length);
-      // Nobody else sees the new layout yet; the lock is for the annotations.
-      absl::MutexLock lock(&chunk.mu);
-      // One buffer per chunk (see Chunk::params), cut from the flat values.
-      chunk.params = given ? std::make_shared<std::vector<float>>(params.begin() + offset,
-                                                                  params.begin() + offset + length)
-                           : std::make_shared<std::vector<float>>(length, 0.f);
-      chunk.slots.resize(window_);
-      for (Aggregation& agg : chunk.slots) {
-        agg.grad_sum.assign(length, 0.f);
-        agg.early.resize(workers_.size());
-      }
-      chunk.waived.assign(workers_.size(), false);
-    }
+  for (int64_t gc = 0; gc < chunks; ++gc) {
+    const int64_t offset = layout->chunk_offset[gc], length = layout->chunk_length[gc];
+    Chunk& chunk = layout->chunks[gc];
+    // Nobody else sees the new layout yet; the lock is for the annotations.
+    absl::MutexLock lock(&chunk.mu);
+    // One buffer per chunk (see Chunk::buffers), cut from the flat values.
+    chunk.buffers = ChunkBuffers(given ? std::vector<float>(params.begin() + offset,
+                                                            params.begin() + offset + length)
+                                       : std::vector<float>(length, 0.f));
+    chunk.slots.resize(window_);
+    for (Aggregation& agg : chunk.slots) agg.sum.Reset(length, static_cast<int>(workers_.size()));
+    chunk.waived.assign(workers_.size(), false);
   }
   layout_ = std::move(layout);
   chunk_version_.assign(chunks, 0);
@@ -594,20 +507,8 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
     PS_ASSIGN_OR_RETURN(optimizer_,
                         SgdOptimizer::Create(optimizer, layout_->num_parameters, device_));
   }
-  int64_t joins_at = version_;
-  if (dropped_[rank]) {
-    // Dropped from the job: back in at the first iteration whose members
-    // are not announced yet.
-    if (next_frozen_ && std::find(next_members_.begin(), next_members_.end(), rank) ==
-                            next_members_.end()) {
-      return absl::UnavailableError(absl::StrCat(
-          "rank ", rank, " rejoins at a step boundary, and iteration ", version_ + 1,
-          "'s members are announced already: try again in a moment"));
-    }
-    dropped_[rank] = false;
-    FreezeNextMembersLocked();
-    joins_at = version_ + 1;
-  }
+  // A dropped rank is back in at a step boundary.
+  PS_ASSIGN_OR_RETURN(const int64_t joins_at, membership_.Join(rank, version_));
   steps_per_epoch_ = steps_per_epoch;
   WorkerState& worker = workers_[rank];
   if (worker.id == worker_id && initialized_) {
@@ -627,7 +528,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   reg.rank = rank;
   reg.num_workers = static_cast<int>(workers_.size());
   reg.version = joins_at;
-  reg.members = joins_at == version_ ? members_ : next_members_;
+  reg.members = membership_.MembersAt(joins_at, version_);
   reg.chunk_elements = options_.chunk_elements;
   reg.send_initial_parameters = !initialized_ && rank == 0;
   reg.session = worker.session;
@@ -678,19 +579,9 @@ absl::Status ParameterServer::CheckSession(int rank, absl::string_view session) 
 absl::Status ParameterServer::CheckKeyChunkLocked(int key, int64_t chunk, int64_t* offset,
                                                   int64_t* length) const {
   if (layout_ == nullptr) return absl::FailedPreconditionError("no model registered yet");
-  const std::vector<ParamSpec>& signature = layout_->signature;
-  if (key < 0 || key >= static_cast<int>(signature.size())) {
-    return absl::OutOfRangeError(
-        absl::StrCat("key ", key, " out of range: the model has ", signature.size(), " keys"));
-  }
-  const int64_t n = NumElements(signature[key].shape);
-  const int64_t chunks = ChunkCount(n, options_.chunk_elements);
-  if (chunk < 0 || chunk >= chunks) {
-    return absl::OutOfRangeError(absl::StrCat("chunk ", chunk, " of key '", signature[key].name,
-                                              "' out of range: it has ", chunks, " chunks"));
-  }
+  PS_ASSIGN_OR_RETURN(const int64_t global_chunk, layout_->FindChunk(key, chunk));
   *offset = chunk * options_.chunk_elements;
-  *length = std::min(options_.chunk_elements, n - *offset);
+  *length = layout_->chunk_length[global_chunk];
   return absl::OkStatus();
 }
 
@@ -733,12 +624,10 @@ absl::Status ParameterServer::CheckChunkShapesLocked(absl::Span<const ChunkBytes
 absl::Status ParameterServer::CheckChunkValues(const Layout& layout, int64_t chunk_elements,
                                                absl::Span<const ChunkBytes> chunks, size_t count) {
   for (size_t c = 0; c < count; ++c) {
-    float bad = 0.f;
-    if (const int64_t i = FirstNonFinite(chunks[c].pieces, &bad); i >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "element ", chunks[c].chunk * chunk_elements + i, " of '",
-          layout.signature[chunks[c].key].name, "' is ", bad, "; refusing a non-finite value"));
-    }
+    PS_RETURN_IF_ERROR(CheckGradientValues(chunks[c].pieces, chunks[c].chunk * chunk_elements,
+                                           layout.signature[chunks[c].key].name,
+                                           /*loss_scaling=*/false)
+                           .status());
   }
   return absl::OkStatus();
 }
@@ -753,15 +642,6 @@ absl::Status ParameterServer::PushChunks(int rank, int64_t iteration, int64_t nu
                                          absl::Span<const ChunkData> chunks) {
   std::vector<absl::string_view> pieces;
   return PushChunkBytes(rank, iteration, num_samples, AsChunkBytes(chunks, &pieces));
-}
-
-absl::Status ParameterServer::CheckSamples(int64_t num_samples) {
-  if (num_samples < 0 || num_samples > kMaxSamplesPerPush) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push claims ", num_samples, " samples; 0 to ", kMaxSamplesPerPush,
-                     " (so that the workers' sum cannot overflow)"));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
@@ -781,27 +661,22 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
     return absl::FailedPreconditionError(absl::StrCat(
         "push for iteration ", iteration, " but the server is at iteration ", version_));
   }
-  if (!participating_[rank]) {
+  if (!membership_.participating()[rank]) {
     return absl::AbortedError(absl::StrCat(
         "worker rank ", rank, " takes no part in iteration ", iteration,
         ": it was dropped from the job (lost past the grace period); register again to rejoin "
         "at a step boundary"));
   }
-  PS_RETURN_IF_ERROR(CheckSamples(num_samples));
-  const WorkerPushes& pushes = workers_[rank].slots[SlotOf(iteration)];
-  if (pushes.num_samples >= 0 && num_samples != pushes.num_samples) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "push claims ", num_samples, " samples but worker rank ", rank, " claimed ",
-        pushes.num_samples, " earlier in iteration ", iteration));
-  }
-  return absl::OkStatus();
+  PS_RETURN_IF_ERROR(CheckPushSamples(num_samples));
+  return CheckSameSamples(num_samples, workers_[rank].slots[SlotOf(iteration)].num_samples,
+                          absl::StrCat("worker rank ", rank), iteration);
 }
 
 std::vector<int> ParameterServer::RanksMissingLocked() const {
   std::vector<int> missing;
   const int64_t total = layout_ == nullptr ? 0 : layout_->total_chunks;
   for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {
-    if (!participating_[r]) continue;
+    if (!membership_.participating()[r]) continue;
     if (workers_[r].slots.empty() || workers_[r].slots[SlotOf(version_)].chunks < total) {
       missing.push_back(r);
     }
@@ -839,8 +714,7 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   if (options_.loss_scale.dynamic) {
     PS_RETURN_IF_ERROR(shapes);
     for (size_t c = 0; c < chunks.size(); ++c) {
-      float bad = 0.f;
-      overflow[c] = FirstNonFinite(chunks[c].pieces, &bad) >= 0;
+      overflow[c] = *CheckGradientValues(chunks[c].pieces, 0, "", /*loss_scaling=*/true);
     }
   } else {
     PS_RETURN_IF_ERROR(
@@ -877,15 +751,15 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     if (!chunks.empty()) pushes.num_samples = num_samples;
     // The next iteration's members are announced with the first push of
     // this one (workers read them from the replies to split its batch).
-    if (!next_frozen_) FreezeNextMembersLocked();
+    membership_.AnnounceNext();
     worker.heard_ns = worker.last_push_ns = NowNanos();
     worker.last_push_iteration = std::max(worker.last_push_iteration, iteration);
     optimizer = optimizer_.get();
   }
-  // 4. Add each chunk to its sum, in rank order (see SumInRankOrderLocked),
+  // 4. Add each chunk to its sum, in rank order (server/rank_order_sum.h),
   //    under the chunk's lock alone: pushes of different chunks run at once.
   //    A part that completes its chunk as the sum's last term is left for
-  //    step 5, which reads it in place inside the update (IsLastTermLocked).
+  //    step 5, which reads it in place inside the update (IsLastTerm).
   const int num_workers = options_.num_workers;
   struct Completed {
     int64_t global_chunk;
@@ -900,8 +774,9 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     Aggregation& agg = chunk.slots[SlotOf(iteration)];
     if (overflow[c]) agg.overflow = true;
     const bool completes = ++agg.pushes + chunk.waived_count == num_workers;
-    const bool pending = completes && IsLastTermLocked(rank, chunk, agg, chunks[c].pieces);
-    if (!pending) SumInRankOrderLocked(rank, chunk, agg, chunks[c].pieces);
+    const bool pending =
+        completes && !agg.overflow && agg.sum.IsLastTerm(rank, chunks[c].pieces, chunk.waived);
+    if (!pending) SumLocked(rank, chunk, agg, chunks[c].pieces);
     agg.samples += num_samples;
     if (completes) complete.push_back({global_chunks[c], c, pending});
   }
@@ -934,22 +809,11 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
       if (applied) continue;
       Chunk& chunk = layout->chunks[done.global_chunk];
       absl::MutexLock lock(&chunk.mu);
-      SumInRankOrderLocked(rank, chunk, chunk.slots[SlotOf(iteration)], last.pieces);
+      SumLocked(rank, chunk, chunk.slots[SlotOf(iteration)], last.pieces);
     }
     PS_RETURN_IF_ERROR(CompleteChunk(*layout, optimizer, iteration, done.global_chunk));
   }
   return absl::OkStatus();
-}
-
-bool ParameterServer::IsLastTermLocked(int rank, Chunk& chunk, Aggregation& agg,
-                                       F32Pieces data) {
-  if (agg.overflow || PiecesBytes(data) == 0) return false;
-  SkipWaivedLocked(chunk, agg);
-  if (agg.ranks_summed != rank) return false;  // a lower rank's part is missing
-  for (int r = rank + 1; r < static_cast<int>(chunk.waived.size()); ++r) {
-    if (!chunk.waived[r]) return false;  // a higher rank's part is held for after it
-  }
-  return true;
 }
 
 absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_version,
@@ -972,7 +836,7 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
       return absl::FailedPreconditionError(
           "push before the initial parameters are complete (version 0 does not exist yet)");
     }
-    PS_RETURN_IF_ERROR(CheckSamples(num_samples));
+    PS_RETURN_IF_ERROR(CheckPushSamples(num_samples));
     if (based_on_version < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "push claims it was computed from version ", based_on_version, "; versions start at 0"));
@@ -999,16 +863,15 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
       absl::MutexLock lock(&chunk.mu);
       staleness = std::max(staleness, chunk.version - based_on_version);
       if (num_samples > 0 && layout->chunk_length[gc] > 0) {
-        std::vector<float>& grad = chunk.slots[0].grad_sum;
+        std::vector<float>& grad = chunk.slots[0].sum.mutable_values();
         AssignPiecesTo(chunks[c].pieces, grad.data());
-        std::shared_ptr<std::vector<float>> next = NextParamsLocked(chunk);
+        std::shared_ptr<std::vector<float>> next = chunk.buffers.NextBuffer();
         absl::MutexLockMaybe device_lock(device_->num_threads() > 1 ? &device_mu_ : nullptr);
         PS_RETURN_IF_ERROR(optimizer->ApplyRange(chunk.version / options_.num_workers,
                                                  num_samples, layout->chunk_offset[gc], grad,
-                                                 *chunk.params,
+                                                 *chunk.buffers.current(),
                                                  absl::MakeSpan(*next)));
-        chunk.previous = std::move(chunk.params);
-        chunk.params = std::move(next);
+        chunk.buffers.Publish(std::move(next));
       }
       version = ++chunk.version;
     }
@@ -1030,60 +893,9 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
   return std::max<int64_t>(0, staleness);
 }
 
-void ParameterServer::SumInRankOrderLocked(int rank, Chunk& chunk, Aggregation& agg,
-                                           absl::Span<const absl::string_view> data) {
-  const int64_t n = PiecesBytes(data) / static_cast<int64_t>(sizeof(float));
-  if (n == 0) return;  // an empty tensor: nothing to sum, in any order
+void ParameterServer::SumLocked(int rank, Chunk& chunk, Aggregation& agg, F32Pieces part) {
   if (agg.overflow) return;  // the update will be skipped: nothing to sum
-  SkipWaivedLocked(chunk, agg);
-  if (agg.ranks_summed != rank) {
-    // A lower rank's part is still missing: hold this one until its turn.
-    agg.early[rank].resize(n);
-    CopyPiecesTo(data, agg.early[rank].data());
-    early_elements_ += n;
-    return;
-  }
-  StartOrAddLocked(chunk, agg, data);
-  ++agg.ranks_summed;
-  DrainHeldLocked(chunk, agg);
-}
-
-void ParameterServer::StartOrAddLocked(const Chunk& chunk, Aggregation& agg, F32Pieces data) {
-  // The first part (rank 0's, unless it is waived) starts the sum: 0 + g
-  // written without reading the old sum, so the sum needs no zeroing
-  // between iterations (and -0 starts it as +0, as adding to a zero would).
-  if (!agg.sum_started) {
-    AssignPiecesTo(data, agg.grad_sum.data());
-    agg.sum_started = true;
-  } else {
-    AddPiecesTo(data, agg.grad_sum.data());
-  }
-}
-
-void ParameterServer::SkipWaivedLocked(const Chunk& chunk, Aggregation& agg) {
-  const int num_workers = static_cast<int>(chunk.waived.size());
-  while (agg.ranks_summed < num_workers && chunk.waived[agg.ranks_summed]) {
-    ++agg.ranks_summed;
-  }
-}
-
-void ParameterServer::DrainHeldLocked(const Chunk& chunk, Aggregation& agg) {
-  // Every held part whose turn has come, in rank order, past waived ranks.
-  const int num_workers = static_cast<int>(agg.early.size());
-  for (;;) {
-    SkipWaivedLocked(chunk, agg);
-    if (agg.ranks_summed >= num_workers || agg.early[agg.ranks_summed].empty()) return;
-    std::vector<float> held = std::move(agg.early[agg.ranks_summed]);
-    agg.early[agg.ranks_summed] = std::vector<float>();
-    const int64_t n = static_cast<int64_t>(held.size());
-    // The held copy as one piece (the first term when the ranks before it
-    // are waived).
-    const absl::string_view piece(reinterpret_cast<const char*>(held.data()),
-                                  static_cast<size_t>(n) * sizeof(float));
-    StartOrAddLocked(chunk, agg, absl::MakeConstSpan(&piece, 1));
-    early_elements_ -= n;
-    ++agg.ranks_summed;
-  }
+  early_elements_ += agg.sum.Add(rank, part, chunk.waived);
 }
 
 absl::Status ParameterServer::InitializeChunks(int rank, absl::Span<const ChunkData> chunks) {
@@ -1114,7 +926,7 @@ absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const Ch
   for (size_t c = 0; c < chunks.size(); ++c) {
     Chunk& chunk = layout_->chunks[global_chunks[c]];
     absl::MutexLock chunk_lock(&chunk.mu);
-    CopyPiecesTo(chunks[c].pieces, MutableParamsLocked(chunk).data());
+    CopyPiecesTo(chunks[c].pieces, chunk.buffers.MutableCurrent().data());
     initial_received_[global_chunks[c]] = true;
     ++initial_chunks_received_;
   }
@@ -1144,39 +956,34 @@ absl::Status ParameterServer::ApplyAggregationLocked(const Layout& layout, SgdOp
   if (agg.overflow) {
     // An overflow (dynamic loss scaling): the update is skipped, the
     // parameters stay, and the parts held for their turn are dropped.
-    chunk.previous = chunk.params;
-    for (std::vector<float>& held : agg.early) {
-      early_elements_ -= static_cast<int64_t>(held.size());
-      held = std::vector<float>();
-    }
+    chunk.buffers.PublishUnchanged();
+    early_elements_ -= agg.sum.DropHeld();
     agg.overflow = false;
   } else if (agg.samples > 0) {
     // Every worker has pushed this chunk, so `samples` covers all of them.
     absl::MutexLockMaybe device_lock(device_->num_threads() > 1 ? &device_mu_ : nullptr);
     // Into the next buffer, keeping these parameters as the previous ones
     // for exact pulls (see PullChunkViews).
-    std::shared_ptr<std::vector<float>> next = NextParamsLocked(chunk);
+    std::shared_ptr<std::vector<float>> next = chunk.buffers.NextBuffer();
     if (last_term != nullptr) {
-      // The sum's last term read in place (see IsLastTermLocked).
+      // The sum's last term read in place (see RankOrderSum::IsLastTerm).
       PS_RETURN_IF_ERROR(optimizer->ApplyRangeAdding(
           iteration, agg.samples, layout.chunk_offset[global_chunk],
-          agg.sum_started ? absl::MakeConstSpan(agg.grad_sum) : absl::Span<const float>(),
-          *last_term, *chunk.params, absl::MakeSpan(*next), loss_scale > 0 ? loss_scale : 1.f));
+          agg.sum.started() ? agg.sum.values() : absl::Span<const float>(),
+          *last_term, *chunk.buffers.current(), absl::MakeSpan(*next), loss_scale > 0 ? loss_scale : 1.f));
     } else {
       PS_RETURN_IF_ERROR(optimizer->ApplyRange(
-          iteration, agg.samples, layout.chunk_offset[global_chunk], agg.grad_sum,
-          *chunk.params, absl::MakeSpan(*next), loss_scale > 0 ? loss_scale : 1.f));
+          iteration, agg.samples, layout.chunk_offset[global_chunk], agg.sum.values(),
+          *chunk.buffers.current(), absl::MakeSpan(*next), loss_scale > 0 ? loss_scale : 1.f));
     }
-    chunk.previous = std::move(chunk.params);
-    chunk.params = std::move(next);
+    chunk.buffers.Publish(std::move(next));
   } else {
     // No samples: the parameters stay; version - 1's are the same.
-    chunk.previous = chunk.params;
+    chunk.buffers.PublishUnchanged();
   }
   chunk.version = iteration + 1;
   agg.pushes = 0;
-  agg.ranks_summed = 0;
-  agg.sum_started = false;
+  agg.sum.Restart();
   agg.samples = 0;
   return absl::OkStatus();
 }
@@ -1301,7 +1108,8 @@ std::vector<std::function<void(ParameterServer::State)>> ParameterServer::TakeCa
   for (int64_t gc = 0; gc < layout_->total_chunks; ++gc) {
     Chunk& chunk = layout_->chunks[gc];
     absl::MutexLock chunk_lock(&chunk.mu);
-    std::copy(chunk.params->begin(), chunk.params->end(),
+    const std::vector<float>& params = *chunk.buffers.current();
+    std::copy(params.begin(), params.end(),
               state->parameters.begin() + layout_->chunk_offset[gc]);
   }
   state->momentum.clear();
@@ -1474,8 +1282,9 @@ absl::StatusOr<int64_t> ParameterServer::PullChunks(int64_t version, absl::Time 
   for (size_t c = 0; c < chunks.size(); ++c) {
     Chunk& chunk = layout->chunks[global_chunks[c]];
     absl::MutexLock lock(&chunk.mu);
-    std::memcpy(chunks[c].out.data(), chunk.params->data(), chunk.params->size() * sizeof(float));
-    elements += static_cast<int64_t>(chunk.params->size());
+    const std::vector<float>& params = *chunk.buffers.current();
+    std::memcpy(chunks[c].out.data(), params.data(), params.size() * sizeof(float));
+    elements += static_cast<int64_t>(params.size());
     pulled = c == 0 ? chunk.version : std::min(pulled, chunk.version);
   }
   ReportEvent(EventKind::kServerPull, kServerPullLane, pulled,
@@ -1510,8 +1319,9 @@ absl::StatusOr<int64_t> ParameterServer::Pull(int64_t version, absl::Time deadli
   for (int64_t gc = 0; gc < layout->total_chunks; ++gc) {
     Chunk& chunk = layout->chunks[gc];
     absl::MutexLock lock(&chunk.mu);
-    std::memcpy(out.data() + layout->chunk_offset[gc], chunk.params->data(),
-                chunk.params->size() * sizeof(float));
+    const std::vector<float>& params = *chunk.buffers.current();
+    std::memcpy(out.data() + layout->chunk_offset[gc], params.data(),
+                params.size() * sizeof(float));
   }
   ReportEvent(EventKind::kServerPull, kServerPullLane, pulled, layout->signature[0].name,
               layout->num_parameters * static_cast<int64_t>(sizeof(float)), start_ns);
@@ -1541,15 +1351,16 @@ absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
   for (size_t c = 0; c < global_chunks.size(); ++c) {
     Chunk& chunk = layout->chunks[global_chunks[c]];
     absl::MutexLock lock(&chunk.mu);
-    std::shared_ptr<std::vector<float>> params = chunk.params;
+    std::shared_ptr<std::vector<float>> params = chunk.buffers.current();
+    const std::shared_ptr<std::vector<float>>& previous = chunk.buffers.previous();
     if (exact && chunk.version != version) {
-      if (chunk.version != version + 1 || chunk.previous == nullptr) {
+      if (chunk.version != version + 1 || previous == nullptr) {
         return absl::FailedPreconditionError(absl::StrCat(
             "version ", version, " of chunk ", chunks[c].chunk, " of '",
             layout->signature[chunks[c].key].name, "' is gone: the chunk is at version ",
             chunk.version));
       }
-      params = chunk.previous;
+      params = previous;
     }
     views.chunks.push_back(absl::MakeConstSpan(*params));
     elements += static_cast<int64_t>(params->size());
@@ -1557,10 +1368,10 @@ absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
     if (with_previous) {
       // `previous` is version - 1 exactly when the chunk is at `version`
       // (the no-sample and skipped updates keep the same buffer: no change).
-      const bool delta = chunk.version == version && chunk.previous != nullptr;
-      views.previous.push_back(delta ? absl::MakeConstSpan(*chunk.previous)
+      const bool delta = chunk.version == version && previous != nullptr;
+      views.previous.push_back(delta ? absl::MakeConstSpan(*previous)
                                      : absl::Span<const float>());
-      if (delta) held->push_back(chunk.previous);
+      if (delta) held->push_back(previous);
     }
     views.version = exact ? version
                           : (c == 0 ? chunk.version : std::min(views.version, chunk.version));
@@ -1585,35 +1396,6 @@ bool ParameterServer::HasChunks(int64_t version, absl::Span<const ChunkId> chunk
 bool ParameterServer::HasVersion(int64_t version) const {
   absl::MutexLock lock(&mu_);
   return initialized_ && version_ >= version;
-}
-
-std::shared_ptr<std::vector<float>> ParameterServer::NextParamsLocked(Chunk& chunk) {
-  // Reuse the previous parameters' buffer unless an exact pull's view still
-  // holds it (the count cannot grow: views are taken under the chunk's
-  // lock). The acquire fence pairs with the last holder's release.
-  // The update writes every element (out of place), so nothing is copied.
-  std::shared_ptr<std::vector<float>> next;
-  if (chunk.previous != nullptr && chunk.previous.use_count() == 1 &&
-      chunk.previous != chunk.params) {
-    next = std::move(chunk.previous);
-    std::atomic_thread_fence(std::memory_order_acquire);
-  } else {
-    chunk.previous.reset();
-    next = std::make_shared<std::vector<float>>(chunk.params->size());
-  }
-  return next;
-}
-
-std::vector<float>& ParameterServer::MutableParamsLocked(Chunk& chunk) {
-  // Views are taken only under the chunk's lock, so a count of one (ours)
-  // cannot grow while we write. The acquire fence pairs with the release in
-  // the last holder's decrement: its reads of the old values happen before
-  // our writes.
-  if (chunk.params.use_count() > 1) {
-    chunk.params = std::make_shared<std::vector<float>>(*chunk.params);
-  }
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return *chunk.params;
 }
 
 std::vector<ParamSpec> ParameterServer::signature() const {

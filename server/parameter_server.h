@@ -20,8 +20,12 @@
 #include "common/optimizer/loss_scale.h"
 #include "common/optimizer/optimizer.h"
 #include "common/param_spec.h"
+#include "common/push_checks.h"
 #include "common/timed_event.h"
 #include "server/consistency/consistency.h"
+#include "server/membership.h"
+#include "server/parameter_table.h"
+#include "server/rank_order_sum.h"
 
 namespace ps::server {
 
@@ -174,7 +178,7 @@ struct NamedTensor {
 // then (4) sums each chunk under that chunk's lock, and (5) applies each
 // chunk it completed under that chunk's lock and publishes it under mu_
 // (a part that completes a chunk as its sum's last term is not summed in
-// (4) but read in place by the update in (5), see IsLastTermLocked).
+// (4) but read in place by the update in (5), see RankOrderSum::IsLastTerm).
 // So pushes of different chunks run at once, and those of one chunk one
 // after another in any order, still summed in rank order; pulls wait under
 // mu_ and take each chunk's view under its lock. (On 2 cores, 4 workers x
@@ -360,7 +364,7 @@ class ParameterServer {
   // the most samples one push may claim (kInvalidArgument beyond): the sum
   // of the samples over the workers stays inside int64.
   static constexpr int kMaxWorkers = 1 << 22;
-  static constexpr int64_t kMaxSamplesPerPush = int64_t{1} << 40;
+  static constexpr int64_t kMaxSamplesPerPush = ps::kMaxSamplesPerPush;  // common/push_checks.h
   // A signature's tensors and their sum stay below this many elements
   // (kInvalidArgument at registration otherwise; 4 TiB of fp32), so sizes
   // derived from it cannot overflow.
@@ -543,16 +547,12 @@ class ParameterServer {
   const ParameterServerOptions& options() const { return options_; }
 
  private:
-  // One iteration's aggregation of one chunk: the sum of ranks 0 ..
-  // ranks_summed - 1's gradients, the parts of higher ranks that arrived
-  // early ([rank], empty if none), how many workers pushed it (counted apart
-  // from ranks_summed, which an empty tensor's chunk never advances) and the
-  // samples their pushes cover.
+  // One iteration's aggregation of one chunk: the rank-order sum of the
+  // workers' parts, how many workers pushed it (counted apart from the sum,
+  // which an empty tensor's chunk never advances) and the samples their
+  // pushes cover.
   struct Aggregation {
-    std::vector<float> grad_sum;
-    int ranks_summed = 0;
-    bool sum_started = false;
-    std::vector<std::vector<float>> early;
+    RankOrderSum sum;
     int pushes = 0;
     int64_t samples = 0;
     // Dynamic loss scaling: a push of this chunk was not finite (nothing
@@ -564,19 +564,15 @@ class ParameterServer {
   // flight, under the chunk's own lock (see "Locks" above).
   struct Chunk {
     absl::Mutex mu;
-    // A buffer of its own, so that an update copies only a chunk that a
-    // ChunkViews still holds. Shared with the ChunkViews handed out;
-    // written only through MutableParamsLocked.
-    std::shared_ptr<std::vector<float>> params ABSL_GUARDED_BY(mu);
-    // The parameters before the last update (version - 1), kept for exact
-    // pulls; null before the first update. The next update writes into it
-    // (unless a view still holds it) and makes the current ones previous.
-    std::shared_ptr<std::vector<float>> previous ABSL_GUARDED_BY(mu);
-    // Updates applied to params (published to chunk_version_ just after).
+    // Its parameters, current and previous (kept for exact pulls), in
+    // buffers of its own shared with the ChunkViews handed out, so that an
+    // update copies only a chunk that a view still holds.
+    ChunkBuffers buffers ABSL_GUARDED_BY(mu);
+    // Updates applied to the parameters (published to chunk_version_ just after).
     int64_t version ABSL_GUARDED_BY(mu) = 0;
     // Iteration k's aggregation is slots[k % window_] (one slot but under
     // ssp:S, where iterations version_ .. version_ + S are in flight);
-    // asynchronous updates use slots[0].grad_sum as their scratch.
+    // asynchronous updates use slots[0].sum's buffer as their scratch.
     std::vector<Aggregation> slots ABSL_GUARDED_BY(mu);
     // Ranks whose part of this chunk the iteration in progress does without
     // (dropped from the job, DropWorker; one slot only): skipped in the
@@ -585,26 +581,13 @@ class ParameterServer {
     int waived_count ABSL_GUARDED_BY(mu) = 0;
   };
 
-  // The model laid out flat in signature order and cut into chunks (per
-  // key, chunk_elements each). Built once, at the first registration,
-  // under mu_; from then on it never changes, so a call that has read
-  // layout_ under mu_ reads these fields without it. Only `chunks` is
-  // mutable, each under its own lock.
-  struct Layout {
-    std::vector<ParamSpec> signature;
-    std::vector<int64_t> key_offset;       // element offset of each key
-    std::vector<int64_t> key_first_chunk;  // global index of each key's chunk 0
-    int64_t total_chunks = 0;
-    int64_t num_parameters = 0;
-    // Per global chunk: its key, element offset in the flat layout, length.
-    std::vector<int> chunk_key;
-    std::vector<int64_t> chunk_offset;
-    std::vector<int64_t> chunk_length;
+  // The model laid out (server/parameter_table.h) with its chunks. Built
+  // once, at the first registration, under mu_; from then on it never
+  // changes, so a call that has read layout_ under mu_ reads the layout's
+  // fields without it. Only `chunks` is mutable, each under its own lock.
+  struct Layout : ChunkLayout {
+    explicit Layout(ChunkLayout cut) : ChunkLayout(std::move(cut)) {}
     std::unique_ptr<Chunk[]> chunks;  // total_chunks of them
-
-    // Global index of chunk `chunk` of key `key`, or -1 when either is out
-    // of range (cheap: no message is built, so wait conditions may call it).
-    int64_t GlobalChunk(int key, int64_t chunk) const;
   };
 
   ParameterServer(const ParameterServerOptions& options, CpuDevice* device,
@@ -617,11 +600,9 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckStepsPerEpochLocked(const std::string& worker_id, int64_t steps_per_epoch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // kInvalidArgument for a sample count below 0 or above kMaxSamplesPerPush.
-  static absl::Status CheckSamples(int64_t num_samples);
   // The checks of a push that need no chunk: the rank is registered,
   // version 0 exists, the iteration is the current one and num_samples is
-  // in range (CheckSamples) and agrees with the worker's earlier pushes of
+  // in range and agrees with the worker's earlier pushes of
   // it (kFailedPrecondition).
   absl::Status CheckPushLocked(int rank, int64_t iteration, int64_t num_samples) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -641,39 +622,10 @@ class ParameterServer {
   // The kAlreadyExists of chunk `chunk`, already `what`.
   static absl::Status AlreadyError(const Layout& layout, const ChunkBytes& chunk,
                                    absl::string_view what);
-  // Adds `data` (worker `rank`'s part of `chunk` in aggregation `agg`, one
-  // of its slots) to the sum if every lower rank's part is in, then any
-  // held parts whose turn has come; otherwise holds it.
-  void SumInRankOrderLocked(int rank, Chunk& chunk, Aggregation& agg,
-                            absl::Span<const absl::string_view> data)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Whether `data`, worker `rank`'s part completing `chunk` in `agg`, is
-  // the sum's last term: every lower rank's part is summed, every higher
-  // rank is waived, and the sum is not an overflow. Such a part is added
-  // inside the update (SgdOptimizer::ApplyRangeAdding), read in place from
-  // the message: the sum is neither written with it nor read back, bit for
-  // bit the same update.
-  static bool IsLastTermLocked(int rank, Chunk& chunk, Aggregation& agg, F32Pieces data)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Adds `data`, the next part in rank order, to the aggregation's sum, or
-  // starts the sum with it (0 + g) when it is the first (`chunk`: whose
-  // lock guards `agg`).
-  static void StartOrAddLocked(const Chunk& chunk, Aggregation& agg, F32Pieces data)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Moves the aggregation's place in the rank order past waived ranks.
-  static void SkipWaivedLocked(const Chunk& chunk, Aggregation& agg)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Adds the held parts whose turn has come.
-  void DrainHeldLocked(const Chunk& chunk, Aggregation& agg)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // The chunk's parameters to write: a fresh copy first when a ChunkViews
-  // still holds its current buffer (copy on write).
-  static std::vector<float>& MutableParamsLocked(Chunk& chunk)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // The buffer an update writes (out of place, reading the current
-  // parameters): the previous parameters' (or a fresh one when a view still
-  // holds it); the update then makes it current and the current previous.
-  static std::shared_ptr<std::vector<float>> NextParamsLocked(Chunk& chunk)
+  // Adds worker `rank`'s part of `chunk` to `agg`'s rank-order sum (one of
+  // the chunk's slots), unless the iteration overflowed, counting what it
+  // holds back in early_elements_.
+  void SumLocked(int rank, Chunk& chunk, Aggregation& agg, F32Pieces part)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // The end of iteration `iteration` (== version_), once its last chunk is
   // applied: the loss scale decides, the workers' pushes of it reset, the
@@ -701,7 +653,7 @@ class ParameterServer {
   // they held back).
   //
   // With `last` (a push's part that is the last term of iteration
-  // last->iteration's sum, not added, see IsLastTermLocked): that update
+  // last->iteration's sum, not added, see RankOrderSum::IsLastTerm): that update
   // reads it in place, if the chunk is at that iteration, no other thread
   // applies it and no capture holds it back; then *applied_last is set.
   // Otherwise nothing is done, and the caller adds the part and completes
@@ -841,17 +793,8 @@ class ParameterServer {
   int64_t version_ns_ ABSL_GUARDED_BY(mu_) = -1;  // when version_ was published
   std::vector<std::function<void(State)>> captures_ ABSL_GUARDED_BY(mu_);
 
-  // Membership (DropWorker): the announced members of iteration version_
-  // and, once frozen, of the next; which ranks the current iteration still
-  // expects pushes from; which ranks are out of the job.
-  std::vector<int> members_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> next_members_ ABSL_GUARDED_BY(mu_);
-  bool next_frozen_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<bool> participating_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> dropped_ ABSL_GUARDED_BY(mu_);
-  bool waivers_dirty_ ABSL_GUARDED_BY(mu_) = false;  // a drop set some mid-iteration
-  // Announces the next iteration's members: the ranks not dropped.
-  void FreezeNextMembersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Who takes part in each iteration (DropWorker, Register, Members).
+  Membership membership_ ABSL_GUARDED_BY(mu_);
   // At a version boundary: the next members become the current ones, and
   // every chunk waives the ranks that take no part.
   void AdvanceMembershipLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/f32_pieces.h"
+#include "common/push_checks.h"
 #include "common/status_macros.h"
 
 namespace ps::worker {
@@ -149,15 +150,10 @@ absl::Status LocalParameterStore::PushLocked(int64_t iteration, int64_t num_samp
     return absl::FailedPreconditionError(absl::StrCat(
         "push for iteration ", iteration, " but the store is at iteration ", version_));
   }
-  if (num_samples < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("push claims ", num_samples, " samples"));
-  }
-  if (iteration_samples_ >= 0 && num_samples != iteration_samples_) {
-    return absl::FailedPreconditionError(absl::StrCat("push claims ", num_samples,
-                                                      " samples but ", iteration_samples_,
-                                                      " were claimed earlier in iteration ",
-                                                      iteration));
-  }
+  // The server's checks (common/push_checks.h): the same pushes refused
+  // with the same words in process and over the wire.
+  PS_RETURN_IF_ERROR(CheckPushSamples(num_samples));
+  PS_RETURN_IF_ERROR(CheckSameSamples(num_samples, iteration_samples_, "this worker", iteration));
   for (int s = first; s < last; ++s) {
     if (segment_version_[s] != version_) {
       return absl::AlreadyExistsError(absl::StrCat("'", signature_[s].name,
@@ -177,15 +173,10 @@ absl::Status LocalParameterStore::PushLocked(int64_t iteration, int64_t num_samp
     const int64_t begin = SegmentBegin(s);
     const int64_t bytes = (segment_ends_[s] - begin) * static_cast<int64_t>(sizeof(float));
     const absl::string_view piece(reinterpret_cast<const char*>(gradient.data() + begin), bytes);
-    float bad = 0.f;
-    const int64_t i = FirstNonFinite({&piece, 1}, &bad);
-    if (i >= 0 && loss_scale_.scale > 0) {
-      overflow[s - first] = true;  // loss scaling: skipped, not refused
-    } else if (i >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("element ", i, " of '", signature_[s].name,
-                                                     "' is ", bad,
-                                                     "; refusing a non-finite value"));
-    }
+    // Under loss scaling an overflow: skipped, not refused.
+    PS_ASSIGN_OR_RETURN(overflow[s - first],
+                        CheckGradientValues({&piece, 1}, 0, signature_[s].name,
+                                            /*loss_scaling=*/loss_scale_.scale > 0));
   }
   // 2. Taken: each segment's update waits for its parameters to be asked
   //    for. Unbound, the gradient is copied in (after the update of the last
