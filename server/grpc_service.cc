@@ -421,15 +421,11 @@ ParameterServerService::ParameterServerService(ParameterServer* server, ServiceO
     : server_(server),
       options_(std::move(options)),
       waiting_(std::make_shared<internal::WaitingPulls>(options_.max_waiting_pulls)),
-      pacer_({.max_lead_elements = options_.max_push_lead_bytes / 4,
-              .idle_after = options_.push_lead_idle,
-              .max_hold = options_.push_hold_limit},
-             server_->num_parameters()) {
+      paced_replies_({.max_lead_elements = options_.max_push_lead_bytes / 4,
+                      .idle_after = options_.push_lead_idle,
+                      .max_hold = options_.push_hold_limit}) {
   absl::MutexLock lock(&shutdown_mu_);
   deadline_thread_ = std::thread([this] { AnswerAtDeadlines(); });
-  if (options_.max_push_lead_bytes > 0) {
-    pacer_thread_ = std::thread([this] { AnswerHeldPushesWhenDue(); });
-  }
 }
 
 ParameterServerService::~ParameterServerService() { Shutdown(); }
@@ -438,17 +434,9 @@ void ParameterServerService::Shutdown() {
   for (internal::WaitingPull* pull : waiting_->Close()) {
     pull->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down"));
   }
-  std::vector<grpc::ServerUnaryReactor*> held;
-  {
-    absl::MutexLock lock(&pacer_mu_);
-    pacer_closed_ = true;
-    pacer_changed_.Signal();
-    held = TakeHeldPushesLocked(pacer_.TakeAll());
-  }
-  AnswerHeldPushes(held);
+  paced_replies_.Shutdown();
   absl::MutexLock lock(&shutdown_mu_);
   if (deadline_thread_.joinable()) deadline_thread_.join();
-  if (pacer_thread_.joinable()) pacer_thread_.join();
 }
 
 int64_t ParameterServerService::waiting_pulls() const { return waiting_->size(); }
@@ -533,69 +521,6 @@ void ParameterServerService::AnswerAtDeadlines() {
   while (waiting_->TakeDue(&due)) {
     AnswerNow(due);
     due.clear();
-  }
-}
-
-bool ParameterServerService::PaceOrAnswer(const PacedPush& push,
-                                          grpc::ServerUnaryReactor* reactor) {
-  std::vector<grpc::ServerUnaryReactor*> released;
-  bool held = false;
-  {
-    absl::MutexLock lock(&pacer_mu_);
-    if (!pacer_closed_) {
-      // The service may start before the model is known; a push means a
-      // worker has registered it.
-      pacer_.set_elements_per_iteration(server_->num_parameters());
-      PushPacer::Decision decision =
-          pacer_.Record(push.rank, push.iteration, push.elements, push.members, absl::Now());
-      released = TakeHeldPushesLocked(decision.released);
-      if (decision.held.has_value()) {
-        // A hold falls due no earlier than those before it (max_hold after
-        // it began, or the slowest rank's idle time, which its pushes only
-        // move later), so only the first of a run of holds moves the pacer
-        // thread's deadline; one that a change of slowest rank brings
-        // forward is met at most push_lead_idle late.
-        if (held_pushes_.empty()) pacer_changed_.Signal();
-        held_pushes_[*decision.held] = reactor;
-        held = true;
-      }
-    }
-  }
-  AnswerHeldPushes(released);
-  return held;
-}
-
-std::vector<grpc::ServerUnaryReactor*> ParameterServerService::TakeHeldPushesLocked(
-    const std::vector<PushPacer::Ticket>& tickets) {
-  std::vector<grpc::ServerUnaryReactor*> reactors;
-  for (PushPacer::Ticket ticket : tickets) {
-    auto it = held_pushes_.find(ticket);
-    reactors.push_back(it->second);
-    held_pushes_.erase(it);
-  }
-  return reactors;
-}
-
-void ParameterServerService::AnswerHeldPushes(
-    const std::vector<grpc::ServerUnaryReactor*>& reactors) {
-  for (grpc::ServerUnaryReactor* reactor : reactors) reactor->Finish(grpc::Status::OK);
-}
-
-void ParameterServerService::AnswerHeldPushesWhenDue() {
-  for (;;) {
-    std::vector<grpc::ServerUnaryReactor*> late;
-    {
-      absl::MutexLock lock(&pacer_mu_);
-      if (pacer_closed_) return;
-      const absl::Time due = pacer_.next_due();
-      if (due == absl::InfiniteFuture()) {
-        pacer_changed_.Wait(&pacer_mu_);
-      } else {
-        pacer_changed_.WaitWithDeadline(&pacer_mu_, due);
-      }
-      late = TakeHeldPushesLocked(pacer_.TakeDue(absl::Now()));
-    }
-    AnswerHeldPushes(late);
   }
 }
 
@@ -796,7 +721,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServe
 absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& context,
                                             const grpc::ByteBuffer& request,
                                             std::vector<ChunkId>* sent, proto::PushReply* reply,
-                                            PacedPush* paced) {
+                                            std::optional<PacedReplies::Push>* paced) {
   PS_RETURN_IF_ERROR(CheckCall(context));
   proto::PushRequest header;
   PS_ASSIGN_OR_RETURN(proto::FrameReader frame, proto::FrameReader::Open(request, "push", &header));
@@ -838,14 +763,14 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
     for (int member : *members) reply->add_members(member);
   }
   if (options_.max_push_lead_bytes > 0 && consistency.PacesPushes()) {
-    paced->paced = true;
-    paced->rank = header.rank();
-    paced->iteration = header.iteration();
+    PacedReplies::Push& push = paced->emplace();
+    push.rank = header.rank();
+    push.iteration = header.iteration();
     for (const ParameterServer::ChunkBytes& chunk : chunks) {
-      paced->elements += server_->ChunkLength(chunk.key, chunk.chunk);
+      push.elements += server_->ChunkLength(chunk.key, chunk.chunk);
     }
     absl::StatusOr<std::vector<int>> current = server_->Members(header.iteration());
-    if (current.ok()) paced->members = *std::move(current);
+    if (current.ok()) push.members = *std::move(current);
   }
   return absl::OkStatus();
 }
@@ -855,12 +780,16 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
                                                        grpc::ByteBuffer* reply) {
   std::vector<ChunkId> sent;
   proto::PushReply push_reply;
-  PacedPush paced;
+  std::optional<PacedReplies::Push> paced;
   const absl::Status status =
       Answered("Push", DoPush(*context, *request, &sent, &push_reply, &paced));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (status.ok()) *reply = proto::SerializeMessage(push_reply);
-  if (!(status.ok() && paced.paced && PaceOrAnswer(paced, reactor))) {
+  if (status.ok() && paced.has_value()) {
+    // Applied already: the pacer only decides when the worker hears so.
+    paced_replies_.PaceOrAnswer(*paced, server_->num_parameters(), absl::Now(),
+                                [reactor] { reactor->Finish(grpc::Status::OK); });
+  } else {
     reactor->Finish(ToGrpcStatus(status));
   }
   // The reply is on its way; then the pulls whose chunks this push applied.

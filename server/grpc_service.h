@@ -6,6 +6,7 @@
 #include <map>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,7 +22,7 @@
 #include "proto/parameter_server.grpc.pb.h"
 #include "proto/parameter_server.pb.h"
 #include "server/parameter_server.h"
-#include "server/push_pacer.h"
+#include "server/paced_replies.h"
 
 namespace ps::server {
 namespace internal {
@@ -191,21 +192,13 @@ class ParameterServerService final
   static constexpr int kMaxDimensions = 64;
 
  private:
-  // What the pacer needs of an accepted push (DoPush fills it).
-  struct PacedPush {
-    bool paced = false;  // synchronous, with pacing on
-    int rank = 0;
-    int64_t iteration = 0;
-    int64_t elements = 0;
-    std::vector<int> members;
-  };
   // Each returns the chunks it sent (which may have published some).
   absl::Status DoInitialize(const grpc::ServerContextBase& context,
                             const grpc::ByteBuffer& request,
                             std::vector<ParameterServer::ChunkId>* sent);
   absl::Status DoPush(const grpc::ServerContextBase& context, const grpc::ByteBuffer& request,
                       std::vector<ParameterServer::ChunkId>* sent, proto::PushReply* reply,
-                      PacedPush* paced);
+                      std::optional<PacedReplies::Push>* paced);
   // Takes views of the chunks `ids` (checked: they exist and fit one
   // message) from the version `request` asks for, waiting until `deadline`,
   // and frames them into `reply`.
@@ -234,16 +227,6 @@ class ParameterServerService final
   void AnswerNow(const std::vector<internal::WaitingPull*>& pulls);
   // The deadline thread's loop: answers each waiting pull at its deadline.
   void AnswerAtDeadlines();
-  // Records `push` with the pacer: true when `reactor` was filed to answer
-  // later. Answers the held pushes the record lets go.
-  bool PaceOrAnswer(const PacedPush& push, grpc::ServerUnaryReactor* reactor);
-  // The pacer thread's loop: answers each held push at its hold limit.
-  void AnswerHeldPushesWhenDue();
-  // Takes the reactors of the pacer's `tickets` out of held_pushes_.
-  std::vector<grpc::ServerUnaryReactor*> TakeHeldPushesLocked(
-      const std::vector<PushPacer::Ticket>& tickets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pacer_mu_);
-  // Answers (OK: each was applied) held pushes, out of pacer_mu_.
-  void AnswerHeldPushes(const std::vector<grpc::ServerUnaryReactor*>& reactors);
 
   // Reports `status` of a `method` call to options_.on_answer; returns it.
   const absl::Status& Answered(absl::string_view method, const absl::Status& status) const;
@@ -283,16 +266,10 @@ class ParameterServerService final
   const std::shared_ptr<internal::WaitingPulls> waiting_;
   // ParameterServer::held_back_releases() at the last AnswerReadyPulls.
   std::atomic<int64_t> held_back_releases_seen_{0};
-  // Held push replies (ServiceOptions::max_push_lead_bytes) by ticket.
-  absl::Mutex pacer_mu_;
-  PushPacer pacer_ ABSL_GUARDED_BY(pacer_mu_);
-  absl::flat_hash_map<PushPacer::Ticket, grpc::ServerUnaryReactor*> held_pushes_
-      ABSL_GUARDED_BY(pacer_mu_);
-  bool pacer_closed_ ABSL_GUARDED_BY(pacer_mu_) = false;
-  absl::CondVar pacer_changed_;  // closed, or a first reply held
+  // Held push replies (ServiceOptions::max_push_lead_bytes).
+  PacedReplies paced_replies_;
   absl::Mutex shutdown_mu_;
   std::thread deadline_thread_ ABSL_GUARDED_BY(shutdown_mu_);
-  std::thread pacer_thread_ ABSL_GUARDED_BY(shutdown_mu_);
 };
 
 }  // namespace ps::server
