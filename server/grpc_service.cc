@@ -5,7 +5,6 @@
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -193,250 +192,68 @@ void ReleaseVersion(void* keep_alive) { delete static_cast<std::shared_ptr<const
 
 namespace internal {
 
-// A Pull that waits for its chunks, on a reactor of its own so that its
-// client's cancellation reaches it. Whoever takes it out of WaitingPulls
-// (an answering call, the deadline thread, OnCancel or Shutdown) calls
-// Finish, once; gRPC then calls OnDone, which deletes it.
-class WaitingPull final : public grpc::ServerUnaryReactor {
+// A Pull or Wait that waits for its chunks, on a reactor of its own so that
+// its client's cancellation reaches it. Whoever takes it out of the
+// WaitingPulls (an answering call, the deadline thread, OnCancel, Shutdown
+// or FailJob) calls Finish, once; gRPC then calls OnDone, which deletes it.
+class WaitingPullCall final : public grpc::ServerUnaryReactor, public WaitingPull {
  public:
-  WaitingPull(std::shared_ptr<WaitingPulls> registry, proto::PullRequest request,
-              std::vector<ChunkId> ids, std::shared_ptr<SharedMemorySegment> segment,
-              absl::Time deadline, bool wait, grpc::ByteBuffer* reply)
-      : registry_(std::move(registry)),
+  WaitingPullCall(ParameterServerService* service, std::shared_ptr<WaitingPulls> registry,
+                  proto::PullRequest request, std::vector<ChunkId> ids,
+                  std::shared_ptr<SharedMemorySegment> segment, absl::Time deadline, bool wait,
+                  grpc::ByteBuffer* reply)
+      : WaitingPull(request.version(), std::move(ids), deadline),
+        service_(service),
+        registry_(std::move(registry)),
         request_(std::move(request)),
-        ids_(std::move(ids)),
         segment_(std::move(segment)),
-        deadline_(deadline),
         wait_(wait),
         reply_(reply) {}
 
-  void OnCancel() override;
+  void AnswerNow() override {
+    // Past its deadline, PullChunkViews answers at once: with the chunks if
+    // they exist by now, else with the DEADLINE_EXCEEDED naming one missing.
+    Finish(ToGrpcStatus(service_->Answered(
+        wait_ ? "Wait" : "Pull", service_->AnswerPull(request_, ids(), segment_.get(),
+                                                      absl::InfinitePast(), wait_, reply_))));
+  }
+  void Refuse(const absl::Status& status) override { Finish(ToGrpcStatus(status)); }
+  void OnCancel() override {
+    // Answered already when someone else took it; else nobody will hear the
+    // answer, so it is dropped at once.
+    if (registry_->Withdraw(this)) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the pull"));
+    }
+  }
   void OnDone() override { delete this; }
 
-  const proto::PullRequest& request() const { return request_; }
-  const std::vector<ChunkId>& ids() const { return ids_; }
-  // Where a pull into shared memory writes (null otherwise).
-  const std::shared_ptr<SharedMemorySegment>& segment() const { return segment_; }
-  absl::Time deadline() const { return deadline_; }
-  // A Wait (answered with a WaitReply), not a Pull.
-  bool wait() const { return wait_; }
-  grpc::ByteBuffer* mutable_reply() { return reply_; }
-
  private:
+  ParameterServerService* const service_;  // answers only while it waits
   const std::shared_ptr<WaitingPulls> registry_;
   const proto::PullRequest request_;
-  const std::vector<ChunkId> ids_;
+  // Where a pull into shared memory writes (null otherwise).
   const std::shared_ptr<SharedMemorySegment> segment_;
-  const absl::Time deadline_;
-  const bool wait_;
+  const bool wait_;                // a Wait (answered with a WaitReply), not a Pull
   grpc::ByteBuffer* const reply_;  // the call's, valid until Finish
 };
-
-// The waiting pulls, each filed under one chunk it still waits for (so a
-// call that sends chunks looks only at the pulls those chunks may complete)
-// or, while version 0 does not exist or for a request of no chunks (which
-// waits for the server's version), under kAnyChunk, and by deadline.
-// Lock order: mu_, then the ParameterServer's locks (HasChunks); no reactor
-// is finished under mu_.
-class WaitingPulls {
- public:
-  explicit WaitingPulls(int64_t max_pulls) : max_pulls_(max_pulls) {}
-
-  // Files `pull`, or says that it need not wait (false: every chunk exists
-  // by now). UNAVAILABLE once closed; RESOURCE_EXHAUSTED when full.
-  absl::StatusOr<bool> File(const ParameterServer& server, WaitingPull* pull)
-      ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    if (closed_) return absl::UnavailableError("server shutting down");
-    if (static_cast<int64_t>(pulls_.size()) >= max_pulls_) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(pulls_.size(), " pulls already wait for their chunks, the most this server "
-                       "lets wait (max_waiting_pulls = ", max_pulls_, "); try again later"));
-    }
-    const std::optional<Watch> watch = FirstMissing(server, *pull);
-    if (!watch.has_value()) return false;
-    const uint64_t seq = next_seq_++;
-    if (by_deadline_.empty() || pull->deadline() < by_deadline_.begin()->first) {
-      deadline_changed_.Signal();
-    }
-    pulls_[seq] = {pull, *watch};
-    seq_of_[pull] = seq;
-    by_chunk_[*watch].insert(seq);
-    by_deadline_.emplace(pull->deadline(), seq);
-    return true;
-  }
-
-  // Takes out the pulls that a successful call sending `sent` has made
-  // ready (with the kAnyChunk ones that now are) and files each other one
-  // it looks at under the next chunk it waits for.
-  std::vector<WaitingPull*> TakeReady(const ParameterServer& server,
-                                      absl::Span<const ChunkId> sent,
-                                      bool every = false) ABSL_LOCKS_EXCLUDED(mu_) {
-    std::vector<WaitingPull*> ready;
-    absl::MutexLock lock(&mu_);
-    if (pulls_.empty()) return ready;
-    std::vector<uint64_t> candidates;
-    auto add = [&](const Watch& watch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      auto it = by_chunk_.find(watch);
-      if (it != by_chunk_.end()) candidates.insert(candidates.end(), it->second.begin(), it->second.end());
-    };
-    if (every) {
-      for (const auto& [seq, entry] : pulls_) candidates.push_back(seq);
-    } else {
-      for (const ChunkId& id : sent) add({id.key, id.chunk});
-      add(kAnyChunk);
-    }
-    for (const uint64_t seq : candidates) {
-      auto it = pulls_.find(seq);
-      if (it == pulls_.end()) continue;
-      Entry& entry = it->second;
-      const std::optional<Watch> watch = FirstMissing(server, *entry.pull);
-      if (!watch.has_value()) {
-        ready.push_back(entry.pull);
-        EraseLocked(seq);
-      } else if (*watch != entry.watch) {
-        Unwatch(seq, entry.watch);
-        entry.watch = *watch;
-        by_chunk_[*watch].insert(seq);
-      }
-    }
-    return ready;
-  }
-
-  // Takes `pull` out if it still waits (nobody has taken it to answer).
-  bool Take(WaitingPull* pull) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    auto it = seq_of_.find(pull);
-    if (it == seq_of_.end()) return false;
-    EraseLocked(it->second);
-    return true;
-  }
-
-  // Sleeps until the nearest deadline passes (woken when a nearer one is
-  // filed) and takes out every pull whose deadline has passed; false, with
-  // nothing taken, once closed.
-  bool TakeDue(std::vector<WaitingPull*>* due) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    while (!closed_) {
-      const absl::Time now = absl::Now();
-      if (!by_deadline_.empty() && by_deadline_.begin()->first <= now) {
-        while (!by_deadline_.empty() && by_deadline_.begin()->first <= now) {
-          const uint64_t seq = by_deadline_.begin()->second;
-          due->push_back(pulls_.at(seq).pull);
-          EraseLocked(seq);
-        }
-        return true;
-      }
-      deadline_changed_.WaitWithDeadline(
-          &mu_, by_deadline_.empty() ? absl::InfiniteFuture() : by_deadline_.begin()->first);
-    }
-    return false;
-  }
-
-  // Refuses every later File and takes out every waiting pull.
-  std::vector<WaitingPull*> Close() ABSL_LOCKS_EXCLUDED(mu_) {
-    std::vector<WaitingPull*> all;
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-    all.reserve(pulls_.size());
-    for (const auto& [seq, entry] : pulls_) all.push_back(entry.pull);
-    pulls_.clear();
-    seq_of_.clear();
-    by_chunk_.clear();
-    by_deadline_.clear();
-    deadline_changed_.SignalAll();
-    return all;
-  }
-
-  int64_t size() const ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return static_cast<int64_t>(pulls_.size());
-  }
-
- private:
-  // A chunk (key, chunk index), or kAnyChunk.
-  using Watch = std::pair<int, int64_t>;
-  static constexpr Watch kAnyChunk{-1, -1};
-  struct Entry {
-    WaitingPull* pull = nullptr;
-    Watch watch;
-  };
-
-  // The chunk `pull` should be filed under, or nothing once it need not
-  // wait. Chunk versions only grow, so a chunk seen here at its version
-  // stays there; one seen missing is completed by a call sending it, which
-  // looks here after its ParameterServer call, under mu_.
-  static std::optional<Watch> FirstMissing(const ParameterServer& server,
-                                           const WaitingPull& pull) {
-    const int64_t version = pull.request().version();
-    if (!server.HasVersion(0)) return kAnyChunk;
-    if (pull.ids().empty()) {
-      if (server.HasChunks(version, {})) return std::nullopt;
-      return kAnyChunk;
-    }
-    for (const ChunkId& id : pull.ids()) {
-      if (!server.HasChunks(version, absl::MakeConstSpan(&id, 1))) {
-        return Watch{id.key, id.chunk};
-      }
-    }
-    return std::nullopt;
-  }
-
-  void Unwatch(uint64_t seq, const Watch& watch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = by_chunk_.find(watch);
-    it->second.erase(seq);
-    if (it->second.empty()) by_chunk_.erase(it);
-  }
-
-  void EraseLocked(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = pulls_.find(seq);
-    Unwatch(seq, it->second.watch);
-    by_deadline_.erase({it->second.pull->deadline(), seq});
-    seq_of_.erase(it->second.pull);
-    pulls_.erase(it);
-  }
-
-  const int64_t max_pulls_;
-  mutable absl::Mutex mu_;
-  absl::CondVar deadline_changed_;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<uint64_t, Entry> pulls_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<const WaitingPull*, uint64_t> seq_of_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<Watch, absl::flat_hash_set<uint64_t>> by_chunk_ ABSL_GUARDED_BY(mu_);
-  std::set<std::pair<absl::Time, uint64_t>> by_deadline_ ABSL_GUARDED_BY(mu_);
-};
-
-void WaitingPull::OnCancel() {
-  // Answered already when someone else took it; else nobody will hear the
-  // answer, so it is dropped at once.
-  if (registry_->Take(this)) {
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the pull"));
-  }
-}
 
 }  // namespace internal
 
 ParameterServerService::ParameterServerService(ParameterServer* server, ServiceOptions options)
     : server_(server),
       options_(std::move(options)),
-      waiting_(std::make_shared<internal::WaitingPulls>(options_.max_waiting_pulls)),
+      readiness_(server),
+      waiting_(std::make_shared<WaitingPulls>(
+          &readiness_, WaitingPulls::Options{.max_pulls = options_.max_waiting_pulls})),
       paced_replies_({.max_lead_elements = options_.max_push_lead_bytes / 4,
                       .idle_after = options_.push_lead_idle,
-                      .max_hold = options_.push_hold_limit}) {
-  absl::MutexLock lock(&shutdown_mu_);
-  deadline_thread_ = std::thread([this] { AnswerAtDeadlines(); });
-}
+                      .max_hold = options_.push_hold_limit}) {}
 
 ParameterServerService::~ParameterServerService() { Shutdown(); }
 
 void ParameterServerService::Shutdown() {
-  for (internal::WaitingPull* pull : waiting_->Close()) {
-    pull->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down"));
-  }
+  waiting_->Close(absl::UnavailableError("server shutting down"));
   paced_replies_.Shutdown();
-  absl::MutexLock lock(&shutdown_mu_);
-  if (deadline_thread_.joinable()) deadline_thread_.join();
 }
 
 int64_t ParameterServerService::waiting_pulls() const { return waiting_->size(); }
@@ -466,7 +283,7 @@ void ParameterServerService::FailJob(const absl::Status& status) {
     failure_ = status;
     stopping_ = true;
   }
-  for (internal::WaitingPull* pull : waiting_->Close()) pull->Finish(ToGrpcStatus(status));
+  waiting_->Close(status);
 }
 
 std::map<int, proto::HeartbeatRequest> ParameterServerService::worker_reports() const {
@@ -476,7 +293,7 @@ std::map<int, proto::HeartbeatRequest> ParameterServerService::worker_reports() 
 
 absl::Status ParameterServerService::DropWorker(int rank) {
   PS_ASSIGN_OR_RETURN(const std::vector<ChunkId> completed, server_->DropWorker(rank));
-  AnswerReadyPulls(completed);
+  waiting_->AnswerReady(completed);
   return absl::OkStatus();
 }
 
@@ -514,34 +331,6 @@ absl::Status ParameterServerService::CheckOptionalSession(
   const std::string session = SessionOf(context);
   if (session.empty()) return absl::OkStatus();
   return server_->CheckIncarnation(session);
-}
-
-void ParameterServerService::AnswerAtDeadlines() {
-  std::vector<internal::WaitingPull*> due;
-  while (waiting_->TakeDue(&due)) {
-    AnswerNow(due);
-    due.clear();
-  }
-}
-
-void ParameterServerService::AnswerNow(const std::vector<internal::WaitingPull*>& pulls) {
-  for (internal::WaitingPull* pull : pulls) {
-    // Past its deadline, PullChunkViews answers at once: with the chunks if
-    // they exist by now, else with the DEADLINE_EXCEEDED naming one missing.
-    pull->Finish(ToGrpcStatus(Answered(
-        pull->wait() ? "Wait" : "Pull",
-        AnswerPull(pull->request(), pull->ids(), pull->segment().get(), absl::InfinitePast(),
-                   pull->wait(), pull->mutable_reply()))));
-  }
-}
-
-void ParameterServerService::AnswerReadyPulls(absl::Span<const ChunkId> sent) {
-  // Updates a state capture held back may have been published since the
-  // last look (by this call or another, or by a cancelled capture): then
-  // any waiting pull may be ready, whatever chunks this call sent.
-  const int64_t releases = server_->held_back_releases();
-  const bool every = releases != held_back_releases_seen_.exchange(releases);
-  AnswerNow(waiting_->TakeReady(*server_, sent, every));
 }
 
 absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& context,
@@ -676,7 +465,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(grpc::CallbackServerC
       &status);
   Answered("Register", status);
   // Adopting the signature may complete version 0 (a server given values).
-  if (status.ok()) AnswerReadyPulls({});
+  if (status.ok()) waiting_->AnswerReady({});
   return reactor;
 }
 
@@ -714,7 +503,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServe
   const absl::Status status = Answered("Initialize", DoInitialize(*context, *request, &sent));
   grpc::ServerUnaryReactor* reactor = FinishWithoutData(context, status, reply);
   // The reply is on its way; then the pulls this call made ready.
-  if (status.ok()) AnswerReadyPulls(sent);
+  if (status.ok()) waiting_->AnswerReady(sent);
   return reactor;
 }
 
@@ -793,7 +582,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
     reactor->Finish(ToGrpcStatus(status));
   }
   // The reply is on its way; then the pulls whose chunks this push applied.
-  if (status.ok()) AnswerReadyPulls(sent);
+  if (status.ok()) waiting_->AnswerReady(sent);
   return reactor;
 }
 
@@ -1020,15 +809,9 @@ grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(
     return reactor;
   }
   // It would wait: recorded, pinning no thread (see the class comment).
-  auto* waiting =
-      new internal::WaitingPull(waiting_, std::move(pull), std::move(ids), std::move(segment),
-                                deadline, wait, reply);
-  const absl::StatusOr<bool> filed = waiting_->File(*server_, waiting);
-  if (!filed.ok()) {
-    waiting->Finish(ToGrpcStatus(filed.status()));
-  } else if (!*filed) {
-    AnswerNow({waiting});  // its chunks came meanwhile
-  }
+  auto* waiting = new internal::WaitingPullCall(this, waiting_, std::move(pull), std::move(ids),
+                                                std::move(segment), deadline, wait, reply);
+  waiting_->File(waiting);
   return waiting;
 }
 

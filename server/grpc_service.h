@@ -23,11 +23,11 @@
 #include "proto/parameter_server.pb.h"
 #include "server/parameter_server.h"
 #include "server/paced_replies.h"
+#include "server/waiting_pulls.h"
 
 namespace ps::server {
 namespace internal {
-class WaitingPull;
-class WaitingPulls;
+class WaitingPullCall;
 }  // namespace internal
 
 // The gRPC face of ParameterServer: translates messages to domain calls and
@@ -192,6 +192,8 @@ class ParameterServerService final
   static constexpr int kMaxDimensions = 64;
 
  private:
+  friend class internal::WaitingPullCall;  // answers through AnswerPull
+
   // Each returns the chunks it sent (which may have published some).
   absl::Status DoInitialize(const grpc::ServerContextBase& context,
                             const grpc::ByteBuffer& request,
@@ -217,16 +219,6 @@ class ParameterServerService final
                                        std::vector<ParameterServer::ChunkId> ids,
                                        std::shared_ptr<SharedMemorySegment> segment, bool wait,
                                        grpc::ByteBuffer* reply);
-  // Answers the waiting pulls that a successful call sending `sent` (and
-  // perhaps completing version 0 or the server's version) has made ready;
-  // every waiting pull that is ready when held-back updates were released
-  // since the last call (ParameterServer::held_back_releases).
-  void AnswerReadyPulls(absl::Span<const ParameterServer::ChunkId> sent);
-  // Finishes waiting pulls, now out of the index, with their chunks or the
-  // error PullChunkViews gives at once (never waiting).
-  void AnswerNow(const std::vector<internal::WaitingPull*>& pulls);
-  // The deadline thread's loop: answers each waiting pull at its deadline.
-  void AnswerAtDeadlines();
 
   // Reports `status` of a `method` call to options_.on_answer; returns it.
   const absl::Status& Answered(absl::string_view method, const absl::Status& status) const;
@@ -261,15 +253,12 @@ class ParameterServerService final
   mutable absl::Mutex reports_mu_;
   std::map<int, proto::HeartbeatRequest> reports_ ABSL_GUARDED_BY(reports_mu_);
   std::atomic<bool> stopping_{false};
+  const ServerReadiness readiness_;
   // Shared with the waiting reactors, whose OnCancel may come after the
   // service has answered them.
-  const std::shared_ptr<internal::WaitingPulls> waiting_;
-  // ParameterServer::held_back_releases() at the last AnswerReadyPulls.
-  std::atomic<int64_t> held_back_releases_seen_{0};
+  const std::shared_ptr<WaitingPulls> waiting_;
   // Held push replies (ServiceOptions::max_push_lead_bytes).
   PacedReplies paced_replies_;
-  absl::Mutex shutdown_mu_;
-  std::thread deadline_thread_ ABSL_GUARDED_BY(shutdown_mu_);
 };
 
 }  // namespace ps::server
