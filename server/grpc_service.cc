@@ -105,31 +105,13 @@ absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
   for (int c = 0; c < header_chunks.size(); ++c) {
     const proto::TensorChunk& chunk = header_chunks[c];
     if (chunk.in_shared_memory()) {
-      if (decoded == nullptr || chunk.dtype() != proto::DTYPE_F32 ||
-          chunk.encoding() != proto::ENCODING_DENSE) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, " of key ", chunk.key(), " chunk ", chunk.chunk(),
-            " is in shared memory; only pushes of dense F32 chunks may be"));
-      }
-      if (segment == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, " of key ", chunk.key(), " chunk ", chunk.chunk(),
-                         " is in shared memory, but this session has none attached"));
-      }
-      if (!segment->Contains(chunk.shm_offset(), chunk.data_bytes()) ||
-          chunk.data_bytes() % sizeof(float) != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, " of key ", chunk.key(), " chunk ", chunk.chunk(), ": bytes [",
-            chunk.shm_offset(), ", +", chunk.data_bytes(),
-            ") are not whole F32 elements inside the shared memory's ", segment->data_bytes()));
-      }
-      PS_RETURN_IF_ERROR(count(chunk, chunk.data_bytes() / sizeof(float)));
+      PS_ASSIGN_OR_RETURN(const int64_t elements,
+                          SharedMemoryChunkElements(segment, chunk, decoded != nullptr, what));
+      PS_RETURN_IF_ERROR(count(chunk, elements));
       // Copied out before anything reads it: the worker can write its
       // memory at any time, and the checks must see what is summed.
-      std::vector<float>& values =
-          decoded->values.emplace_back(chunk.data_bytes() / sizeof(float));
-      std::memcpy(values.data(), segment->data() + chunk.shm_offset(),
-                  static_cast<size_t>(chunk.data_bytes()));
+      std::vector<float>& values = decoded->values.emplace_back(elements);
+      CopyFromSharedMemory(*segment, chunk, absl::MakeSpan(values));
       add_decoded(chunk, values);
       continue;
     }
@@ -389,46 +371,16 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   reply->set_shrinks(options_.shrinks);
   reply->set_consistency(server_->options().consistency->Name());
   reply->set_loss_scale(server_->loss_scale().scale);
-  AttachSharedMemory(request, reg.rank, reg.session, reply);
+  // Room for a push and a pull of every parameter, and a page.
+  const proto::SharedMemory* offer =
+      request.has_shared_memory() ? &request.shared_memory() : nullptr;
+  const absl::Status attached = shared_memory_.Attach(reg.rank, reg.session, offer,
+                                                      8 * server_->num_parameters() + 4096);
+  if (offer != nullptr) {
+    reply->set_shared_memory_attached(attached.ok());
+    if (!attached.ok()) reply->set_shared_memory_error(std::string(attached.message()));
+  }
   return absl::OkStatus();
-}
-
-void ParameterServerService::AttachSharedMemory(const proto::RegisterRequest& request, int rank,
-                                                const std::string& session,
-                                                proto::RegisterReply* reply) {
-  std::shared_ptr<SharedMemorySegment> segment;
-  if (request.has_shared_memory()) {
-    const proto::SharedMemory& offer = request.shared_memory();
-    // Room for a push and a pull of every parameter, and a page.
-    const int64_t max_bytes = 8 * server_->num_parameters() + 4096;
-    absl::StatusOr<std::unique_ptr<SharedMemorySegment>> attached = SharedMemorySegment::Attach(
-        offer.pid(), offer.fd(), offer.data_bytes(), offer.nonce(), max_bytes);
-    if (attached.ok()) {
-      segment = std::move(*attached);
-      reply->set_shared_memory_attached(true);
-    } else {
-      reply->set_shared_memory_error(std::string(attached.status().message()));
-    }
-  }
-  // A registration replaces the rank's earlier session, and its memory.
-  absl::MutexLock lock(&segments_mu_);
-  auto old = segment_session_.find(rank);
-  if (old != segment_session_.end()) {
-    segments_.erase(old->second);
-    segment_session_.erase(old);
-  }
-  if (segment != nullptr) {
-    segments_[session] = std::move(segment);
-    segment_session_[rank] = session;
-  }
-}
-
-std::shared_ptr<SharedMemorySegment> ParameterServerService::SegmentOf(
-    const std::string& session) const {
-  if (session.empty()) return nullptr;
-  absl::MutexLock lock(&segments_mu_);
-  auto it = segments_.find(session);
-  return it == segments_.end() ? nullptr : it->second;
 }
 
 namespace {
@@ -524,7 +476,8 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
                                                    header.based_on_version(),
                                                    "; versions start at 0"));
   }
-  const std::shared_ptr<SharedMemorySegment> segment = SegmentOf(SessionOf(context));
+  const std::shared_ptr<SharedMemorySegment> segment =
+      shared_memory_.SegmentOf(SessionOf(context));
   PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
                       ChunksOf(*server_, header.chunks(), frame, "push", &decoded, segment.get()));
   *sent = IdsOf(chunks);
@@ -674,13 +627,7 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
     chunk->set_chunk(ids[c].chunk);
     if (segment != nullptr) {
       // Into the worker's memory (Pull checked the range), one memcpy.
-      const int64_t bytes = static_cast<int64_t>(view.size() * sizeof(float));
-      std::memcpy(segment->data() + request.shm_offsets(static_cast<int>(c)), view.data(),
-                  static_cast<size_t>(bytes));
-      chunk->set_dtype(proto::DTYPE_F32);
-      chunk->set_data_bytes(bytes);
-      chunk->set_in_shared_memory(true);
-      chunk->set_shm_offset(request.shm_offsets(static_cast<int>(c)));
+      WriteToSharedMemory(view, request.shm_offsets(static_cast<int>(c)), *segment, chunk);
       continue;
     }
     if (request.dtype() == proto::DTYPE_F16 || request.dtype() == proto::DTYPE_BF16) {
@@ -739,20 +686,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
   }
   std::shared_ptr<SharedMemorySegment> segment;
   if (pull.shared_memory()) {
-    segment = SegmentOf(SessionOf(*context));
-    if (segment == nullptr) {
-      return refuse(absl::InvalidArgumentError(
-          "pull into shared memory, but this session has none attached"));
-    }
-    if (pull.dtype() != proto::DTYPE_F32 || pull.delta()) {
-      return refuse(absl::InvalidArgumentError(
-          "a pull into shared memory must be dense F32 (no dtype, no delta)"));
-    }
-    if (pull.shm_offsets_size() != pull.chunks_size()) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat(
-          "pull into shared memory gives ", pull.shm_offsets_size(), " offsets for ",
-          pull.chunks_size(), " chunks")));
-    }
+    segment = shared_memory_.SegmentOf(SessionOf(*context));
+    if (absl::Status s = CheckPullIntoSharedMemory(segment.get(), pull); !s.ok()) return refuse(s);
   }
   // Size the reply first: every chunk must exist, and the reply must stay
   // within one message's bound.
@@ -776,11 +711,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
     }
     if (segment != nullptr) {
       const int64_t offset = pull.shm_offsets(static_cast<int>(ids.size()));
-      if (!segment->Contains(offset, length * static_cast<int64_t>(sizeof(float)))) {
-        return refuse(absl::InvalidArgumentError(absl::StrCat(
-            "pull of chunk ", id.chunk(), " of key ", id.key(), " into shared memory at byte ",
-            offset, ": its ", length * sizeof(float), " bytes do not fit in ",
-            segment->data_bytes())));
+      if (absl::Status s = CheckPullTarget(*segment, id, offset, length); !s.ok()) {
+        return refuse(s);
       }
     }
     total += length;

@@ -23,6 +23,7 @@
 #include "proto/parameter_server.pb.h"
 #include "server/parameter_server.h"
 #include "server/paced_replies.h"
+#include "server/shared_memory_sessions.h"
 #include "server/waiting_pulls.h"
 
 namespace ps::server {
@@ -231,22 +232,9 @@ class ParameterServerService final
   // otherwise: the worker must learn that the server restarted).
   absl::Status CheckOptionalSession(const grpc::ServerContextBase& context) const;
 
-  // Maps the shared memory a registration offers (RegisterRequest's
-  // shared_memory) and binds it to its session, replacing the rank's
-  // earlier one; says in `reply` whether it was mapped, or why not.
-  void AttachSharedMemory(const proto::RegisterRequest& request, int rank,
-                          const std::string& session, proto::RegisterReply* reply);
-  // The shared memory bound to `session`, or null.
-  std::shared_ptr<SharedMemorySegment> SegmentOf(const std::string& session) const;
-
   ParameterServer* const server_;
   const ServiceOptions options_;
-  // Shared memory by session, and the session holding each rank's (a
-  // call in flight keeps its segment mapped through its shared_ptr).
-  mutable absl::Mutex segments_mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<SharedMemorySegment>> segments_
-      ABSL_GUARDED_BY(segments_mu_);
-  std::map<int, std::string> segment_session_ ABSL_GUARDED_BY(segments_mu_);
+  SharedMemorySessions shared_memory_;
   mutable absl::Mutex stop_mu_;
   std::string stop_reason_ ABSL_GUARDED_BY(stop_mu_);  // non-empty once stopping
   absl::Status failure_ ABSL_GUARDED_BY(stop_mu_);     // FailJob's
