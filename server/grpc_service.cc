@@ -57,118 +57,17 @@ grpc::ServerUnaryReactor* FinishWithoutData(grpc::CallbackServerContext* context
   return reactor;
 }
 
-// The chunks of a frame's header as F32 data for the domain: an F32 chunk
-// over the frame's data pieces, read in place (`frame` must outlive them);
-// with `decoding` (pushes), an F16 or BF16 chunk (--compression) decoded
-// into a buffer of `decoded`, which must outlive them too.
-struct DecodedChunks {
-  std::vector<std::vector<float>> values;  // one per decoded chunk
-  std::vector<absl::string_view> pieces;   // one per decoded chunk, over `values`
-};
-absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
-    const ParameterServer& server,
-    const google::protobuf::RepeatedPtrField<proto::TensorChunk>& header_chunks,
-    const proto::FrameReader& frame, const char* what, DecodedChunks* decoded,
-    const SharedMemorySegment* segment) {
-  std::vector<ParameterServer::ChunkBytes> chunks;
-  chunks.reserve(header_chunks.size());
-  if (decoded != nullptr) {
-    // Stable addresses: each chunk's piece is pointed at.
-    decoded->values.reserve(header_chunks.size());
-    decoded->pieces.reserve(header_chunks.size());
-  }
-  // A decoded chunk's fp32 values, held in `decoded`, as the domain's piece.
-  auto add_decoded = [&](const proto::TensorChunk& chunk, const std::vector<float>& values) {
-    decoded->pieces.emplace_back(reinterpret_cast<const char*>(values.data()),
-                                 values.size() * sizeof(float));
-    chunks.push_back({chunk.key(), chunk.chunk(), absl::MakeConstSpan(&decoded->pieces.back(), 1)});
-  };
-  // What a message decodes or copies into buffers of its own stays within
-  // one message's chunk_elements (a worker's messages never carry more,
-  // see the proto), checked before each buffer is allocated: a top-k entry
-  // costs a few header bytes but decodes into its chunk's whole length, and
-  // a shared-memory entry copies up to the whole segment, so a header
-  // naming one chunk a million times would otherwise allocate terabytes.
-  // (Dense F32 chunks are read in place, and F16 and BF16 ones decode into
-  // twice their bytes on the wire, which gRPC's receive limit bounds.)
-  const int64_t max_decoded = server.options().chunk_elements;
-  int64_t decoded_elements = 0;
-  auto count = [&](const proto::TensorChunk& chunk, int64_t elements) -> absl::Status {
-    decoded_elements += elements;
-    if (decoded_elements > max_decoded) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " decodes to more than ", max_decoded, " elements in one message (at key ",
-          chunk.key(), " chunk ", chunk.chunk(), "); split it"));
-    }
-    return absl::OkStatus();
-  };
-  for (int c = 0; c < header_chunks.size(); ++c) {
-    const proto::TensorChunk& chunk = header_chunks[c];
-    if (chunk.in_shared_memory()) {
-      PS_ASSIGN_OR_RETURN(const int64_t elements,
-                          SharedMemoryChunkElements(segment, chunk, decoded != nullptr, what));
-      PS_RETURN_IF_ERROR(count(chunk, elements));
-      // Copied out before anything reads it: the worker can write its
-      // memory at any time, and the checks must see what is summed.
-      std::vector<float>& values = decoded->values.emplace_back(elements);
-      CopyFromSharedMemory(*segment, chunk, absl::MakeSpan(values));
-      add_decoded(chunk, values);
-      continue;
-    }
-    if (chunk.encoding() != proto::ENCODING_DENSE) {
-      if (chunk.encoding() != proto::ENCODING_TOPK || decoded == nullptr ||
-          chunk.dtype() != proto::DTYPE_F32) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, " of key ", chunk.key(), " has encoding ", chunk.encoding(), " and dtype ",
-            chunk.dtype(), "; pushes may be top-k pairs of F32 values, nothing else sparse"));
-      }
-      // Into the chunk's dense length, zeros where nothing was sent.
-      const int64_t length = server.ChunkLength(chunk.key(), chunk.chunk());
-      if (length < 0) {
-        return absl::OutOfRangeError(absl::StrCat(what, " of chunk ", chunk.chunk(), " of key ",
-                                                  chunk.key(), ": no such chunk"));
-      }
-      PS_RETURN_IF_ERROR(count(chunk, length));
-      std::vector<float>& values = decoded->values.emplace_back(length);
-      if (absl::Status s = DecodeTopK(frame.pieces(c), absl::MakeSpan(values)); !s.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(what, " of key ", chunk.key(), " chunk ",
-                                                       chunk.chunk(), ": ", s.message()));
-      }
-      add_decoded(chunk, values);
-      continue;
-    }
-    if (chunk.dtype() != proto::DTYPE_F32 &&
-        (decoded == nullptr ||
-         (chunk.dtype() != proto::DTYPE_F16 && chunk.dtype() != proto::DTYPE_BF16))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " of key ", chunk.key(), " has dtype ", chunk.dtype(), "; only F32",
-          decoded == nullptr ? "" : ", F16 and BF16", " are supported here"));
-    }
-    if (chunk.dtype() == proto::DTYPE_F32) {
-      if (chunk.data_bytes() % sizeof(float) != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, " of key ", chunk.key(), " chunk ", chunk.chunk(), " carries ",
-                         chunk.data_bytes(), " bytes, not a whole number of F32 elements"));
-      }
-      chunks.push_back({chunk.key(), chunk.chunk(), frame.pieces(c)});
-      continue;
-    }
-    const WireCodec* codec =
-        *WireCodecForDType(chunk.dtype() == proto::DTYPE_F16 ? DType::kF16 : DType::kBF16);
-    if (chunk.data_bytes() % 2 != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " of key ", chunk.key(), " chunk ", chunk.chunk(), " carries ",
-                       chunk.data_bytes(), " bytes, not a whole number of ", codec->name(),
-                       " elements"));
-    }
-    std::vector<float>& values = decoded->values.emplace_back(chunk.data_bytes() / 2);
-    PS_RETURN_IF_ERROR(codec->Decode(frame.pieces(c), absl::MakeSpan(values)));
-    add_decoded(chunk, values);
-  }
-  return chunks;
+// The frame `what` names as the domain sees it (server/chunk_coding.h).
+ReceivedChunks Received(const ParameterServer& server, ChunkSource source, const char* what,
+                        const SharedMemorySegment* shared_memory) {
+  return {.source = source,
+          .what = what,
+          .max_decoded_elements = server.options().chunk_elements,
+          .chunk_length = [&server](int key, int64_t chunk) {
+            return server.ChunkLength(key, chunk);
+          },
+          .shared_memory = shared_memory};
 }
-
-void ReleaseVersion(void* keep_alive) { delete static_cast<std::shared_ptr<const void>*>(keep_alive); }
 
 }  // namespace
 
@@ -441,9 +340,12 @@ absl::Status ParameterServerService::DoInitialize(const grpc::ServerContextBase&
                       proto::FrameReader::Open(request, "initial parameters", &header));
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
   PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
-  PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
-                      ChunksOf(*server_, header.chunks(), frame, "initial value",
-                               /*decoded=*/nullptr, /*segment=*/nullptr));
+  DecodedChunks decoded;
+  PS_ASSIGN_OR_RETURN(
+      std::vector<ParameterServer::ChunkBytes> chunks,
+      DecodeReceivedChunks(
+          Received(*server_, ChunkSource::kInitialValues, "initial value", nullptr),
+          header.chunks(), frame, &decoded));
   *sent = IdsOf(chunks);
   return server_->InitializeChunkBytes(header.rank(), chunks);
 }
@@ -478,8 +380,10 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
   }
   const std::shared_ptr<SharedMemorySegment> segment =
       shared_memory_.SegmentOf(SessionOf(context));
-  PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
-                      ChunksOf(*server_, header.chunks(), frame, "push", &decoded, segment.get()));
+  PS_ASSIGN_OR_RETURN(
+      std::vector<ParameterServer::ChunkBytes> chunks,
+      DecodeReceivedChunks(Received(*server_, ChunkSource::kPush, "push", segment.get()),
+                           header.chunks(), frame, &decoded));
   *sent = IdsOf(chunks);
   const Consistency& consistency = *server_->options().consistency;
   if (consistency.AppliesEachPush()) {
@@ -618,6 +522,7 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
     header.set_loss_scale(scale.scale);
     header.set_loss_scale_version(scale.version);
   }
+  PS_ASSIGN_OR_RETURN(const ChunkCoding* coding, PullCodingFor(request.dtype()));
   std::vector<grpc::Slice> data;
   data.reserve(ids.size());
   for (size_t c = 0; c < ids.size(); ++c) {
@@ -630,39 +535,9 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
       WriteToSharedMemory(view, request.shm_offsets(static_cast<int>(c)), *segment, chunk);
       continue;
     }
-    if (request.dtype() == proto::DTYPE_F16 || request.dtype() == proto::DTYPE_BF16) {
-      // Encoded into a slice of its own (the master weights stay fp32).
-      const WireCodec* codec = *WireCodecForDType(
-          request.dtype() == proto::DTYPE_F16 ? DType::kF16 : DType::kBF16);
-      const int64_t bytes = codec->EncodedBytes(static_cast<int64_t>(view.size()));
-      grpc::Slice encoded(static_cast<size_t>(bytes));
-      codec->Encode(view, const_cast<uint8_t*>(encoded.begin()));
-      chunk->set_dtype(request.dtype());
-      chunk->set_data_bytes(bytes);
-      data.push_back(std::move(encoded));
-      continue;
-    }
-    chunk->set_dtype(proto::DTYPE_F32);
-    if (!views.previous.empty() && !views.previous[c].empty()) {
-      // A delta from version - 1, which the worker holds, where its pairs
-      // (8 bytes) take less than the dense chunk (4 bytes an element).
-      const int64_t n = static_cast<int64_t>(view.size());
-      const int64_t limit = (n + 1) / 2;
-      const int64_t changed = CountChanged(view, views.previous[c], limit);
-      if (changed < limit) {
-        grpc::Slice pairs(static_cast<size_t>(changed * 8));
-        EncodeChanged(view, views.previous[c], const_cast<uint8_t*>(pairs.begin()));
-        chunk->set_encoding(proto::ENCODING_DELTA);
-        chunk->set_data_bytes(changed * 8);
-        data.push_back(std::move(pairs));
-        continue;
-      }
-    }
-    chunk->set_data_bytes(static_cast<int64_t>(view.size() * sizeof(float)));
-    // Each slice keeps the viewed chunks alive, and unchanged, until gRPC
-    // has sent it.
-    data.push_back(proto::BorrowedSlice(view.data(), view.size() * sizeof(float), &ReleaseVersion,
-                                        new std::shared_ptr<const void>(views.keep_alive)));
+    const absl::Span<const float> previous =
+        views.previous.empty() ? absl::Span<const float>() : views.previous[c];
+    data.push_back(EncodePulledChunk(*coding, view, previous, views.keep_alive, chunk));
   }
   *reply = proto::MakeFrame(header, data);
   return absl::OkStatus();
@@ -678,12 +553,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
   if (absl::Status s = proto::ParseMessage(*request, "pull request", &pull); !s.ok()) {
     return refuse(s);
   }
-  if (pull.dtype() != proto::DTYPE_F32 && pull.dtype() != proto::DTYPE_F16 &&
-      pull.dtype() != proto::DTYPE_BF16) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-                                     "pull asks for dtype ", pull.dtype(),
-                                     "; F32, F16 and BF16 are served")));
-  }
+  if (absl::Status s = PullCodingFor(pull.dtype()).status(); !s.ok()) return refuse(s);
   std::shared_ptr<SharedMemorySegment> segment;
   if (pull.shared_memory()) {
     segment = shared_memory_.SegmentOf(SessionOf(*context));

@@ -22,6 +22,7 @@
 #include "proto/parameter_server.grpc.pb.h"
 #include "proto/parameter_server.pb.h"
 #include "server/parameter_server.h"
+#include "server/chunk_coding.h"
 #include "server/paced_replies.h"
 #include "server/shared_memory_sessions.h"
 #include "server/waiting_pulls.h"
