@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
@@ -257,6 +258,64 @@ absl::StatusOr<const ChunkCoding*> PullCodingFor(proto::DType dtype) {
         absl::StrCat("pull asks for dtype ", dtype, "; F32, F16 and BF16 are served"));
   }
   return coding;
+}
+
+absl::StatusOr<std::vector<ParameterServer::ChunkId>> PulledChunkIds(
+    const proto::PullRequest& pull, int64_t max_elements,
+    const std::function<int64_t(int key, int64_t chunk)>& chunk_length,
+    const SharedMemorySegment* shared_memory) {
+  int64_t total = 0;
+  std::vector<ParameterServer::ChunkId> ids;
+  ids.reserve(pull.chunks_size());
+  // Each chunk once: an empty tensor's chunk counts no element, and asked
+  // for a million times it made one call cost ~300 MB.
+  absl::flat_hash_set<std::pair<int, int64_t>> seen;
+  for (const proto::ChunkId& id : pull.chunks()) {
+    const int64_t length = chunk_length(id.key(), id.chunk());
+    if (length < 0) {
+      return absl::OutOfRangeError(
+          absl::StrCat("chunk ", id.chunk(), " of key ", id.key(), " out of range"));
+    }
+    if (!seen.insert({id.key(), id.chunk()}).second) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", id.chunk(), " of key ", id.key(),
+                                                     " asked for twice in one pull"));
+    }
+    if (shared_memory != nullptr) {
+      const int64_t offset = pull.shm_offsets(static_cast<int>(ids.size()));
+      PS_RETURN_IF_ERROR(CheckPullTarget(*shared_memory, id, offset, length));
+    }
+    total += length;
+    if (total > max_elements) {
+      return absl::InvalidArgumentError(absl::StrCat("pull asks for more than ", max_elements,
+                                                     " elements in one message; split it"));
+    }
+    ids.push_back({id.key(), id.chunk()});
+  }
+  return ids;
+}
+
+absl::StatusOr<std::vector<grpc::Slice>> EncodePulledChunks(
+    const proto::PullRequest& pull, absl::Span<const ParameterServer::ChunkId> ids,
+    const ParameterServer::ChunkViews& views, const SharedMemorySegment* shared_memory,
+    proto::PullReply* header) {
+  PS_ASSIGN_OR_RETURN(const ChunkCoding* coding, PullCodingFor(pull.dtype()));
+  std::vector<grpc::Slice> data;
+  data.reserve(ids.size());
+  for (size_t c = 0; c < ids.size(); ++c) {
+    proto::TensorChunk* chunk = header->add_chunks();
+    chunk->set_key(ids[c].key);
+    chunk->set_chunk(ids[c].chunk);
+    if (shared_memory != nullptr) {
+      // Into the worker's memory (PulledChunkIds checked the range).
+      WriteToSharedMemory(views.chunks[c], pull.shm_offsets(static_cast<int>(c)), *shared_memory,
+                          chunk);
+      continue;
+    }
+    const absl::Span<const float> previous =
+        views.previous.empty() ? absl::Span<const float>() : views.previous[c];
+    data.push_back(EncodePulledChunk(*coding, views.chunks[c], previous, views.keep_alive, chunk));
+  }
+  return data;
 }
 
 grpc::Slice EncodePulledChunk(const ChunkCoding& coding, absl::Span<const float> values,

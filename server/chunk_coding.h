@@ -128,6 +128,25 @@ absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> DecodeReceivedChunks(
 // kInvalidArgument naming the dtype otherwise.
 absl::StatusOr<const ChunkCoding*> PullCodingFor(proto::DType dtype);
 
+// The chunks a pull asks for, checked before it waits or takes views:
+// each exists (kOutOfRange otherwise), is asked for once, and all of them
+// fit one reply of `max_elements` (the server's chunk_elements); with
+// `shared_memory` (a pull into it, CheckPullIntoSharedMemory passed), each
+// fits at its offset. kInvalidArgument naming the chunk otherwise.
+absl::StatusOr<std::vector<ParameterServer::ChunkId>> PulledChunkIds(
+    const proto::PullRequest& pull, int64_t max_elements,
+    const std::function<int64_t(int key, int64_t chunk)>& chunk_length,
+    const SharedMemorySegment* shared_memory);
+
+// A pull reply's chunks (`ids`, as PullChunkViews viewed them) into
+// `header`, returning their data slices: written into `shared_memory` at
+// the pull's offsets (a pull into it; no slice), or encoded as the pull
+// asks (EncodePulledChunk). kInvalidArgument for a dtype no coding sends.
+absl::StatusOr<std::vector<grpc::Slice>> EncodePulledChunks(
+    const proto::PullRequest& pull, absl::Span<const ParameterServer::ChunkId> ids,
+    const ParameterServer::ChunkViews& views, const SharedMemorySegment* shared_memory,
+    proto::PullReply* header);
+
 // One pulled chunk's `values` as a reply slice, described in `chunk`
 // (dtype, encoding, data_bytes): in `coding`, or as a delta from
 // `previous` (which the worker holds; empty when unknown) where that is

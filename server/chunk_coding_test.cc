@@ -231,5 +231,70 @@ TEST(ChunkCodingTest, PulledChunksAreEncodedAsAskedAndAsDeltasWhereSmaller) {
   EXPECT_EQ(decoded, now);
 }
 
+TEST(ChunkCodingTest, APullsChunksMustExistComeOnceAndFitOneReply) {
+  const auto lengths = [](int key, int64_t chunk) { return key < 3 && chunk == 0 ? 4 : -1; };
+  proto::PullRequest pull;
+  for (int key : {0, 2}) pull.add_chunks()->set_key(key);
+  absl::StatusOr<std::vector<ParameterServer::ChunkId>> ids =
+      PulledChunkIds(pull, /*max_elements=*/8, lengths, nullptr);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_EQ(ids->size(), 2u);
+  EXPECT_EQ((*ids)[1].key, 2);
+  EXPECT_THAT(PulledChunkIds(pull, 7, lengths, nullptr).status().message(),
+              HasSubstr("pull asks for more than 7 elements in one message; split it"));
+  pull.add_chunks()->set_key(0);
+  EXPECT_THAT(PulledChunkIds(pull, 100, lengths, nullptr).status().message(),
+              HasSubstr("chunk 0 of key 0 asked for twice in one pull"));
+  pull.mutable_chunks(2)->set_key(5);
+  EXPECT_EQ(PulledChunkIds(pull, 100, lengths, nullptr).status().code(),
+            absl::StatusCode::kOutOfRange);
+  // Into shared memory: each chunk's 16 bytes must fit at its offset.
+  auto segment = *SharedMemorySegment::Create(64);
+  proto::PullRequest shm;
+  shm.add_chunks()->set_key(1);
+  shm.add_shm_offsets(48);
+  EXPECT_TRUE(PulledChunkIds(shm, 100, lengths, segment.get()).ok());
+  shm.set_shm_offsets(0, 49);
+  EXPECT_THAT(PulledChunkIds(shm, 100, lengths, segment.get()).status().message(),
+              HasSubstr("do not fit in 64"));
+}
+
+TEST(ChunkCodingTest, APullReplyDescribesEachChunkInRequestOrder) {
+  const std::vector<float> a = {1.f, 2.f}, b = {3.f};
+  ParameterServer::ChunkViews views;
+  views.version = 3;
+  views.keep_alive = std::make_shared<int>(0);
+  views.chunks = {a, b};
+  const std::vector<ParameterServer::ChunkId> ids = {{4, 1}, {2, 0}};
+  proto::PullRequest pull;
+  pull.set_dtype(proto::DTYPE_BF16);
+  proto::PullReply header;
+  absl::StatusOr<std::vector<grpc::Slice>> data =
+      EncodePulledChunks(pull, ids, views, nullptr, &header);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_EQ(header.chunks_size(), 2);
+  EXPECT_EQ(header.chunks(0).key(), 4);
+  EXPECT_EQ(header.chunks(0).chunk(), 1);
+  EXPECT_EQ(header.chunks(1).data_bytes(), 2);
+  EXPECT_EQ(header.chunks(1).dtype(), proto::DTYPE_BF16);
+  EXPECT_EQ(data->size(), 2u);
+  // Into shared memory: no slice, the values at their offsets.
+  auto segment = *SharedMemorySegment::Create(64);
+  proto::PullRequest shm;
+  shm.add_shm_offsets(8);
+  shm.add_shm_offsets(0);
+  header.Clear();
+  data = EncodePulledChunks(shm, ids, views, segment.get(), &header);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_TRUE(data->empty());
+  EXPECT_TRUE(header.chunks(0).in_shared_memory());
+  float written[3];
+  std::memcpy(written, segment->data(), sizeof(written));
+  EXPECT_THAT(written, ElementsAre(3.f, 0.f, 1.f));
+  pull.set_dtype(static_cast<proto::DType>(8));
+  EXPECT_EQ(EncodePulledChunks(pull, ids, views, nullptr, &header).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace ps::server

@@ -23,18 +23,7 @@
 namespace ps::server {
 namespace {
 
-// Waits are capped so a hostile timeout cannot hold a pull's memory for ever.
-constexpr int64_t kMaxWaitMs = 3600 * 1000;
-
 using ChunkId = ParameterServer::ChunkId;
-
-absl::Time WaitDeadline(const grpc::ServerContextBase* context, int64_t timeout_ms) {
-  const int64_t ms = std::clamp<int64_t>(timeout_ms, 0, kMaxWaitMs);
-  absl::Time deadline = absl::Now() + absl::Milliseconds(ms);
-  // Never wait past the client's own deadline: nobody would hear the answer.
-  const absl::Time client = absl::FromChrono(context->deadline());
-  return std::min(deadline, client);
-}
 
 // Finishes a call at once on gRPC's thread with its default reactor.
 grpc::ServerUnaryReactor* FinishAtOnce(grpc::CallbackServerContext* context,
@@ -57,16 +46,53 @@ grpc::ServerUnaryReactor* FinishWithoutData(grpc::CallbackServerContext* context
   return reactor;
 }
 
-// The frame `what` names as the domain sees it (server/chunk_coding.h).
+// The server's chunk lengths (-1: no such chunk), for server/chunk_coding.h.
+std::function<int64_t(int, int64_t)> ChunkLengths(const ParameterServer& server) {
+  return [&server](int key, int64_t chunk) { return server.ChunkLength(key, chunk); };
+}
+
+// A received frame that `what` names, as the domain sees it.
 ReceivedChunks Received(const ParameterServer& server, ChunkSource source, const char* what,
                         const SharedMemorySegment* shared_memory) {
   return {.source = source,
           .what = what,
           .max_decoded_elements = server.options().chunk_elements,
-          .chunk_length = [&server](int key, int64_t chunk) {
-            return server.ChunkLength(key, chunk);
-          },
+          .chunk_length = ChunkLengths(server),
           .shared_memory = shared_memory};
+}
+
+// The value of metadata `key` on a call ("" when absent).
+absl::string_view MetadataOf(const grpc::ServerContextBase& context, absl::string_view key) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
+  if (it == metadata.end()) return {};
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
+// A plain protobuf method answered at once: the call's checks, the request
+// parsed (INVALID_ARGUMENT naming `what` if it does not parse), `handle`,
+// and its reply serialized when it succeeded. Returns the call's (default)
+// reactor, finished, and the status it finished with in *status.
+template <typename Request, typename Reply, typename Handle>
+grpc::ServerUnaryReactor* AnswerAtOnce(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer& request, grpc::ByteBuffer* reply,
+                                       const char* what, absl::Status checked,
+                                       const Handle& handle, absl::Status* status) {
+  Request message;
+  *status = std::move(checked);
+  if (status->ok()) *status = proto::ParseMessage(request, what, &message);
+  Reply answer;
+  if (status->ok()) *status = handle(message, &answer);
+  if (status->ok()) *reply = proto::SerializeMessage(answer);
+  return FinishAtOnce(context, *status);
+}
+
+// The chunks a call sent.
+std::vector<ChunkId> IdsOf(absl::Span<const ParameterServer::ChunkBytes> chunks) {
+  std::vector<ChunkId> ids;
+  ids.reserve(chunks.size());
+  for (const ParameterServer::ChunkBytes& chunk : chunks) ids.push_back({chunk.key, chunk.chunk});
+  return ids;
 }
 
 }  // namespace
@@ -144,18 +170,6 @@ void ParameterServerService::StopServing(const std::string& reason) {
   if (stop_reason_.empty()) stop_reason_ = reason.empty() ? "stopped" : reason;
   stopping_ = true;
 }
-
-namespace {
-
-// The value of metadata `key` on a call ("" when absent).
-absl::string_view MetadataOf(const grpc::ServerContextBase& context, absl::string_view key) {
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
-  if (it == metadata.end()) return {};
-  return absl::string_view(it->second.data(), it->second.size());
-}
-
-}  // namespace
 
 void ParameterServerService::FailJob(const absl::Status& status) {
   {
@@ -271,38 +285,10 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   reply->set_consistency(server_->options().consistency->Name());
   reply->set_loss_scale(server_->loss_scale().scale);
   // Room for a push and a pull of every parameter, and a page.
-  const proto::SharedMemory* offer =
-      request.has_shared_memory() ? &request.shared_memory() : nullptr;
-  const absl::Status attached = shared_memory_.Attach(reg.rank, reg.session, offer,
-                                                      8 * server_->num_parameters() + 4096);
-  if (offer != nullptr) {
-    reply->set_shared_memory_attached(attached.ok());
-    if (!attached.ok()) reply->set_shared_memory_error(std::string(attached.message()));
-  }
+  shared_memory_.Register(request, reg.rank, reg.session, 8 * server_->num_parameters() + 4096,
+                          reply);
   return absl::OkStatus();
 }
-
-namespace {
-
-// A plain protobuf method answered at once: the call's checks, the request
-// parsed (INVALID_ARGUMENT naming `what` if it does not parse), `handle`,
-// and its reply serialized when it succeeded. Returns the call's (default)
-// reactor, finished, and the status it finished with in *status.
-template <typename Request, typename Reply, typename Handle>
-grpc::ServerUnaryReactor* AnswerAtOnce(grpc::CallbackServerContext* context,
-                                       const grpc::ByteBuffer& request, grpc::ByteBuffer* reply,
-                                       const char* what, absl::Status checked,
-                                       const Handle& handle, absl::Status* status) {
-  Request message;
-  *status = std::move(checked);
-  if (status->ok()) *status = proto::ParseMessage(request, what, &message);
-  Reply answer;
-  if (status->ok()) *status = handle(message, &answer);
-  if (status->ok()) *reply = proto::SerializeMessage(answer);
-  return FinishAtOnce(context, *status);
-}
-
-}  // namespace
 
 grpc::ServerUnaryReactor* ParameterServerService::Register(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request,
@@ -319,17 +305,6 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(grpc::CallbackServerC
   if (status.ok()) waiting_->AnswerReady({});
   return reactor;
 }
-
-namespace {
-
-std::vector<ChunkId> IdsOf(absl::Span<const ParameterServer::ChunkBytes> chunks) {
-  std::vector<ChunkId> ids;
-  ids.reserve(chunks.size());
-  for (const ParameterServer::ChunkBytes& chunk : chunks) ids.push_back({chunk.key, chunk.chunk});
-  return ids;
-}
-
-}  // namespace
 
 absl::Status ParameterServerService::DoInitialize(const grpc::ServerContextBase& context,
                                                   const grpc::ByteBuffer& request,
@@ -522,23 +497,8 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
     header.set_loss_scale(scale.scale);
     header.set_loss_scale_version(scale.version);
   }
-  PS_ASSIGN_OR_RETURN(const ChunkCoding* coding, PullCodingFor(request.dtype()));
-  std::vector<grpc::Slice> data;
-  data.reserve(ids.size());
-  for (size_t c = 0; c < ids.size(); ++c) {
-    const absl::Span<const float> view = views.chunks[c];
-    proto::TensorChunk* chunk = header.add_chunks();
-    chunk->set_key(ids[c].key);
-    chunk->set_chunk(ids[c].chunk);
-    if (segment != nullptr) {
-      // Into the worker's memory (Pull checked the range), one memcpy.
-      WriteToSharedMemory(view, request.shm_offsets(static_cast<int>(c)), *segment, chunk);
-      continue;
-    }
-    const absl::Span<const float> previous =
-        views.previous.empty() ? absl::Span<const float>() : views.previous[c];
-    data.push_back(EncodePulledChunk(*coding, view, previous, views.keep_alive, chunk));
-  }
+  PS_ASSIGN_OR_RETURN(const std::vector<grpc::Slice> data,
+                      EncodePulledChunks(request, ids, views, segment, &header));
   *reply = proto::MakeFrame(header, data);
   return absl::OkStatus();
 }
@@ -561,46 +521,18 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
   }
   // Size the reply first: every chunk must exist, and the reply must stay
   // within one message's bound.
-  const int64_t max_elements = server_->options().chunk_elements;
-  int64_t total = 0;
-  std::vector<ChunkId> ids;
-  ids.reserve(pull.chunks_size());
-  // Each chunk once: an empty tensor's chunk counts no element, and asked
-  // for a million times it made one call cost ~300 MB.
-  absl::flat_hash_set<std::pair<int, int64_t>> seen;
-  for (const proto::ChunkId& id : pull.chunks()) {
-    const int64_t length = server_->ChunkLength(id.key(), id.chunk());
-    if (length < 0) {
-      return refuse(absl::OutOfRangeError(absl::StrCat(
-                                       "chunk ", id.chunk(), " of key ", id.key(), " out of range")));
-    }
-    if (!seen.insert({id.key(), id.chunk()}).second) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat(
-                                       "chunk ", id.chunk(), " of key ", id.key(),
-                                       " asked for twice in one pull")));
-    }
-    if (segment != nullptr) {
-      const int64_t offset = pull.shm_offsets(static_cast<int>(ids.size()));
-      if (absl::Status s = CheckPullTarget(*segment, id, offset, length); !s.ok()) {
-        return refuse(s);
-      }
-    }
-    total += length;
-    if (total > max_elements) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat(
-                                       "pull asks for more than ", max_elements,
-                                       " elements in one message; split it")));
-    }
-    ids.push_back({id.key(), id.chunk()});
-  }
-  return PullOrWait(context, std::move(pull), std::move(ids), std::move(segment), /*wait=*/false,
-                    reply);
+  absl::StatusOr<std::vector<ChunkId>> ids = PulledChunkIds(
+      pull, server_->options().chunk_elements, ChunkLengths(*server_), segment.get());
+  if (!ids.ok()) return refuse(ids.status());
+  return PullOrWait(context, std::move(pull), *std::move(ids), std::move(segment),
+                    /*wait=*/false, reply);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(
     grpc::CallbackServerContext* context, proto::PullRequest pull, std::vector<ChunkId> ids,
     std::shared_ptr<SharedMemorySegment> segment, bool wait, grpc::ByteBuffer* reply) {
-  const absl::Time deadline = WaitDeadline(context, pull.timeout_ms());
+  const absl::Time deadline =
+      WaitDeadline(absl::Now(), pull.timeout_ms(), absl::FromChrono(context->deadline()));
   if (deadline <= absl::Now() || server_->HasChunks(pull.version(), ids)) {
     // The common case (after Wait, or once these chunks are applied), or
     // no time to wait: answered on gRPC's thread.

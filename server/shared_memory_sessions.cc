@@ -35,6 +35,17 @@ absl::Status SharedMemorySessions::Attach(int rank, const std::string& session,
   return status;
 }
 
+void SharedMemorySessions::Register(const proto::RegisterRequest& request, int rank,
+                                    const std::string& session, int64_t max_data_bytes,
+                                    proto::RegisterReply* reply) {
+  const proto::SharedMemory* offer =
+      request.has_shared_memory() ? &request.shared_memory() : nullptr;
+  const absl::Status attached = Attach(rank, session, offer, max_data_bytes);
+  if (offer == nullptr) return;
+  reply->set_shared_memory_attached(attached.ok());
+  if (!attached.ok()) reply->set_shared_memory_error(std::string(attached.message()));
+}
+
 std::shared_ptr<SharedMemorySegment> SharedMemorySessions::SegmentOf(
     const std::string& session) const {
   if (session.empty()) return nullptr;

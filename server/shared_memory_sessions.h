@@ -43,6 +43,10 @@ class SharedMemorySessions {
   // SharedMemorySegment::Attach), and then the session has none.
   absl::Status Attach(int rank, const std::string& session, const proto::SharedMemory* offer,
                       int64_t max_data_bytes);
+  // Attach for a registration: its offer (RegisterRequest.shared_memory,
+  // if any), and whether it was mapped, or why not, said in `reply`.
+  void Register(const proto::RegisterRequest& request, int rank, const std::string& session,
+                int64_t max_data_bytes, proto::RegisterReply* reply);
   // The segment bound to `session`, or null ("" has none).
   std::shared_ptr<SharedMemorySegment> SegmentOf(const std::string& session) const;
 

@@ -68,6 +68,31 @@ TEST(SharedMemorySessionsTest, AnOfferThatCannotBeMappedSaysWhyAndBindsNothing) 
   EXPECT_EQ(sessions.SegmentOf("s3"), nullptr);
 }
 
+TEST(SharedMemorySessionsTest, ARegistrationSaysWhetherItsOfferWasMapped) {
+  SharedMemorySessions sessions;
+  Offered good = Offer();
+  proto::RegisterRequest request;
+  *request.mutable_shared_memory() = good.offer;
+  proto::RegisterReply reply;
+  sessions.Register(request, 0, "s1", kBytes, &reply);
+  EXPECT_TRUE(reply.shared_memory_attached());
+  EXPECT_EQ(reply.shared_memory_error(), "");
+  EXPECT_NE(sessions.SegmentOf("s1"), nullptr);
+  request.mutable_shared_memory()->set_data_bytes(kBytes + 1);
+  reply.Clear();
+  sessions.Register(request, 0, "s2", kBytes, &reply);
+  EXPECT_FALSE(reply.shared_memory_attached());
+  EXPECT_NE(reply.shared_memory_error(), "");
+  EXPECT_EQ(sessions.SegmentOf("s1"), nullptr);
+  // No offer: nothing said, and the rank's earlier segment goes.
+  ASSERT_TRUE(sessions.Attach(1, "s3", &good.offer, kBytes).ok());
+  reply.Clear();
+  sessions.Register(proto::RegisterRequest(), 1, "s4", kBytes, &reply);
+  EXPECT_FALSE(reply.shared_memory_attached());
+  EXPECT_EQ(reply.shared_memory_error(), "");
+  EXPECT_EQ(sessions.SegmentOf("s3"), nullptr);
+}
+
 proto::TensorChunk ChunkAt(int64_t offset, int64_t bytes) {
   proto::TensorChunk chunk;
   chunk.set_key(2);

@@ -1,10 +1,17 @@
 #include "server/waiting_pulls.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace ps::server {
+
+absl::Time WaitDeadline(absl::Time now, int64_t timeout_ms, absl::Time call_deadline) {
+  const int64_t ms = std::clamp<int64_t>(timeout_ms, 0, kMaxWaitMs);
+  return std::min(now + absl::Milliseconds(ms), call_deadline);
+}
 
 WaitingPulls::WaitingPulls(const PullReadiness* readiness, Options options)
     : readiness_(readiness), max_pulls_(options.max_pulls) {

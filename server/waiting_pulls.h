@@ -92,6 +92,13 @@ class WaitingPull {
   const absl::Time deadline_;
 };
 
+// When a pull asked at `now` to wait `timeout_ms` gives up: the timeout is
+// clamped to [0, kMaxWaitMs] (so a hostile one cannot hold a pull's memory
+// for ever), and never past `call_deadline`, the client's own (nobody would
+// hear the answer).
+inline constexpr int64_t kMaxWaitMs = 3600 * 1000;
+absl::Time WaitDeadline(absl::Time now, int64_t timeout_ms, absl::Time call_deadline);
+
 class WaitingPulls {
  public:
   using ChunkId = ParameterServer::ChunkId;

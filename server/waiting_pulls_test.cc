@@ -103,6 +103,13 @@ WaitingPulls::Options NoThread(int64_t max_pulls = 100) {
   return {.max_pulls = max_pulls, .answer_at_deadlines = false};
 }
 
+TEST(WaitingPullsTest, AWaitIsTheTimeoutCappedAtAnHourAndTheCallsDeadline) {
+  EXPECT_EQ(WaitDeadline(kT0, 250, absl::InfiniteFuture()), kT0 + absl::Milliseconds(250));
+  EXPECT_EQ(WaitDeadline(kT0, -5, absl::InfiniteFuture()), kT0);
+  EXPECT_EQ(WaitDeadline(kT0, INT64_MAX, absl::InfiniteFuture()), kT0 + absl::Hours(1));
+  EXPECT_EQ(WaitDeadline(kT0, 5000, kT0 + absl::Seconds(2)), kT0 + absl::Seconds(2));
+}
+
 TEST(WaitingPullsTest, APullWhoseChunksExistIsAnsweredAtOnceAndNotFiled) {
   FakeReadiness store;
   store.SetVersion(0);
