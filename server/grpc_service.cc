@@ -1,21 +1,17 @@
 #include "server/grpc_service.h"
 
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/job_token.h"
 #include "common/shared_memory.h"
-#include "common/wire_codec.h"
 #include "common/status_macros.h"
 #include "proto/wire_format.h"
 #include "server/stall_report.h"

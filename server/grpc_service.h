@@ -8,12 +8,10 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -196,7 +194,9 @@ class ParameterServerService final
  private:
   friend class internal::WaitingPullCall;  // answers through AnswerPull
 
-  // Each returns the chunks it sent (which may have published some).
+  // Each returns the chunks it sent (which may have published some); DoPush
+  // also what the pacer counts when the push's reply may be held
+  // (synchronous, max_push_lead_bytes > 0).
   absl::Status DoInitialize(const grpc::ServerContextBase& context,
                             const grpc::ByteBuffer& request,
                             std::vector<ParameterServer::ChunkId>* sent);
