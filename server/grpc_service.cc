@@ -1,22 +1,17 @@
 #include "server/grpc_service.h"
 
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
-#include <set>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/job_token.h"
 #include "common/shared_memory.h"
-#include "common/wire_codec.h"
 #include "common/status_macros.h"
 #include "proto/wire_format.h"
 #include "server/stall_report.h"
@@ -24,18 +19,7 @@
 namespace ps::server {
 namespace {
 
-// Waits are capped so a hostile timeout cannot hold a pull's memory for ever.
-constexpr int64_t kMaxWaitMs = 3600 * 1000;
-
 using ChunkId = ParameterServer::ChunkId;
-
-absl::Time WaitDeadline(const grpc::ServerContextBase* context, int64_t timeout_ms) {
-  const int64_t ms = std::clamp<int64_t>(timeout_ms, 0, kMaxWaitMs);
-  absl::Time deadline = absl::Now() + absl::Milliseconds(ms);
-  // Never wait past the client's own deadline: nobody would hear the answer.
-  const absl::Time client = absl::FromChrono(context->deadline());
-  return std::min(deadline, client);
-}
 
 // Finishes a call at once on gRPC's thread with its default reactor.
 grpc::ServerUnaryReactor* FinishAtOnce(grpc::CallbackServerContext* context,
@@ -58,397 +42,121 @@ grpc::ServerUnaryReactor* FinishWithoutData(grpc::CallbackServerContext* context
   return reactor;
 }
 
-// The chunks of a frame's header as F32 data for the domain: an F32 chunk
-// over the frame's data pieces, read in place (`frame` must outlive them);
-// with `decoding` (pushes), an F16 or BF16 chunk (--compression) decoded
-// into a buffer of `decoded`, which must outlive them too.
-struct DecodedChunks {
-  std::vector<std::vector<float>> values;  // one per decoded chunk
-  std::vector<absl::string_view> pieces;   // one per decoded chunk, over `values`
-};
-absl::StatusOr<std::vector<ParameterServer::ChunkBytes>> ChunksOf(
-    const ParameterServer& server,
-    const google::protobuf::RepeatedPtrField<proto::TensorChunk>& header_chunks,
-    const proto::FrameReader& frame, const char* what, DecodedChunks* decoded,
-    const SharedMemorySegment* segment) {
-  std::vector<ParameterServer::ChunkBytes> chunks;
-  chunks.reserve(header_chunks.size());
-  if (decoded != nullptr) {
-    // Stable addresses: each chunk's piece is pointed at.
-    decoded->values.reserve(header_chunks.size());
-    decoded->pieces.reserve(header_chunks.size());
-  }
-  // A decoded chunk's fp32 values, held in `decoded`, as the domain's piece.
-  auto add_decoded = [&](const proto::TensorChunk& chunk, const std::vector<float>& values) {
-    decoded->pieces.emplace_back(reinterpret_cast<const char*>(values.data()),
-                                 values.size() * sizeof(float));
-    chunks.push_back({chunk.key(), chunk.chunk(), absl::MakeConstSpan(&decoded->pieces.back(), 1)});
-  };
-  // What a message decodes or copies into buffers of its own stays within
-  // one message's chunk_elements (a worker's messages never carry more,
-  // see the proto), checked before each buffer is allocated: a top-k entry
-  // costs a few header bytes but decodes into its chunk's whole length, and
-  // a shared-memory entry copies up to the whole segment, so a header
-  // naming one chunk a million times would otherwise allocate terabytes.
-  // (Dense F32 chunks are read in place, and F16 and BF16 ones decode into
-  // twice their bytes on the wire, which gRPC's receive limit bounds.)
-  const int64_t max_decoded = server.options().chunk_elements;
-  int64_t decoded_elements = 0;
-  auto count = [&](const proto::TensorChunk& chunk, int64_t elements) -> absl::Status {
-    decoded_elements += elements;
-    if (decoded_elements > max_decoded) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " decodes to more than ", max_decoded, " elements in one message (at key ",
-          chunk.key(), " chunk ", chunk.chunk(), "); split it"));
-    }
-    return absl::OkStatus();
-  };
-  for (int c = 0; c < header_chunks.size(); ++c) {
-    const proto::TensorChunk& chunk = header_chunks[c];
-    if (chunk.in_shared_memory()) {
-      if (decoded == nullptr || chunk.dtype() != proto::DTYPE_F32 ||
-          chunk.encoding() != proto::ENCODING_DENSE) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, " of key ", chunk.key(), " chunk ", chunk.chunk(),
-            " is in shared memory; only pushes of dense F32 chunks may be"));
-      }
-      if (segment == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, " of key ", chunk.key(), " chunk ", chunk.chunk(),
-                         " is in shared memory, but this session has none attached"));
-      }
-      if (!segment->Contains(chunk.shm_offset(), chunk.data_bytes()) ||
-          chunk.data_bytes() % sizeof(float) != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, " of key ", chunk.key(), " chunk ", chunk.chunk(), ": bytes [",
-            chunk.shm_offset(), ", +", chunk.data_bytes(),
-            ") are not whole F32 elements inside the shared memory's ", segment->data_bytes()));
-      }
-      PS_RETURN_IF_ERROR(count(chunk, chunk.data_bytes() / sizeof(float)));
-      // Copied out before anything reads it: the worker can write its
-      // memory at any time, and the checks must see what is summed.
-      std::vector<float>& values =
-          decoded->values.emplace_back(chunk.data_bytes() / sizeof(float));
-      std::memcpy(values.data(), segment->data() + chunk.shm_offset(),
-                  static_cast<size_t>(chunk.data_bytes()));
-      add_decoded(chunk, values);
-      continue;
-    }
-    if (chunk.encoding() != proto::ENCODING_DENSE) {
-      if (chunk.encoding() != proto::ENCODING_TOPK || decoded == nullptr ||
-          chunk.dtype() != proto::DTYPE_F32) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, " of key ", chunk.key(), " has encoding ", chunk.encoding(), " and dtype ",
-            chunk.dtype(), "; pushes may be top-k pairs of F32 values, nothing else sparse"));
-      }
-      // Into the chunk's dense length, zeros where nothing was sent.
-      const int64_t length = server.ChunkLength(chunk.key(), chunk.chunk());
-      if (length < 0) {
-        return absl::OutOfRangeError(absl::StrCat(what, " of chunk ", chunk.chunk(), " of key ",
-                                                  chunk.key(), ": no such chunk"));
-      }
-      PS_RETURN_IF_ERROR(count(chunk, length));
-      std::vector<float>& values = decoded->values.emplace_back(length);
-      if (absl::Status s = DecodeTopK(frame.pieces(c), absl::MakeSpan(values)); !s.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(what, " of key ", chunk.key(), " chunk ",
-                                                       chunk.chunk(), ": ", s.message()));
-      }
-      add_decoded(chunk, values);
-      continue;
-    }
-    if (chunk.dtype() != proto::DTYPE_F32 &&
-        (decoded == nullptr ||
-         (chunk.dtype() != proto::DTYPE_F16 && chunk.dtype() != proto::DTYPE_BF16))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " of key ", chunk.key(), " has dtype ", chunk.dtype(), "; only F32",
-          decoded == nullptr ? "" : ", F16 and BF16", " are supported here"));
-    }
-    if (chunk.dtype() == proto::DTYPE_F32) {
-      if (chunk.data_bytes() % sizeof(float) != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, " of key ", chunk.key(), " chunk ", chunk.chunk(), " carries ",
-                         chunk.data_bytes(), " bytes, not a whole number of F32 elements"));
-      }
-      chunks.push_back({chunk.key(), chunk.chunk(), frame.pieces(c)});
-      continue;
-    }
-    const WireCodec* codec =
-        *WireCodecForDType(chunk.dtype() == proto::DTYPE_F16 ? DType::kF16 : DType::kBF16);
-    if (chunk.data_bytes() % 2 != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " of key ", chunk.key(), " chunk ", chunk.chunk(), " carries ",
-                       chunk.data_bytes(), " bytes, not a whole number of ", codec->name(),
-                       " elements"));
-    }
-    std::vector<float>& values = decoded->values.emplace_back(chunk.data_bytes() / 2);
-    PS_RETURN_IF_ERROR(codec->Decode(frame.pieces(c), absl::MakeSpan(values)));
-    add_decoded(chunk, values);
-  }
-  return chunks;
+// The server's chunk lengths (-1: no such chunk), for server/chunk_coding.h.
+std::function<int64_t(int, int64_t)> ChunkLengths(const ParameterServer& server) {
+  return [&server](int key, int64_t chunk) { return server.ChunkLength(key, chunk); };
 }
 
-void ReleaseVersion(void* keep_alive) { delete static_cast<std::shared_ptr<const void>*>(keep_alive); }
+// A received frame that `what` names, as the domain sees it.
+ReceivedChunks Received(const ParameterServer& server, ChunkSource source, const char* what,
+                        const SharedMemorySegment* shared_memory) {
+  return {.source = source,
+          .what = what,
+          .max_decoded_elements = server.options().chunk_elements,
+          .chunk_length = ChunkLengths(server),
+          .shared_memory = shared_memory};
+}
+
+// The value of metadata `key` on a call ("" when absent).
+absl::string_view MetadataOf(const grpc::ServerContextBase& context, absl::string_view key) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
+  if (it == metadata.end()) return {};
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
+// A plain protobuf method answered at once: the call's checks, the request
+// parsed (INVALID_ARGUMENT naming `what` if it does not parse), `handle`,
+// and its reply serialized when it succeeded. Returns the call's (default)
+// reactor, finished, and the status it finished with in *status.
+template <typename Request, typename Reply, typename Handle>
+grpc::ServerUnaryReactor* AnswerAtOnce(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer& request, grpc::ByteBuffer* reply,
+                                       const char* what, absl::Status checked,
+                                       const Handle& handle, absl::Status* status) {
+  Request message;
+  *status = std::move(checked);
+  if (status->ok()) *status = proto::ParseMessage(request, what, &message);
+  Reply answer;
+  if (status->ok()) *status = handle(message, &answer);
+  if (status->ok()) *reply = proto::SerializeMessage(answer);
+  return FinishAtOnce(context, *status);
+}
+
+// The chunks a call sent.
+std::vector<ChunkId> IdsOf(absl::Span<const ParameterServer::ChunkBytes> chunks) {
+  std::vector<ChunkId> ids;
+  ids.reserve(chunks.size());
+  for (const ParameterServer::ChunkBytes& chunk : chunks) ids.push_back({chunk.key, chunk.chunk});
+  return ids;
+}
 
 }  // namespace
 
 namespace internal {
 
-// A Pull that waits for its chunks, on a reactor of its own so that its
-// client's cancellation reaches it. Whoever takes it out of WaitingPulls
-// (an answering call, the deadline thread, OnCancel or Shutdown) calls
-// Finish, once; gRPC then calls OnDone, which deletes it.
-class WaitingPull final : public grpc::ServerUnaryReactor {
+// A Pull or Wait that waits for its chunks, on a reactor of its own so that
+// its client's cancellation reaches it. Whoever takes it out of the
+// WaitingPulls (an answering call, the deadline thread, OnCancel, Shutdown
+// or FailJob) calls Finish, once; gRPC then calls OnDone, which deletes it.
+class WaitingPullCall final : public grpc::ServerUnaryReactor, public WaitingPull {
  public:
-  WaitingPull(std::shared_ptr<WaitingPulls> registry, proto::PullRequest request,
-              std::vector<ChunkId> ids, std::shared_ptr<SharedMemorySegment> segment,
-              absl::Time deadline, bool wait, grpc::ByteBuffer* reply)
-      : registry_(std::move(registry)),
+  WaitingPullCall(ParameterServerService* service, std::shared_ptr<WaitingPulls> registry,
+                  proto::PullRequest request, std::vector<ChunkId> ids,
+                  std::shared_ptr<SharedMemorySegment> segment, absl::Time deadline, bool wait,
+                  grpc::ByteBuffer* reply)
+      : WaitingPull(request.version(), std::move(ids), deadline),
+        service_(service),
+        registry_(std::move(registry)),
         request_(std::move(request)),
-        ids_(std::move(ids)),
         segment_(std::move(segment)),
-        deadline_(deadline),
         wait_(wait),
         reply_(reply) {}
 
-  void OnCancel() override;
+  void AnswerNow() override {
+    // Past its deadline, PullChunkViews answers at once: with the chunks if
+    // they exist by now, else with the DEADLINE_EXCEEDED naming one missing.
+    Finish(ToGrpcStatus(service_->Answered(
+        wait_ ? "Wait" : "Pull", service_->AnswerPull(request_, ids(), segment_.get(),
+                                                      absl::InfinitePast(), wait_, reply_))));
+  }
+  void Refuse(const absl::Status& status) override { Finish(ToGrpcStatus(status)); }
+  void OnCancel() override {
+    // Answered already when someone else took it; else nobody will hear the
+    // answer, so it is dropped at once.
+    if (registry_->Withdraw(this)) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the pull"));
+    }
+  }
   void OnDone() override { delete this; }
 
-  const proto::PullRequest& request() const { return request_; }
-  const std::vector<ChunkId>& ids() const { return ids_; }
-  // Where a pull into shared memory writes (null otherwise).
-  const std::shared_ptr<SharedMemorySegment>& segment() const { return segment_; }
-  absl::Time deadline() const { return deadline_; }
-  // A Wait (answered with a WaitReply), not a Pull.
-  bool wait() const { return wait_; }
-  grpc::ByteBuffer* mutable_reply() { return reply_; }
-
  private:
+  ParameterServerService* const service_;  // answers only while it waits
   const std::shared_ptr<WaitingPulls> registry_;
   const proto::PullRequest request_;
-  const std::vector<ChunkId> ids_;
+  // Where a pull into shared memory writes (null otherwise).
   const std::shared_ptr<SharedMemorySegment> segment_;
-  const absl::Time deadline_;
-  const bool wait_;
+  const bool wait_;                // a Wait (answered with a WaitReply), not a Pull
   grpc::ByteBuffer* const reply_;  // the call's, valid until Finish
 };
-
-// The waiting pulls, each filed under one chunk it still waits for (so a
-// call that sends chunks looks only at the pulls those chunks may complete)
-// or, while version 0 does not exist or for a request of no chunks (which
-// waits for the server's version), under kAnyChunk, and by deadline.
-// Lock order: mu_, then the ParameterServer's locks (HasChunks); no reactor
-// is finished under mu_.
-class WaitingPulls {
- public:
-  explicit WaitingPulls(int64_t max_pulls) : max_pulls_(max_pulls) {}
-
-  // Files `pull`, or says that it need not wait (false: every chunk exists
-  // by now). UNAVAILABLE once closed; RESOURCE_EXHAUSTED when full.
-  absl::StatusOr<bool> File(const ParameterServer& server, WaitingPull* pull)
-      ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    if (closed_) return absl::UnavailableError("server shutting down");
-    if (static_cast<int64_t>(pulls_.size()) >= max_pulls_) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(pulls_.size(), " pulls already wait for their chunks, the most this server "
-                       "lets wait (max_waiting_pulls = ", max_pulls_, "); try again later"));
-    }
-    const std::optional<Watch> watch = FirstMissing(server, *pull);
-    if (!watch.has_value()) return false;
-    const uint64_t seq = next_seq_++;
-    if (by_deadline_.empty() || pull->deadline() < by_deadline_.begin()->first) {
-      deadline_changed_.Signal();
-    }
-    pulls_[seq] = {pull, *watch};
-    seq_of_[pull] = seq;
-    by_chunk_[*watch].insert(seq);
-    by_deadline_.emplace(pull->deadline(), seq);
-    return true;
-  }
-
-  // Takes out the pulls that a successful call sending `sent` has made
-  // ready (with the kAnyChunk ones that now are) and files each other one
-  // it looks at under the next chunk it waits for.
-  std::vector<WaitingPull*> TakeReady(const ParameterServer& server,
-                                      absl::Span<const ChunkId> sent,
-                                      bool every = false) ABSL_LOCKS_EXCLUDED(mu_) {
-    std::vector<WaitingPull*> ready;
-    absl::MutexLock lock(&mu_);
-    if (pulls_.empty()) return ready;
-    std::vector<uint64_t> candidates;
-    auto add = [&](const Watch& watch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      auto it = by_chunk_.find(watch);
-      if (it != by_chunk_.end()) candidates.insert(candidates.end(), it->second.begin(), it->second.end());
-    };
-    if (every) {
-      for (const auto& [seq, entry] : pulls_) candidates.push_back(seq);
-    } else {
-      for (const ChunkId& id : sent) add({id.key, id.chunk});
-      add(kAnyChunk);
-    }
-    for (const uint64_t seq : candidates) {
-      auto it = pulls_.find(seq);
-      if (it == pulls_.end()) continue;
-      Entry& entry = it->second;
-      const std::optional<Watch> watch = FirstMissing(server, *entry.pull);
-      if (!watch.has_value()) {
-        ready.push_back(entry.pull);
-        EraseLocked(seq);
-      } else if (*watch != entry.watch) {
-        Unwatch(seq, entry.watch);
-        entry.watch = *watch;
-        by_chunk_[*watch].insert(seq);
-      }
-    }
-    return ready;
-  }
-
-  // Takes `pull` out if it still waits (nobody has taken it to answer).
-  bool Take(WaitingPull* pull) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    auto it = seq_of_.find(pull);
-    if (it == seq_of_.end()) return false;
-    EraseLocked(it->second);
-    return true;
-  }
-
-  // Sleeps until the nearest deadline passes (woken when a nearer one is
-  // filed) and takes out every pull whose deadline has passed; false, with
-  // nothing taken, once closed.
-  bool TakeDue(std::vector<WaitingPull*>* due) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    while (!closed_) {
-      const absl::Time now = absl::Now();
-      if (!by_deadline_.empty() && by_deadline_.begin()->first <= now) {
-        while (!by_deadline_.empty() && by_deadline_.begin()->first <= now) {
-          const uint64_t seq = by_deadline_.begin()->second;
-          due->push_back(pulls_.at(seq).pull);
-          EraseLocked(seq);
-        }
-        return true;
-      }
-      deadline_changed_.WaitWithDeadline(
-          &mu_, by_deadline_.empty() ? absl::InfiniteFuture() : by_deadline_.begin()->first);
-    }
-    return false;
-  }
-
-  // Refuses every later File and takes out every waiting pull.
-  std::vector<WaitingPull*> Close() ABSL_LOCKS_EXCLUDED(mu_) {
-    std::vector<WaitingPull*> all;
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-    all.reserve(pulls_.size());
-    for (const auto& [seq, entry] : pulls_) all.push_back(entry.pull);
-    pulls_.clear();
-    seq_of_.clear();
-    by_chunk_.clear();
-    by_deadline_.clear();
-    deadline_changed_.SignalAll();
-    return all;
-  }
-
-  int64_t size() const ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return static_cast<int64_t>(pulls_.size());
-  }
-
- private:
-  // A chunk (key, chunk index), or kAnyChunk.
-  using Watch = std::pair<int, int64_t>;
-  static constexpr Watch kAnyChunk{-1, -1};
-  struct Entry {
-    WaitingPull* pull = nullptr;
-    Watch watch;
-  };
-
-  // The chunk `pull` should be filed under, or nothing once it need not
-  // wait. Chunk versions only grow, so a chunk seen here at its version
-  // stays there; one seen missing is completed by a call sending it, which
-  // looks here after its ParameterServer call, under mu_.
-  static std::optional<Watch> FirstMissing(const ParameterServer& server,
-                                           const WaitingPull& pull) {
-    const int64_t version = pull.request().version();
-    if (!server.HasVersion(0)) return kAnyChunk;
-    if (pull.ids().empty()) {
-      if (server.HasChunks(version, {})) return std::nullopt;
-      return kAnyChunk;
-    }
-    for (const ChunkId& id : pull.ids()) {
-      if (!server.HasChunks(version, absl::MakeConstSpan(&id, 1))) {
-        return Watch{id.key, id.chunk};
-      }
-    }
-    return std::nullopt;
-  }
-
-  void Unwatch(uint64_t seq, const Watch& watch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = by_chunk_.find(watch);
-    it->second.erase(seq);
-    if (it->second.empty()) by_chunk_.erase(it);
-  }
-
-  void EraseLocked(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = pulls_.find(seq);
-    Unwatch(seq, it->second.watch);
-    by_deadline_.erase({it->second.pull->deadline(), seq});
-    seq_of_.erase(it->second.pull);
-    pulls_.erase(it);
-  }
-
-  const int64_t max_pulls_;
-  mutable absl::Mutex mu_;
-  absl::CondVar deadline_changed_;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<uint64_t, Entry> pulls_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<const WaitingPull*, uint64_t> seq_of_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<Watch, absl::flat_hash_set<uint64_t>> by_chunk_ ABSL_GUARDED_BY(mu_);
-  std::set<std::pair<absl::Time, uint64_t>> by_deadline_ ABSL_GUARDED_BY(mu_);
-};
-
-void WaitingPull::OnCancel() {
-  // Answered already when someone else took it; else nobody will hear the
-  // answer, so it is dropped at once.
-  if (registry_->Take(this)) {
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the pull"));
-  }
-}
 
 }  // namespace internal
 
 ParameterServerService::ParameterServerService(ParameterServer* server, ServiceOptions options)
     : server_(server),
       options_(std::move(options)),
-      waiting_(std::make_shared<internal::WaitingPulls>(options_.max_waiting_pulls)),
-      pacer_({.max_lead_elements = options_.max_push_lead_bytes / 4,
-              .idle_after = options_.push_lead_idle,
-              .max_hold = options_.push_hold_limit},
-             server_->num_parameters()) {
-  absl::MutexLock lock(&shutdown_mu_);
-  deadline_thread_ = std::thread([this] { AnswerAtDeadlines(); });
-  if (options_.max_push_lead_bytes > 0) {
-    pacer_thread_ = std::thread([this] { AnswerHeldPushesWhenDue(); });
-  }
-}
+      readiness_(server),
+      waiting_(std::make_shared<WaitingPulls>(
+          &readiness_, WaitingPulls::Options{.max_pulls = options_.max_waiting_pulls})),
+      paced_replies_({.max_lead_elements = options_.max_push_lead_bytes / 4,
+                      .idle_after = options_.push_lead_idle,
+                      .max_hold = options_.push_hold_limit}) {}
 
 ParameterServerService::~ParameterServerService() { Shutdown(); }
 
 void ParameterServerService::Shutdown() {
-  for (internal::WaitingPull* pull : waiting_->Close()) {
-    pull->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down"));
-  }
-  std::vector<grpc::ServerUnaryReactor*> held;
-  {
-    absl::MutexLock lock(&pacer_mu_);
-    pacer_closed_ = true;
-    pacer_changed_.Signal();
-    held = TakeHeldPushesLocked(pacer_.TakeAll());
-  }
-  AnswerHeldPushes(held);
-  absl::MutexLock lock(&shutdown_mu_);
-  if (deadline_thread_.joinable()) deadline_thread_.join();
-  if (pacer_thread_.joinable()) pacer_thread_.join();
+  waiting_->Close(absl::UnavailableError("server shutting down"));
+  paced_replies_.Shutdown();
 }
 
 int64_t ParameterServerService::waiting_pulls() const { return waiting_->size(); }
@@ -459,18 +167,6 @@ void ParameterServerService::StopServing(const std::string& reason) {
   stopping_ = true;
 }
 
-namespace {
-
-// The value of metadata `key` on a call ("" when absent).
-absl::string_view MetadataOf(const grpc::ServerContextBase& context, absl::string_view key) {
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
-  if (it == metadata.end()) return {};
-  return absl::string_view(it->second.data(), it->second.size());
-}
-
-}  // namespace
-
 void ParameterServerService::FailJob(const absl::Status& status) {
   {
     absl::MutexLock lock(&stop_mu_);
@@ -478,7 +174,7 @@ void ParameterServerService::FailJob(const absl::Status& status) {
     failure_ = status;
     stopping_ = true;
   }
-  for (internal::WaitingPull* pull : waiting_->Close()) pull->Finish(ToGrpcStatus(status));
+  waiting_->Close(status);
 }
 
 std::map<int, proto::HeartbeatRequest> ParameterServerService::worker_reports() const {
@@ -488,7 +184,7 @@ std::map<int, proto::HeartbeatRequest> ParameterServerService::worker_reports() 
 
 absl::Status ParameterServerService::DropWorker(int rank) {
   PS_ASSIGN_OR_RETURN(const std::vector<ChunkId> completed, server_->DropWorker(rank));
-  AnswerReadyPulls(completed);
+  waiting_->AnswerReady(completed);
   return absl::OkStatus();
 }
 
@@ -526,97 +222,6 @@ absl::Status ParameterServerService::CheckOptionalSession(
   const std::string session = SessionOf(context);
   if (session.empty()) return absl::OkStatus();
   return server_->CheckIncarnation(session);
-}
-
-void ParameterServerService::AnswerAtDeadlines() {
-  std::vector<internal::WaitingPull*> due;
-  while (waiting_->TakeDue(&due)) {
-    AnswerNow(due);
-    due.clear();
-  }
-}
-
-bool ParameterServerService::PaceOrAnswer(const PacedPush& push,
-                                          grpc::ServerUnaryReactor* reactor) {
-  std::vector<grpc::ServerUnaryReactor*> released;
-  bool held = false;
-  {
-    absl::MutexLock lock(&pacer_mu_);
-    if (!pacer_closed_) {
-      // The service may start before the model is known; a push means a
-      // worker has registered it.
-      pacer_.set_elements_per_iteration(server_->num_parameters());
-      PushPacer::Decision decision =
-          pacer_.Record(push.rank, push.iteration, push.elements, push.members, absl::Now());
-      released = TakeHeldPushesLocked(decision.released);
-      if (decision.held.has_value()) {
-        // A hold falls due no earlier than those before it (max_hold after
-        // it began, or the slowest rank's idle time, which its pushes only
-        // move later), so only the first of a run of holds moves the pacer
-        // thread's deadline; one that a change of slowest rank brings
-        // forward is met at most push_lead_idle late.
-        if (held_pushes_.empty()) pacer_changed_.Signal();
-        held_pushes_[*decision.held] = reactor;
-        held = true;
-      }
-    }
-  }
-  AnswerHeldPushes(released);
-  return held;
-}
-
-std::vector<grpc::ServerUnaryReactor*> ParameterServerService::TakeHeldPushesLocked(
-    const std::vector<PushPacer::Ticket>& tickets) {
-  std::vector<grpc::ServerUnaryReactor*> reactors;
-  for (PushPacer::Ticket ticket : tickets) {
-    auto it = held_pushes_.find(ticket);
-    reactors.push_back(it->second);
-    held_pushes_.erase(it);
-  }
-  return reactors;
-}
-
-void ParameterServerService::AnswerHeldPushes(
-    const std::vector<grpc::ServerUnaryReactor*>& reactors) {
-  for (grpc::ServerUnaryReactor* reactor : reactors) reactor->Finish(grpc::Status::OK);
-}
-
-void ParameterServerService::AnswerHeldPushesWhenDue() {
-  for (;;) {
-    std::vector<grpc::ServerUnaryReactor*> late;
-    {
-      absl::MutexLock lock(&pacer_mu_);
-      if (pacer_closed_) return;
-      const absl::Time due = pacer_.next_due();
-      if (due == absl::InfiniteFuture()) {
-        pacer_changed_.Wait(&pacer_mu_);
-      } else {
-        pacer_changed_.WaitWithDeadline(&pacer_mu_, due);
-      }
-      late = TakeHeldPushesLocked(pacer_.TakeDue(absl::Now()));
-    }
-    AnswerHeldPushes(late);
-  }
-}
-
-void ParameterServerService::AnswerNow(const std::vector<internal::WaitingPull*>& pulls) {
-  for (internal::WaitingPull* pull : pulls) {
-    // Past its deadline, PullChunkViews answers at once: with the chunks if
-    // they exist by now, else with the DEADLINE_EXCEEDED naming one missing.
-    pull->Finish(ToGrpcStatus(Answered(
-        pull->wait() ? "Wait" : "Pull",
-        AnswerPull(pull->request(), pull->ids(), pull->segment().get(), absl::InfinitePast(),
-                   pull->wait(), pull->mutable_reply()))));
-  }
-}
-
-void ParameterServerService::AnswerReadyPulls(absl::Span<const ChunkId> sent) {
-  // Updates a state capture held back may have been published since the
-  // last look (by this call or another, or by a cancelled capture): then
-  // any waiting pull may be ready, whatever chunks this call sent.
-  const int64_t releases = server_->held_back_releases();
-  const bool every = releases != held_back_releases_seen_.exchange(releases);
-  AnswerNow(waiting_->TakeReady(*server_, sent, every));
 }
 
 absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& context,
@@ -675,69 +280,11 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   reply->set_shrinks(options_.shrinks);
   reply->set_consistency(server_->options().consistency->Name());
   reply->set_loss_scale(server_->loss_scale().scale);
-  AttachSharedMemory(request, reg.rank, reg.session, reply);
+  // Room for a push and a pull of every parameter, and a page.
+  shared_memory_.Register(request, reg.rank, reg.session, 8 * server_->num_parameters() + 4096,
+                          reply);
   return absl::OkStatus();
 }
-
-void ParameterServerService::AttachSharedMemory(const proto::RegisterRequest& request, int rank,
-                                                const std::string& session,
-                                                proto::RegisterReply* reply) {
-  std::shared_ptr<SharedMemorySegment> segment;
-  if (request.has_shared_memory()) {
-    const proto::SharedMemory& offer = request.shared_memory();
-    // Room for a push and a pull of every parameter, and a page.
-    const int64_t max_bytes = 8 * server_->num_parameters() + 4096;
-    absl::StatusOr<std::unique_ptr<SharedMemorySegment>> attached = SharedMemorySegment::Attach(
-        offer.pid(), offer.fd(), offer.data_bytes(), offer.nonce(), max_bytes);
-    if (attached.ok()) {
-      segment = std::move(*attached);
-      reply->set_shared_memory_attached(true);
-    } else {
-      reply->set_shared_memory_error(std::string(attached.status().message()));
-    }
-  }
-  // A registration replaces the rank's earlier session, and its memory.
-  absl::MutexLock lock(&segments_mu_);
-  auto old = segment_session_.find(rank);
-  if (old != segment_session_.end()) {
-    segments_.erase(old->second);
-    segment_session_.erase(old);
-  }
-  if (segment != nullptr) {
-    segments_[session] = std::move(segment);
-    segment_session_[rank] = session;
-  }
-}
-
-std::shared_ptr<SharedMemorySegment> ParameterServerService::SegmentOf(
-    const std::string& session) const {
-  if (session.empty()) return nullptr;
-  absl::MutexLock lock(&segments_mu_);
-  auto it = segments_.find(session);
-  return it == segments_.end() ? nullptr : it->second;
-}
-
-namespace {
-
-// A plain protobuf method answered at once: the call's checks, the request
-// parsed (INVALID_ARGUMENT naming `what` if it does not parse), `handle`,
-// and its reply serialized when it succeeded. Returns the call's (default)
-// reactor, finished, and the status it finished with in *status.
-template <typename Request, typename Reply, typename Handle>
-grpc::ServerUnaryReactor* AnswerAtOnce(grpc::CallbackServerContext* context,
-                                       const grpc::ByteBuffer& request, grpc::ByteBuffer* reply,
-                                       const char* what, absl::Status checked,
-                                       const Handle& handle, absl::Status* status) {
-  Request message;
-  *status = std::move(checked);
-  if (status->ok()) *status = proto::ParseMessage(request, what, &message);
-  Reply answer;
-  if (status->ok()) *status = handle(message, &answer);
-  if (status->ok()) *reply = proto::SerializeMessage(answer);
-  return FinishAtOnce(context, *status);
-}
-
-}  // namespace
 
 grpc::ServerUnaryReactor* ParameterServerService::Register(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request,
@@ -751,20 +298,9 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(grpc::CallbackServerC
       &status);
   Answered("Register", status);
   // Adopting the signature may complete version 0 (a server given values).
-  if (status.ok()) AnswerReadyPulls({});
+  if (status.ok()) waiting_->AnswerReady({});
   return reactor;
 }
-
-namespace {
-
-std::vector<ChunkId> IdsOf(absl::Span<const ParameterServer::ChunkBytes> chunks) {
-  std::vector<ChunkId> ids;
-  ids.reserve(chunks.size());
-  for (const ParameterServer::ChunkBytes& chunk : chunks) ids.push_back({chunk.key, chunk.chunk});
-  return ids;
-}
-
-}  // namespace
 
 absl::Status ParameterServerService::DoInitialize(const grpc::ServerContextBase& context,
                                                   const grpc::ByteBuffer& request,
@@ -775,9 +311,12 @@ absl::Status ParameterServerService::DoInitialize(const grpc::ServerContextBase&
                       proto::FrameReader::Open(request, "initial parameters", &header));
   PS_RETURN_IF_ERROR(frame.Split(header.chunks()));
   PS_RETURN_IF_ERROR(server_->CheckSession(header.rank(), SessionOf(context)));
-  PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
-                      ChunksOf(*server_, header.chunks(), frame, "initial value",
-                               /*decoded=*/nullptr, /*segment=*/nullptr));
+  DecodedChunks decoded;
+  PS_ASSIGN_OR_RETURN(
+      std::vector<ParameterServer::ChunkBytes> chunks,
+      DecodeReceivedChunks(
+          Received(*server_, ChunkSource::kInitialValues, "initial value", nullptr),
+          header.chunks(), frame, &decoded));
   *sent = IdsOf(chunks);
   return server_->InitializeChunkBytes(header.rank(), chunks);
 }
@@ -789,14 +328,14 @@ grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServe
   const absl::Status status = Answered("Initialize", DoInitialize(*context, *request, &sent));
   grpc::ServerUnaryReactor* reactor = FinishWithoutData(context, status, reply);
   // The reply is on its way; then the pulls this call made ready.
-  if (status.ok()) AnswerReadyPulls(sent);
+  if (status.ok()) waiting_->AnswerReady(sent);
   return reactor;
 }
 
 absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& context,
                                             const grpc::ByteBuffer& request,
                                             std::vector<ChunkId>* sent, proto::PushReply* reply,
-                                            PacedPush* paced) {
+                                            std::optional<PacedReplies::Push>* paced) {
   PS_RETURN_IF_ERROR(CheckCall(context));
   proto::PushRequest header;
   PS_ASSIGN_OR_RETURN(proto::FrameReader frame, proto::FrameReader::Open(request, "push", &header));
@@ -810,9 +349,12 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
                                                    header.based_on_version(),
                                                    "; versions start at 0"));
   }
-  const std::shared_ptr<SharedMemorySegment> segment = SegmentOf(SessionOf(context));
-  PS_ASSIGN_OR_RETURN(std::vector<ParameterServer::ChunkBytes> chunks,
-                      ChunksOf(*server_, header.chunks(), frame, "push", &decoded, segment.get()));
+  const std::shared_ptr<SharedMemorySegment> segment =
+      shared_memory_.SegmentOf(SessionOf(context));
+  PS_ASSIGN_OR_RETURN(
+      std::vector<ParameterServer::ChunkBytes> chunks,
+      DecodeReceivedChunks(Received(*server_, ChunkSource::kPush, "push", segment.get()),
+                           header.chunks(), frame, &decoded));
   *sent = IdsOf(chunks);
   const Consistency& consistency = *server_->options().consistency;
   if (consistency.AppliesEachPush()) {
@@ -838,14 +380,14 @@ absl::Status ParameterServerService::DoPush(const grpc::ServerContextBase& conte
     for (int member : *members) reply->add_members(member);
   }
   if (options_.max_push_lead_bytes > 0 && consistency.PacesPushes()) {
-    paced->paced = true;
-    paced->rank = header.rank();
-    paced->iteration = header.iteration();
+    PacedReplies::Push& push = paced->emplace();
+    push.rank = header.rank();
+    push.iteration = header.iteration();
     for (const ParameterServer::ChunkBytes& chunk : chunks) {
-      paced->elements += server_->ChunkLength(chunk.key, chunk.chunk);
+      push.elements += server_->ChunkLength(chunk.key, chunk.chunk);
     }
     absl::StatusOr<std::vector<int>> current = server_->Members(header.iteration());
-    if (current.ok()) paced->members = *std::move(current);
+    if (current.ok()) push.members = *std::move(current);
   }
   return absl::OkStatus();
 }
@@ -855,16 +397,20 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
                                                        grpc::ByteBuffer* reply) {
   std::vector<ChunkId> sent;
   proto::PushReply push_reply;
-  PacedPush paced;
+  std::optional<PacedReplies::Push> paced;
   const absl::Status status =
       Answered("Push", DoPush(*context, *request, &sent, &push_reply, &paced));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (status.ok()) *reply = proto::SerializeMessage(push_reply);
-  if (!(status.ok() && paced.paced && PaceOrAnswer(paced, reactor))) {
+  if (status.ok() && paced.has_value()) {
+    // Applied already: the pacer only decides when the worker hears so.
+    paced_replies_.PaceOrAnswer(*paced, server_->num_parameters(), absl::Now(),
+                                [reactor] { reactor->Finish(grpc::Status::OK); });
+  } else {
     reactor->Finish(ToGrpcStatus(status));
   }
   // The reply is on its way; then the pulls whose chunks this push applied.
-  if (status.ok()) AnswerReadyPulls(sent);
+  if (status.ok()) waiting_->AnswerReady(sent);
   return reactor;
 }
 
@@ -947,58 +493,8 @@ absl::Status ParameterServerService::AnswerPull(const proto::PullRequest& reques
     header.set_loss_scale(scale.scale);
     header.set_loss_scale_version(scale.version);
   }
-  std::vector<grpc::Slice> data;
-  data.reserve(ids.size());
-  for (size_t c = 0; c < ids.size(); ++c) {
-    const absl::Span<const float> view = views.chunks[c];
-    proto::TensorChunk* chunk = header.add_chunks();
-    chunk->set_key(ids[c].key);
-    chunk->set_chunk(ids[c].chunk);
-    if (segment != nullptr) {
-      // Into the worker's memory (Pull checked the range), one memcpy.
-      const int64_t bytes = static_cast<int64_t>(view.size() * sizeof(float));
-      std::memcpy(segment->data() + request.shm_offsets(static_cast<int>(c)), view.data(),
-                  static_cast<size_t>(bytes));
-      chunk->set_dtype(proto::DTYPE_F32);
-      chunk->set_data_bytes(bytes);
-      chunk->set_in_shared_memory(true);
-      chunk->set_shm_offset(request.shm_offsets(static_cast<int>(c)));
-      continue;
-    }
-    if (request.dtype() == proto::DTYPE_F16 || request.dtype() == proto::DTYPE_BF16) {
-      // Encoded into a slice of its own (the master weights stay fp32).
-      const WireCodec* codec = *WireCodecForDType(
-          request.dtype() == proto::DTYPE_F16 ? DType::kF16 : DType::kBF16);
-      const int64_t bytes = codec->EncodedBytes(static_cast<int64_t>(view.size()));
-      grpc::Slice encoded(static_cast<size_t>(bytes));
-      codec->Encode(view, const_cast<uint8_t*>(encoded.begin()));
-      chunk->set_dtype(request.dtype());
-      chunk->set_data_bytes(bytes);
-      data.push_back(std::move(encoded));
-      continue;
-    }
-    chunk->set_dtype(proto::DTYPE_F32);
-    if (!views.previous.empty() && !views.previous[c].empty()) {
-      // A delta from version - 1, which the worker holds, where its pairs
-      // (8 bytes) take less than the dense chunk (4 bytes an element).
-      const int64_t n = static_cast<int64_t>(view.size());
-      const int64_t limit = (n + 1) / 2;
-      const int64_t changed = CountChanged(view, views.previous[c], limit);
-      if (changed < limit) {
-        grpc::Slice pairs(static_cast<size_t>(changed * 8));
-        EncodeChanged(view, views.previous[c], const_cast<uint8_t*>(pairs.begin()));
-        chunk->set_encoding(proto::ENCODING_DELTA);
-        chunk->set_data_bytes(changed * 8);
-        data.push_back(std::move(pairs));
-        continue;
-      }
-    }
-    chunk->set_data_bytes(static_cast<int64_t>(view.size() * sizeof(float)));
-    // Each slice keeps the viewed chunks alive, and unchanged, until gRPC
-    // has sent it.
-    data.push_back(proto::BorrowedSlice(view.data(), view.size() * sizeof(float), &ReleaseVersion,
-                                        new std::shared_ptr<const void>(views.keep_alive)));
-  }
+  PS_ASSIGN_OR_RETURN(const std::vector<grpc::Slice> data,
+                      EncodePulledChunks(request, ids, views, segment, &header));
   *reply = proto::MakeFrame(header, data);
   return absl::OkStatus();
 }
@@ -1013,74 +509,26 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
   if (absl::Status s = proto::ParseMessage(*request, "pull request", &pull); !s.ok()) {
     return refuse(s);
   }
-  if (pull.dtype() != proto::DTYPE_F32 && pull.dtype() != proto::DTYPE_F16 &&
-      pull.dtype() != proto::DTYPE_BF16) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-                                     "pull asks for dtype ", pull.dtype(),
-                                     "; F32, F16 and BF16 are served")));
-  }
+  if (absl::Status s = PullCodingFor(pull.dtype()).status(); !s.ok()) return refuse(s);
   std::shared_ptr<SharedMemorySegment> segment;
   if (pull.shared_memory()) {
-    segment = SegmentOf(SessionOf(*context));
-    if (segment == nullptr) {
-      return refuse(absl::InvalidArgumentError(
-          "pull into shared memory, but this session has none attached"));
-    }
-    if (pull.dtype() != proto::DTYPE_F32 || pull.delta()) {
-      return refuse(absl::InvalidArgumentError(
-          "a pull into shared memory must be dense F32 (no dtype, no delta)"));
-    }
-    if (pull.shm_offsets_size() != pull.chunks_size()) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat(
-          "pull into shared memory gives ", pull.shm_offsets_size(), " offsets for ",
-          pull.chunks_size(), " chunks")));
-    }
+    segment = shared_memory_.SegmentOf(SessionOf(*context));
+    if (absl::Status s = CheckPullIntoSharedMemory(segment.get(), pull); !s.ok()) return refuse(s);
   }
   // Size the reply first: every chunk must exist, and the reply must stay
   // within one message's bound.
-  const int64_t max_elements = server_->options().chunk_elements;
-  int64_t total = 0;
-  std::vector<ChunkId> ids;
-  ids.reserve(pull.chunks_size());
-  // Each chunk once: an empty tensor's chunk counts no element, and asked
-  // for a million times it made one call cost ~300 MB.
-  absl::flat_hash_set<std::pair<int, int64_t>> seen;
-  for (const proto::ChunkId& id : pull.chunks()) {
-    const int64_t length = server_->ChunkLength(id.key(), id.chunk());
-    if (length < 0) {
-      return refuse(absl::OutOfRangeError(absl::StrCat(
-                                       "chunk ", id.chunk(), " of key ", id.key(), " out of range")));
-    }
-    if (!seen.insert({id.key(), id.chunk()}).second) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat(
-                                       "chunk ", id.chunk(), " of key ", id.key(),
-                                       " asked for twice in one pull")));
-    }
-    if (segment != nullptr) {
-      const int64_t offset = pull.shm_offsets(static_cast<int>(ids.size()));
-      if (!segment->Contains(offset, length * static_cast<int64_t>(sizeof(float)))) {
-        return refuse(absl::InvalidArgumentError(absl::StrCat(
-            "pull of chunk ", id.chunk(), " of key ", id.key(), " into shared memory at byte ",
-            offset, ": its ", length * sizeof(float), " bytes do not fit in ",
-            segment->data_bytes())));
-      }
-    }
-    total += length;
-    if (total > max_elements) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat(
-                                       "pull asks for more than ", max_elements,
-                                       " elements in one message; split it")));
-    }
-    ids.push_back({id.key(), id.chunk()});
-  }
-  return PullOrWait(context, std::move(pull), std::move(ids), std::move(segment), /*wait=*/false,
-                    reply);
+  absl::StatusOr<std::vector<ChunkId>> ids = PulledChunkIds(
+      pull, server_->options().chunk_elements, ChunkLengths(*server_), segment.get());
+  if (!ids.ok()) return refuse(ids.status());
+  return PullOrWait(context, std::move(pull), *std::move(ids), std::move(segment),
+                    /*wait=*/false, reply);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(
     grpc::CallbackServerContext* context, proto::PullRequest pull, std::vector<ChunkId> ids,
     std::shared_ptr<SharedMemorySegment> segment, bool wait, grpc::ByteBuffer* reply) {
-  const absl::Time deadline = WaitDeadline(context, pull.timeout_ms());
+  const absl::Time deadline =
+      WaitDeadline(absl::Now(), pull.timeout_ms(), absl::FromChrono(context->deadline()));
   if (deadline <= absl::Now() || server_->HasChunks(pull.version(), ids)) {
     // The common case (after Wait, or once these chunks are applied), or
     // no time to wait: answered on gRPC's thread.
@@ -1091,15 +539,9 @@ grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(
     return reactor;
   }
   // It would wait: recorded, pinning no thread (see the class comment).
-  auto* waiting =
-      new internal::WaitingPull(waiting_, std::move(pull), std::move(ids), std::move(segment),
-                                deadline, wait, reply);
-  const absl::StatusOr<bool> filed = waiting_->File(*server_, waiting);
-  if (!filed.ok()) {
-    waiting->Finish(ToGrpcStatus(filed.status()));
-  } else if (!*filed) {
-    AnswerNow({waiting});  // its chunks came meanwhile
-  }
+  auto* waiting = new internal::WaitingPullCall(this, waiting_, std::move(pull), std::move(ids),
+                                                std::move(segment), deadline, wait, reply);
+  waiting_->File(waiting);
   return waiting;
 }
 

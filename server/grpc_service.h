@@ -6,13 +6,12 @@
 #include <map>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -21,12 +20,14 @@
 #include "proto/parameter_server.grpc.pb.h"
 #include "proto/parameter_server.pb.h"
 #include "server/parameter_server.h"
-#include "server/push_pacer.h"
+#include "server/chunk_coding.h"
+#include "server/paced_replies.h"
+#include "server/shared_memory_sessions.h"
+#include "server/waiting_pulls.h"
 
 namespace ps::server {
 namespace internal {
-class WaitingPull;
-class WaitingPulls;
+class WaitingPullCall;
 }  // namespace internal
 
 // The gRPC face of ParameterServer: translates messages to domain calls and
@@ -191,21 +192,17 @@ class ParameterServerService final
   static constexpr int kMaxDimensions = 64;
 
  private:
-  // What the pacer needs of an accepted push (DoPush fills it).
-  struct PacedPush {
-    bool paced = false;  // synchronous, with pacing on
-    int rank = 0;
-    int64_t iteration = 0;
-    int64_t elements = 0;
-    std::vector<int> members;
-  };
-  // Each returns the chunks it sent (which may have published some).
+  friend class internal::WaitingPullCall;  // answers through AnswerPull
+
+  // Each returns the chunks it sent (which may have published some); DoPush
+  // also what the pacer counts when the push's reply may be held
+  // (synchronous, max_push_lead_bytes > 0).
   absl::Status DoInitialize(const grpc::ServerContextBase& context,
                             const grpc::ByteBuffer& request,
                             std::vector<ParameterServer::ChunkId>* sent);
   absl::Status DoPush(const grpc::ServerContextBase& context, const grpc::ByteBuffer& request,
                       std::vector<ParameterServer::ChunkId>* sent, proto::PushReply* reply,
-                      PacedPush* paced);
+                      std::optional<PacedReplies::Push>* paced);
   // Takes views of the chunks `ids` (checked: they exist and fit one
   // message) from the version `request` asks for, waiting until `deadline`,
   // and frames them into `reply`.
@@ -224,26 +221,6 @@ class ParameterServerService final
                                        std::vector<ParameterServer::ChunkId> ids,
                                        std::shared_ptr<SharedMemorySegment> segment, bool wait,
                                        grpc::ByteBuffer* reply);
-  // Answers the waiting pulls that a successful call sending `sent` (and
-  // perhaps completing version 0 or the server's version) has made ready;
-  // every waiting pull that is ready when held-back updates were released
-  // since the last call (ParameterServer::held_back_releases).
-  void AnswerReadyPulls(absl::Span<const ParameterServer::ChunkId> sent);
-  // Finishes waiting pulls, now out of the index, with their chunks or the
-  // error PullChunkViews gives at once (never waiting).
-  void AnswerNow(const std::vector<internal::WaitingPull*>& pulls);
-  // The deadline thread's loop: answers each waiting pull at its deadline.
-  void AnswerAtDeadlines();
-  // Records `push` with the pacer: true when `reactor` was filed to answer
-  // later. Answers the held pushes the record lets go.
-  bool PaceOrAnswer(const PacedPush& push, grpc::ServerUnaryReactor* reactor);
-  // The pacer thread's loop: answers each held push at its hold limit.
-  void AnswerHeldPushesWhenDue();
-  // Takes the reactors of the pacer's `tickets` out of held_pushes_.
-  std::vector<grpc::ServerUnaryReactor*> TakeHeldPushesLocked(
-      const std::vector<PushPacer::Ticket>& tickets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pacer_mu_);
-  // Answers (OK: each was applied) held pushes, out of pacer_mu_.
-  void AnswerHeldPushes(const std::vector<grpc::ServerUnaryReactor*>& reactors);
 
   // Reports `status` of a `method` call to options_.on_answer; returns it.
   const absl::Status& Answered(absl::string_view method, const absl::Status& status) const;
@@ -256,43 +233,21 @@ class ParameterServerService final
   // otherwise: the worker must learn that the server restarted).
   absl::Status CheckOptionalSession(const grpc::ServerContextBase& context) const;
 
-  // Maps the shared memory a registration offers (RegisterRequest's
-  // shared_memory) and binds it to its session, replacing the rank's
-  // earlier one; says in `reply` whether it was mapped, or why not.
-  void AttachSharedMemory(const proto::RegisterRequest& request, int rank,
-                          const std::string& session, proto::RegisterReply* reply);
-  // The shared memory bound to `session`, or null.
-  std::shared_ptr<SharedMemorySegment> SegmentOf(const std::string& session) const;
-
   ParameterServer* const server_;
   const ServiceOptions options_;
-  // Shared memory by session, and the session holding each rank's (a
-  // call in flight keeps its segment mapped through its shared_ptr).
-  mutable absl::Mutex segments_mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<SharedMemorySegment>> segments_
-      ABSL_GUARDED_BY(segments_mu_);
-  std::map<int, std::string> segment_session_ ABSL_GUARDED_BY(segments_mu_);
+  SharedMemorySessions shared_memory_;
   mutable absl::Mutex stop_mu_;
   std::string stop_reason_ ABSL_GUARDED_BY(stop_mu_);  // non-empty once stopping
   absl::Status failure_ ABSL_GUARDED_BY(stop_mu_);     // FailJob's
   mutable absl::Mutex reports_mu_;
   std::map<int, proto::HeartbeatRequest> reports_ ABSL_GUARDED_BY(reports_mu_);
   std::atomic<bool> stopping_{false};
+  const ServerReadiness readiness_;
   // Shared with the waiting reactors, whose OnCancel may come after the
   // service has answered them.
-  const std::shared_ptr<internal::WaitingPulls> waiting_;
-  // ParameterServer::held_back_releases() at the last AnswerReadyPulls.
-  std::atomic<int64_t> held_back_releases_seen_{0};
-  // Held push replies (ServiceOptions::max_push_lead_bytes) by ticket.
-  absl::Mutex pacer_mu_;
-  PushPacer pacer_ ABSL_GUARDED_BY(pacer_mu_);
-  absl::flat_hash_map<PushPacer::Ticket, grpc::ServerUnaryReactor*> held_pushes_
-      ABSL_GUARDED_BY(pacer_mu_);
-  bool pacer_closed_ ABSL_GUARDED_BY(pacer_mu_) = false;
-  absl::CondVar pacer_changed_;  // closed, or a first reply held
-  absl::Mutex shutdown_mu_;
-  std::thread deadline_thread_ ABSL_GUARDED_BY(shutdown_mu_);
-  std::thread pacer_thread_ ABSL_GUARDED_BY(shutdown_mu_);
+  const std::shared_ptr<WaitingPulls> waiting_;
+  // Held push replies (ServiceOptions::max_push_lead_bytes).
+  PacedReplies paced_replies_;
 };
 
 }  // namespace ps::server
