@@ -59,10 +59,6 @@ absl::Duration Checkpointer::time_since_last_write() const {
   return absl::Nanoseconds(clock_->NowNanos() - last_time_ns_);
 }
 
-absl::Time Checkpointer::last_write_time() const {
-  return absl::Now() - time_since_last_write();
-}
-
 void Checkpointer::Log(const std::string& line) const {
   if (options_.log) options_.log(line);
 }
@@ -190,10 +186,6 @@ absl::Status Checkpointer::WriteFinal(absl::Duration timeout) {
   if (!server_->initialized()) return absl::OkStatus();  // nothing trained yet
   if (server_->version() == last_version() && last_version() >= 0) return absl::OkStatus();
   return CaptureAndWrite(clock_->DeadlineAfter(timeout), /*background=*/false);
-}
-
-absl::Status Checkpointer::WriteFinal(absl::Time deadline) {
-  return WriteFinal(deadline - absl::Now());
 }
 
 namespace {

@@ -73,9 +73,6 @@ class Checkpointer {
   // OK without writing when the newest checkpoint is already of the current
   // version.
   absl::Status WriteFinal(absl::Duration timeout);
-  // The same with a wall-clock deadline, for a caller that holds one: the
-  // time left until it is taken as the timeout.
-  absl::Status WriteFinal(absl::Time deadline);
   // Stops the background thread (a write under way finishes first; a
   // capture it waits for is given up). Idempotent.
   void Stop();
@@ -85,8 +82,6 @@ class Checkpointer {
   // How long ago, on options.clock, that version was written (since
   // construction until the first write).
   absl::Duration time_since_last_write() const;
-  // The same as a wall-clock time: absl::Now() - time_since_last_write().
-  absl::Time last_write_time() const;
 
  private:
   // A capture request's answer, shared with the server's push thread that

@@ -219,7 +219,7 @@ class JobMetrics {
     job_.Add({{"what", "waiting_pulls"}}).Set(static_cast<double>(service.waiting_pulls()));
     if (checkpointer != nullptr) {
       job_.Add({{"what", "checkpoint_age_seconds"}})
-          .Set(absl::ToDoubleSeconds(absl::Now() - checkpointer->last_write_time()));
+          .Set(absl::ToDoubleSeconds(checkpointer->time_since_last_write()));
     }
     for (const auto& [rank, report] : service.worker_reports()) {
       const std::string r = std::to_string(rank);
@@ -370,7 +370,7 @@ absl::Status Shutdown(const ServerOptions& options, const std::string& reason,
   std::fflush(stdout);
   if (checkpointer != nullptr) {
     const absl::Status final_checkpoint =
-        checkpointer->WriteFinal(absl::Now() + options.stop_timeout);
+        checkpointer->WriteFinal(options.stop_timeout);
     if (!final_checkpoint.ok()) {
       Log(absl::StrCat("no final checkpoint (the newest is of version ",
                        checkpointer->last_version(), "): ", final_checkpoint.message()));
