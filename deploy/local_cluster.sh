@@ -97,11 +97,6 @@ fi
 if ((restart_server && servers > 1)); then
   echo "local_cluster: --restart_server takes one server shard (--servers=1)" >&2; exit 2
 fi
-[[ -z "$threads" ]] && threads=$(( $(nproc) / workers > 0 ? $(nproc) / workers : 1 ))
-[[ -z "$logs" ]] && logs=$(mktemp -d /tmp/ps-cluster.XXXXXX)
-mkdir -p "$logs"
-((restart_server)) && [[ -z "$checkpoint_dir" ]] && checkpoint_dir="$logs/checkpoints"
-
 if [[ -z "$bin" ]]; then
   bash deploy/setup.sh main >/dev/null
   bazel build //server:server //worker:worker 2>&1 | tail -n 3
@@ -112,6 +107,11 @@ for daemon in server/server worker/worker; do
     echo "local_cluster: no $daemon under $bin" >&2; exit 2
   fi
 done
+[[ -z "$threads" ]] && threads=$(( $(nproc) / workers > 0 ? $(nproc) / workers : 1 ))
+[[ -z "$logs" ]] && logs=$(mktemp -d /tmp/ps-cluster.XXXXXX)
+mkdir -p "$logs"
+((restart_server)) && [[ -z "$checkpoint_dir" ]] && checkpoint_dir="$logs/checkpoints"
+
 
 pids=()
 cleanup() {
@@ -171,7 +171,11 @@ for ((r = 0; r < workers; r++)); do
   if [[ "$slowdown" != 1 ]] && ((slowdown_period > 0 || r == workers - 1)); then
     flags+=(--slowdown="$slowdown" --slowdown_period="$slowdown_period")
   fi
-  "$bin/worker/worker" "${flags[@]}" "${extra[@]}" >"$logs/worker-$r.log" 2>&1 &
+  # The log exists before the worker starts: the progress tail below opens
+  # it at once, and a background job's redirection happens in the child,
+  # after the parent has moved on (tail lost that race and showed nothing).
+  : >"$logs/worker-$r.log"
+  "$bin/worker/worker" "${flags[@]}" "${extra[@]}" >>"$logs/worker-$r.log" 2>&1 &
   worker_pids+=($!)
   pids+=($!)
 done
