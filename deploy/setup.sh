@@ -67,11 +67,13 @@ for set in "${sets[@]}"; do
   case "$set" in
     main) packages+=("${MAIN_PACKAGES[@]}") ;;
     test)
+      # shellcheck source=deploy/experiments/packages.sh
       source "$here/experiments/packages.sh"
       packages+=("${MAIN_PACKAGES[@]}" "${TEST_PACKAGES[@]}" "${EXPERIMENT_PACKAGES[@]}")
       k8s=1
       ;;
     experiments)
+      # shellcheck source=deploy/experiments/packages.sh
       source "$here/experiments/packages.sh"
       packages+=("${MAIN_PACKAGES[@]}" "${EXPERIMENT_PACKAGES[@]}")
       ;;
@@ -83,6 +85,7 @@ done
 
 if ((${#packages[@]})); then
   # One apt-get update and one install for every set asked for.
+  # shellcheck source=deploy/apt.sh
   source "$here/apt.sh"
   apt_install "$label" "${packages[@]}"
   # The build leaves CUDA out by itself where the toolkit is missing (see
