@@ -7,6 +7,10 @@
 #   deploy/local_cluster.sh --workers=1 --epochs=1 --model=mlp
 #   deploy/local_cluster.sh --servers=2         # the model cut over 2 shards
 #
+# It installs what the job needs first (`deploy/setup.sh main`: the build
+# toolchain, the libraries and the data, nothing test-only) and builds the
+# daemons with Bazel, unless --bin names daemons built already.
+#
 # Flags (defaults in brackets):
 #   --workers=W [2]           worker processes
 #   --servers=S [1]           server shards, each on its own free port; every
@@ -15,10 +19,16 @@
 #   --threads=N [cores/W]     CPU threads of each worker
 #   --model=NAME [lenet]      softmax, mlp, lenet, lenet_relu, resnet18
 #   --epochs=N [10] --batch_size=B [256, global] --lr=X [0.9]
+#   --steps=N [0: all]        stop after N steps in all (the workers'
+#                             --max_steps); the last epoch is cut short
 #   --momentum=X [0] --weight_decay=X [0] --seed=N [0]
 #   --dataset=NAME [fashion_mnist] --data_dir=DIR [/usr/share/datasets/fashion-mnist]
 #   --port=P [0: any free port; shard s of several: P + s]
 #   --logs=DIR [a temporary directory]
+#   --bin=DIR                 run DIR/server/server and DIR/worker/worker,
+#                             built already (e.g. a test's runfiles): nothing
+#                             is installed or built [deploy/setup.sh main,
+#                             then bazel build, then bazel-bin]
 #   --report=PATH             worker 0's JSON report
 #   --checkpoint_dir=DIR      server checkpoints (resumed from at start when
 #                             it holds some) [LOGS/checkpoints with
@@ -39,9 +49,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-workers=2 servers=1 devices=cpu:1 threads="" model=lenet epochs=10 batch_size=256 lr=0.9
+workers=2 servers=1 devices=cpu:1 threads="" model=lenet epochs=10 steps=0 batch_size=256 lr=0.9
 momentum=0 weight_decay=0 seed=0 dataset=fashion_mnist
-data_dir=/usr/share/datasets/fashion-mnist port=0 logs="" report=""
+data_dir=/usr/share/datasets/fashion-mnist port=0 logs="" report="" bin=""
 checkpoint_dir="" checkpoint_every_steps=100 restart_server=0 consistency=sync loss_scale=none slowdown=1
 slowdown_period=0
 extra=()
@@ -53,6 +63,7 @@ while (($#)); do
     --threads=*) threads="${1#*=}" ;;
     --model=*) model="${1#*=}" ;;
     --epochs=*) epochs="${1#*=}" ;;
+    --steps=*) steps="${1#*=}" ;;
     --batch_size=*) batch_size="${1#*=}" ;;
     --lr=*) lr="${1#*=}" ;;
     --momentum=*) momentum="${1#*=}" ;;
@@ -62,6 +73,7 @@ while (($#)); do
     --data_dir=*) data_dir="${1#*=}" ;;
     --port=*) port="${1#*=}" ;;
     --logs=*) logs="${1#*=}" ;;
+    --bin=*) bin="${1#*=}" ;;
     --report=*) report="${1#*=}" ;;
     --checkpoint_dir=*) checkpoint_dir="${1#*=}" ;;
     --checkpoint_every_steps=*) checkpoint_every_steps="${1#*=}" ;;
@@ -79,17 +91,27 @@ done
 if ! [[ "$servers" =~ ^[1-9][0-9]*$ ]]; then
   echo "local_cluster: --servers must be a positive integer, got '$servers'" >&2; exit 2
 fi
+if ! [[ "$steps" =~ ^[0-9]+$ ]]; then
+  echo "local_cluster: --steps must be a non-negative integer, got '$steps'" >&2; exit 2
+fi
 if ((restart_server && servers > 1)); then
   echo "local_cluster: --restart_server takes one server shard (--servers=1)" >&2; exit 2
 fi
+if [[ -z "$bin" ]]; then
+  bash deploy/setup.sh main >/dev/null
+  bazel build //server:server //worker:worker 2>&1 | tail -n 3
+  bin=$(bazel info bazel-bin 2>/dev/null)
+fi
+for daemon in server/server worker/worker; do
+  if [[ ! -x "$bin/$daemon" ]]; then
+    echo "local_cluster: no $daemon under $bin" >&2; exit 2
+  fi
+done
 [[ -z "$threads" ]] && threads=$(( $(nproc) / workers > 0 ? $(nproc) / workers : 1 ))
 [[ -z "$logs" ]] && logs=$(mktemp -d /tmp/ps-cluster.XXXXXX)
 mkdir -p "$logs"
 ((restart_server)) && [[ -z "$checkpoint_dir" ]] && checkpoint_dir="$logs/checkpoints"
 
-bash deploy/setup.sh >/dev/null
-bazel build //server:server //worker:worker 2>&1 | tail -n 3
-bin=$(bazel info bazel-bin 2>/dev/null)
 
 pids=()
 cleanup() {
@@ -142,14 +164,18 @@ fi
 worker_pids=()
 for ((r = 0; r < workers; r++)); do
   flags=(--server="$address" --worker_id="worker-$r" --rank="$r" --model="$model" --dataset="$dataset"
-         --data_dir="$data_dir" --batch_size="$batch_size" --epochs="$epochs" --seed="$seed"
-         --devices="$devices" --threads="$threads" --progress=false)
+         --data_dir="$data_dir" --batch_size="$batch_size" --epochs="$epochs" --max_steps="$steps"
+         --seed="$seed" --devices="$devices" --threads="$threads" --progress=false)
   ((r == 0)) && [[ -n "$report" ]] && flags+=(--report="$report")
   ((r != 0)) && flags+=(--evaluate=false)
   if [[ "$slowdown" != 1 ]] && ((slowdown_period > 0 || r == workers - 1)); then
     flags+=(--slowdown="$slowdown" --slowdown_period="$slowdown_period")
   fi
-  "$bin/worker/worker" "${flags[@]}" "${extra[@]}" >"$logs/worker-$r.log" 2>&1 &
+  # The log exists before the worker starts: the progress tail below opens
+  # it at once, and a background job's redirection happens in the child,
+  # after the parent has moved on (tail lost that race and showed nothing).
+  : >"$logs/worker-$r.log"
+  "$bin/worker/worker" "${flags[@]}" "${extra[@]}" >>"$logs/worker-$r.log" 2>&1 &
   worker_pids+=($!)
   pids+=($!)
 done

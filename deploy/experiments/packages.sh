@@ -1,5 +1,6 @@
-# The Debian 12 packages of the network experiments, sourced by
-# deploy/setup.sh (one installer, one apt-get update for everything).
+# The Debian 12 packages of the network experiments, on top of the build's
+# main set: sourced by deploy/setup.sh for its experiments and test sets
+# (one installer, one apt-get update for everything).
 # shellcheck disable=SC2034  # used by the script that sources this
 EXPERIMENT_PACKAGES=(
   iproute2                # ip netns, veth, bridge, tc tbf, nstat

@@ -6,10 +6,20 @@
 #
 #   bash deploy/fresh/run.sh [--keep]     # as root; about 20-30 minutes
 #   bash deploy/fresh/run.sh --images     # instead: deploy/images/build.sh
+#   bash deploy/fresh/run.sh --cluster-only -- --epochs=1
 #
 # --images runs the image build on the fresh machine instead (privileged,
 # since mmdebstrap mounts /proc in its chroot and podman runs nested, on
 # the vfs storage driver); the images stay inside that container.
+# --cluster-only runs deploy/local_cluster.sh alone (not deploy/test.sh);
+# arguments after `--` go to local_cluster.sh. --disk-cache lends the
+# container this machine's Bazel disk cache (/var/cache/ps-bazel-disk,
+# read-only): the build is then no fresh machine's, but setup still is.
+#
+# Each command's newly installed Debian packages are listed in
+# /tmp/ps-fresh/packages-<command>.txt, and the run fails if the cluster's
+# setup installed a test-only one (PyTorch, Prometheus, docker-compose,
+# Node.js, npm, GoogleTest).
 #
 # The checkout's committed HEAD is cloned into the container's work folder,
 # so uncommitted changes are not part of the run. Logs: /tmp/ps-fresh/*.log.
@@ -18,13 +28,17 @@
 # describes (runc, explicit ulimits, cgroupfs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-keep=0 images=0
-for arg in "$@"; do
-  case "$arg" in
+keep=0 images=0 cluster_only=0 disk_cache=0 cluster_args=()
+while (($#)); do
+  case "$1" in
     --keep) keep=1 ;;
     --images) images=1 ;;
-    *) echo "fresh/run.sh: unknown argument $arg" >&2; exit 2 ;;
+    --cluster-only) cluster_only=1 ;;
+    --disk-cache) disk_cache=1 ;;
+    --) shift; cluster_args=("$@"); break ;;
+    *) echo "fresh/run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
+  shift
 done
 
 work=/tmp/ps-fresh
@@ -53,19 +67,35 @@ git clone -q "$PWD" "$work/src"
 # 3. The README's two commands, each timed, in one fresh container. The
 # host's apt sources are the only way out; minbase lacks the man folder
 # openjdk's post-install wants (a normal Debian install has it).
+# Each command's new packages: the installed list diffed before and after.
+printf -v quoted_args ' %q' "${cluster_args[@]}"
+((${#cluster_args[@]})) || quoted_args=""
 script='set -uo pipefail
 mkdir -p /usr/share/man/man1
 cd /src
-rm -f /logs/times
+rm -f /logs/times /logs/packages-*.txt
+installed() { dpkg-query -W -f="\${Status} \${Package}\n" | sed -n "s/^install ok installed //p" | sort; }
 timed() {
   local log=$1; shift
   local t0=$(date +%s) rc=0
+  installed > /tmp/before
   "$@" > "/logs/$log.log" 2>&1 || rc=$?
   echo "$*: $(($(date +%s) - t0)) s, exit $rc" >> /logs/times
+  installed | comm -13 /tmp/before - > "/logs/packages-$log.txt"
   return $rc
 }
-timed cluster bash deploy/local_cluster.sh && timed test bash deploy/test.sh'
+'
+if ((cluster_only)); then
+  script+="timed cluster bash deploy/local_cluster.sh$quoted_args"
+else
+  script+="timed cluster bash deploy/local_cluster.sh$quoted_args && timed test bash deploy/test.sh"
+fi
 run_flags=()
+if ((disk_cache)); then
+  run_flags+=(-v /var/cache/ps-bazel-disk:/var/cache/ps-bazel-disk:ro)
+  script="echo build --disk_cache=/var/cache/ps-bazel-disk > /root/.bazelrc
+$script"
+fi
 # npm's registry is reached through this machine's egress proxy, whose CA
 # the host trusts system-wide: the fresh machine trusts it too (node reads
 # NODE_EXTRA_CA_CERTS), as apt's plain-HTTP mirror needs nothing.
@@ -94,5 +124,15 @@ if ((images)); then
   exit "$rc"
 fi
 grep -E "final test accuracy|setup: no CUDA" "$work/cluster.log" || tail -20 "$work/cluster.log"
-tail -3 "$work/test.log" 2>/dev/null || true
+((cluster_only)) || tail -3 "$work/test.log" 2>/dev/null || true
+# The main job installs the build, the libraries and the data only.
+if [[ -f "$work/packages-cluster.txt" ]]; then
+  echo "local_cluster.sh installed $(wc -l < "$work/packages-cluster.txt") packages ($work/packages-cluster.txt)"
+  test_only=$(grep -xE 'python3-torch|prometheus|docker-compose|nodejs|npm|libgtest-dev|libgmock-dev|libbenchmark-dev' \
+    "$work/packages-cluster.txt" || true)
+  if [[ -n "$test_only" ]]; then
+    echo "fresh machine: local_cluster.sh installed test-only packages:" $test_only >&2
+    rc=1
+  fi
+fi
 exit "$rc"

@@ -41,8 +41,9 @@ for arg in "$@"; do
   esac
 done
 
-# The build's own dependencies (Bazel and the libraries), then the images'.
-bash deploy/setup.sh
+# The build's own dependencies (setup.sh main: Bazel, the libraries), then
+# the images' (mmdebstrap and the container engine).
+bash deploy/setup.sh main
 # shellcheck source=deploy/images/engine.sh
 source deploy/images/engine.sh
 need=(mmdebstrap)
