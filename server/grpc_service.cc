@@ -14,33 +14,15 @@
 #include "common/shared_memory.h"
 #include "common/status_macros.h"
 #include "proto/wire_format.h"
+#include "server/grpc_answers.h"
+#include "server/register_request.h"
 #include "server/stall_report.h"
+#include "server/waiting_pull_call.h"
 
 namespace ps::server {
 namespace {
 
 using ChunkId = ParameterServer::ChunkId;
-
-// Finishes a call at once on gRPC's thread with its default reactor.
-grpc::ServerUnaryReactor* FinishAtOnce(grpc::CallbackServerContext* context,
-                                       const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
-// Finishes a call whose reply carries no data (Push and Initialize): one
-// empty message when it succeeded.
-grpc::ServerUnaryReactor* FinishWithoutData(grpc::CallbackServerContext* context,
-                                            const absl::Status& status, grpc::ByteBuffer* reply) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (status.ok()) {
-    grpc::Slice empty;
-    *reply = grpc::ByteBuffer(&empty, 1);
-  }
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
 
 // The server's chunk lengths (-1: no such chunk), for server/chunk_coding.h.
 std::function<int64_t(int, int64_t)> ChunkLengths(const ParameterServer& server) {
@@ -57,32 +39,6 @@ ReceivedChunks Received(const ParameterServer& server, ChunkSource source, const
           .shared_memory = shared_memory};
 }
 
-// The value of metadata `key` on a call ("" when absent).
-absl::string_view MetadataOf(const grpc::ServerContextBase& context, absl::string_view key) {
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
-  if (it == metadata.end()) return {};
-  return absl::string_view(it->second.data(), it->second.size());
-}
-
-// A plain protobuf method answered at once: the call's checks, the request
-// parsed (INVALID_ARGUMENT naming `what` if it does not parse), `handle`,
-// and its reply serialized when it succeeded. Returns the call's (default)
-// reactor, finished, and the status it finished with in *status.
-template <typename Request, typename Reply, typename Handle>
-grpc::ServerUnaryReactor* AnswerAtOnce(grpc::CallbackServerContext* context,
-                                       const grpc::ByteBuffer& request, grpc::ByteBuffer* reply,
-                                       const char* what, absl::Status checked,
-                                       const Handle& handle, absl::Status* status) {
-  Request message;
-  *status = std::move(checked);
-  if (status->ok()) *status = proto::ParseMessage(request, what, &message);
-  Reply answer;
-  if (status->ok()) *status = handle(message, &answer);
-  if (status->ok()) *reply = proto::SerializeMessage(answer);
-  return FinishAtOnce(context, *status);
-}
-
 // The chunks a call sent.
 std::vector<ChunkId> IdsOf(absl::Span<const ParameterServer::ChunkBytes> chunks) {
   std::vector<ChunkId> ids;
@@ -93,58 +49,10 @@ std::vector<ChunkId> IdsOf(absl::Span<const ParameterServer::ChunkBytes> chunks)
 
 }  // namespace
 
-namespace internal {
-
-// A Pull or Wait that waits for its chunks, on a reactor of its own so that
-// its client's cancellation reaches it. Whoever takes it out of the
-// WaitingPulls (an answering call, the deadline thread, OnCancel, Shutdown
-// or FailJob) calls Finish, once; gRPC then calls OnDone, which deletes it.
-class WaitingPullCall final : public grpc::ServerUnaryReactor, public WaitingPull {
- public:
-  WaitingPullCall(ParameterServerService* service, std::shared_ptr<WaitingPulls> registry,
-                  proto::PullRequest request, std::vector<ChunkId> ids,
-                  std::shared_ptr<SharedMemorySegment> segment, absl::Time deadline, bool wait,
-                  grpc::ByteBuffer* reply)
-      : WaitingPull(request.version(), std::move(ids), deadline),
-        service_(service),
-        registry_(std::move(registry)),
-        request_(std::move(request)),
-        segment_(std::move(segment)),
-        wait_(wait),
-        reply_(reply) {}
-
-  void AnswerNow() override {
-    // Past its deadline, PullChunkViews answers at once: with the chunks if
-    // they exist by now, else with the DEADLINE_EXCEEDED naming one missing.
-    Finish(ToGrpcStatus(service_->Answered(
-        wait_ ? "Wait" : "Pull", service_->AnswerPull(request_, ids(), segment_.get(),
-                                                      absl::InfinitePast(), wait_, reply_))));
-  }
-  void Refuse(const absl::Status& status) override { Finish(ToGrpcStatus(status)); }
-  void OnCancel() override {
-    // Answered already when someone else took it; else nobody will hear the
-    // answer, so it is dropped at once.
-    if (registry_->Withdraw(this)) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the pull"));
-    }
-  }
-  void OnDone() override { delete this; }
-
- private:
-  ParameterServerService* const service_;  // answers only while it waits
-  const std::shared_ptr<WaitingPulls> registry_;
-  const proto::PullRequest request_;
-  // Where a pull into shared memory writes (null otherwise).
-  const std::shared_ptr<SharedMemorySegment> segment_;
-  const bool wait_;                // a Wait (answered with a WaitReply), not a Pull
-  grpc::ByteBuffer* const reply_;  // the call's, valid until Finish
-};
-
-}  // namespace internal
-
 ParameterServerService::ParameterServerService(ParameterServer* server, ServiceOptions options)
     : server_(server),
       options_(std::move(options)),
+      admission_(options_.job_token),
       readiness_(server),
       waiting_(std::make_shared<WaitingPulls>(
           &readiness_, WaitingPulls::Options{.max_pulls = options_.max_waiting_pulls})),
@@ -161,20 +69,10 @@ void ParameterServerService::Shutdown() {
 
 int64_t ParameterServerService::waiting_pulls() const { return waiting_->size(); }
 
-void ParameterServerService::StopServing(const std::string& reason) {
-  absl::MutexLock lock(&stop_mu_);
-  if (stop_reason_.empty()) stop_reason_ = reason.empty() ? "stopped" : reason;
-  stopping_ = true;
-}
+void ParameterServerService::StopServing(const std::string& reason) { admission_.Stop(reason); }
 
 void ParameterServerService::FailJob(const absl::Status& status) {
-  {
-    absl::MutexLock lock(&stop_mu_);
-    if (!failure_.ok()) return;
-    failure_ = status;
-    stopping_ = true;
-  }
-  waiting_->Close(status);
+  if (admission_.Fail(status)) waiting_->Close(status);
 }
 
 std::map<int, proto::HeartbeatRequest> ParameterServerService::worker_reports() const {
@@ -195,22 +93,7 @@ const absl::Status& ParameterServerService::Answered(absl::string_view method,
 }
 
 absl::Status ParameterServerService::CheckCall(const grpc::ServerContextBase& context) const {
-  if (stopping_) {
-    absl::MutexLock lock(&stop_mu_);
-    if (!failure_.ok()) return failure_;
-    return absl::UnavailableError(absl::StrCat("server shutting down: ", stop_reason_));
-  }
-  if (options_.job_token.empty()) return absl::OkStatus();
-  const absl::string_view token = MetadataOf(context, kJobTokenMetadataKey);
-  if (token.empty()) {
-    return absl::UnauthenticatedError(
-        absl::StrCat("this server needs the job token (metadata ", kJobTokenMetadataKey,
-                     "; --job_token_file or $", kJobTokenEnvVar, " on the client)"));
-  }
-  if (!TokensEqual(token, options_.job_token)) {
-    return absl::UnauthenticatedError("wrong job token");
-  }
-  return absl::OkStatus();
+  return admission_.Admit(MetadataOf(context, kJobTokenMetadataKey));
 }
 
 std::string ParameterServerService::SessionOf(const grpc::ServerContextBase& context) {
@@ -228,48 +111,10 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
                                                 const proto::RegisterRequest& request,
                                                 proto::RegisterReply* reply) {
   PS_RETURN_IF_ERROR(CheckCall(context));
-  if (request.worker_id().size() > kMaxWorkerIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a worker id of ", request.worker_id().size(),
-                                                   " bytes; at most ", kMaxWorkerIdBytes));
-  }
-  std::vector<ParamSpec> signature;
-  signature.reserve(request.signature_size());
-  for (int i = 0; i < request.signature_size(); ++i) {
-    const proto::TensorSpec& t = request.signature(i);
-    if (t.name().size() > kMaxTensorNameBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter ", i, "'s name has ",
-                                                     t.name().size(), " bytes; at most ",
-                                                     kMaxTensorNameBytes));
-    }
-    if (t.shape_size() > kMaxDimensions) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter '", t.name(), "' has ",
-                                                     t.shape_size(), " dimensions; at most ",
-                                                     kMaxDimensions));
-    }
-    if (t.dtype() != proto::DTYPE_F32) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", t.name(), "' has dtype ", t.dtype(),
-                       "; only F32 parameters are supported"));
-    }
-    ParamSpec spec;
-    spec.name = t.name();
-    for (int64_t d : t.shape()) {
-      if (d < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parameter '", t.name(), "' has a negative dimension"));
-      }
-      spec.shape.push_back(d);
-    }
-    signature.push_back(std::move(spec));
-  }
-  const int requested_rank = request.has_requested_rank() ? request.requested_rank() : -1;
-  if (request.has_requested_rank() && requested_rank < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("requested rank ", requested_rank, " is negative"));
-  }
+  PS_ASSIGN_OR_RETURN(RegisterArgs args, ReadRegisterRequest(request));
   PS_ASSIGN_OR_RETURN(ParameterServer::Registration reg,
-                      server_->Register(request.worker_id(), signature, requested_rank,
-                                        request.steps_per_epoch()));
+                      server_->Register(request.worker_id(), args.signature,
+                                        args.requested_rank, request.steps_per_epoch()));
   reply->set_rank(reg.rank);
   reply->set_num_workers(reg.num_workers);
   reply->set_version(reg.version);
@@ -539,8 +384,15 @@ grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(
     return reactor;
   }
   // It would wait: recorded, pinning no thread (see the class comment).
-  auto* waiting = new internal::WaitingPullCall(this, waiting_, std::move(pull), std::move(ids),
-                                                std::move(segment), deadline, wait, reply);
+  // Past its deadline, PullChunkViews answers at once: with the chunks if
+  // they exist by now, else with the DEADLINE_EXCEEDED naming one missing.
+  const int64_t version = pull.version();
+  auto answer = [this, pull = std::move(pull), ids, segment = std::move(segment), wait, reply] {
+    return Answered(wait ? "Wait" : "Pull",
+                    AnswerPull(pull, ids, segment.get(), absl::InfinitePast(), wait, reply));
+  };
+  auto* waiting = new internal::WaitingPullCall(waiting_, version, std::move(ids), deadline,
+                                                std::move(answer));
   waiting_->File(waiting);
   return waiting;
 }

@@ -19,17 +19,15 @@
 #include "common/shared_memory.h"
 #include "proto/parameter_server.grpc.pb.h"
 #include "proto/parameter_server.pb.h"
+#include "server/call_admission.h"
 #include "server/parameter_server.h"
+#include "server/register_request.h"
 #include "server/chunk_coding.h"
 #include "server/paced_replies.h"
 #include "server/shared_memory_sessions.h"
 #include "server/waiting_pulls.h"
 
 namespace ps::server {
-namespace internal {
-class WaitingPullCall;
-}  // namespace internal
-
 // The gRPC face of ParameterServer: translates messages to domain calls and
 // statuses back, and checks what the domain cannot see (framing, data length
 // a whole number of elements, supported dtype, sane timeouts). Thread-safe;
@@ -184,16 +182,12 @@ class ParameterServerService final
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* reply) override;
 
-  // Bounds on what a registration may name, so that no refusal quoting it
-  // outgrows gRPC's 8 KiB of status metadata (which broke the client's
-  // connection) and no request makes the server build a huge message.
-  static constexpr size_t kMaxWorkerIdBytes = 256;
-  static constexpr size_t kMaxTensorNameBytes = 1024;
-  static constexpr int kMaxDimensions = 64;
+  // Bounds on what a registration may name (server/register_request.h).
+  static constexpr size_t kMaxWorkerIdBytes = server::kMaxWorkerIdBytes;
+  static constexpr size_t kMaxTensorNameBytes = server::kMaxTensorNameBytes;
+  static constexpr int kMaxDimensions = server::kMaxDimensions;
 
  private:
-  friend class internal::WaitingPullCall;  // answers through AnswerPull
-
   // Each returns the chunks it sent (which may have published some); DoPush
   // also what the pacer counts when the push's reply may be held
   // (synchronous, max_push_lead_bytes > 0).
@@ -224,8 +218,7 @@ class ParameterServerService final
 
   // Reports `status` of a `method` call to options_.on_answer; returns it.
   const absl::Status& Answered(absl::string_view method, const absl::Status& status) const;
-  // OK, or why the call must be refused before it is read: the service is
-  // stopping, or the job token is missing or wrong.
+  // OK, or why the call must be refused before it is read (CallAdmission).
   absl::Status CheckCall(const grpc::ServerContextBase& context) const;
   // The ps-session metadata of a call ("" when absent).
   static std::string SessionOf(const grpc::ServerContextBase& context);
@@ -236,12 +229,9 @@ class ParameterServerService final
   ParameterServer* const server_;
   const ServiceOptions options_;
   SharedMemorySessions shared_memory_;
-  mutable absl::Mutex stop_mu_;
-  std::string stop_reason_ ABSL_GUARDED_BY(stop_mu_);  // non-empty once stopping
-  absl::Status failure_ ABSL_GUARDED_BY(stop_mu_);     // FailJob's
+  CallAdmission admission_;
   mutable absl::Mutex reports_mu_;
   std::map<int, proto::HeartbeatRequest> reports_ ABSL_GUARDED_BY(reports_mu_);
-  std::atomic<bool> stopping_{false};
   const ServerReadiness readiness_;
   // Shared with the waiting reactors, whose OnCancel may come after the
   // service has answered them.
