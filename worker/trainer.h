@@ -282,6 +282,30 @@ class Trainer {
                                         Tensor& acc);
   absl::Status ReadAndResetMetrics(double* loss_sum, double* correct);
 
+  // Run's steps, around its bookkeeping (RunState, in trainer.cc).
+  struct RunState;
+  // The report's fields known before the first step.
+  TrainingReport NewReport() const;
+  // Starts the epoch of run.iteration: its stats, its time split and its
+  // clock.
+  void BeginEpoch(RunState& run);
+  // options_.should_stop says stop.
+  bool StopAsked() const;
+  // kCancelled: asked to stop when `step` failed for a lost server, which is
+  // not waited for.
+  static absl::Status StoppedWithoutServer(int64_t step, const absl::Status& lost);
+  // After step run.iteration failed with `status`: reconnects and rolls
+  // run back to the server's version (recover_from_server_loss and a lost
+  // server), or returns the error that ends Run.
+  absl::Status ResumeAfterLoss(RunState& run, const absl::Status& status);
+  // Counts step run.iteration (done) into the epoch and the report, and
+  // tells on_step_.
+  void CountStep(RunState& run);
+  // Ends `epoch`: its statistics, evaluation, the report and on_epoch_.
+  absl::Status EndEpoch(RunState& run, int64_t epoch);
+  // The report's totals, once the loop is over.
+  void FinishReport(RunState& run) const;
+
   const TrainerOptions options_;
   std::vector<Device*> devices_;
   ParameterStore* store_;
