@@ -135,35 +135,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
 }
 
 absl::Status Trainer::Init(const model::ModelConfig& model_config) {
-  for (Device* device : devices_) device->set_gemm_precision(options_.precision);
-  device_threads_ = std::make_unique<DeviceThreads>(static_cast<int>(devices_.size()));
-  PS_ASSIGN_OR_RETURN(collective_, DeviceCollective::Create(devices_, device_threads_.get()));
-  const Shape& sample = train_->sample_shape;
-  const int64_t sample_elements = NumElements(sample);
-  for (size_t d = 0; d < devices_.size(); ++d) {
-    PS_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
-                        model::Model::Create(model_config, devices_[d]));
-    if (options_.observer != nullptr) {
-      model->set_observer(options_.observer, clock_, DeviceLane(static_cast<int>(d)));
-    }
-    replicas_.push_back(std::move(model));
-  }
-  // Registration decides how the global batch is split across workers, and
-  // so the largest shard each device sees.
-  num_parameters_ = model::TotalElements(replicas_[0]->parameters());
-  for (auto& replica : replicas_) PS_RETURN_IF_ERROR(replica->Initialize(options_.seed));
-  if (!options_.init_weights.empty()) {
-    // Read the file once, into device 0; its parameters reach the other
-    // devices with the broadcast below, its buffers (batch-norm statistics)
-    // are copied here.
-    PS_RETURN_IF_ERROR(LoadWeights(options_.init_weights, *replicas_[0]));
-    if (replicas_.size() > 1 && replicas_[0]->flat_buffers().num_elements() > 0) {
-      PS_ASSIGN_OR_RETURN(std::vector<float> buffers, replicas_[0]->flat_buffers().ToVector());
-      for (size_t d = 1; d < replicas_.size(); ++d) {
-        PS_RETURN_IF_ERROR(replicas_[d]->flat_buffers().CopyFromHost(buffers));
-      }
-    }
-  }
+  PS_RETURN_IF_ERROR(CreateReplicas(model_config));
   // The proposal: device 0's parameters where they lie when its memory is
   // host memory (no model-sized copy just to register), else a host copy.
   std::vector<float> proposed;
@@ -176,7 +148,62 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
     proposal = proposed;
   }
   PS_ASSIGN_OR_RETURN(registration_, store_->Register(replicas_[0]->parameters(), proposal));
+  // Registration decides how the global batch is split across workers, and
+  // so the largest shard each device sees.
+  PS_RETURN_IF_ERROR(CreateReplicaState());
+  PS_RETURN_IF_ERROR(BindWireBuffers());
+  // Rank 0 may have to send its initial parameters again to a server that
+  // restarted without a checkpoint (see Recover).
+  if (options_.recover_from_server_loss && registration_.rank == 0) {
+    initial_parameters_.assign(proposal.begin(), proposal.end());
+  }
+  // Overlap needs each layer's gradients as backward makes them, in memory
+  // the pushes can read: one CPU device (several would need a reduction per
+  // layer between their threads; a CUDA device, events per layer).
+  // Under loss scaling a step's pushes wait for the whole backward: an
+  // overflow anywhere in it must reach every chunk (see loss_scaling_).
+  // Known before StartFrom builds the scheduler: staging serves overlap only.
+  loss_scaling_ = registration_.loss_scale > 0;
+  overlapping_ = options_.overlap && !loss_scaling_ && devices_.size() == 1 &&
+                 devices_[0]->is_cpu() && devices_[0]->is_host_memory();
+  PS_RETURN_IF_ERROR(StartFrom(registration_.version));
+  if (options_.replay_compute) PS_RETURN_IF_ERROR(CalibrateReplay());
+  for (Device* device : devices_) device->ResetCounters();
+  return absl::OkStatus();
+}
 
+absl::Status Trainer::CreateReplicas(const model::ModelConfig& model_config) {
+  for (Device* device : devices_) device->set_gemm_precision(options_.precision);
+  device_threads_ = std::make_unique<DeviceThreads>(static_cast<int>(devices_.size()));
+  PS_ASSIGN_OR_RETURN(collective_, DeviceCollective::Create(devices_, device_threads_.get()));
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
+                        model::Model::Create(model_config, devices_[d]));
+    if (options_.observer != nullptr) {
+      model->set_observer(options_.observer, clock_, DeviceLane(static_cast<int>(d)));
+    }
+    replicas_.push_back(std::move(model));
+  }
+  num_parameters_ = model::TotalElements(replicas_[0]->parameters());
+  for (auto& replica : replicas_) PS_RETURN_IF_ERROR(replica->Initialize(options_.seed));
+  if (!options_.init_weights.empty()) {
+    // Read the file once, into device 0; its parameters reach the other
+    // devices with StartFrom's broadcast, its buffers (batch-norm statistics)
+    // are copied here.
+    PS_RETURN_IF_ERROR(LoadWeights(options_.init_weights, *replicas_[0]));
+    if (replicas_.size() > 1 && replicas_[0]->flat_buffers().num_elements() > 0) {
+      PS_ASSIGN_OR_RETURN(std::vector<float> buffers, replicas_[0]->flat_buffers().ToVector());
+      for (size_t d = 1; d < replicas_.size(); ++d) {
+        PS_RETURN_IF_ERROR(replicas_[d]->flat_buffers().CopyFromHost(buffers));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::CreateReplicaState() {
+  const Shape& sample = train_->sample_shape;
+  const int64_t sample_elements = NumElements(sample);
   // A job that may shrink can leave this worker the whole global batch.
   const int64_t worker_part =
       SplitEvenly(options_.batch_size,
@@ -202,6 +229,10 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
     }
     replica_state_.push_back(std::move(r));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::BindWireBuffers() {
   float* gradients = nullptr;
   float* parameters = nullptr;
   if (devices_[0]->is_host_memory()) {
@@ -229,23 +260,6 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   const absl::Status bound = store_->BindBuffers(wire_gradients_, wire_parameters_);
   if (!bound.ok() && !absl::IsUnimplemented(bound)) return bound;
   buffers_bound_ = bound.ok();
-  // Rank 0 may have to send its initial parameters again to a server that
-  // restarted without a checkpoint (see Recover).
-  if (options_.recover_from_server_loss && registration_.rank == 0) {
-    initial_parameters_.assign(proposal.begin(), proposal.end());
-  }
-  // Overlap needs each layer's gradients as backward makes them, in memory
-  // the pushes can read: one CPU device (several would need a reduction per
-  // layer between their threads; a CUDA device, events per layer).
-  // Under loss scaling a step's pushes wait for the whole backward: an
-  // overflow anywhere in it must reach every chunk (see loss_scaling_).
-  // Known before StartFrom builds the scheduler: staging serves overlap only.
-  loss_scaling_ = registration_.loss_scale > 0;
-  overlapping_ = options_.overlap && !loss_scaling_ && devices_.size() == 1 &&
-                 devices_[0]->is_cpu() && devices_[0]->is_host_memory();
-  PS_RETURN_IF_ERROR(StartFrom(registration_.version));
-  if (options_.replay_compute) PS_RETURN_IF_ERROR(CalibrateReplay());
-  for (Device* device : devices_) device->ResetCounters();
   return absl::OkStatus();
 }
 

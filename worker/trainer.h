@@ -242,6 +242,15 @@ class Trainer {
           const data::Dataset* train, const data::Dataset* test);
 
   absl::Status Init(const model::ModelConfig& model);
+  // Init's steps, in order. The device threads, the collective and one
+  // replica per device, initialised from options_.seed or init_weights.
+  absl::Status CreateReplicas(const model::ModelConfig& model);
+  // Once registered (the split of the global batch known): each device's
+  // input, label and metric tensors, and its pinned staging buffers.
+  absl::Status CreateReplicaState();
+  // wire_gradients_ / wire_parameters_ (device 0's own memory, or pinned
+  // host buffers), offered to the store with BindBuffers.
+  absl::Status BindWireBuffers();
   // Pulls exactly `version` into every replica and starts a scheduler that
   // holds it.
   absl::Status StartFrom(int64_t version);
