@@ -16,6 +16,7 @@ void TimeSplitObserver::OnEvent(const TimedEvent& event) {
   if (event.lane != kTrainerLane || !IsStepPhase(event.kind)) return;
   absl::MutexLock lock(&mu_);
   phase_ns_[static_cast<int>(event.kind)] += event.end_ns - event.start_ns;
+  ++phase_count_[static_cast<int>(event.kind)];
 }
 
 TimeSplit TimeSplitObserver::split() const {
@@ -36,9 +37,20 @@ TimeSplit TimeSplitObserver::split() const {
   return s;
 }
 
+std::vector<PhaseSum> TimeSplitObserver::phase_sums() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<PhaseSum> sums;
+  for (int kind = 0; kind < kNumEventKinds; ++kind) {
+    if (phase_count_[kind] == 0) continue;
+    sums.push_back({static_cast<EventKind>(kind), phase_ns_[kind], phase_count_[kind]});
+  }
+  return sums;
+}
+
 void TimeSplitObserver::Reset() {
   absl::MutexLock lock(&mu_);
   for (int64_t& ns : phase_ns_) ns = 0;
+  for (int64_t& count : phase_count_) count = 0;
 }
 
 }  // namespace ps::worker

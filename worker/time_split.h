@@ -5,6 +5,7 @@
 // (common/timed_event.h), summed. The first consumer of the trainer's events.
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -27,6 +28,15 @@ struct TimeSplit {
 // to += from, field by field.
 void AddSplit(TimeSplit* to, const TimeSplit& from);
 
+// One step phase's events since the start: how many, and their durations
+// summed in nanoseconds (the worker's heartbeats report these to the
+// server's metrics).
+struct PhaseSum {
+  EventKind kind = EventKind::kData;
+  int64_t nanoseconds = 0;
+  int64_t count = 0;
+};
+
 // Sums the durations of the step phases reported on kTrainerLane (kData ..
 // kCopyToDevice) into a TimeSplit: copy is kCopyToHost + kCopyToDevice, every
 // other field its phase. Events on other lanes and detail events (layers,
@@ -40,11 +50,15 @@ class TimeSplitObserver final : public EventObserver {
 
   // The sums since construction or the last Reset().
   TimeSplit split() const;
+  // The same sums kept apart by phase, with their event counts: every phase
+  // reported at least once, in EventKind order.
+  std::vector<PhaseSum> phase_sums() const;
   void Reset();
 
  private:
   mutable absl::Mutex mu_;
   int64_t phase_ns_[kNumEventKinds] ABSL_GUARDED_BY(mu_) = {};
+  int64_t phase_count_[kNumEventKinds] ABSL_GUARDED_BY(mu_) = {};
 };
 
 }  // namespace ps::worker

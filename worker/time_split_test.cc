@@ -58,6 +58,29 @@ TEST(TimeSplitObserverTest, ResetStartsOver) {
   EXPECT_EQ(observer.split().wait, 3e-6);
 }
 
+TEST(TimeSplitObserverTest, PhaseSumsKeepEachPhaseApartWithItsCount) {
+  TimeSplitObserver observer;
+  observer.OnEvent(Event(EventKind::kData, 0, 100));
+  observer.OnEvent(Event(EventKind::kCopyToDevice, 0, 7));
+  observer.OnEvent(Event(EventKind::kData, 0, 200));
+  observer.OnEvent(Event(EventKind::kCopyToHost, 0, 5));
+  observer.OnEvent(Event(EventKind::kPull, 0, 100, RpcLane(0)));  // not the trainer's
+  observer.OnEvent(Event(EventKind::kForward, 0, 100));          // a detail
+  const std::vector<PhaseSum> sums = observer.phase_sums();
+  ASSERT_EQ(sums.size(), 3u);  // the phases seen, in EventKind order
+  EXPECT_EQ(sums[0].kind, EventKind::kData);
+  EXPECT_EQ(sums[0].nanoseconds, 300);
+  EXPECT_EQ(sums[0].count, 2);
+  EXPECT_EQ(sums[1].kind, EventKind::kCopyToHost);
+  EXPECT_EQ(sums[1].nanoseconds, 5);
+  EXPECT_EQ(sums[1].count, 1);
+  EXPECT_EQ(sums[2].kind, EventKind::kCopyToDevice);
+  EXPECT_EQ(sums[2].nanoseconds, 7);
+  EXPECT_EQ(sums[2].count, 1);
+  observer.Reset();
+  EXPECT_TRUE(observer.phase_sums().empty());
+}
+
 TEST(TimeSplitTest, AddSplitAddsEveryField) {
   TimeSplit a{1, 2, 3, 4, 5, 6, 7};
   AddSplit(&a, TimeSplit{10, 20, 30, 40, 50, 60, 70});

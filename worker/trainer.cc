@@ -135,35 +135,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
 }
 
 absl::Status Trainer::Init(const model::ModelConfig& model_config) {
-  for (Device* device : devices_) device->set_gemm_precision(options_.precision);
-  device_threads_ = std::make_unique<DeviceThreads>(static_cast<int>(devices_.size()));
-  PS_ASSIGN_OR_RETURN(collective_, DeviceCollective::Create(devices_, device_threads_.get()));
-  const Shape& sample = train_->sample_shape;
-  const int64_t sample_elements = NumElements(sample);
-  for (size_t d = 0; d < devices_.size(); ++d) {
-    PS_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
-                        model::Model::Create(model_config, devices_[d]));
-    if (options_.observer != nullptr) {
-      model->set_observer(options_.observer, clock_, DeviceLane(static_cast<int>(d)));
-    }
-    replicas_.push_back(std::move(model));
-  }
-  // Registration decides how the global batch is split across workers, and
-  // so the largest shard each device sees.
-  num_parameters_ = model::TotalElements(replicas_[0]->parameters());
-  for (auto& replica : replicas_) PS_RETURN_IF_ERROR(replica->Initialize(options_.seed));
-  if (!options_.init_weights.empty()) {
-    // Read the file once, into device 0; its parameters reach the other
-    // devices with the broadcast below, its buffers (batch-norm statistics)
-    // are copied here.
-    PS_RETURN_IF_ERROR(LoadWeights(options_.init_weights, *replicas_[0]));
-    if (replicas_.size() > 1 && replicas_[0]->flat_buffers().num_elements() > 0) {
-      PS_ASSIGN_OR_RETURN(std::vector<float> buffers, replicas_[0]->flat_buffers().ToVector());
-      for (size_t d = 1; d < replicas_.size(); ++d) {
-        PS_RETURN_IF_ERROR(replicas_[d]->flat_buffers().CopyFromHost(buffers));
-      }
-    }
-  }
+  PS_RETURN_IF_ERROR(CreateReplicas(model_config));
   // The proposal: device 0's parameters where they lie when its memory is
   // host memory (no model-sized copy just to register), else a host copy.
   std::vector<float> proposed;
@@ -176,7 +148,62 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
     proposal = proposed;
   }
   PS_ASSIGN_OR_RETURN(registration_, store_->Register(replicas_[0]->parameters(), proposal));
+  // Registration decides how the global batch is split across workers, and
+  // so the largest shard each device sees.
+  PS_RETURN_IF_ERROR(CreateReplicaState());
+  PS_RETURN_IF_ERROR(BindWireBuffers());
+  // Rank 0 may have to send its initial parameters again to a server that
+  // restarted without a checkpoint (see Recover).
+  if (options_.recover_from_server_loss && registration_.rank == 0) {
+    initial_parameters_.assign(proposal.begin(), proposal.end());
+  }
+  // Overlap needs each layer's gradients as backward makes them, in memory
+  // the pushes can read: one CPU device (several would need a reduction per
+  // layer between their threads; a CUDA device, events per layer).
+  // Under loss scaling a step's pushes wait for the whole backward: an
+  // overflow anywhere in it must reach every chunk (see loss_scaling_).
+  // Known before StartFrom builds the scheduler: staging serves overlap only.
+  loss_scaling_ = registration_.loss_scale > 0;
+  overlapping_ = options_.overlap && !loss_scaling_ && devices_.size() == 1 &&
+                 devices_[0]->is_cpu() && devices_[0]->is_host_memory();
+  PS_RETURN_IF_ERROR(StartFrom(registration_.version));
+  if (options_.replay_compute) PS_RETURN_IF_ERROR(CalibrateReplay());
+  for (Device* device : devices_) device->ResetCounters();
+  return absl::OkStatus();
+}
 
+absl::Status Trainer::CreateReplicas(const model::ModelConfig& model_config) {
+  for (Device* device : devices_) device->set_gemm_precision(options_.precision);
+  device_threads_ = std::make_unique<DeviceThreads>(static_cast<int>(devices_.size()));
+  PS_ASSIGN_OR_RETURN(collective_, DeviceCollective::Create(devices_, device_threads_.get()));
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
+                        model::Model::Create(model_config, devices_[d]));
+    if (options_.observer != nullptr) {
+      model->set_observer(options_.observer, clock_, DeviceLane(static_cast<int>(d)));
+    }
+    replicas_.push_back(std::move(model));
+  }
+  num_parameters_ = model::TotalElements(replicas_[0]->parameters());
+  for (auto& replica : replicas_) PS_RETURN_IF_ERROR(replica->Initialize(options_.seed));
+  if (!options_.init_weights.empty()) {
+    // Read the file once, into device 0; its parameters reach the other
+    // devices with StartFrom's broadcast, its buffers (batch-norm statistics)
+    // are copied here.
+    PS_RETURN_IF_ERROR(LoadWeights(options_.init_weights, *replicas_[0]));
+    if (replicas_.size() > 1 && replicas_[0]->flat_buffers().num_elements() > 0) {
+      PS_ASSIGN_OR_RETURN(std::vector<float> buffers, replicas_[0]->flat_buffers().ToVector());
+      for (size_t d = 1; d < replicas_.size(); ++d) {
+        PS_RETURN_IF_ERROR(replicas_[d]->flat_buffers().CopyFromHost(buffers));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::CreateReplicaState() {
+  const Shape& sample = train_->sample_shape;
+  const int64_t sample_elements = NumElements(sample);
   // A job that may shrink can leave this worker the whole global batch.
   const int64_t worker_part =
       SplitEvenly(options_.batch_size,
@@ -202,6 +229,10 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
     }
     replica_state_.push_back(std::move(r));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::BindWireBuffers() {
   float* gradients = nullptr;
   float* parameters = nullptr;
   if (devices_[0]->is_host_memory()) {
@@ -229,23 +260,6 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   const absl::Status bound = store_->BindBuffers(wire_gradients_, wire_parameters_);
   if (!bound.ok() && !absl::IsUnimplemented(bound)) return bound;
   buffers_bound_ = bound.ok();
-  // Rank 0 may have to send its initial parameters again to a server that
-  // restarted without a checkpoint (see Recover).
-  if (options_.recover_from_server_loss && registration_.rank == 0) {
-    initial_parameters_.assign(proposal.begin(), proposal.end());
-  }
-  // Overlap needs each layer's gradients as backward makes them, in memory
-  // the pushes can read: one CPU device (several would need a reduction per
-  // layer between their threads; a CUDA device, events per layer).
-  // Under loss scaling a step's pushes wait for the whole backward: an
-  // overflow anywhere in it must reach every chunk (see loss_scaling_).
-  // Known before StartFrom builds the scheduler: staging serves overlap only.
-  loss_scaling_ = registration_.loss_scale > 0;
-  overlapping_ = options_.overlap && !loss_scaling_ && devices_.size() == 1 &&
-                 devices_[0]->is_cpu() && devices_[0]->is_host_memory();
-  PS_RETURN_IF_ERROR(StartFrom(registration_.version));
-  if (options_.replay_compute) PS_RETURN_IF_ERROR(CalibrateReplay());
-  for (Device* device : devices_) device->ResetCounters();
   return absl::OkStatus();
 }
 
@@ -721,7 +735,21 @@ absl::Status Trainer::Evaluate(const data::Dataset& dataset, double* loss, doubl
   return absl::OkStatus();
 }
 
-absl::StatusOr<TrainingReport> Trainer::Run() {
+// Run's bookkeeping from step to step.
+struct Trainer::RunState {
+  TrainingReport report;
+  int64_t end = 0;        // the global iteration Run stops before
+  int64_t iteration = 0;  // the next global iteration to train
+  int64_t total_steps = 0;
+  // The epochs after the first (all, when there is one): the throughput.
+  double later_samples = 0, later_seconds = 0, later_global_samples = 0;
+  // The epoch in progress.
+  EpochStats stats;
+  int64_t global_samples = 0;
+  int64_t start_ns = 0;
+};
+
+TrainingReport Trainer::NewReport() const {
   TrainingReport report;
   report.model = replicas_[0]->config().name;
   for (Device* d : devices_) report.devices.push_back(d->name());
@@ -733,155 +761,186 @@ absl::StatusOr<TrainingReport> Trainer::Run() {
     report.compute = "replay";
     report.replay_step_seconds = static_cast<double>(replay_profile_.step_ns()) / 1e9;
   }
+  return report;
+}
 
+void Trainer::BeginEpoch(RunState& run) {
+  run.stats = EpochStats();
+  run.stats.epoch = run.iteration / steps_per_epoch() + 1;
+  run.global_samples = 0;
+  split_observer_.Reset();
+  run.start_ns = clock_->NowNanos();
+}
+
+bool Trainer::StopAsked() const { return options_.should_stop && options_.should_stop(); }
+
+absl::Status Trainer::StoppedWithoutServer(int64_t step, const absl::Status& lost) {
+  return absl::CancelledError(
+      absl::StrCat("asked to stop; step ", step, " did not complete: ", lost.message()));
+}
+
+absl::Status Trainer::ResumeAfterLoss(RunState& run, const absl::Status& status) {
+  if (!options_.recover_from_server_loss || !IsServerLost(status)) return status;
+  if (StopAsked()) return StoppedWithoutServer(run.iteration, status);
+  // The server went away or restarted: register again and resume from
+  // its version, which may be older (a checkpoint). The epoch resumed
+  // into counts the steps trained since; an epoch reported already and
+  // rolled back into is reported again when it ends.
+  const int64_t recover_start_ns = clock_->NowNanos();
+  TrainingReport::Recovery recovery;
+  recovery.failed_iteration = run.iteration;
+  recovery.error = std::string(status.message());
+  PS_ASSIGN_OR_RETURN(const int64_t resume, Recover(status));
+  recovery.resumed_version = resume;
+  recovery.seconds = SecondsSince(*clock_, recover_start_ns);
+  run.report.recoveries.push_back(recovery);
+  if (on_recovery_) on_recovery_(recovery);
+  // Asynchronous: the server's version counts every worker's updates,
+  // not this worker's steps; it goes on from its own step.
+  if (!registration_.consistency.independent_steps()) run.iteration = resume;
+  const int64_t steps_per_epoch = this->steps_per_epoch();
+  while (!run.report.epochs.empty() &&
+         run.report.epochs.back().epoch > run.iteration / steps_per_epoch) {
+    run.report.epochs.pop_back();
+  }
+  double loss_sum, correct;
+  PS_RETURN_IF_ERROR(ReadAndResetMetrics(&loss_sum, &correct));
+  if (run.iteration < run.end) BeginEpoch(run);
+  return absl::OkStatus();
+}
+
+void Trainer::CountStep(RunState& run) {
+  const int64_t steps_per_epoch = this->steps_per_epoch();
+  const int64_t iteration = run.iteration;
+  const int64_t step = iteration % steps_per_epoch;
+  if (!members_.empty() && static_cast<int>(members_.size()) < registration_.num_workers) {
+    // A step with fewer workers: extend the last range or start one.
+    std::vector<std::pair<int64_t, int64_t>>& shrunk = run.report.shrunk_steps;
+    if (!shrunk.empty() && shrunk.back().second + 1 == iteration) {
+      shrunk.back().second = iteration;
+    } else {
+      shrunk.push_back({iteration, iteration});
+    }
+  }
+  ++run.total_steps;
+  ++run.stats.steps;
+  run.stats.samples += WorkerPart(step).size;
+  run.global_samples += GlobalBatchSize(step);
+  if (on_step_) {
+    StepProgress p;
+    p.epoch = iteration / steps_per_epoch + 1;
+    p.step_in_epoch = step + 1;
+    p.steps_in_epoch = steps_per_epoch;
+    p.samples = run.stats.samples;
+    p.seconds = SecondsSince(*clock_, run.start_ns);
+    on_step_(p);
+  }
+}
+
+absl::Status Trainer::EndEpoch(RunState& run, int64_t epoch) {
+  EpochStats& stats = run.stats;
+  stats.train_seconds = SecondsSince(*clock_, run.start_ns);
+  stats.split = split_observer_.split();
+  AddSplit(&run.report.split, stats.split);
+  double loss_sum, correct;
+  PS_RETURN_IF_ERROR(ReadAndResetMetrics(&loss_sum, &correct));
+  stats.train_loss = loss_sum / std::max<int64_t>(1, stats.samples);
+  stats.train_accuracy = correct / std::max<int64_t>(1, stats.samples);
+  stats.samples_per_second = stats.samples / std::max(1e-9, stats.train_seconds);
+  if (epoch > 0 || options_.epochs == 1) {
+    run.later_samples += stats.samples;
+    run.later_global_samples += run.global_samples;
+    run.later_seconds += stats.train_seconds;
+  }
+  if (options_.evaluate && test_ != nullptr && test_->size() > 0) {
+    PS_RETURN_IF_ERROR(Evaluate(*test_, &stats.test_loss, &stats.test_accuracy));
+  }
+  if (options_.evaluate && validation_ != nullptr && validation_->size() > 0) {
+    PS_RETURN_IF_ERROR(
+        Evaluate(*validation_, &stats.validation_loss, &stats.validation_accuracy));
+  }
+  run.report.epochs.push_back(stats);
+  if (on_epoch_) on_epoch_(stats);
+  return absl::OkStatus();
+}
+
+void Trainer::FinishReport(RunState& run) const {
+  TrainingReport& report = run.report;
+  if (run.later_seconds == 0 && !report.epochs.empty()) {  // stopped inside epoch 1
+    run.later_samples = report.epochs[0].samples;
+    run.later_global_samples =
+        static_cast<double>(report.epochs[0].samples) * registration_.num_workers;
+    run.later_seconds = report.epochs[0].train_seconds;
+  }
+  report.steps = run.total_steps;
+  if (!report.epochs.empty()) {
+    report.final_train_loss = report.epochs.back().train_loss;
+    report.final_test_accuracy = report.epochs.back().test_accuracy;
+  }
+  report.samples_per_second = run.later_samples / std::max(1e-9, run.later_seconds);
+  report.global_samples_per_second = run.later_global_samples / std::max(1e-9, run.later_seconds);
+  int64_t to_host = 0, to_device = 0;
+  for (Device* d : devices_) {
+    to_host += d->counters().device_to_host(CopyKind::kModel);
+    to_device += d->counters().host_to_device(CopyKind::kModel);
+  }
+  if (run.total_steps > 0) {
+    report.model_bytes_to_host_per_step = static_cast<double>(to_host) / run.total_steps;
+    report.model_bytes_to_device_per_step = static_cast<double>(to_device) / run.total_steps;
+  }
+}
+
+absl::StatusOr<TrainingReport> Trainer::Run() {
+  RunState run;
+  run.report = NewReport();
   for (auto& r : replica_state_) PS_RETURN_IF_ERROR(r->metrics.SetZero());
   for (Device* d : devices_) d->ResetCounters();
   const int64_t steps_per_epoch = this->steps_per_epoch();
-  int64_t end = options_.epochs * steps_per_epoch;
-  if (options_.max_steps > 0) end = std::min(end, options_.max_steps);
+  run.end = options_.epochs * steps_per_epoch;
+  if (options_.max_steps > 0) run.end = std::min(run.end, options_.max_steps);
   // The loop runs over global iterations, from the version the store gave
   // (0 for a new job; later for a server resumed from a checkpoint or a
   // worker rejoining): the data of iteration t is a function of the seed
   // and t, so any worker can start, or start again, anywhere.
   // Asynchronous: the server's version counts every worker's updates; this
   // worker runs its own steps.
-  int64_t iteration = registration_.consistency.independent_steps() ? 0 : registration_.version;
-  int64_t total_steps = 0;
-  double later_samples = 0, later_seconds = 0, later_global_samples = 0;
-  EpochStats stats;
-  int64_t global_samples = 0;
-  int64_t start_ns = 0;
-  auto begin_epoch = [&](int64_t epoch) {
-    stats = EpochStats();
-    stats.epoch = epoch + 1;
-    global_samples = 0;
-    split_observer_.Reset();
-    start_ns = clock_->NowNanos();
-  };
-  if (iteration < end) begin_epoch(iteration / steps_per_epoch);
-  auto stop_asked = [this] { return options_.should_stop && options_.should_stop(); };
-  // Asked to stop when `step` failed for a lost server: not waited for.
-  auto stopped_without_server = [](int64_t step, const absl::Status& lost) {
-    return absl::CancelledError(
-        absl::StrCat("asked to stop; step ", step, " did not complete: ", lost.message()));
-  };
-  while (iteration < end) {
-    const int64_t epoch = iteration / steps_per_epoch;
-    const int64_t step = iteration % steps_per_epoch;
+  run.iteration = registration_.consistency.independent_steps() ? 0 : registration_.version;
+  if (run.iteration < run.end) BeginEpoch(run);
+  while (run.iteration < run.end) {
+    const int64_t epoch = run.iteration / steps_per_epoch;
+    const int64_t step = run.iteration % steps_per_epoch;
     absl::Status status = TrainStep(epoch, step);
     // The last step of the epoch: its parameters must be in before the
     // epoch ends (evaluation, weights, the next epoch's stats).
-    if (status.ok() && (step + 1 == steps_per_epoch || iteration + 1 == end)) {
+    if (status.ok() && (step + 1 == steps_per_epoch || run.iteration + 1 == run.end)) {
       status = FinishCommunication();
-      if (status.ok() && registration_.consistency.stale_pulls()) status = CatchUp(iteration + 1);
+      if (status.ok() && registration_.consistency.stale_pulls()) {
+        status = CatchUp(run.iteration + 1);
+      }
     }
     if (!status.ok()) {
-      if (!options_.recover_from_server_loss || !IsServerLost(status)) return status;
-      if (stop_asked()) return stopped_without_server(iteration, status);
-      // The server went away or restarted: register again and resume from
-      // its version, which may be older (a checkpoint). The epoch resumed
-      // into counts the steps trained since; an epoch reported already and
-      // rolled back into is reported again when it ends.
-      const int64_t recover_start_ns = clock_->NowNanos();
-      TrainingReport::Recovery recovery;
-      recovery.failed_iteration = iteration;
-      recovery.error = std::string(status.message());
-      PS_ASSIGN_OR_RETURN(const int64_t resume, Recover(status));
-      recovery.resumed_version = resume;
-      recovery.seconds = SecondsSince(*clock_, recover_start_ns);
-      report.recoveries.push_back(recovery);
-      if (on_recovery_) on_recovery_(recovery);
-      // Asynchronous: the server's version counts every worker's updates,
-      // not this worker's steps; it goes on from its own step.
-      if (!registration_.consistency.independent_steps()) iteration = resume;
-      while (!report.epochs.empty() && report.epochs.back().epoch > iteration / steps_per_epoch) {
-        report.epochs.pop_back();
-      }
-      double loss_sum, correct;
-      PS_RETURN_IF_ERROR(ReadAndResetMetrics(&loss_sum, &correct));
-      if (iteration < end) begin_epoch(iteration / steps_per_epoch);
+      PS_RETURN_IF_ERROR(ResumeAfterLoss(run, status));
       continue;
     }
-    if (!members_.empty() && static_cast<int>(members_.size()) < registration_.num_workers) {
-      // A step with fewer workers: extend the last range or start one.
-      if (!report.shrunk_steps.empty() && report.shrunk_steps.back().second + 1 == iteration) {
-        report.shrunk_steps.back().second = iteration;
-      } else {
-        report.shrunk_steps.push_back({iteration, iteration});
-      }
-    }
-    ++total_steps;
-    ++stats.steps;
-    stats.samples += WorkerPart(step).size;
-    global_samples += GlobalBatchSize(step);
-    if (on_step_) {
-      StepProgress p;
-      p.epoch = epoch + 1;
-      p.step_in_epoch = step + 1;
-      p.steps_in_epoch = steps_per_epoch;
-      p.samples = stats.samples;
-      p.seconds = SecondsSince(*clock_, start_ns);
-      on_step_(p);
-    }
-    ++iteration;
-    const bool stop = stop_asked() && iteration != end;
+    CountStep(run);
+    ++run.iteration;
+    const bool stop = StopAsked() && run.iteration != run.end;
     if (stop) {
       // Its pulls in: the replicas hold the version the step produced.
       if (absl::Status finished = FinishCommunication(); !finished.ok()) {
         if (!IsServerLost(finished)) return finished;
-        return stopped_without_server(iteration - 1, finished);
+        return StoppedWithoutServer(run.iteration - 1, finished);
       }
-      report.stopped_at_step = iteration - 1;
+      run.report.stopped_at_step = run.iteration - 1;
     }
-    if (!stop && step + 1 != steps_per_epoch && iteration != end) continue;
+    if (!stop && step + 1 != steps_per_epoch && run.iteration != run.end) continue;
     // The epoch ends (or training does).
-    stats.train_seconds = SecondsSince(*clock_, start_ns);
-    stats.split = split_observer_.split();
-    AddSplit(&report.split, stats.split);
-    double loss_sum, correct;
-    PS_RETURN_IF_ERROR(ReadAndResetMetrics(&loss_sum, &correct));
-    stats.train_loss = loss_sum / std::max<int64_t>(1, stats.samples);
-    stats.train_accuracy = correct / std::max<int64_t>(1, stats.samples);
-    stats.samples_per_second = stats.samples / std::max(1e-9, stats.train_seconds);
-    if (epoch > 0 || options_.epochs == 1) {
-      later_samples += stats.samples;
-      later_global_samples += global_samples;
-      later_seconds += stats.train_seconds;
-    }
-    if (options_.evaluate && test_ != nullptr && test_->size() > 0) {
-      PS_RETURN_IF_ERROR(Evaluate(*test_, &stats.test_loss, &stats.test_accuracy));
-    }
-    if (options_.evaluate && validation_ != nullptr && validation_->size() > 0) {
-      PS_RETURN_IF_ERROR(
-          Evaluate(*validation_, &stats.validation_loss, &stats.validation_accuracy));
-    }
-    report.epochs.push_back(stats);
-    if (on_epoch_) on_epoch_(stats);
+    PS_RETURN_IF_ERROR(EndEpoch(run, epoch));
     if (stop) break;
-    if (iteration < end) begin_epoch(iteration / steps_per_epoch);
+    if (run.iteration < run.end) BeginEpoch(run);
   }
-  if (later_seconds == 0 && !report.epochs.empty()) {  // stopped inside epoch 1
-    later_samples = report.epochs[0].samples;
-    later_global_samples = static_cast<double>(report.epochs[0].samples) * registration_.num_workers;
-    later_seconds = report.epochs[0].train_seconds;
-  }
-  report.steps = total_steps;
-  if (!report.epochs.empty()) {
-    report.final_train_loss = report.epochs.back().train_loss;
-    report.final_test_accuracy = report.epochs.back().test_accuracy;
-  }
-  report.samples_per_second = later_samples / std::max(1e-9, later_seconds);
-  report.global_samples_per_second = later_global_samples / std::max(1e-9, later_seconds);
-  int64_t to_host = 0, to_device = 0;
-  for (Device* d : devices_) {
-    to_host += d->counters().device_to_host(CopyKind::kModel);
-    to_device += d->counters().host_to_device(CopyKind::kModel);
-  }
-  if (total_steps > 0) {
-    report.model_bytes_to_host_per_step = static_cast<double>(to_host) / total_steps;
-    report.model_bytes_to_device_per_step = static_cast<double>(to_device) / total_steps;
-  }
-  return report;
+  FinishReport(run);
+  return std::move(run.report);
 }
 
 }  // namespace ps::worker

@@ -242,6 +242,15 @@ class Trainer {
           const data::Dataset* train, const data::Dataset* test);
 
   absl::Status Init(const model::ModelConfig& model);
+  // Init's steps, in order. The device threads, the collective and one
+  // replica per device, initialised from options_.seed or init_weights.
+  absl::Status CreateReplicas(const model::ModelConfig& model);
+  // Once registered (the split of the global batch known): each device's
+  // input, label and metric tensors, and its pinned staging buffers.
+  absl::Status CreateReplicaState();
+  // wire_gradients_ / wire_parameters_ (device 0's own memory, or pinned
+  // host buffers), offered to the store with BindBuffers.
+  absl::Status BindWireBuffers();
   // Pulls exactly `version` into every replica and starts a scheduler that
   // holds it.
   absl::Status StartFrom(int64_t version);
@@ -281,6 +290,30 @@ class Trainer {
   static absl::Status AccumulateMetrics(Device& device, const model::DeviceMetrics& metrics,
                                         Tensor& acc);
   absl::Status ReadAndResetMetrics(double* loss_sum, double* correct);
+
+  // Run's steps, around its bookkeeping (RunState, in trainer.cc).
+  struct RunState;
+  // The report's fields known before the first step.
+  TrainingReport NewReport() const;
+  // Starts the epoch of run.iteration: its stats, its time split and its
+  // clock.
+  void BeginEpoch(RunState& run);
+  // options_.should_stop says stop.
+  bool StopAsked() const;
+  // kCancelled: asked to stop when `step` failed for a lost server, which is
+  // not waited for.
+  static absl::Status StoppedWithoutServer(int64_t step, const absl::Status& lost);
+  // After step run.iteration failed with `status`: reconnects and rolls
+  // run back to the server's version (recover_from_server_loss and a lost
+  // server), or returns the error that ends Run.
+  absl::Status ResumeAfterLoss(RunState& run, const absl::Status& status);
+  // Counts step run.iteration (done) into the epoch and the report, and
+  // tells on_step_.
+  void CountStep(RunState& run);
+  // Ends `epoch`: its statistics, evaluation, the report and on_epoch_.
+  absl::Status EndEpoch(RunState& run, int64_t epoch);
+  // The report's totals, once the loop is over.
+  void FinishReport(RunState& run) const;
 
   const TrainerOptions options_;
   std::vector<Device*> devices_;

@@ -1,5 +1,8 @@
 #include "worker/training_report.h"
 
+#include <initializer_list>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 #include "nlohmann/json.hpp"
@@ -11,57 +14,47 @@ namespace {
 // the same way every run.
 using Json = nlohmann::ordered_json;
 
-Json SplitToJson(const TimeSplit& s) {
-  Json j;
-  j["data_s"] = s.data;
-  j["compute_s"] = s.compute;
-  j["reduce_s"] = s.reduce;
-  j["copy_s"] = s.copy;
-  j["push_s"] = s.push;
-  j["wait_s"] = s.wait;
-  j["pull_s"] = s.pull;
+// One JSON object of `fields`, keys in the order given (each function below
+// lists its keys in the order training_report.h states).
+Json Object(std::initializer_list<std::pair<const char*, Json>> fields) {
+  Json j = Json::object();
+  for (const auto& [key, value] : fields) j[key] = value;
   return j;
 }
 
+Json SplitToJson(const TimeSplit& s) {
+  return Object({{"data_s", s.data}, {"compute_s", s.compute}, {"reduce_s", s.reduce},
+                 {"copy_s", s.copy}, {"push_s", s.push}, {"wait_s", s.wait},
+                 {"pull_s", s.pull}});
+}
+
 Json EpochToJson(const EpochStats& e) {
-  Json j;
-  j["epoch"] = e.epoch;
-  j["steps"] = e.steps;
-  j["samples"] = e.samples;
-  j["train_loss"] = e.train_loss;
-  j["train_accuracy"] = e.train_accuracy;
-  j["test_loss"] = e.test_loss;
-  j["test_accuracy"] = e.test_accuracy;
-  j["validation_loss"] = e.validation_loss;
-  j["validation_accuracy"] = e.validation_accuracy;
-  j["train_seconds"] = e.train_seconds;
-  j["samples_per_second"] = e.samples_per_second;
-  j["time_split"] = SplitToJson(e.split);
-  return j;
+  return Object({{"epoch", e.epoch}, {"steps", e.steps}, {"samples", e.samples},
+                 {"train_loss", e.train_loss}, {"train_accuracy", e.train_accuracy},
+                 {"test_loss", e.test_loss}, {"test_accuracy", e.test_accuracy},
+                 {"validation_loss", e.validation_loss},
+                 {"validation_accuracy", e.validation_accuracy},
+                 {"train_seconds", e.train_seconds},
+                 {"samples_per_second", e.samples_per_second},
+                 {"time_split", SplitToJson(e.split)}});
 }
 
 }  // namespace
 
 std::string TrainingReportToJson(const TrainingReport& r) {
-  Json j;
-  j["model"] = r.model;
-  j["devices"] = r.devices;
-  j["rank"] = r.rank;
-  j["num_workers"] = r.num_workers;
-  j["global_batch_size"] = r.global_batch_size;
-  j["model_parameters"] = r.model_parameters;
-  j["steps"] = r.steps;
-  j["final_train_loss"] = r.final_train_loss;
-  j["final_test_accuracy"] = r.final_test_accuracy;
-  j["samples_per_second"] = r.samples_per_second;
-  j["global_samples_per_second"] = r.global_samples_per_second;
-  j["model_bytes_to_host_per_step"] = r.model_bytes_to_host_per_step;
-  j["model_bytes_to_device_per_step"] = r.model_bytes_to_device_per_step;
-  j["peak_rss_bytes"] = r.peak_rss_bytes;
-  j["compute"] = r.compute;
-  j["replay_step_s"] = r.replay_step_seconds;
-  j["time_split"] = SplitToJson(r.split);
-  j["stopped_at_step"] = r.stopped_at_step;
+  Json j = Object({{"model", r.model}, {"devices", r.devices}, {"rank", r.rank},
+                   {"num_workers", r.num_workers}, {"global_batch_size", r.global_batch_size},
+                   {"model_parameters", r.model_parameters}, {"steps", r.steps},
+                   {"final_train_loss", r.final_train_loss},
+                   {"final_test_accuracy", r.final_test_accuracy},
+                   {"samples_per_second", r.samples_per_second},
+                   {"global_samples_per_second", r.global_samples_per_second},
+                   {"model_bytes_to_host_per_step", r.model_bytes_to_host_per_step},
+                   {"model_bytes_to_device_per_step", r.model_bytes_to_device_per_step},
+                   {"peak_rss_bytes", r.peak_rss_bytes}, {"compute", r.compute},
+                   {"replay_step_s", r.replay_step_seconds},
+                   {"time_split", SplitToJson(r.split)},
+                   {"stopped_at_step", r.stopped_at_step}});
   Json shrunk = Json::array();
   for (const auto& [first, last] : r.shrunk_steps) shrunk.push_back(Json::array({first, last}));
   j["shrunk_steps"] = std::move(shrunk);

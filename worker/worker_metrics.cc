@@ -14,6 +14,14 @@ const prometheus::Histogram::BucketBoundaries& StalenessBuckets() {
   return *buckets;
 }
 
+// The family `builder` (prometheus::BuildCounter() and the like) registers
+// in `registry` under `name`, with `help`.
+template <typename Builder>
+auto& Family(Builder builder, const char* name, const char* help,
+             prometheus::Registry& registry) {
+  return builder.Name(name).Help(help).Register(registry);
+}
+
 const char* DirectionName(WorkerMetrics::Direction direction) {
   return direction == WorkerMetrics::Direction::kPush ? "push" : "pull";
 }
@@ -36,41 +44,29 @@ struct WorkerMetrics::Series {
 
 WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
     : registry_(registry),
-      steps_(prometheus::BuildCounter()
-                 .Name("ps_worker_steps_total")
-                 .Help("Steps this worker trained")
-                 .Register(registry)),
-      samples_(prometheus::BuildCounter()
-                   .Name("ps_worker_samples_total")
-                   .Help("Samples this worker trained")
-                   .Register(registry)),
-      version_(prometheus::BuildGauge()
-                   .Name("ps_worker_version")
-                   .Help("The parameter version this worker's last pull asked for (asynchronous: "
-                         "its own step)")
-                   .Register(registry)),
-      recoveries_(prometheus::BuildCounter()
-                      .Name("ps_worker_recoveries_total")
-                      .Help("Reconnections to a lost server")
-                      .Register(registry)),
-      staleness_(prometheus::BuildHistogram()
-                     .Name("ps_worker_push_staleness")
-                     .Help("Asynchronous consistency: updates each push message's chunks had "
-                           "received since the version it was computed from")
-                     .Register(registry)),
-      calls_in_flight_(prometheus::BuildGauge()
-                           .Name("ps_worker_calls_in_flight")
-                           .Help("Push and pull segment calls of the pipeline started and not "
-                                 "completed")
-                           .Register(registry)),
-      bytes_in_flight_(prometheus::BuildGauge()
-                           .Name("ps_worker_bytes_in_flight")
-                           .Help("Bytes (fp32) of the push and pull segment calls in flight")
-                           .Register(registry)),
-      calls_total_(prometheus::BuildCounter()
-                       .Name("ps_worker_calls_total")
-                       .Help("Push and pull segment calls of the pipeline started")
-                       .Register(registry)) {}
+      steps_(Family(prometheus::BuildCounter(), "ps_worker_steps_total",
+                    "Steps this worker trained", registry)),
+      samples_(Family(prometheus::BuildCounter(), "ps_worker_samples_total",
+                      "Samples this worker trained", registry)),
+      version_(Family(prometheus::BuildGauge(), "ps_worker_version",
+                      "The parameter version this worker's last pull asked for (asynchronous: "
+                      "its own step)",
+                      registry)),
+      recoveries_(Family(prometheus::BuildCounter(), "ps_worker_recoveries_total",
+                         "Reconnections to a lost server", registry)),
+      staleness_(Family(prometheus::BuildHistogram(), "ps_worker_push_staleness",
+                        "Asynchronous consistency: updates each push message's chunks had "
+                        "received since the version it was computed from",
+                        registry)),
+      calls_in_flight_(Family(prometheus::BuildGauge(), "ps_worker_calls_in_flight",
+                              "Push and pull segment calls of the pipeline started and not "
+                              "completed",
+                              registry)),
+      bytes_in_flight_(Family(prometheus::BuildGauge(), "ps_worker_bytes_in_flight",
+                              "Bytes (fp32) of the push and pull segment calls in flight",
+                              registry)),
+      calls_total_(Family(prometheus::BuildCounter(), "ps_worker_calls_total",
+                          "Push and pull segment calls of the pipeline started", registry)) {}
 
 WorkerMetrics::~WorkerMetrics() = default;
 
