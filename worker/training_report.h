@@ -2,7 +2,7 @@
 #define PS_WORKER_TRAINING_REPORT_H_
 
 // What a training run reports: per-epoch statistics and the run's totals, and
-// their JSON form (the worker's --report file, read by deploy/bench scripts
+// their JSON form (the worker's --report file, read by deploy/dev/bench scripts
 // and tests/cluster_test).
 
 #include <cstdint>

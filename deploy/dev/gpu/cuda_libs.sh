@@ -1,5 +1,5 @@
 # Where a GPU machine keeps the CUDA libraries the bundle leaves out, sourced
-# by deploy/gpu/run_bundle.sh and tested by //deploy/gpu:bundle_scripts_test.
+# by deploy/dev/gpu/run_bundle.sh and tested by //deploy/dev/gpu:bundle_scripts_test.
 # shellcheck shell=bash
 
 # cuda_lib_dirs PYTHON PREFIX: the folders to search, in order, one per line,

@@ -22,8 +22,8 @@ batch x steps / the slowest rank's time) and its ms/step, plus the median
 worker's figure is with --epochs=1 --max_steps=N (it times every step of its
 only epoch, the first one too).
 
-    /usr/bin/python3 deploy/bench/pytorch_ddp.py --model=mlp --batch_size=256
-    /usr/bin/python3 deploy/bench/pytorch_ddp.py --model=lenet --batch_size=256 --lr=0.9
+    /usr/bin/python3 deploy/dev/bench/pytorch_ddp.py --model=mlp --batch_size=256
+    /usr/bin/python3 deploy/dev/bench/pytorch_ddp.py --model=lenet --batch_size=256 --lr=0.9
 
 Bounded: the parent kills the ranks if they are not done after --timeout
 seconds, and gloo gives up after the same time. Use Debian's /usr/bin/python3
@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
                                 "worker", "model"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models  # noqa: E402  (worker/model/torch_models.py)

@@ -2,13 +2,13 @@
 # Proves the GPU bundle runs on a machine that has none of the build's
 # packages, without a GPU: three podman containers, no network.
 #
-#   bash deploy/gpu/check_bundle_in_container.sh [--bundle=out/gpu_bundle]
+#   bash deploy/dev/gpu/check_bundle_in_container.sh [--bundle=out/gpu_bundle]
 #
 #   1. bare Debian 12 (localhost/ps-fresh-debian12: mmdebstrap --variant=minbase,
-#      as deploy/fresh/run.sh makes it; no absl, gRPC, OpenBLAS, libstdc++'s
+#      as deploy/dev/fresh/run.sh makes it; no absl, gRPC, OpenBLAS, libstdc++'s
 #      build, no xz, no python3), with this machine's CUDA toolkit libraries
 #      mounted at /usr/local/cuda/lib64 as the GPU machine's stand-in and no
-#      driver: deploy/gpu/run_bundle.sh --allow-no-gpu must pass, every test
+#      driver: deploy/dev/gpu/run_bundle.sh --allow-no-gpu must pass, every test
 #      binary passing with its GPU cases skipping ("no usable CUDA GPU"), the
 #      CPU training, the server with two workers and the benchmarks running,
 #      the archive unpacked by the bundle's busybox;
@@ -23,7 +23,7 @@
 # first time), as root; builds the bundle first if there is none. About 1-2
 # minutes with the image and the bundle made. Not part of `bazel test //...`.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 repo=$PWD
 bundle=out/gpu_bundle
 for arg in "$@"; do
@@ -33,7 +33,7 @@ for arg in "$@"; do
     *) echo "check_bundle_in_container: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
-[[ -d "$bundle" ]] || bash deploy/gpu/build_bundle.sh --out="$bundle"
+[[ -d "$bundle" ]] || bash deploy/dev/gpu/build_bundle.sh --out="$bundle"
 bundle=$(cd "$bundle" && pwd)
 [[ "$bundle" == "$repo"/* ]] || { echo "check_bundle_in_container: the bundle must lie in the repository" >&2; exit 2; }
 
@@ -45,7 +45,7 @@ logs=/var/cache/ps-gpu-bundle/container
 rm -rf "$logs"
 mkdir -p "$logs"/{out1,out2,work,rootfs}
 
-# The bare Debian 12 image, as deploy/fresh/run.sh makes it.
+# The bare Debian 12 image, as deploy/dev/fresh/run.sh makes it.
 image=ps-fresh-debian12
 if ! podman image exists "$image"; then
   echo "check_bundle_in_container: making $image (mmdebstrap --variant=minbase)"
@@ -65,7 +65,7 @@ rc=0
 podman run --rm --network=none \
   -v "$repo:/src:ro" -v "$cuda_lib:/usr/local/cuda/lib64:ro" \
   -v "$logs/out1:/out" -v "$logs/work:/work" -w /src \
-  "$image" bash deploy/gpu/run_bundle.sh --bundle="$rel" --out=/out --work=/work \
+  "$image" bash deploy/dev/gpu/run_bundle.sh --bundle="$rel" --out=/out --work=/work \
     --allow-no-gpu > "$logs/run1.log" 2>&1 || rc=$?
 cat "$logs/out1/summary.txt" 2>/dev/null || tail -20 "$logs/run1.log"
 if ((rc != 0)); then echo "FAILED: exit $rc (log: $logs/run1.log)"; ok=0; fi
@@ -78,7 +78,7 @@ grep -q "(no GPU here: the GPU cases skip, as they should)" "$logs/out1/summary.
 echo "=== 2. bare Debian 12 without the CUDA libraries"
 rc=0
 podman run --rm --network=none -v "$repo:/src:ro" -v "$logs/out2:/out" -v "$logs/work:/work" \
-  -w /src "$image" bash deploy/gpu/run_bundle.sh --bundle="$rel" --out=/out --work=/work \
+  -w /src "$image" bash deploy/dev/gpu/run_bundle.sh --bundle="$rel" --out=/out --work=/work \
     --allow-no-gpu > "$logs/run2.log" 2>&1 || rc=$?
 grep ABSENT "$logs/out2/summary.txt" || tail -5 "$logs/run2.log"
 if ((rc != 3)) || ! grep -q "ABSENT: CUDA libraries not found" "$logs/out2/summary.txt"; then

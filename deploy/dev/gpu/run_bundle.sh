@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs the GPU check from a bundle that deploy/gpu/build_bundle.sh built
+# Runs the GPU check from a bundle that deploy/dev/gpu/build_bundle.sh built
 # elsewhere: one command on the GPU machine, from the repository root,
 #
-#   bash deploy/gpu/run_bundle.sh --bundle=out/gpu_bundle --out=$OUT
+#   bash deploy/dev/gpu/run_bundle.sh --bundle=out/gpu_bundle --out=$OUT
 #
 # Parts, in this order, each under its own timeout inside one time budget
 # (--budget, default 450 s; a part that no longer fits is not started and is
@@ -22,7 +22,7 @@
 #               (--devices=cuda:0,0), synthetic data; LeNet on Fashion-MNIST
 #               too when the bundle holds it (JSON reports)
 #   pytorch     the same models and batch in this machine's PyTorch on the GPU
-#               (deploy/gpu/pytorch_gpu.py)
+#               (deploy/dev/gpu/pytorch_gpu.py)
 #   cluster     the server daemon and two workers over loopback
 #   benchmarks  kernels_benchmark, trainer_benchmark, model_benchmark (CPU)
 # Every binary runs as lib/ld-linux-x86-64.so.2 --library-path
@@ -44,14 +44,14 @@
 # default 4),
 # --allow-no-gpu (no driver or GPU: the GPU cases must skip, the GPU training
 # and PyTorch parts are skipped, the CPU parts run instead; for
-# deploy/gpu/check_bundle_in_container.sh).
+# deploy/dev/gpu/check_bundle_in_container.sh).
 # Assumes bash and coreutils (timeout, mktemp, realpath); unpacks with tar and
 # xz (gzip for a .tar.gz), else python3's tarfile, else the static busybox
 # beside the archive.
 
 set -u
 START=$(date +%s)
-# shellcheck source=deploy/gpu/cuda_libs.sh
+# shellcheck source=deploy/dev/gpu/cuda_libs.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh" || exit 2
 bundle=out/gpu_bundle out_dir=${OUT:-} work=/tmp/ps-gpu-bundle budget=450
 parts=machine,unpack,libs,tests,train,pytorch,cluster,benchmarks jobs=4 allow_no_gpu=0
@@ -218,7 +218,7 @@ for a in "$bundle"/ps-gpu-bundle.tar.gz "$bundle"/ps-gpu-bundle.tar.xz; do
   [[ -f "$a" ]] && { archive=$a; break; }
 done
 [[ -z "$archive" ]] && fatal "no bundle at $bundle (ps-gpu-bundle.tar.gz or .tar.xz); build it" \
-  "with bash deploy/gpu/build_bundle.sh and carry it (carry [\"out/gpu_bundle\"])"
+  "with bash deploy/dev/gpu/build_bundle.sh and carry it (carry [\"out/gpu_bundle\"])"
 # The bundle's busybox is static: it runs without this machine's C library
 # (copied, in case the copy that came lost its mode).
 busybox=""

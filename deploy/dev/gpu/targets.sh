@@ -1,5 +1,5 @@
-# What the GPU bundle holds, sourced by deploy/gpu/build_bundle.sh and by
-# //deploy/gpu:bundle_scripts_test. Each list is Bazel labels; a binary keeps
+# What the GPU bundle holds, sourced by deploy/dev/gpu/build_bundle.sh and by
+# //deploy/dev/gpu:bundle_scripts_test. Each list is Bazel labels; a binary keeps
 # its target's name in the bundle, so the names must be unique.
 # shellcheck shell=bash disable=SC2034  # the lists are read by the scripts that source this
 
@@ -50,6 +50,6 @@ TEST_DATA=(
 
 # Scripts the PyTorch comparison runs: bundle path = repository path.
 PY_FILES=(
-  py/pytorch_gpu.py=deploy/gpu/pytorch_gpu.py
+  py/pytorch_gpu.py=deploy/dev/gpu/pytorch_gpu.py
   py/torch_models.py=worker/model/torch_models.py
 )

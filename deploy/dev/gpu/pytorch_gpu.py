@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch's training throughput on a GPU for the models the GPU check trains
-with our worker, as its yardstick (deploy/gpu/run_bundle.sh runs both).
+with our worker, as its yardstick (deploy/dev/gpu/run_bundle.sh runs both).
 
 The same networks as ours (worker/model/torch_models.py: D2L's LeNet with
 sigmoid and average pooling, D2L's ResNet-18 on 1x28x28 inputs), the same
@@ -14,8 +14,8 @@ steps, each ended by torch.cuda.synchronize(); the best run is reported
 its training files are there (pixels / 255), else uniform random pixels and
 labels; the throughput does not depend on which.
 
-    python3 deploy/gpu/pytorch_gpu.py --models=lenet,resnet18 --batch_size=256
-    python3 deploy/gpu/pytorch_gpu.py --json=out.json   # one JSON object per model
+    python3 deploy/dev/gpu/pytorch_gpu.py --models=lenet,resnet18 --batch_size=256
+    python3 deploy/dev/gpu/pytorch_gpu.py --json=out.json   # one JSON object per model
 
 PyTorch runs its convolutions in cuDNN (TF32 allowed for convolutions by
 default, not for matrix products); the settings in force are printed.
@@ -32,7 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 # torch_models.py lies beside this file in the bundle, and in
 # worker/model/ in the repository.
-for candidate in (HERE, os.path.join(HERE, "..", "..", "worker", "model")):
+for candidate in (HERE, os.path.join(HERE, "..", "..", "..", "worker", "model")):
     if os.path.exists(os.path.join(candidate, "torch_models.py")):
         sys.path.insert(0, candidate)
         break

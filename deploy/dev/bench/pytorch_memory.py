@@ -19,8 +19,8 @@ Prints the peak RSS of this process (getrusage), which includes the torch
 libraries themselves; the line before it, right after `import torch`, gives
 that part alone.
 
-    /usr/bin/time -v /usr/bin/python3 deploy/bench/pytorch_memory.py --model=lenet --steps=235
-    /usr/bin/python3 deploy/bench/pytorch_memory.py --model=resnet18 --batch_size=64 --steps=10
+    /usr/bin/time -v /usr/bin/python3 deploy/dev/bench/pytorch_memory.py --model=lenet --steps=235
+    /usr/bin/python3 deploy/dev/bench/pytorch_memory.py --model=resnet18 --batch_size=64 --steps=10
 
 Use Debian's /usr/bin/python3 (python3-torch 1.13).
 """
@@ -60,7 +60,7 @@ def main():
     import torch  # noqa: E402
     from torch import nn  # noqa: E402
     print(f"torch {torch.__version__}: peak RSS after import {peak_mb():.1f} MB", flush=True)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
                                     "worker", "model"))
     import torch_models  # noqa: E402  (worker/model/torch_models.py)
 

@@ -4,9 +4,9 @@
 # nothing of this project installed), with only apt access, as a new user's
 # machine would be. Prints how long each command took.
 #
-#   bash deploy/fresh/run.sh [--keep]     # as root; about 20-30 minutes
-#   bash deploy/fresh/run.sh --images     # instead: deploy/images/build.sh
-#   bash deploy/fresh/run.sh --cluster-only -- --epochs=1
+#   bash deploy/dev/fresh/run.sh [--keep]     # as root; about 20-30 minutes
+#   bash deploy/dev/fresh/run.sh --images     # instead: deploy/images/build.sh
+#   bash deploy/dev/fresh/run.sh --cluster-only -- --epochs=1
 #
 # --images runs the image build on the fresh machine instead (privileged,
 # since mmdebstrap mounts /proc in its chroot and podman runs nested, on
@@ -27,7 +27,7 @@
 # with deploy/images/containers.conf, the settings ../shared/ENVIRONMENT.md
 # describes (runc, explicit ulimits, cgroupfs).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 keep=0 images=0 cluster_only=0 disk_cache=0 cluster_args=()
 while (($#)); do
   case "$1" in

@@ -2,13 +2,13 @@
 # Builds the GPU check's bundle, here, for a GPU machine that has no Bazel, no
 # apt, no network and a C library of its own:
 #
-#   bash deploy/gpu/build_bundle.sh [--out=out/gpu_bundle] [--no-data] [--gzip]
+#   bash deploy/dev/gpu/build_bundle.sh [--out=out/gpu_bundle] [--no-data] [--gzip]
 #
 # The bundle is one archive (out/gpu_bundle/ps-gpu-bundle.tar.xz, with its
 # sha256, BUNDLE.txt, the manifest, and a static busybox to unpack it where
-# neither xz nor python3 is installed) that deploy/gpu/run_bundle.sh unpacks
+# neither xz nor python3 is installed) that deploy/dev/gpu/run_bundle.sh unpacks
 # and runs there. It holds:
-#   bin/tests/       every cc_test with CUDA cases (deploy/gpu/targets.sh)
+#   bin/tests/       every cc_test with CUDA cases (deploy/dev/gpu/targets.sh)
 #   bin/benchmarks/  the benchmarks; bin/ the daemons (server, worker,
 #                    health_check)
 #   lib/             every non-CUDA shared library they load, libc, libstdc++
@@ -38,7 +38,7 @@
 # bundle, 64 MiB in all: the script prints both sizes and fails when their sum
 # is over.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 
 out=out/gpu_bundle data=auto compress=xz
 for arg in "$@"; do
@@ -51,8 +51,8 @@ for arg in "$@"; do
   esac
 done
 
-# shellcheck source=deploy/gpu/targets.sh
-source deploy/gpu/targets.sh
+# shellcheck source=deploy/dev/gpu/targets.sh
+source deploy/dev/gpu/targets.sh
 cuda="${CUDA_PATH:-/usr/local/cuda}"
 if [[ ! -x "$cuda/bin/nvcc" ]]; then
   echo "build_bundle: no CUDA toolkit at $cuda (nvcc): the bundle is the CUDA build" >&2
@@ -73,7 +73,7 @@ while read -r src; do
 done < <(git ls-files -co --exclude-standard '*_test.cc' | xargs grep -l -e PS_SKIP_WITHOUT_GPU \
   -e 'no usable CUDA GPU' -e PS_WITH_CUDA -e CudaGpuCount)
 if [[ -n "$unlisted" ]]; then
-  echo "build_bundle: tests with CUDA cases missing from deploy/gpu/targets.sh:$unlisted" >&2
+  echo "build_bundle: tests with CUDA cases missing from deploy/dev/gpu/targets.sh:$unlisted" >&2
   exit 1
 fi
 
@@ -180,7 +180,7 @@ fi
 # 4. The manifest.
 # The GPU code in the worker (and so in every binary: the same kernels).
 objcopy -O binary --only-section=.nv_fatbin "$stage/bin/worker" "$stage_root/fatbin.bin"
-archs=$(python3 deploy/gpu/fatbin_archs.py "$stage_root/fatbin.bin" || true)
+archs=$(python3 deploy/dev/gpu/fatbin_archs.py "$stage_root/fatbin.bin" || true)
 rm -f "$stage_root/fatbin.bin"
 if [[ " $archs " != *" sm_90 "* ]]; then
   echo "build_bundle: the worker holds no sm_90 machine code for the H200 (found: ${archs:-none})" >&2
@@ -275,4 +275,4 @@ if ((total > limit)); then
   exit 1
 fi
 echo "build_bundle: run it on the GPU machine with the device tool's run:"
-echo "  carry [\"$out\"], command: bash deploy/gpu/run_bundle.sh --bundle=$out --out=\$OUT"
+echo "  carry [\"$out\"], command: bash deploy/dev/gpu/run_bundle.sh --bundle=$out --out=\$OUT"

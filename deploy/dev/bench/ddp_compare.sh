@@ -2,7 +2,7 @@
 # Our parameter server (2 workers x 1 CPU device x 1 thread, 1 or 2 server
 # shards over loopback TCP, and 1 shard with --shared_memory, bash
 # deploy/local_cluster.sh) side by side with PyTorch DDP (2 gloo ranks x 1
-# thread on 127.0.0.1, deploy/bench/pytorch_ddp.py) on the same models,
+# thread on 127.0.0.1, deploy/dev/bench/pytorch_ddp.py) on the same models,
 # global batches and learning rates, alternating ours and theirs. Prints
 # every run and two tables: the rates, and each round's ratios to that
 # round's DDP summarised over the rounds (median, lowest, highest); not a
@@ -17,7 +17,7 @@
 # compute of two one-thread workers saturates both cores, no transport can
 # lift ours past it.
 #
-#   bash deploy/bench/ddp_compare.sh [--rounds=5] [--configs=mlp-b32,mlp-b256,lenet-b256]
+#   bash deploy/dev/bench/ddp_compare.sh [--rounds=5] [--configs=mlp-b32,mlp-b256,lenet-b256]
 #
 # What each figure times (samples/s of both processes together):
 #  - ours, mlp at batch 256 and lenet: --epochs=2 / --epochs=6 over the
@@ -32,7 +32,7 @@
 #    matching figure is its "from step 1" (its first 60 steps, cold ones
 #    included); its warm best is shown beside it.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 
 rounds=5 only=""
 for arg in "$@"; do
@@ -110,7 +110,7 @@ alone() {  # alone NAME MODEL BATCH LR ROUND FLAGS...: the no-communication ceil
 ddp() {  # ddp NAME MODEL BATCH LR COLUMN ROUND FLAGS...
   local name=$1 model=$2 batch=$3 lr=$4 column=$5 round=$6; shift 6
   local log="$out/ddp-$name-r$round.log"
-  timeout 300 "$py" deploy/bench/pytorch_ddp.py --model="$model" --batch_size="$batch" \
+  timeout 300 "$py" deploy/dev/bench/pytorch_ddp.py --model="$model" --batch_size="$batch" \
     --lr="$lr" --timeout=240 "$@" >"$log" 2>&1 || {
       echo "ddp_compare: DDP $name failed; see $log" >&2; return 1; }
   local ms best median cold

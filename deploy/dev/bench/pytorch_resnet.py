@@ -11,7 +11,7 @@ warm-up steps, then --repeats runs of timed steps, and prints the best run's
 samples/s and the median. Only the training step is timed (forward, loss,
 backward, optimizer step).
 
-    /usr/bin/python3 deploy/bench/pytorch_resnet.py --batch_size=64 --threads=1,2
+    /usr/bin/python3 deploy/dev/bench/pytorch_resnet.py --batch_size=64 --threads=1,2
 
 Use Debian's /usr/bin/python3 (python3-torch 1.13, which runs oneDNN 2.6 for
 convolutions); a python3 earlier on PATH may lack torch.

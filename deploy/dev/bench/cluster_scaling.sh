@@ -3,14 +3,14 @@
 # one-process trainer, and the bytes each worker moves per step against the
 # model's size. Prints a table; not a test.
 #
-#   bash deploy/bench/cluster_scaling.sh [--model=lenet] [--epochs=2] [--devices=cpu:1]
+#   bash deploy/dev/bench/cluster_scaling.sh [--model=lenet] [--epochs=2] [--devices=cpu:1]
 #
 # samples/s counts all workers together and excludes the first epoch (the
 # reports' global_samples_per_second). On a 2-core machine W = 2 gives each
 # worker one core while the one-process run gets both: the comparison shows
 # what the parameter server costs, not a speed-up.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 
 model=lenet epochs=2 devices=cpu:1
 for arg in "$@"; do

@@ -12,8 +12,8 @@ and prints the best run's samples/s and the median (other load on the
 machine only ever slows a run). Only the training step is timed (forward,
 loss, backward, optimizer step); no data loading, no evaluation.
 
-    /usr/bin/python3 deploy/bench/pytorch_lenet.py
-    /usr/bin/python3 deploy/bench/pytorch_lenet.py --threads=1,2 --steps=100
+    /usr/bin/python3 deploy/dev/bench/pytorch_lenet.py
+    /usr/bin/python3 deploy/dev/bench/pytorch_lenet.py --threads=1,2 --steps=100
 
 Use Debian's /usr/bin/python3 (python3-torch); a python3 earlier on PATH may
 lack torch.
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
                                 "worker", "model"))
 import torch_models  # noqa: E402  (worker/model/torch_models.py)
 

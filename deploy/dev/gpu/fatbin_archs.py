@@ -3,7 +3,7 @@
 section (this toolkit ships no cuobjdump here):
 
     objcopy -O binary --only-section=.nv_fatbin BINARY fatbin.bin
-    python3 deploy/gpu/fatbin_archs.py fatbin.bin    # e.g. "sm_80 sm_90 ptx:compute_90"
+    python3 deploy/dev/gpu/fatbin_archs.py fatbin.bin    # e.g. "sm_80 sm_90 ptx:compute_90"
 
 The section is a run of fat binaries, each a 16-byte header (magic
 0xBA55ED50, version, header size, payload size) and entries, each with its

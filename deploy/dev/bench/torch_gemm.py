@@ -5,7 +5,7 @@ GEMM used before it moved to oneDNN's sgemm; --threads sets OpenBLAS's
 thread count too (pytorch_lenet.set_torch_threads). Prints GFLOP/s per shape, best
 of --repeats timed runs of about --seconds each. Not a test.
 
-    /usr/bin/python3 deploy/bench/torch_gemm.py [--threads=1] [--repeats=3]
+    /usr/bin/python3 deploy/dev/bench/torch_gemm.py [--threads=1] [--repeats=3]
     bazel run -c opt //kernels:kernels_benchmark -- --benchmark_filter=BM_Gemm
 """
 
@@ -17,7 +17,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pytorch_lenet import set_torch_threads  # noqa: E402  (deploy/bench/pytorch_lenet.py)
+from pytorch_lenet import set_torch_threads  # noqa: E402  (deploy/dev/bench/pytorch_lenet.py)
 
 # (m, n, k, trans_a, trans_b) as in kernels_benchmark.cc's GemmArgs:
 # C [m x n] = op(A) op(B).

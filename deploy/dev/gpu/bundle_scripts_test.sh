@@ -11,13 +11,13 @@
 #      and its summary.json is JSON.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-[[ -f "$here/cuda_libs.sh" ]] || here="$TEST_SRCDIR/$TEST_WORKSPACE/deploy/gpu"
+[[ -f "$here/cuda_libs.sh" ]] || here="$TEST_SRCDIR/$TEST_WORKSPACE/deploy/dev/gpu"
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 expect_eq() { [[ "$2" == "$3" ]] || fail "$1: expected [$3], got [$2]"; }
 
-# shellcheck source=deploy/gpu/cuda_libs.sh
+# shellcheck source=deploy/dev/gpu/cuda_libs.sh
 source "$here/cuda_libs.sh"
 
 # 1. A machine with a toolkit holding cuBLAS and cudart, and PyTorch's wheels
@@ -71,7 +71,7 @@ expect_eq "fatbin architectures" "$(python3 "$here/fatbin_archs.py" "$tmp/fatbin
   "ptx:compute_90 sm_80 sm_90"
 
 # 4. Unique binary names.
-# shellcheck source=deploy/gpu/targets.sh
+# shellcheck source=deploy/dev/gpu/targets.sh
 source "$here/targets.sh"
 dups=$(printf '%s\n' "${GPU_TESTS[@]}" "${BENCHMARKS[@]}" "${DAEMONS[@]}" | sed 's/.*://' |
   sort | uniq -d)
