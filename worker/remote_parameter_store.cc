@@ -471,6 +471,34 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetry
 absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
     const std::vector<ParamSpec>& signature, absl::Span<const float> proposed,
     absl::Time deadline) {
+  // 1. The request: this worker, its model, and shared memory if offered.
+  proto::RegisterRequest request = MakeRegisterRequest(signature);
+  PS_ASSIGN_OR_RETURN(const bool offer, OfferSharedMemory(signature, &request));
+  use_segment_ = false;
+  // 2. The call.
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  AddCredentials(&context);  // the token; no session yet (Reconnect cleared it)
+  proto::RegisterReply reply;
+  PS_RETURN_IF_ERROR(FromGrpcStatus(stub_->Register(&context, request, &reply),
+                                    absl::StrCat("Register with ", options_.server_address)));
+  // 3. The reply vetted before any of it is kept.
+  PS_ASSIGN_OR_RETURN(const WorkerConsistency consistency, CheckRegisterReply(reply));
+  // 4. The session: rank, shared memory, credential, heartbeats.
+  AdoptSession(reply, offer);
+  // 5. The model cut into the server's chunks, and those into messages.
+  LayOutMessages(signature, reply.chunk_elements());
+  // 6. The initial parameters, when the server asks this worker for them.
+  if (reply.send_initial_parameters()) {
+    PS_RETURN_IF_ERROR(SendInitialParameters(proposed));
+    sent_initial_parameters_ = true;
+  }
+  // 7. What the caller learns, and the state pulls and pushes start from.
+  return AdoptRegistration(reply, consistency);
+}
+
+proto::RegisterRequest RemoteParameterStore::MakeRegisterRequest(
+    const std::vector<ParamSpec>& signature) const {
   proto::RegisterRequest request;
   request.set_worker_id(options_.worker_id);
   // The rank asked for, else the one held before (a reconnect): a restarted
@@ -486,29 +514,31 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
     t->set_dtype(proto::DTYPE_F32);
     for (int64_t d : spec.shape) t->add_shape(d);
   }
+  return request;
+}
+
+absl::StatusOr<bool> RemoteParameterStore::OfferSharedMemory(
+    const std::vector<ParamSpec>& signature, proto::RegisterRequest* request) {
   // Shared memory: a push area and a pull area of every parameter.
   const bool offer = options_.shared_memory && codec_->dtype() == DType::kF32 && !codec_->sparse();
-  if (offer) {
-    int64_t elements = 0;
-    for (const ParamSpec& spec : signature) elements += NumElements(spec.shape);
-    // A fresh segment per registration: a pull of an earlier session that
-    // the server answers late writes into memory nobody reads any more.
-    segment_.reset();
-    PS_ASSIGN_OR_RETURN(segment_, SharedMemorySegment::Create(static_cast<size_t>(
-                                      8 * std::max<int64_t>(elements, 1))));
-    proto::SharedMemory* shm = request.mutable_shared_memory();
-    shm->set_pid(segment_->pid());
-    shm->set_fd(segment_->fd());
-    shm->set_data_bytes(segment_->data_bytes());
-    shm->set_nonce(segment_->nonce());
-  }
-  use_segment_ = false;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
-  AddCredentials(&context);  // the token; no session yet (Reconnect cleared it)
-  proto::RegisterReply reply;
-  PS_RETURN_IF_ERROR(FromGrpcStatus(stub_->Register(&context, request, &reply),
-                                    absl::StrCat("Register with ", options_.server_address)));
+  if (!offer) return false;
+  int64_t elements = 0;
+  for (const ParamSpec& spec : signature) elements += NumElements(spec.shape);
+  // A fresh segment per registration: a pull of an earlier session that
+  // the server answers late writes into memory nobody reads any more.
+  segment_.reset();
+  PS_ASSIGN_OR_RETURN(segment_, SharedMemorySegment::Create(static_cast<size_t>(
+                                    8 * std::max<int64_t>(elements, 1))));
+  proto::SharedMemory* shm = request->mutable_shared_memory();
+  shm->set_pid(segment_->pid());
+  shm->set_fd(segment_->fd());
+  shm->set_data_bytes(segment_->data_bytes());
+  shm->set_nonce(segment_->nonce());
+  return true;
+}
+
+absl::StatusOr<WorkerConsistency> RemoteParameterStore::CheckRegisterReply(
+    const proto::RegisterReply& reply) const {
   absl::StatusOr<WorkerConsistency> consistency =
       WorkerConsistency::FromName(reply.consistency());
   if (!consistency.ok()) {
@@ -530,9 +560,13 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
         options_.server_address, " (--loss_scale=dynamic): an overflow's NaN cannot travel as "
         "top-k pairs; use --compression=none, fp16 or bf16, or no loss scaling"));
   }
+  return consistency;
+}
+
+void RemoteParameterStore::AdoptSession(const proto::RegisterReply& reply, bool offered) {
   rank_ = reply.rank();
-  use_segment_ = offer && reply.shared_memory_attached();
-  if (offer && options_.log) {
+  use_segment_ = offered && reply.shared_memory_attached();
+  if (offered && options_.log) {
     options_.log(use_segment_ ? absl::StrCat("tensor bytes to and from ", options_.server_address,
                                              " go through shared memory")
                               : absl::StrCat("the server at ", options_.server_address,
@@ -548,6 +582,10 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   if (!heartbeats_.joinable() && options_.heartbeat_interval > absl::ZeroDuration()) {
     heartbeats_ = std::thread([this] { SendHeartbeats(); });
   }
+}
+
+void RemoteParameterStore::LayOutMessages(const std::vector<ParamSpec>& signature,
+                                          int64_t chunk_elements) {
   messages_.clear();
   message_elements_.clear();
   key_names_.clear();
@@ -556,13 +594,13 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   for (int key = 0; key < static_cast<int>(signature.size()); ++key) {
     key_names_.push_back(signature[key].name);
     const int64_t n = NumElements(signature[key].shape);
-    const int64_t count = ChunkCount(n, reply.chunk_elements());
+    const int64_t count = ChunkCount(n, chunk_elements);
     for (int64_t c = 0; c < count; ++c) {
-      const int64_t begin = c * reply.chunk_elements();
-      Chunk chunk{key, c, offset + begin, std::min(reply.chunk_elements(), n - begin)};
+      const int64_t begin = c * chunk_elements;
+      Chunk chunk{key, c, offset + begin, std::min(chunk_elements, n - begin)};
       chunk.scratch_offset = scratch;
       scratch += codec_->EncodedBytes(chunk.length);
-      if (messages_.empty() || message_elements_.back() + chunk.length > reply.chunk_elements()) {
+      if (messages_.empty() || message_elements_.back() + chunk.length > chunk_elements) {
         messages_.emplace_back();
         message_elements_.push_back(0);
       }
@@ -576,24 +614,24 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   // A new registration (a reconnect rolls back to the server's version):
   // what earlier pushes left unsent belongs to steps that are gone.
   if (codec_->sparse()) residual_.assign(offset, 0.f);
-  if (reply.send_initial_parameters()) {
-    PS_RETURN_IF_ERROR(SendInitialParameters(proposed));
-    sent_initial_parameters_ = true;
-  }
+}
+
+ParameterStore::Registration RemoteParameterStore::AdoptRegistration(
+    const proto::RegisterReply& reply, const WorkerConsistency& consistency) {
   Registration out;
   out.rank = reply.rank();
   out.num_workers = reply.num_workers();
   out.version = reply.version();
   out.members.assign(reply.members().begin(), reply.members().end());
   out.dynamic_members = reply.shrinks();
-  out.consistency = *consistency;
+  out.consistency = consistency;
   out.loss_scale = reply.loss_scale();
   {
     absl::MutexLock lock(&loss_scale_mu_);
     loss_scale_ = reply.loss_scale();
     loss_scale_version_ = reply.version();
   }
-  consistency_ = *consistency;
+  consistency_ = consistency;
   {
     absl::MutexLock lock(&async_mu_);
     pulled_version_.assign(messages_.size(), reply.version());

@@ -237,6 +237,30 @@ class RemoteParameterStore final : public ParameterStore {
   absl::StatusOr<Registration> RegisterOnce(const std::vector<ParamSpec>& signature,
                                             absl::Span<const float> proposed,
                                             absl::Time deadline);
+  // RegisterOnce's steps, in its order.
+  // The request's worker id, requested rank, steps per epoch and signature.
+  proto::RegisterRequest MakeRegisterRequest(const std::vector<ParamSpec>& signature) const;
+  // Whether shared memory is offered (options_.shared_memory with a dense
+  // F32 codec); if so replaces segment_ by a fresh segment for `signature`
+  // and states it in `request`. The segment's error when it cannot be made.
+  absl::StatusOr<bool> OfferSharedMemory(const std::vector<ParamSpec>& signature,
+                                         proto::RegisterRequest* request);
+  // The reply's consistency; the error RegisterOnce returns, changing
+  // nothing, when the consistency is unknown (its code), the reply
+  // malformed (kInternal) or its loss scaling impossible with a sparse
+  // codec (kInvalidArgument).
+  absl::StatusOr<WorkerConsistency> CheckRegisterReply(const proto::RegisterReply& reply) const;
+  // Takes the reply's rank, shared memory (if `offered`; logged) and
+  // session, and starts the heartbeat thread if it is not running.
+  void AdoptSession(const proto::RegisterReply& reply, bool offered);
+  // Rebuilds messages_ (and their sizes, key names, num_parameters_, the
+  // push scratch and a zero residual) for `signature` cut into chunks of
+  // `chunk_elements` (>= 1).
+  void LayOutMessages(const std::vector<ParamSpec>& signature, int64_t chunk_elements);
+  // The registration the caller gets; resets the loss scale, consistency,
+  // pulled and held versions and announced members to the reply's.
+  Registration AdoptRegistration(const proto::RegisterReply& reply,
+                                 const WorkerConsistency& consistency);
   // The job token and (after Register) the session, on every call.
   void AddCredentials(grpc::ClientContext* context) const;
   // The heartbeat thread's loop (started by the first registration).
