@@ -471,6 +471,34 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetry
 absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
     const std::vector<ParamSpec>& signature, absl::Span<const float> proposed,
     absl::Time deadline) {
+  // 1. The request: this worker, its model, and shared memory if offered.
+  proto::RegisterRequest request = MakeRegisterRequest(signature);
+  PS_ASSIGN_OR_RETURN(const bool offer, OfferSharedMemory(signature, &request));
+  use_segment_ = false;
+  // 2. The call.
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  AddCredentials(&context);  // the token; no session yet (Reconnect cleared it)
+  proto::RegisterReply reply;
+  PS_RETURN_IF_ERROR(FromGrpcStatus(stub_->Register(&context, request, &reply),
+                                    absl::StrCat("Register with ", options_.server_address)));
+  // 3. The reply vetted before any of it is kept.
+  PS_ASSIGN_OR_RETURN(const WorkerConsistency consistency, CheckRegisterReply(reply));
+  // 4. The session: rank, shared memory, credential, heartbeats.
+  AdoptSession(reply, offer);
+  // 5. The model cut into the server's chunks, and those into messages.
+  LayOutMessages(signature, reply.chunk_elements());
+  // 6. The initial parameters, when the server asks this worker for them.
+  if (reply.send_initial_parameters()) {
+    PS_RETURN_IF_ERROR(SendInitialParameters(proposed));
+    sent_initial_parameters_ = true;
+  }
+  // 7. What the caller learns, and the state pulls and pushes start from.
+  return AdoptRegistration(reply, consistency);
+}
+
+proto::RegisterRequest RemoteParameterStore::MakeRegisterRequest(
+    const std::vector<ParamSpec>& signature) const {
   proto::RegisterRequest request;
   request.set_worker_id(options_.worker_id);
   // The rank asked for, else the one held before (a reconnect): a restarted
@@ -486,29 +514,31 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
     t->set_dtype(proto::DTYPE_F32);
     for (int64_t d : spec.shape) t->add_shape(d);
   }
+  return request;
+}
+
+absl::StatusOr<bool> RemoteParameterStore::OfferSharedMemory(
+    const std::vector<ParamSpec>& signature, proto::RegisterRequest* request) {
   // Shared memory: a push area and a pull area of every parameter.
   const bool offer = options_.shared_memory && codec_->dtype() == DType::kF32 && !codec_->sparse();
-  if (offer) {
-    int64_t elements = 0;
-    for (const ParamSpec& spec : signature) elements += NumElements(spec.shape);
-    // A fresh segment per registration: a pull of an earlier session that
-    // the server answers late writes into memory nobody reads any more.
-    segment_.reset();
-    PS_ASSIGN_OR_RETURN(segment_, SharedMemorySegment::Create(static_cast<size_t>(
-                                      8 * std::max<int64_t>(elements, 1))));
-    proto::SharedMemory* shm = request.mutable_shared_memory();
-    shm->set_pid(segment_->pid());
-    shm->set_fd(segment_->fd());
-    shm->set_data_bytes(segment_->data_bytes());
-    shm->set_nonce(segment_->nonce());
-  }
-  use_segment_ = false;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
-  AddCredentials(&context);  // the token; no session yet (Reconnect cleared it)
-  proto::RegisterReply reply;
-  PS_RETURN_IF_ERROR(FromGrpcStatus(stub_->Register(&context, request, &reply),
-                                    absl::StrCat("Register with ", options_.server_address)));
+  if (!offer) return false;
+  int64_t elements = 0;
+  for (const ParamSpec& spec : signature) elements += NumElements(spec.shape);
+  // A fresh segment per registration: a pull of an earlier session that
+  // the server answers late writes into memory nobody reads any more.
+  segment_.reset();
+  PS_ASSIGN_OR_RETURN(segment_, SharedMemorySegment::Create(static_cast<size_t>(
+                                    8 * std::max<int64_t>(elements, 1))));
+  proto::SharedMemory* shm = request->mutable_shared_memory();
+  shm->set_pid(segment_->pid());
+  shm->set_fd(segment_->fd());
+  shm->set_data_bytes(segment_->data_bytes());
+  shm->set_nonce(segment_->nonce());
+  return true;
+}
+
+absl::StatusOr<WorkerConsistency> RemoteParameterStore::CheckRegisterReply(
+    const proto::RegisterReply& reply) const {
   absl::StatusOr<WorkerConsistency> consistency =
       WorkerConsistency::FromName(reply.consistency());
   if (!consistency.ok()) {
@@ -530,9 +560,13 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
         options_.server_address, " (--loss_scale=dynamic): an overflow's NaN cannot travel as "
         "top-k pairs; use --compression=none, fp16 or bf16, or no loss scaling"));
   }
+  return consistency;
+}
+
+void RemoteParameterStore::AdoptSession(const proto::RegisterReply& reply, bool offered) {
   rank_ = reply.rank();
-  use_segment_ = offer && reply.shared_memory_attached();
-  if (offer && options_.log) {
+  use_segment_ = offered && reply.shared_memory_attached();
+  if (offered && options_.log) {
     options_.log(use_segment_ ? absl::StrCat("tensor bytes to and from ", options_.server_address,
                                              " go through shared memory")
                               : absl::StrCat("the server at ", options_.server_address,
@@ -548,6 +582,10 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   if (!heartbeats_.joinable() && options_.heartbeat_interval > absl::ZeroDuration()) {
     heartbeats_ = std::thread([this] { SendHeartbeats(); });
   }
+}
+
+void RemoteParameterStore::LayOutMessages(const std::vector<ParamSpec>& signature,
+                                          int64_t chunk_elements) {
   messages_.clear();
   message_elements_.clear();
   key_names_.clear();
@@ -556,13 +594,13 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   for (int key = 0; key < static_cast<int>(signature.size()); ++key) {
     key_names_.push_back(signature[key].name);
     const int64_t n = NumElements(signature[key].shape);
-    const int64_t count = ChunkCount(n, reply.chunk_elements());
+    const int64_t count = ChunkCount(n, chunk_elements);
     for (int64_t c = 0; c < count; ++c) {
-      const int64_t begin = c * reply.chunk_elements();
-      Chunk chunk{key, c, offset + begin, std::min(reply.chunk_elements(), n - begin)};
+      const int64_t begin = c * chunk_elements;
+      Chunk chunk{key, c, offset + begin, std::min(chunk_elements, n - begin)};
       chunk.scratch_offset = scratch;
       scratch += codec_->EncodedBytes(chunk.length);
-      if (messages_.empty() || message_elements_.back() + chunk.length > reply.chunk_elements()) {
+      if (messages_.empty() || message_elements_.back() + chunk.length > chunk_elements) {
         messages_.emplace_back();
         message_elements_.push_back(0);
       }
@@ -576,24 +614,24 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   // A new registration (a reconnect rolls back to the server's version):
   // what earlier pushes left unsent belongs to steps that are gone.
   if (codec_->sparse()) residual_.assign(offset, 0.f);
-  if (reply.send_initial_parameters()) {
-    PS_RETURN_IF_ERROR(SendInitialParameters(proposed));
-    sent_initial_parameters_ = true;
-  }
+}
+
+ParameterStore::Registration RemoteParameterStore::AdoptRegistration(
+    const proto::RegisterReply& reply, const WorkerConsistency& consistency) {
   Registration out;
   out.rank = reply.rank();
   out.num_workers = reply.num_workers();
   out.version = reply.version();
   out.members.assign(reply.members().begin(), reply.members().end());
   out.dynamic_members = reply.shrinks();
-  out.consistency = *consistency;
+  out.consistency = consistency;
   out.loss_scale = reply.loss_scale();
   {
     absl::MutexLock lock(&loss_scale_mu_);
     loss_scale_ = reply.loss_scale();
     loss_scale_version_ = reply.version();
   }
-  consistency_ = *consistency;
+  consistency_ = consistency;
   {
     absl::MutexLock lock(&async_mu_);
     pulled_version_.assign(messages_.size(), reply.version());
@@ -763,6 +801,8 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
   // - S or later, once that exists (the staleness bound).
   const bool stale = consistency_.stale_pulls();
   const int64_t asked = consistency_.OldestPullable(version);
+  // 1. Note the pull: the version it asks for (the heartbeat thread names
+  //    whom it waits for), and the buffer its deltas apply to.
   if (stale) {
     absl::MutexLock lock(&async_mu_);
     ++pulls_in_flight_[asked];
@@ -779,119 +819,20 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
   auto received = std::make_shared<std::atomic<int64_t>>(0);
   StartMessages(
       "Pull", proto::kPullMethod, EventKind::kPullMessage, version - 1, first, last,
-      timeout + absl::Seconds(5), [this, asked, timeout_ms, exact, stale](size_t m, const Lend&) {
-        proto::PullRequest request;
-        request.set_version(asked);
-        request.set_timeout_ms(timeout_ms);
-        request.set_exact(exact && consistency_.exact_pulls());
-        if (delta_pulls_) {
-          absl::MutexLock lock(&held_mu_);
-          request.set_delta(held_version_[m] == asked - 1);
-        }
-        request.set_dtype(WireDType(*pull_codec_));
-        const bool shared = PullsIntoSharedMemory();
-        request.set_shared_memory(shared);
-        for (const Chunk& chunk : messages_[m]) {
-          proto::ChunkId* id = request.add_chunks();
-          id->set_key(chunk.key);
-          id->set_chunk(chunk.index);
-          if (shared) request.add_shm_offsets(PullOffset(chunk));
-        }
-        return proto::SerializeMessage(request);
+      timeout + absl::Seconds(5),
+      // 2. Ask for every message at once.
+      [this, asked, timeout_ms, exact](size_t m, const Lend&) {
+        return PullRequestFor(m, asked, timeout_ms, exact);
       },
-      // Each reply is checked and copied out of gRPC's receive buffers
-      // straight into `params` on its completion thread, while the other
-      // messages are still in flight.
-      [this, params, versions, first, received, version, exact, stale](
+      // 3. Each reply is checked and copied out of gRPC's receive buffers
+      //    straight into `params` on its completion thread, while the other
+      //    messages are still in flight.
+      [this, params, versions, first, received, version, exact](
           size_t m, const grpc::ByteBuffer& frame) -> absl::Status {
-        const Message& wanted = messages_[m];
-        if (delta_pulls_) {
-          // Until this reply is wholly applied the buffer holds no version.
-          absl::MutexLock lock(&held_mu_);
-          held_version_[m] = -1;
-        }
-        proto::PullReply reply;
-        auto reader = proto::FrameReader::Open(frame, "pull reply", &reply);
-        absl::Status s = reader.ok() ? reader->Split(reply.chunks()) : reader.status();
-        if (!s.ok()) return absl::InternalError(absl::StrCat("server sent a ", s.message()));
-        if (reply.chunks_size() != static_cast<int>(wanted.size())) {
-          return absl::InternalError(absl::StrCat("server sent ", reply.chunks_size(),
-                                                  " chunks, expected ", wanted.size()));
-        }
-        // Checked before any byte lands in `params` (the batch's end checks
-        // that the messages agree with one another).
-        if (exact && consistency_.exact_pulls() && reply.version() != version) {
-          return absl::InternalError(absl::StrCat("server ", options_.server_address,
-                                                  " answered a pull of version ", version,
-                                                  " with version ", reply.version()));
-        }
-        for (size_t c = 0; c < wanted.size(); ++c) {
-          const proto::TensorChunk& got = reply.chunks(static_cast<int>(c));
-          const Chunk& chunk = wanted[c];
-          *received += got.data_bytes();
-          if (got.encoding() == proto::ENCODING_DELTA) {
-            // Only what changed since the version this buffer holds.
-            if (!delta_pulls_ || got.key() != chunk.key || got.chunk() != chunk.index ||
-                got.dtype() != proto::DTYPE_F32 || got.in_shared_memory()) {
-              return absl::InternalError(absl::StrCat(
-                  "server sent an unasked delta for key ", got.key(), " chunk ", got.chunk()));
-            }
-            absl::Status applied =
-                ApplyDelta(reader->pieces(c), params.subspan(chunk.offset, chunk.length));
-            if (!applied.ok()) {
-              return absl::InternalError(absl::StrCat("server sent ", applied.message()));
-            }
-            continue;
-          }
-          const int64_t bytes = pull_codec_->EncodedBytes(chunk.length);
-          if (got.key() != chunk.key || got.chunk() != chunk.index ||
-              got.data_bytes() != bytes || got.dtype() != WireDType(*pull_codec_) ||
-              got.encoding() != proto::ENCODING_DENSE) {
-            return absl::InternalError(absl::StrCat(
-                "server sent key ", got.key(), " chunk ", got.chunk(), " with ",
-                got.data_bytes(), " bytes of dtype ", got.dtype(), ", encoding ",
-                got.encoding(), " where key ", chunk.key, " chunk ", chunk.index, " with ",
-                bytes, " dense bytes of dtype ", WireDType(*pull_codec_), " was expected"));
-          }
-          if (got.in_shared_memory()) {
-            // Written where this pull asked, before the reply was sent.
-            if (!PullsIntoSharedMemory() || got.shm_offset() != PullOffset(chunk)) {
-              return absl::InternalError(absl::StrCat(
-                  "server put key ", got.key(), " chunk ", got.chunk(),
-                  " in shared memory at byte ", got.shm_offset(), ", not where it was asked"));
-            }
-            std::memcpy(params.data() + chunk.offset, segment_->data() + got.shm_offset(),
-                        static_cast<size_t>(bytes));
-            continue;
-          }
-          if (pull_codec_->dtype() == DType::kF32) {
-            CopyPiecesTo(reader->pieces(c), params.data() + chunk.offset);
-          } else {
-            absl::Status decoded = pull_codec_->Decode(
-                reader->pieces(c), params.subspan(chunk.offset, chunk.length));
-            if (!decoded.ok()) {
-              return absl::InternalError(absl::StrCat("server sent ", decoded.message()));
-            }
-          }
-        }
-        (*versions)[m - first] = reply.version();
-        if (delta_pulls_) {
-          absl::MutexLock lock(&held_mu_);
-          if (held_buffer_ == params.data()) held_version_[m] = reply.version();
-        }
-        if (reply.loss_scale() > 0) {
-          absl::MutexLock lock(&loss_scale_mu_);
-          if (reply.loss_scale_version() >= loss_scale_version_) {
-            loss_scale_ = reply.loss_scale();
-            loss_scale_version_ = reply.loss_scale_version();
-          }
-        }
-        if (consistency_.reports_staleness()) {
-          absl::MutexLock lock(&async_mu_);
-          if (m < pulled_version_.size()) pulled_version_[m] = reply.version();
-        }
-        return absl::OkStatus();
+        return ReadPullReply(m, frame, version, exact, params, &(*versions)[m - first],
+                             received.get());
       },
+      // 4. Once every reply is in: the version they make together.
       [this, version, asked, exact, stale, versions, received,
        done = std::move(done)](absl::Status status) {
         if (stale) {
@@ -899,30 +840,154 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
           if (--pulls_in_flight_[asked] == 0) pulls_in_flight_.erase(asked);
         }
         if (!status.ok()) return done(status);
-        if (!consistency_.exact_pulls()) {
-          // The newest of each message (asynchronous; or ssp:S, each at
-          // least version - S): versions differ by design.
-          bytes_pulled_ += received->load();
-          return done(versions->empty()
-                          ? version
-                          : *std::min_element(versions->begin(), versions->end()));
-        }
-        // Every message must come from one version, or the parameters would
-        // mix two.
-        const int64_t got = versions->empty() ? version : versions->front();
-        for (int64_t v : *versions) {
-          if (v != got) {
-            return done(absl::InternalError(absl::StrCat("pull mixed versions ", got, " and ", v)));
-          }
-        }
-        if (exact && got != version) {
-          return done(absl::InternalError(absl::StrCat("server ", options_.server_address,
-                                                       " answered a pull of version ", version,
-                                                       " with version ", got)));
-        }
-        bytes_pulled_ += received->load();
-        done(got);
+        absl::StatusOr<int64_t> got = PulledVersion(*versions, version, exact);
+        if (got.ok()) bytes_pulled_ += received->load();
+        done(std::move(got));
       });
+}
+
+grpc::ByteBuffer RemoteParameterStore::PullRequestFor(size_t m, int64_t asked,
+                                                      int64_t timeout_ms, bool exact) {
+  proto::PullRequest request;
+  request.set_version(asked);
+  request.set_timeout_ms(timeout_ms);
+  request.set_exact(exact && consistency_.exact_pulls());
+  if (delta_pulls_) {
+    absl::MutexLock lock(&held_mu_);
+    request.set_delta(held_version_[m] == asked - 1);
+  }
+  request.set_dtype(WireDType(*pull_codec_));
+  const bool shared = PullsIntoSharedMemory();
+  request.set_shared_memory(shared);
+  for (const Chunk& chunk : messages_[m]) {
+    proto::ChunkId* id = request.add_chunks();
+    id->set_key(chunk.key);
+    id->set_chunk(chunk.index);
+    if (shared) request.add_shm_offsets(PullOffset(chunk));
+  }
+  return proto::SerializeMessage(request);
+}
+
+absl::Status RemoteParameterStore::ReadPullReply(size_t m, const grpc::ByteBuffer& frame,
+                                                 int64_t version, bool exact,
+                                                 absl::Span<float> params,
+                                                 int64_t* reply_version,
+                                                 std::atomic<int64_t>* received) {
+  const Message& wanted = messages_[m];
+  if (delta_pulls_) {
+    // Until this reply is wholly applied the buffer holds no version.
+    absl::MutexLock lock(&held_mu_);
+    held_version_[m] = -1;
+  }
+  proto::PullReply reply;
+  auto reader = proto::FrameReader::Open(frame, "pull reply", &reply);
+  absl::Status s = reader.ok() ? reader->Split(reply.chunks()) : reader.status();
+  if (!s.ok()) return absl::InternalError(absl::StrCat("server sent a ", s.message()));
+  if (reply.chunks_size() != static_cast<int>(wanted.size())) {
+    return absl::InternalError(absl::StrCat("server sent ", reply.chunks_size(),
+                                            " chunks, expected ", wanted.size()));
+  }
+  // Checked before any byte lands in `params` (the batch's end checks
+  // that the messages agree with one another).
+  if (exact && consistency_.exact_pulls() && reply.version() != version) {
+    return absl::InternalError(absl::StrCat("server ", options_.server_address,
+                                            " answered a pull of version ", version,
+                                            " with version ", reply.version()));
+  }
+  for (size_t c = 0; c < wanted.size(); ++c) {
+    const proto::TensorChunk& got = reply.chunks(static_cast<int>(c));
+    *received += got.data_bytes();
+    PS_RETURN_IF_ERROR(ReadPulledChunk(got, wanted[c], reader->pieces(c), params));
+  }
+  *reply_version = reply.version();
+  NotePulledReply(m, reply, params.data());
+  return absl::OkStatus();
+}
+
+absl::Status RemoteParameterStore::ReadPulledChunk(const proto::TensorChunk& got,
+                                                   const Chunk& chunk,
+                                                   absl::Span<const absl::string_view> pieces,
+                                                   absl::Span<float> params) {
+  if (got.encoding() == proto::ENCODING_DELTA) {
+    // Only what changed since the version this buffer holds.
+    if (!delta_pulls_ || got.key() != chunk.key || got.chunk() != chunk.index ||
+        got.dtype() != proto::DTYPE_F32 || got.in_shared_memory()) {
+      return absl::InternalError(absl::StrCat("server sent an unasked delta for key ", got.key(),
+                                              " chunk ", got.chunk()));
+    }
+    absl::Status applied = ApplyDelta(pieces, params.subspan(chunk.offset, chunk.length));
+    if (!applied.ok()) return absl::InternalError(absl::StrCat("server sent ", applied.message()));
+    return absl::OkStatus();
+  }
+  const int64_t bytes = pull_codec_->EncodedBytes(chunk.length);
+  if (got.key() != chunk.key || got.chunk() != chunk.index || got.data_bytes() != bytes ||
+      got.dtype() != WireDType(*pull_codec_) || got.encoding() != proto::ENCODING_DENSE) {
+    return absl::InternalError(absl::StrCat(
+        "server sent key ", got.key(), " chunk ", got.chunk(), " with ", got.data_bytes(),
+        " bytes of dtype ", got.dtype(), ", encoding ", got.encoding(), " where key ", chunk.key,
+        " chunk ", chunk.index, " with ", bytes, " dense bytes of dtype ",
+        WireDType(*pull_codec_), " was expected"));
+  }
+  if (got.in_shared_memory()) {
+    // Written where this pull asked, before the reply was sent.
+    if (!PullsIntoSharedMemory() || got.shm_offset() != PullOffset(chunk)) {
+      return absl::InternalError(absl::StrCat("server put key ", got.key(), " chunk ",
+                                              got.chunk(), " in shared memory at byte ",
+                                              got.shm_offset(), ", not where it was asked"));
+    }
+    std::memcpy(params.data() + chunk.offset, segment_->data() + got.shm_offset(),
+                static_cast<size_t>(bytes));
+    return absl::OkStatus();
+  }
+  if (pull_codec_->dtype() == DType::kF32) {
+    CopyPiecesTo(pieces, params.data() + chunk.offset);
+    return absl::OkStatus();
+  }
+  absl::Status decoded = pull_codec_->Decode(pieces, params.subspan(chunk.offset, chunk.length));
+  if (!decoded.ok()) return absl::InternalError(absl::StrCat("server sent ", decoded.message()));
+  return absl::OkStatus();
+}
+
+void RemoteParameterStore::NotePulledReply(size_t m, const proto::PullReply& reply,
+                                           const float* buffer) {
+  if (delta_pulls_) {
+    absl::MutexLock lock(&held_mu_);
+    if (held_buffer_ == buffer) held_version_[m] = reply.version();
+  }
+  if (reply.loss_scale() > 0) {
+    absl::MutexLock lock(&loss_scale_mu_);
+    if (reply.loss_scale_version() >= loss_scale_version_) {
+      loss_scale_ = reply.loss_scale();
+      loss_scale_version_ = reply.loss_scale_version();
+    }
+  }
+  if (consistency_.reports_staleness()) {
+    absl::MutexLock lock(&async_mu_);
+    if (m < pulled_version_.size()) pulled_version_[m] = reply.version();
+  }
+}
+
+absl::StatusOr<int64_t> RemoteParameterStore::PulledVersion(const std::vector<int64_t>& versions,
+                                                            int64_t version, bool exact) const {
+  if (!consistency_.exact_pulls()) {
+    // The newest of each message (asynchronous; or ssp:S, each at least
+    // version - S): versions differ by design.
+    return versions.empty() ? version : *std::min_element(versions.begin(), versions.end());
+  }
+  // Every message must come from one version, or the parameters would mix
+  // two.
+  const int64_t got = versions.empty() ? version : versions.front();
+  for (int64_t v : versions) {
+    if (v != got) {
+      return absl::InternalError(absl::StrCat("pull mixed versions ", got, " and ", v));
+    }
+  }
+  if (exact && got != version) {
+    return absl::InternalError(absl::StrCat("server ", options_.server_address,
+                                            " answered a pull of version ", version,
+                                            " with version ", got));
+  }
+  return got;
 }
 
 void RemoteParameterStore::PullSegments(int64_t version, int first, int last,

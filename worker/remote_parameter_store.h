@@ -13,6 +13,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -223,6 +224,40 @@ class RemoteParameterStore final : public ParameterStore {
   // `exact` and it is not `version`).
   void StartPull(int64_t version, int first, int last, absl::Span<float> params, bool exact,
                  std::function<void(absl::StatusOr<int64_t>)> done);
+  // StartPull's steps.
+  // Message m's request for version `asked` or later (exactly `asked`
+  // when `exact` and the consistency pulls exactly), as a delta when this
+  // store holds version asked - 1 of it, into shared memory when pulls go
+  // there.
+  grpc::ByteBuffer PullRequestFor(size_t m, int64_t asked, int64_t timeout_ms, bool exact);
+  // Checks message m's reply `frame` and copies its chunks into `params`,
+  // adding their data bytes to `received` as it goes; then sets
+  // `reply_version` to the version it carried and notes it
+  // (NotePulledReply). kInternal, naming what the server sent, for a
+  // malformed reply, a wrong number of chunks, another version than
+  // `version` when `exact`, or a chunk ReadPulledChunk refuses; the chunks
+  // before a refused one are already in `params`. On a gRPC completion
+  // thread, concurrently for different messages.
+  absl::Status ReadPullReply(size_t m, const grpc::ByteBuffer& frame, int64_t version,
+                             bool exact, absl::Span<float> params, int64_t* reply_version,
+                             std::atomic<int64_t>* received);
+  // Applies one pulled chunk `got` (its bytes `pieces`) to `chunk`'s range
+  // of `params`: a delta added, or dense values copied out of the reply,
+  // out of shared memory, or decoded by pull_codec_. kInternal when it is
+  // not the chunk asked for, in the form asked for.
+  absl::Status ReadPulledChunk(const proto::TensorChunk& got, const Chunk& chunk,
+                               absl::Span<const absl::string_view> pieces,
+                               absl::Span<float> params);
+  // What a wholly applied reply of message m tells this store: the version
+  // `buffer` now holds of it (delta pulls), the newest loss scale, and the
+  // version its next push is computed from (staleness reports).
+  void NotePulledReply(size_t m, const proto::PullReply& reply, const float* buffer);
+  // The version a pull whose messages carried `versions` brought: the
+  // least of them when pulls are not exact; else their one version, or
+  // kInternal when they differ or, with `exact`, it is not `version`.
+  // `version` when there are no messages.
+  absl::StatusOr<int64_t> PulledVersion(const std::vector<int64_t>& versions, int64_t version,
+                                        bool exact) const;
   // kInvalidArgument unless [first, last) is a range of messages and `size`
   // is the model's.
   absl::Status CheckSegments(const char* what, int first, int last, size_t size) const;
@@ -237,6 +272,30 @@ class RemoteParameterStore final : public ParameterStore {
   absl::StatusOr<Registration> RegisterOnce(const std::vector<ParamSpec>& signature,
                                             absl::Span<const float> proposed,
                                             absl::Time deadline);
+  // RegisterOnce's steps, in its order.
+  // The request's worker id, requested rank, steps per epoch and signature.
+  proto::RegisterRequest MakeRegisterRequest(const std::vector<ParamSpec>& signature) const;
+  // Whether shared memory is offered (options_.shared_memory with a dense
+  // F32 codec); if so replaces segment_ by a fresh segment for `signature`
+  // and states it in `request`. The segment's error when it cannot be made.
+  absl::StatusOr<bool> OfferSharedMemory(const std::vector<ParamSpec>& signature,
+                                         proto::RegisterRequest* request);
+  // The reply's consistency; the error RegisterOnce returns, changing
+  // nothing, when the consistency is unknown (its code), the reply
+  // malformed (kInternal) or its loss scaling impossible with a sparse
+  // codec (kInvalidArgument).
+  absl::StatusOr<WorkerConsistency> CheckRegisterReply(const proto::RegisterReply& reply) const;
+  // Takes the reply's rank, shared memory (if `offered`; logged) and
+  // session, and starts the heartbeat thread if it is not running.
+  void AdoptSession(const proto::RegisterReply& reply, bool offered);
+  // Rebuilds messages_ (and their sizes, key names, num_parameters_, the
+  // push scratch and a zero residual) for `signature` cut into chunks of
+  // `chunk_elements` (>= 1).
+  void LayOutMessages(const std::vector<ParamSpec>& signature, int64_t chunk_elements);
+  // The registration the caller gets; resets the loss scale, consistency,
+  // pulled and held versions and announced members to the reply's.
+  Registration AdoptRegistration(const proto::RegisterReply& reply,
+                                 const WorkerConsistency& consistency);
   // The job token and (after Register) the session, on every call.
   void AddCredentials(grpc::ClientContext* context) const;
   // The heartbeat thread's loop (started by the first registration).
