@@ -684,6 +684,74 @@ std::vector<int> ParameterServer::RanksMissingLocked() const {
   return missing;
 }
 
+absl::Status ParameterServer::CheckPushMessage(int rank, int64_t iteration, int64_t num_samples,
+                                               absl::Span<const ChunkBytes> chunks,
+                                               const std::string& what, int64_t* start_ns,
+                                               const Layout** layout,
+                                               std::vector<int64_t>* global_chunks,
+                                               std::vector<bool>* overflow) {
+  global_chunks->reserve(chunks.size());
+  absl::Status shapes;
+  // 1. Check the message against the bookkeeping, under mu_: everything
+  //    but its values, which it does not read.
+  {
+    absl::MutexLock lock(&mu_);
+    *start_ns = EventStartNanos();
+    PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
+    *layout = layout_.get();
+    shapes = CheckChunkShapesLocked(chunks, workers_[rank].slots[SlotOf(iteration)].pushed, what,
+                                    global_chunks);
+  }
+  // 2. Check the values, under no lock (they are the message's own), of
+  //    the chunks before any that failed step 1: errors come in chunk order.
+  //    Under dynamic loss scaling a value that is not finite is an overflow
+  //    of its chunk instead (see LossScaleOptions).
+  overflow->assign(chunks.size(), false);
+  if (options_.loss_scale.dynamic) {
+    PS_RETURN_IF_ERROR(shapes);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      (*overflow)[c] = *CheckGradientValues(chunks[c].pieces, 0, "", /*loss_scaling=*/true);
+    }
+    return absl::OkStatus();
+  }
+  PS_RETURN_IF_ERROR(
+      CheckChunkValues(**layout, options_.chunk_elements, chunks, global_chunks->size()));
+  return shapes;
+}
+
+absl::Status ParameterServer::ClaimChunksLocked(int rank, int64_t iteration, int64_t num_samples,
+                                                absl::Span<const ChunkBytes> chunks,
+                                                const std::vector<int64_t>& global_chunks,
+                                                const std::string& what,
+                                                std::vector<bool>* carried) {
+  PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
+  WorkerState& worker = workers_[rank];
+  WorkerPushes& pushes = worker.slots[SlotOf(iteration)];
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    if (pushes.pushed[global_chunks[c]]) return AlreadyError(*layout_, chunks[c], what);
+  }
+  // A chunk a previous process of this worker pushed (carried) is claimed
+  // but not summed again.
+  carried->assign(chunks.size(), false);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const int64_t gc = global_chunks[c];
+    pushes.pushed[gc] = true;
+    if (pushes.carried[gc]) {
+      pushes.carried[gc] = false;
+      (*carried)[c] = true;
+    } else {
+      ++pushes.chunks;
+    }
+  }
+  if (!chunks.empty()) pushes.num_samples = num_samples;
+  // The next iteration's members are announced with the first push of
+  // this one (workers read them from the replies to split its batch).
+  membership_.AnnounceNext();
+  worker.heard_ns = worker.last_push_ns = NowNanos();
+  worker.last_push_iteration = std::max(worker.last_push_iteration, iteration);
+  return absl::OkStatus();
+}
+
 absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
                                              absl::Span<const ChunkBytes> chunks) {
   if (options_.consistency->AppliesEachPush()) {
@@ -694,66 +762,20 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   int64_t start_ns = 0;
   const Layout* layout = nullptr;
   std::vector<int64_t> global_chunks;
-  global_chunks.reserve(chunks.size());
-  absl::Status shapes;
-  // 1. Check the message against the bookkeeping, under mu_: everything
-  //    but its values, which it does not read.
-  {
-    absl::MutexLock lock(&mu_);
-    start_ns = EventStartNanos();
-    PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
-    layout = layout_.get();
-    shapes = CheckChunkShapesLocked(chunks, workers_[rank].slots[SlotOf(iteration)].pushed, what,
-                                    &global_chunks);
-  }
-  // 2. Check the values, under no lock (they are the message's own), of
-  //    the chunks before any that failed step 1: errors come in chunk order.
-  //    Under dynamic loss scaling a value that is not finite is an overflow
-  //    of its chunk instead (see LossScaleOptions).
-  std::vector<bool> overflow(chunks.size(), false);
-  if (options_.loss_scale.dynamic) {
-    PS_RETURN_IF_ERROR(shapes);
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      overflow[c] = *CheckGradientValues(chunks[c].pieces, 0, "", /*loss_scaling=*/true);
-    }
-  } else {
-    PS_RETURN_IF_ERROR(
-        CheckChunkValues(*layout, options_.chunk_elements, chunks, global_chunks.size()));
-    PS_RETURN_IF_ERROR(shapes);
-  }
+  std::vector<bool> overflow;
+  PS_RETURN_IF_ERROR(CheckPushMessage(rank, iteration, num_samples, chunks, what, &start_ns,
+                                      &layout, &global_chunks, &overflow));
   // 3. Claim the chunks, under mu_, after checking again what a concurrent
   //    message of this worker may have changed meanwhile (the iteration,
   //    its samples, its chunks): of two messages with a chunk in common
   //    one is refused here, having added nothing. From here on the message
   //    is added whole.
-  //    A chunk a previous process of this worker pushed (carried) is
-  //    claimed but not summed again.
   SgdOptimizer* optimizer = nullptr;
-  std::vector<bool> carried(chunks.size(), false);
+  std::vector<bool> carried;
   {
     absl::MutexLock lock(&mu_);
-    PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
-    WorkerState& worker = workers_[rank];
-    WorkerPushes& pushes = worker.slots[SlotOf(iteration)];
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      if (pushes.pushed[global_chunks[c]]) return AlreadyError(*layout, chunks[c], what);
-    }
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      const int64_t gc = global_chunks[c];
-      pushes.pushed[gc] = true;
-      if (pushes.carried[gc]) {
-        pushes.carried[gc] = false;
-        carried[c] = true;
-      } else {
-        ++pushes.chunks;
-      }
-    }
-    if (!chunks.empty()) pushes.num_samples = num_samples;
-    // The next iteration's members are announced with the first push of
-    // this one (workers read them from the replies to split its batch).
-    membership_.AnnounceNext();
-    worker.heard_ns = worker.last_push_ns = NowNanos();
-    worker.last_push_iteration = std::max(worker.last_push_iteration, iteration);
+    PS_RETURN_IF_ERROR(
+        ClaimChunksLocked(rank, iteration, num_samples, chunks, global_chunks, what, &carried));
     optimizer = optimizer_.get();
   }
   // 4. Add each chunk to its sum, in rank order (server/rank_order_sum.h),

@@ -606,6 +606,23 @@ class ParameterServer {
   // it (kFailedPrecondition).
   absl::Status CheckPushLocked(int rank, int64_t iteration, int64_t num_samples) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PushChunkBytes' steps 1 and 2: the message checked against the
+  // bookkeeping (under mu_) and its values (under no lock); sets the
+  // layout, each chunk's global index and, under dynamic loss scaling,
+  // which chunks overflowed.
+  absl::Status CheckPushMessage(int rank, int64_t iteration, int64_t num_samples,
+                                absl::Span<const ChunkBytes> chunks, const std::string& what,
+                                int64_t* start_ns, const Layout** layout,
+                                std::vector<int64_t>* global_chunks, std::vector<bool>* overflow)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // PushChunkBytes' step 3: checks again what a concurrent message of this
+  // worker may have changed, then marks the chunks pushed; sets which were
+  // carried from a previous process of the worker (not summed again).
+  absl::Status ClaimChunksLocked(int rank, int64_t iteration, int64_t num_samples,
+                                 absl::Span<const ChunkBytes> chunks,
+                                 const std::vector<int64_t>& global_chunks,
+                                 const std::string& what, std::vector<bool>* carried)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks every chunk of a message without reading its values (range,
   // length, not in `received` nor repeated within the message) and appends
   // each one's global index to `global_chunks`, stopping at the first that
