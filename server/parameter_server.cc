@@ -4,12 +4,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <random>
 
-#include <sys/random.h>
 #include <unistd.h>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -65,33 +62,13 @@ std::vector<ParameterServer::ChunkBytes> AsChunkBytes(
   return out;
 }
 
-// `bytes` random bytes from the kernel's generator, in hex: unguessable, so
-// a session names its holder. (std::random_device only where getrandom
-// cannot serve, which on Linux >= 3.17 it always can.)
-std::string RandomHex(int bytes) {
-  std::string raw(bytes, '\0');
-  ssize_t got = 0;
-  while (got < bytes) {
-    const ssize_t n = getrandom(raw.data() + got, bytes - got, 0);
-    if (n <= 0) break;
-    got += n;
-  }
-  if (got < bytes) {
-    std::random_device device;
-    for (char& c : raw) c = static_cast<char>(device());
-  }
-  return absl::BytesToHexString(raw);
-}
-
 }  // namespace
 
-ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevice* device,
-                                 std::string incarnation)
+ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevice* device)
     : options_(options),
       window_(options.consistency->Window()),
       device_(device),
       workers_(options.num_workers),
-      incarnation_(std::move(incarnation)),
       membership_(options.num_workers) {
   absl::MutexLock lock(&mu_);
   version_ns_ = NowNanos();
@@ -236,7 +213,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "dynamic loss scaling needs sync consistency, not ", options.consistency->Name()));
   }
-  return std::unique_ptr<ParameterServer>(new ParameterServer(options, device, RandomHex(8)));
+  return std::unique_ptr<ParameterServer>(new ParameterServer(options, device));
 }
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromState(
@@ -522,7 +499,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
     }
   }
   worker.id = worker_id;
-  worker.session = absl::StrCat(incarnation_, "-", RandomHex(16));
+  worker.session = sessions_.Issue();
   worker.heard_ns = NowNanos();
   Registration reg;
   reg.rank = rank;
@@ -545,15 +522,7 @@ bool ParameterServer::RankHeldLocked(int rank) const {
 }
 
 absl::Status ParameterServer::CheckIncarnation(absl::string_view session) const {
-  const absl::string_view ours = incarnation_;
-  if (session.size() <= ours.size() || !absl::StartsWith(session, ours) ||
-      session[ours.size()] != '-') {
-    return absl::AbortedError(absl::StrCat(
-        session.empty() ? "no session credential"
-                        : "a session of another server process (this one restarted since)",
-        ": register again and resume from the server's version"));
-  }
-  return absl::OkStatus();
+  return sessions_.CheckIncarnation(session);
 }
 
 absl::Status ParameterServer::CheckSession(int rank, absl::string_view session) const {
@@ -562,13 +531,7 @@ absl::Status ParameterServer::CheckSession(int rank, absl::string_view session) 
   if (!RankHeldLocked(rank)) {
     return absl::NotFoundError(absl::StrCat("no worker holds rank ", rank));
   }
-  // Compared in constant time: how far a guess matches must not show.
-  const std::string& expected = workers_[rank].session;
-  unsigned char diff = expected.size() != session.size();
-  for (size_t i = 0; i < std::min(expected.size(), session.size()); ++i) {
-    diff |= static_cast<unsigned char>(expected[i] ^ session[i]);
-  }
-  if (diff != 0) {
+  if (!SessionIssuer::Matches(workers_[rank].session, session)) {
     return absl::PermissionDeniedError(absl::StrCat(
         "the session credential is not rank ", rank, "'s (worker '", workers_[rank].id,
         "' registered it since, or it is another worker's)"));
