@@ -218,42 +218,8 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromState(
     const ParameterServerOptions& options, State state, CpuDevice* device) {
-  if (state.version < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("a saved state of version ", state.version));
-  }
-  if (state.signature.empty()) {
-    return absl::InvalidArgumentError("a saved state with an empty signature (no parameters)");
-  }
-  if (state.steps_per_epoch < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a saved state of ", state.steps_per_epoch, " steps per epoch"));
-  }
-  const bool with_momentum = options.optimizer.sgd.momentum != 0;
-  if (!state.momentum.empty() && state.momentum.size() != state.parameters.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("the saved momentum has ",
-                                                   state.momentum.size(), " elements, the "
-                                                   "parameters ", state.parameters.size()));
-  }
-  if (with_momentum != !state.momentum.empty()) {
-    return absl::InvalidArgumentError(
-        with_momentum ? "the saved state has no momentum buffer, but this server's optimizer "
-                        "uses momentum"
-                      : "the saved state has a momentum buffer, but this server's optimizer "
-                        "uses none (--momentum=0)");
-  }
-  for (size_t i = 0; i < state.momentum.size(); ++i) {
-    if (!std::isfinite(state.momentum[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("saved momentum element ", i, " is not finite"));
-    }
-  }
-  if (options.loss_scale.dynamic && state.loss_scale != 0 &&
-      (!IsValidLossScale(state.loss_scale) || state.loss_scale_clean_iterations < 0 ||
-       state.loss_scale_skipped_iterations < 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a saved loss scale of ", state.loss_scale, " after ", state.loss_scale_clean_iterations,
-        " clean iterations: not a power of two from 2^-24 to 2^24, or a negative count"));
-  }
+  PS_RETURN_IF_ERROR(CheckServerState(state, options.optimizer.sgd.momentum != 0,
+                                      options.loss_scale.dynamic));
   std::vector<float> momentum = std::move(state.momentum);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server,
                       Create(options, state.signature, std::move(state.parameters), device));
@@ -992,12 +958,12 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
       iteration = chunk_version_[global_chunk];
       IterationState& it = iterations_[SlotOf(iteration)];
       if (last != nullptr) {
-        if (iteration != last->iteration || iteration >= apply_limit_) return absl::OkStatus();
+        if (iteration != last->iteration || captures_.HoldsBack(iteration)) return absl::OkStatus();
         *applied_last = true;
       } else {
         if (!it.ready[global_chunk]) return absl::OkStatus();
-        if (iteration >= apply_limit_) {
-          held_back_ = true;  // applied once the capture is served
+        if (captures_.HoldsBack(iteration)) {
+          captures_.NoteHeldBack();  // applied once the capture is served
           return absl::OkStatus();
         }
         it.ready[global_chunk] = false;
@@ -1047,7 +1013,7 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
         }
       }
       absl::MutexLock lock(&mu_);
-      ++held_back_releases_;
+      captures_.CountRelease();
     }
   }
 }
@@ -1073,16 +1039,15 @@ void ParameterServer::FinishIterationLocked(int64_t iteration,
   // The boundary a capture waits for: every chunk at version_, none ahead
   // (the updates past it are held back), nothing moves while the state is
   // copied.
-  if (version_ >= apply_limit_) {
-    if (!captures_.empty()) *captures = TakeCapturesLocked(state);
-    apply_limit_ = kNoLimit;
-    *resume = held_back_;
-    held_back_ = false;
+  CaptureRequests::Release release = captures_.AtBoundary(version_);
+  if (!release.captures.empty()) {
+    CopyStateLocked(state);
+    *captures = std::move(release.captures);
   }
+  *resume = release.resume;
 }
 
-std::vector<std::function<void(ParameterServer::State)>> ParameterServer::TakeCapturesLocked(
-    State* state) {
+void ParameterServer::CopyStateLocked(State* state) {
   state->version = version_;
   state->steps_per_epoch = std::max<int64_t>(0, steps_per_epoch_);
   state->loss_scale = loss_scale_.scale;
@@ -1104,9 +1069,6 @@ std::vector<std::function<void(ParameterServer::State)>> ParameterServer::TakeCa
   } else if (options_.optimizer.sgd.momentum != 0) {
     state->momentum.assign(layout_->num_parameters, 0.f);  // no update yet
   }
-  std::vector<std::function<void(State)>> captures;
-  captures.swap(captures_);
-  return captures;
 }
 
 void ParameterServer::CaptureState(std::function<void(State)> done) {
@@ -1114,25 +1076,24 @@ void ParameterServer::CaptureState(std::function<void(State)> done) {
   State state;
   {
     absl::MutexLock lock(&mu_);
-    captures_.push_back(std::move(done));
+    captures_.Add(std::move(done));
     // At a boundary now (version 0 exists, no chunk of the iteration in
     // progress completed, so none is ahead of it): served here. Otherwise
     // by the push that completes the iteration at which no chunk is ahead,
     // the updates past it held back until then; or, before version 0, once
     // version 1 exists.
     if (!initialized_ || iterations_[SlotOf(version_)].completed > 0) {
-      if (apply_limit_ == kNoLimit) {
-        // The least version no chunk can pass: a chunk is at its published
-        // version, or one further while its update is being applied.
-        int64_t limit = version_ + 1;
-        for (size_t gc = 0; gc < chunk_version_.size(); ++gc) {
-          limit = std::max(limit, chunk_version_[gc] + (applying_[gc] ? 1 : 0));
-        }
-        apply_limit_ = limit;
+      // The least version no chunk can pass: a chunk is at its published
+      // version, or one further while its update is being applied.
+      int64_t limit = version_ + 1;
+      for (size_t gc = 0; gc < chunk_version_.size(); ++gc) {
+        limit = std::max(limit, chunk_version_[gc] + (applying_[gc] ? 1 : 0));
       }
+      captures_.HoldBackFrom(limit);
       return;
     }
-    captures = TakeCapturesLocked(&state);
+    CopyStateLocked(&state);
+    captures = captures_.TakeAll();
   }
   for (auto& capture : captures) capture(state);
 }
@@ -1143,11 +1104,7 @@ int ParameterServer::CancelCaptures() {
   int n = 0;
   {
     absl::MutexLock lock(&mu_);
-    n = static_cast<int>(captures_.size());
-    captures_.clear();
-    apply_limit_ = kNoLimit;
-    if (!held_back_) return n;
-    held_back_ = false;
+    if (!captures_.Cancel(&n).resume) return n;
     layout = layout_.get();
     optimizer = optimizer_.get();
   }
@@ -1157,13 +1114,13 @@ int ParameterServer::CancelCaptures() {
     if (!applied.ok()) break;  // an optimizer invariant; the pushes report theirs
   }
   absl::MutexLock lock(&mu_);
-  ++held_back_releases_;
+  captures_.CountRelease();
   return n;
 }
 
 int64_t ParameterServer::held_back_releases() const {
   absl::MutexLock lock(&mu_);
-  return held_back_releases_;
+  return captures_.releases();
 }
 
 absl::Status ParameterServer::AwaitVersionLocked(int64_t version, absl::Time deadline) {

@@ -27,6 +27,7 @@
 #include "server/parameter_table.h"
 #include "server/rank_order_sum.h"
 #include "server/sessions.h"
+#include "server/state_capture.h"
 
 namespace ps::server {
 
@@ -170,20 +171,9 @@ class ParameterServer {
       const ParameterServerOptions& options, std::vector<NamedTensor> initial,
       CpuDevice* device);
 
-  // The server's whole state at a version boundary (between two
-  // iterations), as a checkpoint holds it.
-  struct State {
-    int64_t version = 0;          // parameters after this many updates
-    int64_t steps_per_epoch = 0;  // the learning-rate schedule's epoch length
-    std::vector<ParamSpec> signature;
-    std::vector<float> parameters;  // flat, in signature order
-    std::vector<float> momentum;    // flat; empty without momentum
-    // Dynamic loss scaling (0 without): the scale of iteration `version`,
-    // the clean iterations before it in a row, the iterations skipped.
-    float loss_scale = 0;
-    int64_t loss_scale_clean_iterations = 0;
-    int64_t loss_scale_skipped_iterations = 0;
-  };
+  // The server's whole state at a version boundary, as a checkpoint holds
+  // it (server/state_capture.h).
+  using State = ServerState;
   // A server resumed from `state` (a checkpoint): version `state.version`
   // exists at once, with the learning-rate schedule at that update and the
   // momentum buffer restored, so the next updates are bit for bit those
@@ -611,17 +601,15 @@ class ParameterServer {
   void FinishIterationLocked(int64_t iteration, std::vector<std::function<void(State)>>* captures,
                              State* state, bool* resume) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies the current state at the boundary (every chunk at version_,
-  // nothing of the iteration applied) and hands it to the pending
-  // CaptureState requests, which it returns to be run outside mu_.
-  std::vector<std::function<void(State)>> TakeCapturesLocked(State* state)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // nothing of the iteration applied) for the capture requests.
+  void CopyStateLocked(State* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Global chunk `global_chunk` of iteration `iteration` has every
   // worker's part summed: marks it ready and applies what may be applied of
   // the chunk (AdvanceChunk).
   absl::Status CompleteChunk(const Layout& layout, SgdOptimizer* optimizer, int64_t iteration,
                              int64_t global_chunk) ABSL_LOCKS_EXCLUDED(mu_);
   // Applies the chunk's ready iterations in order, from its version on, up
-  // to apply_limit_: each claimed under mu_ (one thread at a time applies a
+  // to what the captures hold back: each claimed under mu_ (one thread at a time applies a
   // chunk; another finding it busy leaves its ready iteration to that one),
   // updated under the chunk's lock (ApplyAggregation), then published under
   // mu_; the last chunk of an iteration publishes version + 1 and resets
@@ -754,20 +742,14 @@ class ParameterServer {
     bool overflow = false;  // a chunk's update was skipped (loss scaling)
   };
   std::vector<IterationState> iterations_ ABSL_GUARDED_BY(mu_);  // by SlotOf
-  int64_t held_back_releases_ ABSL_GUARDED_BY(mu_) = 0;
   // Dynamic loss scaling: the scale of iteration version_, the clean
   // iterations in a row before it, and the iterations skipped in all.
   LossScaleState loss_scale_ ABSL_GUARDED_BY(mu_);
   // Per global chunk: a thread is applying its updates (AdvanceChunk).
   std::vector<bool> applying_ ABSL_GUARDED_BY(mu_);
-  // Iterations from this one on are not applied (a capture waits for the
-  // boundary at this version; kNoLimit otherwise), and whether one was held
-  // back by it.
-  static constexpr int64_t kNoLimit = INT64_MAX;
-  int64_t apply_limit_ ABSL_GUARDED_BY(mu_) = kNoLimit;
-  bool held_back_ ABSL_GUARDED_BY(mu_) = false;
   int64_t version_ns_ ABSL_GUARDED_BY(mu_) = -1;  // when version_ was published
-  std::vector<std::function<void(State)>> captures_ ABSL_GUARDED_BY(mu_);
+  // CaptureState's requests and the updates they hold back.
+  CaptureRequests captures_ ABSL_GUARDED_BY(mu_);
 
   // Who takes part in each iteration (DropWorker, Register, Members).
   Membership membership_ ABSL_GUARDED_BY(mu_);
