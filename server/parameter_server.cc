@@ -249,22 +249,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromStat
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     const ParameterServerOptions& options, std::vector<ParamSpec> signature,
     std::vector<float> initial, CpuDevice* device) {
-  std::vector<NamedTensor> named;
-  int64_t offset = 0;
-  for (const ParamSpec& spec : signature) {
-    const int64_t n = NumElements(spec.shape);
-    if (offset + n > static_cast<int64_t>(initial.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("initial parameters have ", initial.size(),
-                                                     " elements but the signature needs more"));
-    }
-    named.push_back({spec.name, spec.shape,
-                     std::vector<float>(initial.begin() + offset, initial.begin() + offset + n)});
-    offset += n;
-  }
-  if (offset != static_cast<int64_t>(initial.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("initial parameters have ", initial.size(),
-                                                   " elements but the signature needs ", offset));
-  }
+  PS_ASSIGN_OR_RETURN(std::vector<NamedTensor> named, NameFlatValues(signature, initial));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server,
                       CreateFromNamedTensors(options, std::move(named), device));
   if (!signature.empty()) {
@@ -276,19 +261,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromNamedTensors(
     const ParameterServerOptions& options, std::vector<NamedTensor> initial, CpuDevice* device) {
-  for (const NamedTensor& t : initial) {
-    if (NumElements(t.shape) != static_cast<int64_t>(t.values.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("initial tensor '", t.name, "' of shape ",
-                                                     ShapeToString(t.shape), " has ",
-                                                     t.values.size(), " values"));
-    }
-    for (size_t i = 0; i < t.values.size(); ++i) {
-      if (!std::isfinite(t.values[i])) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("initial tensor '", t.name, "' element ", i, " is not finite"));
-      }
-    }
-  }
+  PS_RETURN_IF_ERROR(CheckNamedTensors(initial));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server, Create(options, device));
   absl::MutexLock lock(&server->mu_);
   server->named_initial_ = std::move(initial);
@@ -313,26 +286,11 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
         " MiB on this server (parameters, momentum and ", window_,
         " iteration sums); this machine has ", physical_bytes >> 20, " MiB"));
   }
+  // The given tensors laid out in signature order; every parameter needs one.
   std::vector<float> params;
   const bool given = !named_initial_.empty();
   if (given) {
-    // Lay the given tensors out in signature order; every parameter needs one.
-    params.resize(total);
-    for (size_t key = 0; key < signature.size(); ++key) {
-      const ParamSpec& spec = signature[key];
-      auto it = std::find_if(named_initial_.begin(), named_initial_.end(),
-                             [&](const NamedTensor& t) { return t.name == spec.name; });
-      if (it == named_initial_.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the server's initial parameters have no '", spec.name, "', which the worker's model has"));
-      }
-      if (it->shape != spec.shape) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "parameter '", spec.name, "' has shape ", ShapeToString(it->shape),
-            " on the server but ", ShapeToString(spec.shape), " on the worker"));
-      }
-      std::copy(it->values.begin(), it->values.end(), params.begin() + layout->key_offset[key]);
-    }
+    PS_ASSIGN_OR_RETURN(params, LayOut(named_initial_, *layout));
   }
   layout->chunks = std::make_unique<Chunk[]>(chunks);
   for (int64_t gc = 0; gc < chunks; ++gc) {
@@ -353,8 +311,7 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
   early_elements_ = 0;
   initialized_ = given;
   named_initial_.clear();
-  initial_received_.assign(given ? 0 : chunks, false);
-  initial_chunks_received_ = 0;
+  initial_chunks_.Expect(given ? 0 : chunks);
   for (WorkerState& w : workers_) {
     w.slots.assign(window_, WorkerPushes());
     for (WorkerPushes& pushes : w.slots) {
@@ -477,8 +434,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   reg.session = worker.session;
   if (reg.send_initial_parameters) {
     // A restarted rank 0 sends everything again.
-    std::fill(initial_received_.begin(), initial_received_.end(), false);
-    initial_chunks_received_ = 0;
+    initial_chunks_.Restart();
   }
   return reg;
 }
@@ -870,7 +826,8 @@ absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const Ch
   }
   std::vector<int64_t> global_chunks;
   const absl::Status shapes =
-      CheckChunkShapesLocked(chunks, initial_received_, "sent as an initial value", &global_chunks);
+      CheckChunkShapesLocked(chunks, initial_chunks_.received(), "sent as an initial value",
+                             &global_chunks);
   PS_RETURN_IF_ERROR(
       CheckChunkValues(*layout_, options_.chunk_elements, chunks, global_chunks.size()));
   PS_RETURN_IF_ERROR(shapes);
@@ -878,12 +835,7 @@ absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const Ch
     Chunk& chunk = layout_->chunks[global_chunks[c]];
     absl::MutexLock chunk_lock(&chunk.mu);
     CopyPiecesTo(chunks[c].pieces, chunk.buffers.MutableCurrent().data());
-    initial_received_[global_chunks[c]] = true;
-    ++initial_chunks_received_;
-  }
-  if (initial_chunks_received_ == layout_->total_chunks) {
-    initialized_ = true;
-    initial_received_.clear();
+    if (initial_chunks_.Receive(global_chunks[c])) initialized_ = true;
   }
   return absl::OkStatus();
 }

@@ -23,6 +23,7 @@
 #include "common/push_checks.h"
 #include "common/timed_event.h"
 #include "server/consistency/consistency.h"
+#include "server/initial_values.h"
 #include "server/membership.h"
 #include "server/parameter_table.h"
 #include "server/rank_order_sum.h"
@@ -85,14 +86,6 @@ struct ParameterServerOptions {
   // when observer is set (kInvalidArgument).
   EventObserver* observer = nullptr;
   const Clock* clock = Clock::Real();
-};
-
-// One named tensor of initial values, matched to the workers' signature by
-// name (a safetensors file's tensors have no order).
-struct NamedTensor {
-  std::string name;
-  Shape shape;
-  std::vector<float> values;  // row-major, NumElements(shape) of them
 };
 
 // The parameter server's state machine, free of any transport: the gRPC
@@ -703,8 +696,7 @@ class ParameterServer {
   // chunks) or by name until the first registration lays them out.
   std::vector<NamedTensor> named_initial_ ABSL_GUARDED_BY(mu_);
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<bool> initial_received_ ABSL_GUARDED_BY(mu_);  // per global chunk
-  int64_t initial_chunks_received_ ABSL_GUARDED_BY(mu_) = 0;
+  InitialChunks initial_chunks_ ABSL_GUARDED_BY(mu_);  // from rank 0, when not given
 
   // One worker's pushes of one iteration in flight.
   struct WorkerPushes {
