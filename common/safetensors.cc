@@ -542,8 +542,12 @@ absl::StatusOr<DType> ToDType(SafetensorsDType dtype) {
 // ---------------------------------------------------------------------------
 // NamedHostTensor.
 
-absl::StatusOr<NamedHostTensor> NamedHostTensor::FromFloats(std::string name, Shape shape,
-                                                            absl::Span<const float> values) {
+namespace {
+
+// A tensor of `dtype` holding `values` (their bytes copied as they are).
+template <typename T>
+absl::StatusOr<NamedHostTensor> FromValues(std::string name, Shape shape, SafetensorsDType dtype,
+                                           absl::Span<const T> values) {
   int64_t n;
   if (!CheckedNumElements(shape, &n) || static_cast<uint64_t>(n) != values.size()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': shape ",
@@ -552,28 +556,23 @@ absl::StatusOr<NamedHostTensor> NamedHostTensor::FromFloats(std::string name, Sh
   }
   NamedHostTensor t;
   t.name = std::move(name);
-  t.dtype = SafetensorsDType::kF32;
+  t.dtype = dtype;
   t.shape = std::move(shape);
-  t.data.resize(values.size() * sizeof(float));
+  t.data.resize(values.size() * sizeof(T));
   if (!values.empty()) std::memcpy(t.data.data(), values.data(), t.data.size());
   return t;
 }
 
+}  // namespace
+
+absl::StatusOr<NamedHostTensor> NamedHostTensor::FromFloats(std::string name, Shape shape,
+                                                            absl::Span<const float> values) {
+  return FromValues(std::move(name), std::move(shape), SafetensorsDType::kF32, values);
+}
+
 absl::StatusOr<NamedHostTensor> NamedHostTensor::FromInt64s(std::string name, Shape shape,
                                                             absl::Span<const int64_t> values) {
-  int64_t n;
-  if (!CheckedNumElements(shape, &n) || static_cast<uint64_t>(n) != values.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': shape ",
-                                                   ShapeString(shape), " does not hold ",
-                                                   values.size(), " values"));
-  }
-  NamedHostTensor t;
-  t.name = std::move(name);
-  t.dtype = SafetensorsDType::kI64;
-  t.shape = std::move(shape);
-  t.data.resize(values.size() * sizeof(int64_t));
-  if (!values.empty()) std::memcpy(t.data.data(), values.data(), t.data.size());
-  return t;
+  return FromValues(std::move(name), std::move(shape), SafetensorsDType::kI64, values);
 }
 
 int64_t NamedHostTensor::num_elements() const {

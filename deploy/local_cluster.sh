@@ -55,35 +55,20 @@ data_dir=/usr/share/datasets/fashion-mnist port=0 logs="" report="" bin=""
 checkpoint_dir="" checkpoint_every_steps=100 restart_server=0 consistency=sync loss_scale=none slowdown=1
 slowdown_period=0
 extra=()
+# Every --name=value flag sets the variable of its name; the defaults above
+# are the list of them.
+value_flags=" workers servers devices threads model epochs steps batch_size lr momentum weight_decay seed dataset data_dir port logs bin report checkpoint_dir checkpoint_every_steps consistency loss_scale slowdown slowdown_period "
 while (($#)); do
   case "$1" in
-    --workers=*) workers="${1#*=}" ;;
-    --servers=*) servers="${1#*=}" ;;
-    --devices=*) devices="${1#*=}" ;;
-    --threads=*) threads="${1#*=}" ;;
-    --model=*) model="${1#*=}" ;;
-    --epochs=*) epochs="${1#*=}" ;;
-    --steps=*) steps="${1#*=}" ;;
-    --batch_size=*) batch_size="${1#*=}" ;;
-    --lr=*) lr="${1#*=}" ;;
-    --momentum=*) momentum="${1#*=}" ;;
-    --weight_decay=*) weight_decay="${1#*=}" ;;
-    --seed=*) seed="${1#*=}" ;;
-    --dataset=*) dataset="${1#*=}" ;;
-    --data_dir=*) data_dir="${1#*=}" ;;
-    --port=*) port="${1#*=}" ;;
-    --logs=*) logs="${1#*=}" ;;
-    --bin=*) bin="${1#*=}" ;;
-    --report=*) report="${1#*=}" ;;
-    --checkpoint_dir=*) checkpoint_dir="${1#*=}" ;;
-    --checkpoint_every_steps=*) checkpoint_every_steps="${1#*=}" ;;
     --restart_server) restart_server=1 ;;
-    --consistency=*) consistency="${1#*=}" ;;
-    --loss_scale=*) loss_scale="${1#*=}" ;;
-    --slowdown=*) slowdown="${1#*=}" ;;
-    --slowdown_period=*) slowdown_period="${1#*=}" ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    --*=*)
+      name="${1%%=*}" && name="${name#--}"
+      if [[ "$value_flags" != *" $name "* ]]; then
+        echo "local_cluster: unknown flag $1 (see --help)" >&2; exit 2
+      fi
+      printf -v "$name" '%s' "${1#*=}" ;;
     *) echo "local_cluster: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
   shift

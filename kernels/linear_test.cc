@@ -63,60 +63,60 @@ Grads ReferenceBackward(const LinearCase& cs, const std::vector<float>& x,
 // slice on a single-threaded BLAS; BLAS threading every GEMM.
 const struct { int threads, blas_threads; } kThreadConfigs[] = {{1, 1}, {2, 1}, {2, 2}};
 
-TEST(LinearCpuTest, ForwardMatchesReference) {
+// Runs `check` for every case on a device of each thread configuration,
+// with a fresh seed per random input (from `first_seed` in each
+// configuration, so every configuration sees the same inputs).
+template <typename Check>
+void ForEveryConfigAndCase(uint64_t first_seed, const Check& check) {
   for (const auto& config : kThreadConfigs) {
-    const int threads = config.threads;
     const ScopedBlasThreads blas(config.blas_threads);
-    CpuDevice cpu(0, threads);
-    uint64_t seed = 1;
+    CpuDevice cpu(0, config.threads);
+    uint64_t seed = first_seed;
     for (const LinearCase& cs : kCases) {
       SCOPED_TRACE(::testing::Message()
                    << "batch=" << cs.batch << " in=" << cs.in << " out=" << cs.out
-                   << " threads=" << threads << " blas_threads=" << config.blas_threads);
-      const auto x = RandomVector(cs.batch * cs.in, seed++);
-      const auto w = RandomVector(cs.out * cs.in, seed++);
-      const auto b = RandomVector(cs.out, seed++);
-      std::vector<float> y(cs.batch * cs.out, -7.f);
-      ASSERT_TRUE(
-          LinearForward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), b.data(), y.data()).ok());
-      EXPECT_TRUE(AllClose(y, ReferenceForward(cs, x, w, b.data()), 1e-4f, 1e-4f));
-      ASSERT_TRUE(
-          LinearForward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), nullptr, y.data()).ok());
-      EXPECT_TRUE(AllClose(y, ReferenceForward(cs, x, w, nullptr), 1e-4f, 1e-4f));
+                   << " threads=" << config.threads << " blas_threads=" << config.blas_threads);
+      check(cpu, cs, seed);
     }
   }
 }
 
+TEST(LinearCpuTest, ForwardMatchesReference) {
+  ForEveryConfigAndCase(1, [](CpuDevice& cpu, const LinearCase& cs, uint64_t& seed) {
+    const auto x = RandomVector(cs.batch * cs.in, seed++);
+    const auto w = RandomVector(cs.out * cs.in, seed++);
+    const auto b = RandomVector(cs.out, seed++);
+    std::vector<float> y(cs.batch * cs.out, -7.f);
+    ASSERT_TRUE(
+        LinearForward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), b.data(), y.data()).ok());
+    EXPECT_TRUE(AllClose(y, ReferenceForward(cs, x, w, b.data()), 1e-4f, 1e-4f));
+    ASSERT_TRUE(
+        LinearForward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), nullptr, y.data()).ok());
+    EXPECT_TRUE(AllClose(y, ReferenceForward(cs, x, w, nullptr), 1e-4f, 1e-4f));
+  });
+}
+
 TEST(LinearCpuTest, BackwardMatchesReference) {
-  for (const auto& config : kThreadConfigs) {
-    const int threads = config.threads;
-    const ScopedBlasThreads blas(config.blas_threads);
-    CpuDevice cpu(0, threads);
-    uint64_t seed = 10;
-    for (const LinearCase& cs : kCases) {
-      SCOPED_TRACE(::testing::Message()
-                   << "batch=" << cs.batch << " in=" << cs.in << " out=" << cs.out
-                   << " threads=" << threads << " blas_threads=" << config.blas_threads);
-      const auto x = RandomVector(cs.batch * cs.in, seed++);
-      const auto w = RandomVector(cs.out * cs.in, seed++);
-      const auto dy = RandomVector(cs.batch * cs.out, seed++);
-      const Grads ref = ReferenceBackward(cs, x, w, dy);
-      // Outputs start as garbage: they must be overwritten, not accumulated.
-      std::vector<float> dx(x.size(), 9.f), dw(w.size(), 9.f), db(cs.out, 9.f);
-      ASSERT_TRUE(LinearBackward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), dy.data(),
-                                 dx.data(), dw.data(), db.data())
-                      .ok());
-      EXPECT_TRUE(AllClose(dx, ref.dx, 1e-4f, 1e-4f));
-      EXPECT_TRUE(AllClose(dw, ref.dw, 1e-4f, 1e-4f));
-      EXPECT_TRUE(AllClose(db, ref.db, 1e-4f, 1e-4f));
-      // dx and dbias may be skipped.
-      std::fill(dw.begin(), dw.end(), 9.f);
-      ASSERT_TRUE(LinearBackward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), dy.data(),
-                                 nullptr, dw.data(), nullptr)
-                      .ok());
-      EXPECT_TRUE(AllClose(dw, ref.dw, 1e-4f, 1e-4f));
-    }
-  }
+  ForEveryConfigAndCase(10, [](CpuDevice& cpu, const LinearCase& cs, uint64_t& seed) {
+    const auto x = RandomVector(cs.batch * cs.in, seed++);
+    const auto w = RandomVector(cs.out * cs.in, seed++);
+    const auto dy = RandomVector(cs.batch * cs.out, seed++);
+    const Grads ref = ReferenceBackward(cs, x, w, dy);
+    // Outputs start as garbage: they must be overwritten, not accumulated.
+    std::vector<float> dx(x.size(), 9.f), dw(w.size(), 9.f), db(cs.out, 9.f);
+    ASSERT_TRUE(LinearBackward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), dy.data(),
+                               dx.data(), dw.data(), db.data())
+                    .ok());
+    EXPECT_TRUE(AllClose(dx, ref.dx, 1e-4f, 1e-4f));
+    EXPECT_TRUE(AllClose(dw, ref.dw, 1e-4f, 1e-4f));
+    EXPECT_TRUE(AllClose(db, ref.db, 1e-4f, 1e-4f));
+    // dx and dbias may be skipped.
+    std::fill(dw.begin(), dw.end(), 9.f);
+    ASSERT_TRUE(LinearBackward(cpu, cs.batch, cs.in, cs.out, x.data(), w.data(), dy.data(),
+                               nullptr, dw.data(), nullptr)
+                    .ok());
+    EXPECT_TRUE(AllClose(dw, ref.dw, 1e-4f, 1e-4f));
+  });
 }
 
 // Central differences of L = sum(y * g), which is linear in each parameter,

@@ -4,12 +4,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <random>
 
-#include <sys/random.h>
 #include <unistd.h>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -65,33 +62,13 @@ std::vector<ParameterServer::ChunkBytes> AsChunkBytes(
   return out;
 }
 
-// `bytes` random bytes from the kernel's generator, in hex: unguessable, so
-// a session names its holder. (std::random_device only where getrandom
-// cannot serve, which on Linux >= 3.17 it always can.)
-std::string RandomHex(int bytes) {
-  std::string raw(bytes, '\0');
-  ssize_t got = 0;
-  while (got < bytes) {
-    const ssize_t n = getrandom(raw.data() + got, bytes - got, 0);
-    if (n <= 0) break;
-    got += n;
-  }
-  if (got < bytes) {
-    std::random_device device;
-    for (char& c : raw) c = static_cast<char>(device());
-  }
-  return absl::BytesToHexString(raw);
-}
-
 }  // namespace
 
-ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevice* device,
-                                 std::string incarnation)
+ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevice* device)
     : options_(options),
       window_(options.consistency->Window()),
       device_(device),
       workers_(options.num_workers),
-      incarnation_(std::move(incarnation)),
       membership_(options.num_workers) {
   absl::MutexLock lock(&mu_);
   version_ns_ = NowNanos();
@@ -236,47 +213,13 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "dynamic loss scaling needs sync consistency, not ", options.consistency->Name()));
   }
-  return std::unique_ptr<ParameterServer>(new ParameterServer(options, device, RandomHex(8)));
+  return std::unique_ptr<ParameterServer>(new ParameterServer(options, device));
 }
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromState(
     const ParameterServerOptions& options, State state, CpuDevice* device) {
-  if (state.version < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("a saved state of version ", state.version));
-  }
-  if (state.signature.empty()) {
-    return absl::InvalidArgumentError("a saved state with an empty signature (no parameters)");
-  }
-  if (state.steps_per_epoch < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a saved state of ", state.steps_per_epoch, " steps per epoch"));
-  }
-  const bool with_momentum = options.optimizer.sgd.momentum != 0;
-  if (!state.momentum.empty() && state.momentum.size() != state.parameters.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("the saved momentum has ",
-                                                   state.momentum.size(), " elements, the "
-                                                   "parameters ", state.parameters.size()));
-  }
-  if (with_momentum != !state.momentum.empty()) {
-    return absl::InvalidArgumentError(
-        with_momentum ? "the saved state has no momentum buffer, but this server's optimizer "
-                        "uses momentum"
-                      : "the saved state has a momentum buffer, but this server's optimizer "
-                        "uses none (--momentum=0)");
-  }
-  for (size_t i = 0; i < state.momentum.size(); ++i) {
-    if (!std::isfinite(state.momentum[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("saved momentum element ", i, " is not finite"));
-    }
-  }
-  if (options.loss_scale.dynamic && state.loss_scale != 0 &&
-      (!IsValidLossScale(state.loss_scale) || state.loss_scale_clean_iterations < 0 ||
-       state.loss_scale_skipped_iterations < 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a saved loss scale of ", state.loss_scale, " after ", state.loss_scale_clean_iterations,
-        " clean iterations: not a power of two from 2^-24 to 2^24, or a negative count"));
-  }
+  PS_RETURN_IF_ERROR(CheckServerState(state, options.optimizer.sgd.momentum != 0,
+                                      options.loss_scale.dynamic));
   std::vector<float> momentum = std::move(state.momentum);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server,
                       Create(options, state.signature, std::move(state.parameters), device));
@@ -306,22 +249,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromStat
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     const ParameterServerOptions& options, std::vector<ParamSpec> signature,
     std::vector<float> initial, CpuDevice* device) {
-  std::vector<NamedTensor> named;
-  int64_t offset = 0;
-  for (const ParamSpec& spec : signature) {
-    const int64_t n = NumElements(spec.shape);
-    if (offset + n > static_cast<int64_t>(initial.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("initial parameters have ", initial.size(),
-                                                     " elements but the signature needs more"));
-    }
-    named.push_back({spec.name, spec.shape,
-                     std::vector<float>(initial.begin() + offset, initial.begin() + offset + n)});
-    offset += n;
-  }
-  if (offset != static_cast<int64_t>(initial.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("initial parameters have ", initial.size(),
-                                                   " elements but the signature needs ", offset));
-  }
+  PS_ASSIGN_OR_RETURN(std::vector<NamedTensor> named, NameFlatValues(signature, initial));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server,
                       CreateFromNamedTensors(options, std::move(named), device));
   if (!signature.empty()) {
@@ -333,19 +261,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromNamedTensors(
     const ParameterServerOptions& options, std::vector<NamedTensor> initial, CpuDevice* device) {
-  for (const NamedTensor& t : initial) {
-    if (NumElements(t.shape) != static_cast<int64_t>(t.values.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("initial tensor '", t.name, "' of shape ",
-                                                     ShapeToString(t.shape), " has ",
-                                                     t.values.size(), " values"));
-    }
-    for (size_t i = 0; i < t.values.size(); ++i) {
-      if (!std::isfinite(t.values[i])) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("initial tensor '", t.name, "' element ", i, " is not finite"));
-      }
-    }
-  }
+  PS_RETURN_IF_ERROR(CheckNamedTensors(initial));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server, Create(options, device));
   absl::MutexLock lock(&server->mu_);
   server->named_initial_ = std::move(initial);
@@ -370,26 +286,11 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
         " MiB on this server (parameters, momentum and ", window_,
         " iteration sums); this machine has ", physical_bytes >> 20, " MiB"));
   }
+  // The given tensors laid out in signature order; every parameter needs one.
   std::vector<float> params;
   const bool given = !named_initial_.empty();
   if (given) {
-    // Lay the given tensors out in signature order; every parameter needs one.
-    params.resize(total);
-    for (size_t key = 0; key < signature.size(); ++key) {
-      const ParamSpec& spec = signature[key];
-      auto it = std::find_if(named_initial_.begin(), named_initial_.end(),
-                             [&](const NamedTensor& t) { return t.name == spec.name; });
-      if (it == named_initial_.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the server's initial parameters have no '", spec.name, "', which the worker's model has"));
-      }
-      if (it->shape != spec.shape) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "parameter '", spec.name, "' has shape ", ShapeToString(it->shape),
-            " on the server but ", ShapeToString(spec.shape), " on the worker"));
-      }
-      std::copy(it->values.begin(), it->values.end(), params.begin() + layout->key_offset[key]);
-    }
+    PS_ASSIGN_OR_RETURN(params, LayOut(named_initial_, *layout));
   }
   layout->chunks = std::make_unique<Chunk[]>(chunks);
   for (int64_t gc = 0; gc < chunks; ++gc) {
@@ -410,8 +311,7 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
   early_elements_ = 0;
   initialized_ = given;
   named_initial_.clear();
-  initial_received_.assign(given ? 0 : chunks, false);
-  initial_chunks_received_ = 0;
+  initial_chunks_.Expect(given ? 0 : chunks);
   for (WorkerState& w : workers_) {
     w.slots.assign(window_, WorkerPushes());
     for (WorkerPushes& pushes : w.slots) {
@@ -522,7 +422,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
     }
   }
   worker.id = worker_id;
-  worker.session = absl::StrCat(incarnation_, "-", RandomHex(16));
+  worker.session = sessions_.Issue();
   worker.heard_ns = NowNanos();
   Registration reg;
   reg.rank = rank;
@@ -534,8 +434,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   reg.session = worker.session;
   if (reg.send_initial_parameters) {
     // A restarted rank 0 sends everything again.
-    std::fill(initial_received_.begin(), initial_received_.end(), false);
-    initial_chunks_received_ = 0;
+    initial_chunks_.Restart();
   }
   return reg;
 }
@@ -545,15 +444,7 @@ bool ParameterServer::RankHeldLocked(int rank) const {
 }
 
 absl::Status ParameterServer::CheckIncarnation(absl::string_view session) const {
-  const absl::string_view ours = incarnation_;
-  if (session.size() <= ours.size() || !absl::StartsWith(session, ours) ||
-      session[ours.size()] != '-') {
-    return absl::AbortedError(absl::StrCat(
-        session.empty() ? "no session credential"
-                        : "a session of another server process (this one restarted since)",
-        ": register again and resume from the server's version"));
-  }
-  return absl::OkStatus();
+  return sessions_.CheckIncarnation(session);
 }
 
 absl::Status ParameterServer::CheckSession(int rank, absl::string_view session) const {
@@ -562,13 +453,7 @@ absl::Status ParameterServer::CheckSession(int rank, absl::string_view session) 
   if (!RankHeldLocked(rank)) {
     return absl::NotFoundError(absl::StrCat("no worker holds rank ", rank));
   }
-  // Compared in constant time: how far a guess matches must not show.
-  const std::string& expected = workers_[rank].session;
-  unsigned char diff = expected.size() != session.size();
-  for (size_t i = 0; i < std::min(expected.size(), session.size()); ++i) {
-    diff |= static_cast<unsigned char>(expected[i] ^ session[i]);
-  }
-  if (diff != 0) {
+  if (!SessionIssuer::Matches(workers_[rank].session, session)) {
     return absl::PermissionDeniedError(absl::StrCat(
         "the session credential is not rank ", rank, "'s (worker '", workers_[rank].id,
         "' registered it since, or it is another worker's)"));
@@ -684,6 +569,74 @@ std::vector<int> ParameterServer::RanksMissingLocked() const {
   return missing;
 }
 
+absl::Status ParameterServer::CheckPushMessage(int rank, int64_t iteration, int64_t num_samples,
+                                               absl::Span<const ChunkBytes> chunks,
+                                               const std::string& what, int64_t* start_ns,
+                                               const Layout** layout,
+                                               std::vector<int64_t>* global_chunks,
+                                               std::vector<bool>* overflow) {
+  global_chunks->reserve(chunks.size());
+  absl::Status shapes;
+  // 1. Check the message against the bookkeeping, under mu_: everything
+  //    but its values, which it does not read.
+  {
+    absl::MutexLock lock(&mu_);
+    *start_ns = EventStartNanos();
+    PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
+    *layout = layout_.get();
+    shapes = CheckChunkShapesLocked(chunks, workers_[rank].slots[SlotOf(iteration)].pushed, what,
+                                    global_chunks);
+  }
+  // 2. Check the values, under no lock (they are the message's own), of
+  //    the chunks before any that failed step 1: errors come in chunk order.
+  //    Under dynamic loss scaling a value that is not finite is an overflow
+  //    of its chunk instead (see LossScaleOptions).
+  overflow->assign(chunks.size(), false);
+  if (options_.loss_scale.dynamic) {
+    PS_RETURN_IF_ERROR(shapes);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      (*overflow)[c] = *CheckGradientValues(chunks[c].pieces, 0, "", /*loss_scaling=*/true);
+    }
+    return absl::OkStatus();
+  }
+  PS_RETURN_IF_ERROR(
+      CheckChunkValues(**layout, options_.chunk_elements, chunks, global_chunks->size()));
+  return shapes;
+}
+
+absl::Status ParameterServer::ClaimChunksLocked(int rank, int64_t iteration, int64_t num_samples,
+                                                absl::Span<const ChunkBytes> chunks,
+                                                const std::vector<int64_t>& global_chunks,
+                                                const std::string& what,
+                                                std::vector<bool>* carried) {
+  PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
+  WorkerState& worker = workers_[rank];
+  WorkerPushes& pushes = worker.slots[SlotOf(iteration)];
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    if (pushes.pushed[global_chunks[c]]) return AlreadyError(*layout_, chunks[c], what);
+  }
+  // A chunk a previous process of this worker pushed (carried) is claimed
+  // but not summed again.
+  carried->assign(chunks.size(), false);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const int64_t gc = global_chunks[c];
+    pushes.pushed[gc] = true;
+    if (pushes.carried[gc]) {
+      pushes.carried[gc] = false;
+      (*carried)[c] = true;
+    } else {
+      ++pushes.chunks;
+    }
+  }
+  if (!chunks.empty()) pushes.num_samples = num_samples;
+  // The next iteration's members are announced with the first push of
+  // this one (workers read them from the replies to split its batch).
+  membership_.AnnounceNext();
+  worker.heard_ns = worker.last_push_ns = NowNanos();
+  worker.last_push_iteration = std::max(worker.last_push_iteration, iteration);
+  return absl::OkStatus();
+}
+
 absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
                                              absl::Span<const ChunkBytes> chunks) {
   if (options_.consistency->AppliesEachPush()) {
@@ -694,66 +647,20 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   int64_t start_ns = 0;
   const Layout* layout = nullptr;
   std::vector<int64_t> global_chunks;
-  global_chunks.reserve(chunks.size());
-  absl::Status shapes;
-  // 1. Check the message against the bookkeeping, under mu_: everything
-  //    but its values, which it does not read.
-  {
-    absl::MutexLock lock(&mu_);
-    start_ns = EventStartNanos();
-    PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
-    layout = layout_.get();
-    shapes = CheckChunkShapesLocked(chunks, workers_[rank].slots[SlotOf(iteration)].pushed, what,
-                                    &global_chunks);
-  }
-  // 2. Check the values, under no lock (they are the message's own), of
-  //    the chunks before any that failed step 1: errors come in chunk order.
-  //    Under dynamic loss scaling a value that is not finite is an overflow
-  //    of its chunk instead (see LossScaleOptions).
-  std::vector<bool> overflow(chunks.size(), false);
-  if (options_.loss_scale.dynamic) {
-    PS_RETURN_IF_ERROR(shapes);
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      overflow[c] = *CheckGradientValues(chunks[c].pieces, 0, "", /*loss_scaling=*/true);
-    }
-  } else {
-    PS_RETURN_IF_ERROR(
-        CheckChunkValues(*layout, options_.chunk_elements, chunks, global_chunks.size()));
-    PS_RETURN_IF_ERROR(shapes);
-  }
+  std::vector<bool> overflow;
+  PS_RETURN_IF_ERROR(CheckPushMessage(rank, iteration, num_samples, chunks, what, &start_ns,
+                                      &layout, &global_chunks, &overflow));
   // 3. Claim the chunks, under mu_, after checking again what a concurrent
   //    message of this worker may have changed meanwhile (the iteration,
   //    its samples, its chunks): of two messages with a chunk in common
   //    one is refused here, having added nothing. From here on the message
   //    is added whole.
-  //    A chunk a previous process of this worker pushed (carried) is
-  //    claimed but not summed again.
   SgdOptimizer* optimizer = nullptr;
-  std::vector<bool> carried(chunks.size(), false);
+  std::vector<bool> carried;
   {
     absl::MutexLock lock(&mu_);
-    PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
-    WorkerState& worker = workers_[rank];
-    WorkerPushes& pushes = worker.slots[SlotOf(iteration)];
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      if (pushes.pushed[global_chunks[c]]) return AlreadyError(*layout, chunks[c], what);
-    }
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      const int64_t gc = global_chunks[c];
-      pushes.pushed[gc] = true;
-      if (pushes.carried[gc]) {
-        pushes.carried[gc] = false;
-        carried[c] = true;
-      } else {
-        ++pushes.chunks;
-      }
-    }
-    if (!chunks.empty()) pushes.num_samples = num_samples;
-    // The next iteration's members are announced with the first push of
-    // this one (workers read them from the replies to split its batch).
-    membership_.AnnounceNext();
-    worker.heard_ns = worker.last_push_ns = NowNanos();
-    worker.last_push_iteration = std::max(worker.last_push_iteration, iteration);
+    PS_RETURN_IF_ERROR(
+        ClaimChunksLocked(rank, iteration, num_samples, chunks, global_chunks, what, &carried));
     optimizer = optimizer_.get();
   }
   // 4. Add each chunk to its sum, in rank order (server/rank_order_sum.h),
@@ -919,7 +826,8 @@ absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const Ch
   }
   std::vector<int64_t> global_chunks;
   const absl::Status shapes =
-      CheckChunkShapesLocked(chunks, initial_received_, "sent as an initial value", &global_chunks);
+      CheckChunkShapesLocked(chunks, initial_chunks_.received(), "sent as an initial value",
+                             &global_chunks);
   PS_RETURN_IF_ERROR(
       CheckChunkValues(*layout_, options_.chunk_elements, chunks, global_chunks.size()));
   PS_RETURN_IF_ERROR(shapes);
@@ -927,12 +835,7 @@ absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const Ch
     Chunk& chunk = layout_->chunks[global_chunks[c]];
     absl::MutexLock chunk_lock(&chunk.mu);
     CopyPiecesTo(chunks[c].pieces, chunk.buffers.MutableCurrent().data());
-    initial_received_[global_chunks[c]] = true;
-    ++initial_chunks_received_;
-  }
-  if (initial_chunks_received_ == layout_->total_chunks) {
-    initialized_ = true;
-    initial_received_.clear();
+    if (initial_chunks_.Receive(global_chunks[c])) initialized_ = true;
   }
   return absl::OkStatus();
 }
@@ -1007,12 +910,12 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
       iteration = chunk_version_[global_chunk];
       IterationState& it = iterations_[SlotOf(iteration)];
       if (last != nullptr) {
-        if (iteration != last->iteration || iteration >= apply_limit_) return absl::OkStatus();
+        if (iteration != last->iteration || captures_.HoldsBack(iteration)) return absl::OkStatus();
         *applied_last = true;
       } else {
         if (!it.ready[global_chunk]) return absl::OkStatus();
-        if (iteration >= apply_limit_) {
-          held_back_ = true;  // applied once the capture is served
+        if (captures_.HoldsBack(iteration)) {
+          captures_.NoteHeldBack();  // applied once the capture is served
           return absl::OkStatus();
         }
         it.ready[global_chunk] = false;
@@ -1062,7 +965,7 @@ absl::Status ParameterServer::AdvanceChunk(const Layout& layout, SgdOptimizer* o
         }
       }
       absl::MutexLock lock(&mu_);
-      ++held_back_releases_;
+      captures_.CountRelease();
     }
   }
 }
@@ -1088,16 +991,15 @@ void ParameterServer::FinishIterationLocked(int64_t iteration,
   // The boundary a capture waits for: every chunk at version_, none ahead
   // (the updates past it are held back), nothing moves while the state is
   // copied.
-  if (version_ >= apply_limit_) {
-    if (!captures_.empty()) *captures = TakeCapturesLocked(state);
-    apply_limit_ = kNoLimit;
-    *resume = held_back_;
-    held_back_ = false;
+  CaptureRequests::Release release = captures_.AtBoundary(version_);
+  if (!release.captures.empty()) {
+    CopyStateLocked(state);
+    *captures = std::move(release.captures);
   }
+  *resume = release.resume;
 }
 
-std::vector<std::function<void(ParameterServer::State)>> ParameterServer::TakeCapturesLocked(
-    State* state) {
+void ParameterServer::CopyStateLocked(State* state) {
   state->version = version_;
   state->steps_per_epoch = std::max<int64_t>(0, steps_per_epoch_);
   state->loss_scale = loss_scale_.scale;
@@ -1119,9 +1021,6 @@ std::vector<std::function<void(ParameterServer::State)>> ParameterServer::TakeCa
   } else if (options_.optimizer.sgd.momentum != 0) {
     state->momentum.assign(layout_->num_parameters, 0.f);  // no update yet
   }
-  std::vector<std::function<void(State)>> captures;
-  captures.swap(captures_);
-  return captures;
 }
 
 void ParameterServer::CaptureState(std::function<void(State)> done) {
@@ -1129,25 +1028,24 @@ void ParameterServer::CaptureState(std::function<void(State)> done) {
   State state;
   {
     absl::MutexLock lock(&mu_);
-    captures_.push_back(std::move(done));
+    captures_.Add(std::move(done));
     // At a boundary now (version 0 exists, no chunk of the iteration in
     // progress completed, so none is ahead of it): served here. Otherwise
     // by the push that completes the iteration at which no chunk is ahead,
     // the updates past it held back until then; or, before version 0, once
     // version 1 exists.
     if (!initialized_ || iterations_[SlotOf(version_)].completed > 0) {
-      if (apply_limit_ == kNoLimit) {
-        // The least version no chunk can pass: a chunk is at its published
-        // version, or one further while its update is being applied.
-        int64_t limit = version_ + 1;
-        for (size_t gc = 0; gc < chunk_version_.size(); ++gc) {
-          limit = std::max(limit, chunk_version_[gc] + (applying_[gc] ? 1 : 0));
-        }
-        apply_limit_ = limit;
+      // The least version no chunk can pass: a chunk is at its published
+      // version, or one further while its update is being applied.
+      int64_t limit = version_ + 1;
+      for (size_t gc = 0; gc < chunk_version_.size(); ++gc) {
+        limit = std::max(limit, chunk_version_[gc] + (applying_[gc] ? 1 : 0));
       }
+      captures_.HoldBackFrom(limit);
       return;
     }
-    captures = TakeCapturesLocked(&state);
+    CopyStateLocked(&state);
+    captures = captures_.TakeAll();
   }
   for (auto& capture : captures) capture(state);
 }
@@ -1158,11 +1056,7 @@ int ParameterServer::CancelCaptures() {
   int n = 0;
   {
     absl::MutexLock lock(&mu_);
-    n = static_cast<int>(captures_.size());
-    captures_.clear();
-    apply_limit_ = kNoLimit;
-    if (!held_back_) return n;
-    held_back_ = false;
+    if (!captures_.Cancel(&n).resume) return n;
     layout = layout_.get();
     optimizer = optimizer_.get();
   }
@@ -1172,13 +1066,13 @@ int ParameterServer::CancelCaptures() {
     if (!applied.ok()) break;  // an optimizer invariant; the pushes report theirs
   }
   absl::MutexLock lock(&mu_);
-  ++held_back_releases_;
+  captures_.CountRelease();
   return n;
 }
 
 int64_t ParameterServer::held_back_releases() const {
   absl::MutexLock lock(&mu_);
-  return held_back_releases_;
+  return captures_.releases();
 }
 
 absl::Status ParameterServer::AwaitVersionLocked(int64_t version, absl::Time deadline) {

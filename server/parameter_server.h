@@ -23,9 +23,12 @@
 #include "common/push_checks.h"
 #include "common/timed_event.h"
 #include "server/consistency/consistency.h"
+#include "server/initial_values.h"
 #include "server/membership.h"
 #include "server/parameter_table.h"
 #include "server/rank_order_sum.h"
+#include "server/sessions.h"
+#include "server/state_capture.h"
 
 namespace ps::server {
 
@@ -85,26 +88,25 @@ struct ParameterServerOptions {
   const Clock* clock = Clock::Real();
 };
 
-// One named tensor of initial values, matched to the workers' signature by
-// name (a safetensors file's tensors have no order).
-struct NamedTensor {
-  std::string name;
-  Shape shape;
-  std::vector<float> values;  // row-major, NumElements(shape) of them
-};
-
-// The synchronous parameter server's state machine, free of any transport:
-// the gRPC service (and the in-process LocalParameterStore) translate calls
-// into these methods. It holds the fp32 parameters laid out flat in
-// signature order and cut into chunks (per key, chunk_elements each), sums
-// the gradient pushes of all workers for the current iteration, and applies
-// SGD chunk by chunk: as soon as every worker has pushed chunk c of the
-// iteration, that chunk is updated (scaled by the samples all the workers'
-// pushes cover) and published, so workers that push layer by layer can pull
-// the first layers back while the last are still being pushed. Once the
-// last chunk is applied, the iteration is complete and version + 1 exists.
-// The result is bit for bit that of one update of the whole vector
-// (SgdOptimizer::ApplyRange).
+// The parameter server's state machine, free of any transport: the gRPC
+// service (and tests) translate calls into these methods. It coordinates
+// its components, each in a header of its own with its contract:
+//   - ChunkLayout and ChunkBuffers (parameter_table.h): the fp32 parameters
+//     laid out flat in signature order and cut into chunks (per key,
+//     chunk_elements each), current and previous versions, copy on write;
+//   - RankOrderSum (rank_order_sum.h): each chunk's gradients summed in rank
+//     order whatever order the pushes arrive in, so a rerun or a recovery
+//     is bit-identical (held_elements() counts the parts held early);
+//   - Membership (membership.h): who takes part in each iteration as the
+//     job shrinks and grows back;
+//   - the Consistency policy (consistency/consistency.h: sync, async,
+//     ssp:S, whose files say what each promises), the optimizer and the
+//     loss scale (common/optimizer/), the push checks (common/push_checks.h).
+// As soon as every worker has pushed chunk c of an iteration, that chunk is
+// updated (scaled by the samples all the pushes cover) and published, so
+// workers that push layer by layer pull the first layers back while the
+// last are still being pushed; the result is bit for bit that of one update
+// of the whole vector (SgdOptimizer::ApplyRange).
 //
 // Versions: version v is the parameters after v updates; iteration v is the
 // step computed from version v, whose pushes produce version v + 1. Each
@@ -113,84 +115,36 @@ struct NamedTensor {
 // PullChunkViews wait for chunk versions; Pull, WaitForVersion and
 // HasVersion for the server's version (every chunk).
 //
-// Memory: the parameters, their previous version (for exact pulls; each
-// update reads one buffer and writes the other, out of place, at the cost
-// of an in-place update), the momentum buffer (with momentum), one gradient
-// sum (S + 1 under ssp:S; a model's worth each), plus the chunks held early
-// for their rank's turn (see below: at most num_workers - 1 models per
-// iteration in flight when pushes arrive in reverse rank order), plus one
-// chunk's copy for each chunk that a ChunkViews holder still views when the
-// chunk is updated (copy on write, per chunk).
+// Memory: the parameters and their previous version, the momentum, one
+// gradient sum per iteration in flight (the policy's Window()), the parts
+// held early (at most num_workers - 1 models per iteration when pushes
+// arrive in reverse rank order), and a chunk's copy per update of a chunk
+// a ChunkViews holder still views.
 //
-// The server knows no model: the signature (names, shapes, order of the
-// trainable parameters) comes from the first worker to register, and every
-// other worker's must equal it. The initial parameters come from, in order:
-// the values given to Create (a checkpoint, or --init_weights matched by
-// name), or the worker of rank 0, which Register asks to send them
-// (InitializeChunks). Version 0 exists, and can be pulled, once they are all
-// there.
-//
-// Deterministic: each chunk's gradients are summed in rank order,
-// ((0 + g_0) + g_1) + ..., whatever order the pushes arrive in, so a rerun
-// (or a recovery) gives bit-identical parameters. A chunk that arrives
-// before a lower rank's is held until its turn: no extra memory when pushes
-// arrive in rank order, at most (num_workers - 1) models' worth when they
-// arrive in reverse (held_elements() says how much is held now).
-//
-// Stale synchronous parallel (ssp:S, bound S; Ho et al. 2013,
-// Bosen): a worker may begin step t once every worker has pushed step
-// t - S - 1, i.e. once version t - S exists, and computes it from whatever
-// newer parameters it pulls (of version t - S or later, chunks possibly of
-// different versions). The updates are those of sync: iteration k's
-// update of a chunk is the rank-order sum of every worker's push of
-// iteration k, applied once all have arrived and iteration k - 1's update
-// of that chunk is applied, with the learning rate of step k; so the
-// iterations are applied in order, one chunk at a time, and only what the
-// workers computed their gradients from differs from sync (with S = 0,
-// nothing: ssp:0 is sync bit for bit). The server enforces the bound: a
-// push for iteration t is accepted only while version() >= t - S, so
-// iterations version() .. version() + S are in flight at once, each with
-// its own sums, held parts and per-worker bookkeeping (S + 1 of each, and
-// S + 1 gradient sums of a model each in memory); a push beyond is refused
-// with kOutOfRange naming the bound and the ranks the iteration in progress
-// waits for. A worker's pull for step t asks for version t - S and waits
-// for it (the gRPC service holds it). Rejoining works as under sync (the
-// worker resumes at version(), and what its previous process pushed of
-// every iteration in flight is counted once), though under S > 0 the
-// rejoined worker computes from the newest parameters, not exactly
-// version(), so only S = 0 stays bit-identical. State captures wait for a
-// boundary with no chunk ahead of version() (see CaptureState). Shrinking
-// (DropWorker) is not supported under S > 0: kFailedPrecondition.
+// The server knows no model: the signature comes from the first worker to
+// register, and every other worker's must equal it. The initial parameters
+// come from the values given to Create (a checkpoint, or --init_weights
+// matched by name), or from rank 0, which Register asks to send them
+// (InitializeChunks). Version 0 exists once they are all there.
 //
 // Every method is thread-safe. Bad input never changes state: a rejected
 // push leaves the pending sums and the parameters untouched.
 //
-// Locks: one bookkeeping lock (mu_) over the short work (registration, the
-// iteration and which chunks each worker has pushed in it, the published
-// chunk versions and the server's version, version 0's assembly) and one
-// lock per chunk over the heavy work on that chunk (summing a message's
-// part in rank order, holding early parts, the optimizer step, copy on
-// write, taking views or copies). A push (1) checks its message under mu_
-// without reading its values, (2) checks the values (FirstNonFinite) under
-// no lock, (3) claims its chunks under mu_ after checking again what a
-// concurrent message of the same worker may have changed (so of two such
-// messages with a chunk in common one is refused, having added nothing),
-// then (4) sums each chunk under that chunk's lock, and (5) applies each
-// chunk it completed under that chunk's lock and publishes it under mu_
-// (a part that completes a chunk as its sum's last term is not summed in
-// (4) but read in place by the update in (5), see RankOrderSum::IsLastTerm).
-// So pushes of different chunks run at once, and those of one chunk one
-// after another in any order, still summed in rank order; pulls wait under
-// mu_ and take each chunk's view under its lock. (On 2 cores, 4 workers x
-// 16 chunks of 4 MB, server/parameter_server_benchmark pushes 17 GB/s from
-// one thread and 27 GB/s from two; under one lock for everything, 17 and
-// 17.) Lock order: a chunk's lock may be taken while holding mu_ (laying
-// out and initialising, resuming from a state, a membership change at a
-// boundary, and a state capture, which copies the whole model under mu_
-// and so holds up the bookkeeping for that copy), never mu_ while holding
-// a chunk's lock; at most one chunk's lock is held at a time; device_mu_
-// (the optimizer's device) is taken under a chunk's lock, and no lock
-// under it.
+// Locks: one bookkeeping lock (mu_) over the short work (registration,
+// which chunks each worker has pushed, the published versions, version 0's
+// assembly) and one lock per chunk over the heavy work on it (summing,
+// holding early parts, the optimizer step, copy on write, views). A push
+// (1) checks its message under mu_ without reading its values, (2) checks
+// the values under no lock, (3) claims its chunks under mu_ after checking
+// again what a concurrent message of the same worker may have changed,
+// (4) sums each chunk under that chunk's lock and (5) applies each chunk it
+// completed under that chunk's lock and publishes it under mu_. So pushes
+// of different chunks run at once (server/parameter_server_benchmark: on 2
+// cores, 4 workers x 16 chunks of 4 MB, 17 GB/s from one thread and 27 GB/s
+// from two, against 17 and 17 under one lock). Lock order: a chunk's lock
+// may be taken while holding mu_, never mu_ while holding a chunk's lock; at
+// most one chunk's lock at a time; device_mu_ (the optimizer's device)
+// under a chunk's lock, and no lock under it.
 class ParameterServer {
  public:
   // A server without parameters: rank 0 will send them. `device` runs the
@@ -210,20 +164,9 @@ class ParameterServer {
       const ParameterServerOptions& options, std::vector<NamedTensor> initial,
       CpuDevice* device);
 
-  // The server's whole state at a version boundary (between two
-  // iterations), as a checkpoint holds it.
-  struct State {
-    int64_t version = 0;          // parameters after this many updates
-    int64_t steps_per_epoch = 0;  // the learning-rate schedule's epoch length
-    std::vector<ParamSpec> signature;
-    std::vector<float> parameters;  // flat, in signature order
-    std::vector<float> momentum;    // flat; empty without momentum
-    // Dynamic loss scaling (0 without): the scale of iteration `version`,
-    // the clean iterations before it in a row, the iterations skipped.
-    float loss_scale = 0;
-    int64_t loss_scale_clean_iterations = 0;
-    int64_t loss_scale_skipped_iterations = 0;
-  };
+  // The server's whole state at a version boundary, as a checkpoint holds
+  // it (server/state_capture.h).
+  using State = ServerState;
   // A server resumed from `state` (a checkpoint): version `state.version`
   // exists at once, with the learning-rate schedule at that update and the
   // momentum buffer restored, so the next updates are bit for bit those
@@ -313,7 +256,7 @@ class ParameterServer {
   // incarnation (for calls that act as no rank).
   absl::Status CheckIncarnation(absl::string_view session) const;
   // This server process's random identity, the prefix of its sessions.
-  const std::string& incarnation() const { return incarnation_; }
+  const std::string& incarnation() const { return sessions_.incarnation(); }
 
   // A sign of life from the worker of `rank` (its session checked as in
   // CheckSession): registering and pushing count too. What the job's
@@ -590,8 +533,7 @@ class ParameterServer {
     std::unique_ptr<Chunk[]> chunks;  // total_chunks of them
   };
 
-  ParameterServer(const ParameterServerOptions& options, CpuDevice* device,
-                  std::string incarnation);
+  ParameterServer(const ParameterServerOptions& options, CpuDevice* device);
 
   // Takes `signature` as the job's: lays out keys and chunks, and the
   // initial values when the server was given some. State is unchanged on
@@ -605,6 +547,23 @@ class ParameterServer {
   // in range and agrees with the worker's earlier pushes of
   // it (kFailedPrecondition).
   absl::Status CheckPushLocked(int rank, int64_t iteration, int64_t num_samples) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PushChunkBytes' steps 1 and 2: the message checked against the
+  // bookkeeping (under mu_) and its values (under no lock); sets the
+  // layout, each chunk's global index and, under dynamic loss scaling,
+  // which chunks overflowed.
+  absl::Status CheckPushMessage(int rank, int64_t iteration, int64_t num_samples,
+                                absl::Span<const ChunkBytes> chunks, const std::string& what,
+                                int64_t* start_ns, const Layout** layout,
+                                std::vector<int64_t>* global_chunks, std::vector<bool>* overflow)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // PushChunkBytes' step 3: checks again what a concurrent message of this
+  // worker may have changed, then marks the chunks pushed; sets which were
+  // carried from a previous process of the worker (not summed again).
+  absl::Status ClaimChunksLocked(int rank, int64_t iteration, int64_t num_samples,
+                                 absl::Span<const ChunkBytes> chunks,
+                                 const std::vector<int64_t>& global_chunks,
+                                 const std::string& what, std::vector<bool>* carried)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks every chunk of a message without reading its values (range,
   // length, not in `received` nor repeated within the message) and appends
@@ -635,17 +594,15 @@ class ParameterServer {
   void FinishIterationLocked(int64_t iteration, std::vector<std::function<void(State)>>* captures,
                              State* state, bool* resume) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies the current state at the boundary (every chunk at version_,
-  // nothing of the iteration applied) and hands it to the pending
-  // CaptureState requests, which it returns to be run outside mu_.
-  std::vector<std::function<void(State)>> TakeCapturesLocked(State* state)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // nothing of the iteration applied) for the capture requests.
+  void CopyStateLocked(State* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Global chunk `global_chunk` of iteration `iteration` has every
   // worker's part summed: marks it ready and applies what may be applied of
   // the chunk (AdvanceChunk).
   absl::Status CompleteChunk(const Layout& layout, SgdOptimizer* optimizer, int64_t iteration,
                              int64_t global_chunk) ABSL_LOCKS_EXCLUDED(mu_);
   // Applies the chunk's ready iterations in order, from its version on, up
-  // to apply_limit_: each claimed under mu_ (one thread at a time applies a
+  // to what the captures hold back: each claimed under mu_ (one thread at a time applies a
   // chunk; another finding it busy leaves its ready iteration to that one),
   // updated under the chunk's lock (ApplyAggregation), then published under
   // mu_; the last chunk of an iteration publishes version + 1 and resets
@@ -739,8 +696,7 @@ class ParameterServer {
   // chunks) or by name until the first registration lays them out.
   std::vector<NamedTensor> named_initial_ ABSL_GUARDED_BY(mu_);
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<bool> initial_received_ ABSL_GUARDED_BY(mu_);  // per global chunk
-  int64_t initial_chunks_received_ ABSL_GUARDED_BY(mu_) = 0;
+  InitialChunks initial_chunks_ ABSL_GUARDED_BY(mu_);  // from rank 0, when not given
 
   // One worker's pushes of one iteration in flight.
   struct WorkerPushes {
@@ -764,7 +720,7 @@ class ParameterServer {
   };
   std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
 
-  const std::string incarnation_;
+  const SessionIssuer sessions_;  // this process's incarnation and sessions (sessions.h)
   // One per iteration in flight (iterations_[SlotOf(k)]). Per global
   // chunk: whether every member's part is summed and its update not yet
   // taken up (ready); `completed` counts the chunks every member has pushed
@@ -778,20 +734,14 @@ class ParameterServer {
     bool overflow = false;  // a chunk's update was skipped (loss scaling)
   };
   std::vector<IterationState> iterations_ ABSL_GUARDED_BY(mu_);  // by SlotOf
-  int64_t held_back_releases_ ABSL_GUARDED_BY(mu_) = 0;
   // Dynamic loss scaling: the scale of iteration version_, the clean
   // iterations in a row before it, and the iterations skipped in all.
   LossScaleState loss_scale_ ABSL_GUARDED_BY(mu_);
   // Per global chunk: a thread is applying its updates (AdvanceChunk).
   std::vector<bool> applying_ ABSL_GUARDED_BY(mu_);
-  // Iterations from this one on are not applied (a capture waits for the
-  // boundary at this version; kNoLimit otherwise), and whether one was held
-  // back by it.
-  static constexpr int64_t kNoLimit = INT64_MAX;
-  int64_t apply_limit_ ABSL_GUARDED_BY(mu_) = kNoLimit;
-  bool held_back_ ABSL_GUARDED_BY(mu_) = false;
   int64_t version_ns_ ABSL_GUARDED_BY(mu_) = -1;  // when version_ was published
-  std::vector<std::function<void(State)>> captures_ ABSL_GUARDED_BY(mu_);
+  // CaptureState's requests and the updates they hold back.
+  CaptureRequests captures_ ABSL_GUARDED_BY(mu_);
 
   // Who takes part in each iteration (DropWorker, Register, Members).
   Membership membership_ ABSL_GUARDED_BY(mu_);

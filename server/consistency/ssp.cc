@@ -1,7 +1,24 @@
-// ssp:S, stale synchronous parallel (Ho et al. 2013): the iterations of
-// sync, applied in order, but up to S + 1 of them in flight at once, so a
-// worker may compute step t once every rank has pushed step t - S - 1.
-// ssp:0 is sync bit for bit (only its name differs).
+// ssp:S, stale synchronous parallel (Ho et al. 2013, Bosen): a worker may
+// begin step t once every worker has pushed step t - S - 1, i.e. once
+// version t - S exists, and computes it from whatever newer parameters it
+// pulls (version t - S or later, chunks possibly of different versions).
+// The updates are those of sync: iteration k's update of a chunk is the
+// rank-order sum of every worker's push of iteration k, applied once all
+// have arrived and iteration k - 1's update of that chunk is applied, with
+// the learning rate of step k; only what the workers computed their
+// gradients from differs from sync, so ssp:0 is sync bit for bit.
+//
+// The server enforces the bound (CheckNotAhead): a push for iteration t is
+// accepted only while version() >= t - S, so iterations version() ..
+// version() + S are in flight at once (Window() = S + 1), each with its own
+// sums, held parts and per-worker bookkeeping (S + 1 gradient sums of a
+// model each in memory); a push beyond is refused with kOutOfRange naming
+// the bound. A worker's pull for step t asks for version t - S and waits
+// for it. A rejoined worker resumes at version() and what its previous
+// process pushed of every iteration in flight is counted once, but under
+// S > 0 it computes from the newest parameters, so only S = 0 stays
+// bit-identical. State captures wait for a boundary with no chunk ahead of
+// version(). Shrinking is not supported under S > 0 (CheckCanShrink).
 
 #include <algorithm>
 #include <memory>

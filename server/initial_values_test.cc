@@ -1,0 +1,70 @@
+#include "server/initial_values.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ps::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<ParamSpec> Signature() {
+  return {{"w", {2, 2}, DType::kF32}, {"b", {2}, DType::kF32}};
+}
+
+TEST(InitialValuesTest, FlatValuesAreNamedInSignatureOrder) {
+  auto named = NameFlatValues(Signature(), {1, 2, 3, 4, 5, 6});
+  ASSERT_TRUE(named.ok()) << named.status();
+  ASSERT_EQ(named->size(), 2u);
+  EXPECT_EQ((*named)[1].name, "b");
+  EXPECT_THAT((*named)[1].values, ElementsAre(5, 6));
+  EXPECT_THAT(NameFlatValues(Signature(), {1, 2, 3}).status().message(),
+              HasSubstr("have 3 elements but the signature needs more"));
+  EXPECT_THAT(NameFlatValues(Signature(), {1, 2, 3, 4, 5, 6, 7}).status().message(),
+              HasSubstr("have 7 elements but the signature needs 6"));
+}
+
+TEST(InitialValuesTest, TensorsAreLaidOutByNameIgnoringOthers) {
+  auto layout = ChunkLayout::Make(Signature(), 3, 1 << 20);
+  ASSERT_TRUE(layout.ok());
+  // In another order, with a buffer the signature does not name.
+  const std::vector<NamedTensor> tensors = {
+      {"bn.running_mean", {2}, {9, 9}}, {"b", {2}, {5, 6}}, {"w", {2, 2}, {1, 2, 3, 4}}};
+  EXPECT_TRUE(CheckNamedTensors(tensors).ok());
+  auto flat = LayOut(tensors, *layout);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  EXPECT_THAT(*flat, ElementsAre(1, 2, 3, 4, 5, 6));
+  EXPECT_THAT(LayOut({tensors[1]}, *layout).status().message(),
+              HasSubstr("have no 'w', which the worker's model has"));
+  EXPECT_THAT(LayOut({{"w", {4}, {1, 2, 3, 4}}, tensors[1]}, *layout).status().message(),
+              HasSubstr("parameter 'w' has shape [4] on the server but [2, 2] on the worker"));
+}
+
+TEST(InitialValuesTest, RefusesTensorsThatDoNotFillTheirShapeOrAreNotFinite) {
+  EXPECT_THAT(CheckNamedTensors({{"w", {2, 2}, {1, 2, 3}}}).message(),
+              HasSubstr("initial tensor 'w' of shape"));
+  EXPECT_THAT(CheckNamedTensors({{"b", {2}, {1, std::nanf("")}}}).message(),
+              HasSubstr("initial tensor 'b' element 1 is not finite"));
+}
+
+TEST(InitialChunksTest, VersionZeroExistsOnceEveryChunkIsIn) {
+  InitialChunks chunks;
+  chunks.Expect(3);
+  EXPECT_FALSE(chunks.Receive(2));
+  EXPECT_FALSE(chunks.Receive(0));
+  EXPECT_TRUE(chunks.received()[0]);
+  EXPECT_FALSE(chunks.received()[1]);
+  chunks.Restart();  // rank 0 restarted: everything again
+  EXPECT_FALSE(chunks.received()[0]);
+  EXPECT_FALSE(chunks.Receive(0));
+  EXPECT_FALSE(chunks.Receive(1));
+  EXPECT_TRUE(chunks.Receive(2));
+}
+
+}  // namespace
+}  // namespace ps::server
