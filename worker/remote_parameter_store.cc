@@ -473,8 +473,10 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
     absl::Time deadline) {
   // 1. The request: this worker, its model, and shared memory if offered.
   proto::RegisterRequest request = MakeRegisterRequest(signature);
-  PS_ASSIGN_OR_RETURN(const bool offer, OfferSharedMemory(signature, &request));
+  // No shared memory until the server attaches the new segment: the offer
+  // drops the old one, and may fail after that.
   use_segment_ = false;
+  PS_ASSIGN_OR_RETURN(const bool offer, OfferSharedMemory(signature, &request));
   // 2. The call.
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
