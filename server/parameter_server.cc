@@ -15,36 +15,10 @@
 #include "common/f32_pieces.h"
 #include "common/push_checks.h"
 #include "common/status_macros.h"
+#include "server/registration_checks.h"
 
 namespace ps::server {
 namespace {
-
-// Describes the first difference between two signatures, or "" if equal.
-std::string SignatureDifference(const std::vector<ParamSpec>& server,
-                                const std::vector<ParamSpec>& worker) {
-  const size_t n = std::min(server.size(), worker.size());
-  for (size_t i = 0; i < n; ++i) {
-    const ParamSpec& s = server[i];
-    const ParamSpec& w = worker[i];
-    if (s.name != w.name) {
-      return absl::StrCat("parameter ", i, " is '", s.name, "' on the server but '", w.name,
-                          "' on the worker");
-    }
-    if (s.shape != w.shape) {
-      return absl::StrCat("parameter '", s.name, "' has shape ", ShapeToString(s.shape),
-                          " on the server but ", ShapeToString(w.shape), " on the worker");
-    }
-    if (s.dtype != w.dtype) {
-      return absl::StrCat("parameter '", s.name, "' has dtype ", DTypeName(s.dtype),
-                          " on the server but ", DTypeName(w.dtype), " on the worker");
-    }
-  }
-  if (server.size() != worker.size()) {
-    return absl::StrCat("the server's model has ", server.size(), " parameters, the worker's ",
-                        worker.size());
-  }
-  return "";
-}
 
 // One piece per chunk, over the chunk's floats: the Span forms of the calls
 // become the byte forms. `pieces` must outlive the returned chunks.
@@ -327,27 +301,6 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::CheckStepsPerEpochLocked(const std::string& worker_id,
-                                                       int64_t steps_per_epoch) {
-  if (steps_per_epoch < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("worker '", worker_id, "' states ",
-                                                   steps_per_epoch, " steps per epoch"));
-  }
-  if (steps_per_epoch_ >= 0 && steps_per_epoch != steps_per_epoch_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker '", worker_id, "' has ", steps_per_epoch, " steps per epoch but the job has ",
-        steps_per_epoch_, " (do the workers' datasets and --batch_size agree?)"));
-  }
-  const LrSchedule& schedule = options_.optimizer.schedule;
-  if (schedule.unit == LrSchedule::Unit::kEpochs && schedule.step_size > 0 &&
-      steps_per_epoch < 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the learning rate decays every ", schedule.step_size, " epochs, but worker '", worker_id,
-        "' states no steps per epoch"));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
     const std::string& worker_id, const std::vector<ParamSpec>& signature, int requested_rank,
     int64_t steps_per_epoch) {
@@ -369,37 +322,12 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
           absl::StrCat("worker '", worker_id, "' has a different model: ", diff));
     }
   }
-  PS_RETURN_IF_ERROR(CheckStepsPerEpochLocked(worker_id, steps_per_epoch));
+  PS_RETURN_IF_ERROR(CheckStepsPerEpoch(worker_id, steps_per_epoch, steps_per_epoch_,
+                                        options_.optimizer.schedule));
   if (layout_ == nullptr) PS_RETURN_IF_ERROR(AdoptSignatureLocked(signature));
-  int rank = -1;
-  for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {
-    if (workers_[r].id == worker_id) rank = r;
-  }
-  if (requested_rank >= 0 && rank != requested_rank) {
-    if (rank >= 0) {
-      return absl::AlreadyExistsError(absl::StrCat("worker '", worker_id, "' holds rank ", rank,
-                                                   " and cannot move to rank ", requested_rank));
-    }
-    if (!workers_[requested_rank].id.empty()) {
-      return absl::AlreadyExistsError(absl::StrCat("rank ", requested_rank,
-                                                   " is already held by worker '",
-                                                   workers_[requested_rank].id, "'"));
-    }
-    rank = requested_rank;
-  }
-  if (rank < 0) {
-    for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {
-      if (workers_[r].id.empty()) {
-        rank = r;
-        break;
-      }
-    }
-  }
-  if (rank < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("worker '", worker_id, "' refused: all ",
-                                                     workers_.size(),
-                                                     " worker slots are registered"));
-  }
+  std::vector<std::string> holders;
+  for (const WorkerState& w : workers_) holders.push_back(w.id);
+  PS_ASSIGN_OR_RETURN(const int rank, ChooseRank(holders, worker_id, requested_rank));
   // Every check has passed: nothing above changed the workers' state.
   if (optimizer_ == nullptr) {
     OptimizerOptions optimizer = options_.optimizer;

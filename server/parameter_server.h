@@ -540,8 +540,6 @@ class ParameterServer {
   // error.
   absl::Status AdoptSignatureLocked(const std::vector<ParamSpec>& signature)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckStepsPerEpochLocked(const std::string& worker_id, int64_t steps_per_epoch)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The checks of a push that need no chunk: the rank is registered,
   // version 0 exists, the iteration is the current one and num_samples is
   // in range and agrees with the worker's earlier pushes of

@@ -1,0 +1,84 @@
+#include "server/registration_checks.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace ps::server {
+
+std::string SignatureDifference(const std::vector<ParamSpec>& server,
+                                const std::vector<ParamSpec>& worker) {
+  const size_t n = std::min(server.size(), worker.size());
+  for (size_t i = 0; i < n; ++i) {
+    const ParamSpec& s = server[i];
+    const ParamSpec& w = worker[i];
+    if (s.name != w.name) {
+      return absl::StrCat("parameter ", i, " is '", s.name, "' on the server but '", w.name,
+                          "' on the worker");
+    }
+    if (s.shape != w.shape) {
+      return absl::StrCat("parameter '", s.name, "' has shape ", ShapeToString(s.shape),
+                          " on the server but ", ShapeToString(w.shape), " on the worker");
+    }
+    if (s.dtype != w.dtype) {
+      return absl::StrCat("parameter '", s.name, "' has dtype ", DTypeName(s.dtype),
+                          " on the server but ", DTypeName(w.dtype), " on the worker");
+    }
+  }
+  if (server.size() != worker.size()) {
+    return absl::StrCat("the server's model has ", server.size(), " parameters, the worker's ",
+                        worker.size());
+  }
+  return "";
+}
+
+absl::Status CheckStepsPerEpoch(const std::string& worker_id, int64_t steps_per_epoch,
+                                int64_t job_steps_per_epoch, const LrSchedule& schedule) {
+  if (steps_per_epoch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("worker '", worker_id, "' states ",
+                                                   steps_per_epoch, " steps per epoch"));
+  }
+  if (job_steps_per_epoch >= 0 && steps_per_epoch != job_steps_per_epoch) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", worker_id, "' has ", steps_per_epoch, " steps per epoch but the job has ",
+        job_steps_per_epoch, " (do the workers' datasets and --batch_size agree?)"));
+  }
+  if (schedule.unit == LrSchedule::Unit::kEpochs && schedule.step_size > 0 &&
+      steps_per_epoch < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the learning rate decays every ", schedule.step_size, " epochs, but worker '", worker_id,
+        "' states no steps per epoch"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ChooseRank(const std::vector<std::string>& holders,
+                               const std::string& worker_id, int requested_rank) {
+  const int ranks = static_cast<int>(holders.size());
+  int rank = -1;
+  for (int r = 0; r < ranks; ++r) {
+    if (holders[r] == worker_id) rank = r;
+  }
+  if (requested_rank >= 0 && rank != requested_rank) {
+    if (rank >= 0) {
+      return absl::AlreadyExistsError(absl::StrCat("worker '", worker_id, "' holds rank ", rank,
+                                                   " and cannot move to rank ", requested_rank));
+    }
+    if (!holders[requested_rank].empty()) {
+      return absl::AlreadyExistsError(absl::StrCat("rank ", requested_rank,
+                                                   " is already held by worker '",
+                                                   holders[requested_rank], "'"));
+    }
+    rank = requested_rank;
+  }
+  for (int r = 0; rank < 0 && r < ranks; ++r) {
+    if (holders[r].empty()) rank = r;
+  }
+  if (rank < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "worker '", worker_id, "' refused: all ", ranks, " worker slots are registered"));
+  }
+  return rank;
+}
+
+}  // namespace ps::server

@@ -1,0 +1,43 @@
+#ifndef PS_SERVER_REGISTRATION_CHECKS_H_
+#define PS_SERVER_REGISTRATION_CHECKS_H_
+
+// What a registering worker must agree on with the job, and which rank it
+// gets: ParameterServer::Register's checks, each of which leaves the job as
+// it was when it refuses.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/optimizer/optimizer.h"
+#include "common/param_spec.h"
+
+namespace ps::server {
+
+// The first difference between the job's signature and a worker's, in
+// words ("parameter 'fc.bias' has shape [10] on the server but [11] on the
+// worker"), or "" when they are equal.
+std::string SignatureDifference(const std::vector<ParamSpec>& server,
+                                const std::vector<ParamSpec>& worker);
+
+// A worker's steps per epoch against the job's (`job_steps_per_epoch`, -1
+// before the first registration): kInvalidArgument when negative,
+// kFailedPrecondition when it differs from the job's or is 0 under a
+// learning-rate schedule in epochs.
+absl::Status CheckStepsPerEpoch(const std::string& worker_id, int64_t steps_per_epoch,
+                                int64_t job_steps_per_epoch, const LrSchedule& schedule);
+
+// The rank worker `worker_id` gets, given who holds each rank now
+// (`holders[rank]`, "" for a free one): the rank it holds already (a
+// restarted worker), else `requested_rank` when >= 0, else the lowest free
+// one. kAlreadyExists when the worker holds another rank than it asks for,
+// or the rank asked for is another worker's; kResourceExhausted when every
+// rank is held. `requested_rank` < holders.size().
+absl::StatusOr<int> ChooseRank(const std::vector<std::string>& holders,
+                               const std::string& worker_id, int requested_rank);
+
+}  // namespace ps::server
+
+#endif  // PS_SERVER_REGISTRATION_CHECKS_H_
