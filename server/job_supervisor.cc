@@ -12,7 +12,7 @@ JobSupervisor::JobSupervisor(JobSupervisorOptions options, SupervisedJob job)
 
 bool JobSupervisor::Tick() {
   if (failed_) return false;
-  const ParameterServer::Progress progress = job_.progress();
+  const JobProgress progress = job_.progress();
   const int64_t now = options_.clock->NowNanos();
   // Whom the iteration waits for, at once (a lost worker is acted on after
   // the liveness timeout, whatever the report's period); the report itself
@@ -27,7 +27,7 @@ bool JobSupervisor::Tick() {
     last_report_ns_ = now;
   }
   for (const int rank : stall.lost) {
-    const ParameterServer::WorkerProgress& w = progress.workers[rank];
+    const WorkerProgress& w = progress.workers[rank];
     switch (options_.policy->OnLost(rank, w, progress.version, now)) {
       case WorkerLossPolicy::Action::kKeepWaiting:
         break;

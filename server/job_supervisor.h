@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "server/parameter_server.h"
+#include "server/job_progress.h"
 #include "server/worker_loss/worker_loss_policy.h"
 
 namespace ps::server {
@@ -35,7 +35,7 @@ struct JobSupervisorOptions {
 
 // What the supervisor reads and acts on. Called on the ticking thread.
 struct SupervisedJob {
-  std::function<ParameterServer::Progress()> progress;
+  std::function<JobProgress()> progress;
   // Takes `rank` out of the job (ParameterServerService::DropWorker).
   std::function<absl::Status(int rank)> drop;
   // Fails the job: called once, with the failure naming the rank and why.

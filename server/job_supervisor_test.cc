@@ -60,7 +60,7 @@ class JobSupervisorTest : public ::testing::Test {
   void AdvanceSeconds(double s) { clock_.Advance(static_cast<int64_t>(s * kSecond)); }
 
   FakeClock clock_;
-  ParameterServer::Progress progress_;
+  JobProgress progress_;
   std::vector<std::string> log_;
   std::vector<int> dropped_;
   std::vector<absl::Status> failures_;

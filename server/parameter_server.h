@@ -24,6 +24,7 @@
 #include "common/timed_event.h"
 #include "server/consistency/consistency.h"
 #include "server/initial_values.h"
+#include "server/job_progress.h"
 #include "server/membership.h"
 #include "server/parameter_table.h"
 #include "server/rank_order_sum.h"
@@ -264,27 +265,9 @@ class ParameterServer {
   absl::Status Heartbeat(int rank, absl::string_view session);
 
   // Where the job stands, for stall reports and liveness: the version, since
-  // when it exists, and per rank what it did. Times are options().clock
-  // readings in nanoseconds (-1: never).
-  struct WorkerProgress {
-    int rank = 0;
-    std::string id;              // empty: no worker holds the rank
-    int64_t heard_ns = -1;       // last Register, Push or Heartbeat
-    int64_t pushed_chunks = 0;   // of the iteration in progress
-    // The first iteration from the version on that the rank has not pushed
-    // whole: the step it is at (under ssp:S it may be up to S ahead).
-    int64_t next_iteration = 0;
-    int64_t last_push_iteration = -1;  // the latest it pushed any of
-    int64_t last_push_ns = -1;
-    bool dropped = false;  // out of the job (DropWorker), not expected
-  };
-  struct Progress {
-    int64_t version = 0;
-    bool initialized = false;  // version 0 exists
-    int64_t version_ns = -1;   // when `version` was published (or the server started)
-    int64_t total_chunks = 0;  // a whole push, in chunks
-    std::vector<WorkerProgress> workers;  // by rank
-  };
+  // when it exists, and per rank what it did (server/job_progress.h).
+  using WorkerProgress = server::WorkerProgress;
+  using Progress = JobProgress;
   Progress progress() const;
 
   // Adds chunk `chunk` of key `key` (elements [chunk * chunk_elements, ...)

@@ -14,7 +14,7 @@ std::string Ago(int64_t then_ns, int64_t now_ns) {
 
 }  // namespace
 
-Stall FindStall(const ParameterServer::Progress& progress, int64_t now_ns,
+Stall FindStall(const JobProgress& progress, int64_t now_ns,
                 absl::Duration report_after, absl::Duration liveness_timeout) {
   Stall stall;
   stall.iteration = progress.version;
@@ -24,7 +24,7 @@ Stall FindStall(const ParameterServer::Progress& progress, int64_t now_ns,
   const int64_t liveness_ns = absl::ToInt64Nanoseconds(liveness_timeout);
   std::vector<std::string> parts;
   int complete = 0;
-  for (const ParameterServer::WorkerProgress& w : progress.workers) {
+  for (const WorkerProgress& w : progress.workers) {
     if (w.dropped) continue;  // not expected
     if (!w.id.empty() && w.pushed_chunks >= progress.total_chunks) {
       ++complete;

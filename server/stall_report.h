@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "server/parameter_server.h"
+#include "server/job_progress.h"
 
 namespace ps::server {
 
@@ -28,7 +28,7 @@ struct Stall {
 // still computing a slow step, nothing stalls). A rank is lost
 // when it is registered and nothing was heard from it for
 // `liveness_timeout`, or its slot is empty.
-Stall FindStall(const ParameterServer::Progress& progress, int64_t now_ns,
+Stall FindStall(const JobProgress& progress, int64_t now_ns,
                 absl::Duration report_after, absl::Duration liveness_timeout);
 
 }  // namespace ps::server

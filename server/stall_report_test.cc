@@ -1,6 +1,8 @@
 #include "server/stall_report.h"
 
+#include "common/cpu_device.h"
 #include "common/clock.h"
+#include "server/parameter_server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -25,7 +25,7 @@ class ShrinkOnWorkerLossImpl final : public WorkerLossPolicy {
     return absl::OkStatus();
   }
 
-  Action OnLost(int /*rank*/, const ParameterServer::WorkerProgress& w, int64_t /*version*/,
+  Action OnLost(int /*rank*/, const WorkerProgress& w, int64_t /*version*/,
                 int64_t /*now_ns*/) const override {
     // A rank that never came is waited for: there is nobody to drop.
     return w.id.empty() ? Action::kKeepWaiting : Action::kDrop;

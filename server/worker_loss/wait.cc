@@ -18,7 +18,7 @@ class WaitForLostWorkersImpl final : public WorkerLossPolicy {
   std::string Name() const override { return "wait"; }
   bool Shrinks() const override { return false; }
 
-  Action OnLost(int /*rank*/, const ParameterServer::WorkerProgress& w, int64_t /*version*/,
+  Action OnLost(int /*rank*/, const WorkerProgress& w, int64_t /*version*/,
                 int64_t now_ns) const override {
     // A rank nobody has registered yet, or one never heard from, is not
     // lost but late: the job waits for it as at its start.
@@ -27,7 +27,7 @@ class WaitForLostWorkersImpl final : public WorkerLossPolicy {
                                                                          : Action::kFailJob;
   }
 
-  absl::Status Failure(int rank, const ParameterServer::WorkerProgress& w, int64_t version,
+  absl::Status Failure(int rank, const WorkerProgress& w, int64_t version,
                        int64_t now_ns) const override {
     return absl::FailedPreconditionError(absl::StrCat(
         "job failed: worker rank ", rank, " ('", w.id, "') lost for ",

@@ -8,7 +8,7 @@ absl::Status WorkerLossPolicy::CheckConsistency(const Consistency& /*consistency
   return absl::OkStatus();
 }
 
-absl::Status WorkerLossPolicy::Failure(int rank, const ParameterServer::WorkerProgress& w,
+absl::Status WorkerLossPolicy::Failure(int rank, const WorkerProgress& w,
                                        int64_t version, int64_t /*now_ns*/) const {
   return absl::FailedPreconditionError(absl::StrCat("job failed: worker rank ", rank, " ('", w.id,
                                                     "') lost at iteration ", version,

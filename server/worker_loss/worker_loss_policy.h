@@ -15,7 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/consistency/consistency.h"
-#include "server/parameter_server.h"
+#include "server/job_progress.h"
 
 namespace ps::server {
 
@@ -42,12 +42,12 @@ class WorkerLossPolicy {
     kDrop,         // take the rank out of the job and go on without it
     kFailJob,      // the job cannot go on: fail it (Failure says why)
   };
-  virtual Action OnLost(int rank, const ParameterServer::WorkerProgress& w, int64_t version,
+  virtual Action OnLost(int rank, const WorkerProgress& w, int64_t version,
                         int64_t now_ns) const = 0;
 
   // The job's failure, for kFailJob: names the rank, how long it was lost
   // and the setting that ran out.
-  virtual absl::Status Failure(int rank, const ParameterServer::WorkerProgress& w,
+  virtual absl::Status Failure(int rank, const WorkerProgress& w,
                                int64_t version, int64_t now_ns) const;
 };
 

@@ -12,8 +12,8 @@ using Action = WorkerLossPolicy::Action;
 
 constexpr int64_t kSecond = 1'000'000'000;
 
-ParameterServer::WorkerProgress Worker(const char* id, int64_t heard_ns) {
-  ParameterServer::WorkerProgress w;
+WorkerProgress Worker(const char* id, int64_t heard_ns) {
+  WorkerProgress w;
   w.id = id;
   w.heard_ns = heard_ns;
   return w;
