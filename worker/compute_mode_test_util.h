@@ -7,9 +7,18 @@
 #include <cstdint>
 #include <vector>
 
+#include <memory>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/device.h"
+#include "common/status_macros.h"
+#include "common/tensor.h"
+#include "common/timed_event.h"
+#include "worker/compute_mode.h"
+#include "worker/model/model.h"
 #include "worker/model/parameter_hooks.h"
 
 namespace ps::worker::testing {
@@ -23,13 +32,18 @@ class JumpingClock final : public Clock {
  public:
   explicit JumpingClock(int64_t tick_ns = 0) : tick_ns_(tick_ns) {}
 
+  void set_tick_ns(int64_t ns) { tick_ns_ = ns; }
+  // Every sleep then lasts this much longer than asked (a real sleep's
+  // overshoot).
+  void set_overshoot_ns(int64_t ns) { overshoot_ns_ = ns; }
+
   int64_t NowNanos() const override { return now_ns_ += tick_ns_; }
   bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& condition,
                          int64_t deadline_ns) const override {
     if (condition.Eval()) return true;
     const int64_t now = now_ns_;
     sleeps_ns_.push_back(deadline_ns > now ? deadline_ns - now : 0);
-    if (deadline_ns > now) now_ns_ = deadline_ns;
+    if (deadline_ns > now) now_ns_ = deadline_ns + overshoot_ns_;
     return condition.Eval();
   }
 
@@ -43,7 +57,8 @@ class JumpingClock final : public Clock {
   }
 
  private:
-  const int64_t tick_ns_;
+  int64_t tick_ns_;
+  int64_t overshoot_ns_ = 0;
   mutable int64_t now_ns_ = 0;
   mutable std::vector<int64_t> sleeps_ns_;
 };
@@ -82,6 +97,64 @@ class RecordingHooks final : public model::ParameterHooks {
   JumpingClock* const waits_on_;
   const int64_t wait_ns_;
   std::vector<Call> calls_;
+};
+
+// Every event (names dropped: valid during OnEvent only). Thread-safe.
+class RecordingObserver final : public EventObserver {
+ public:
+  void OnEvent(const TimedEvent& event) override {
+    absl::MutexLock lock(&mu_);
+    events_.push_back(event);
+    events_.back().name = {};
+  }
+  std::vector<TimedEvent> events() const {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<TimedEvent> events_;
+};
+
+// A small MLP replica (two Linear layers: 16 -> 8 -> 3) on `device` with a
+// shard of `n` samples staged (inputs and labels that vary with the sample),
+// as the trainer would lend it: shard() points at its own metrics.
+class StagedReplica {
+ public:
+  static absl::StatusOr<std::unique_ptr<StagedReplica>> Create(Device* device, int64_t n) {
+    auto r = std::unique_ptr<StagedReplica>(new StagedReplica());
+    model::ModelConfig config;
+    config.name = "mlp";
+    config.input_shape = {1, 4, 4};
+    config.num_classes = 3;
+    config.mlp_hidden = {8};
+    PS_ASSIGN_OR_RETURN(r->model_, model::Model::Create(config, device));
+    PS_RETURN_IF_ERROR(r->model_->Initialize(1));
+    r->shard_.device = device;
+    r->shard_.model = r->model_.get();
+    r->shard_.size = n;
+    PS_ASSIGN_OR_RETURN(r->metrics_, Tensor::Zeros(device, {2}));
+    r->shard_.metrics = &r->metrics_;
+    if (n == 0) return r;
+    std::vector<float> inputs(n * 16);
+    for (size_t i = 0; i < inputs.size(); ++i) inputs[i] = static_cast<float>(i % 7) / 7 - 0.4f;
+    PS_ASSIGN_OR_RETURN(r->shard_.inputs, Tensor::FromHost(device, {n, 1, 4, 4}, inputs));
+    PS_ASSIGN_OR_RETURN(r->shard_.labels, Tensor::Empty(device, {n}, DType::kI32));
+    for (int64_t i = 0; i < n; ++i) r->shard_.labels.mutable_data<int32_t>()[i] = i % 3;
+    return r;
+  }
+
+  model::Model& model() { return *model_; }
+  const DeviceShard& shard() const { return shard_; }
+  // The summed loss and correct count accumulated so far.
+  std::vector<float> metrics() const { return *metrics_.ToVector(); }
+
+ private:
+  StagedReplica() = default;
+  std::unique_ptr<model::Model> model_;
+  Tensor metrics_;
+  DeviceShard shard_;
 };
 
 }  // namespace ps::worker::testing
