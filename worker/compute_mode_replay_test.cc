@@ -90,12 +90,13 @@ TEST(ReplayComputeTest, AStepReplaysTheProfilesPointsAtTheirGapsWithoutComputing
     ASSERT_TRUE(replay.Compute(step).ok());
 
     // One sleep per point, of its gap; each hook called after its gap.
-    ASSERT_EQ(clock.sleeps_ns().size() - sleeps_before, profile.points.size());
+    const std::vector<int64_t> sleeps = clock.sleeps_ns();
+    ASSERT_EQ(sleeps.size() - sleeps_before, profile.points.size());
     std::vector<RecordingHooks::Call> want;
     int64_t at = start;
     for (size_t i = 0; i < profile.points.size(); ++i) {
       const Point& p = profile.points[i];
-      EXPECT_EQ(clock.sleeps_ns()[sleeps_before + i], p.gap_ns) << i;
+      EXPECT_EQ(sleeps[sleeps_before + i], p.gap_ns) << i;
       at += p.gap_ns;
       if (p.kind == Point::kEnd) continue;
       const RecordingHooks::Kind kind = p.kind == Point::kNeedParameters

@@ -27,7 +27,8 @@ namespace ps::worker::testing {
 // it: a sleep jumps the clock to its deadline at once and is recorded, so a
 // test sees exactly how long the code under test slept, without sleeping.
 // `tick_ns` > 0: every reading also moves the clock that much first, so
-// every measured interval is known. Single-threaded use.
+// every measured interval is known. Thread-safe (a trainer's device and
+// store threads may read it too).
 class JumpingClock final : public Clock {
  public:
   explicit JumpingClock(int64_t tick_ns = 0) : tick_ns_(tick_ns) {}
@@ -37,30 +38,40 @@ class JumpingClock final : public Clock {
   // overshoot).
   void set_overshoot_ns(int64_t ns) { overshoot_ns_ = ns; }
 
-  int64_t NowNanos() const override { return now_ns_ += tick_ns_; }
+  int64_t NowNanos() const override {
+    const int64_t tick = tick_ns_;
+    return now_ns_.fetch_add(tick) + tick;
+  }
   bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& condition,
                          int64_t deadline_ns) const override {
     if (condition.Eval()) return true;
-    const int64_t now = now_ns_;
-    sleeps_ns_.push_back(deadline_ns > now ? deadline_ns - now : 0);
-    if (deadline_ns > now) now_ns_ = deadline_ns + overshoot_ns_;
+    {
+      absl::MutexLock lock(&sleeps_mu_);
+      const int64_t now = now_ns_;
+      sleeps_ns_.push_back(deadline_ns > now ? deadline_ns - now : 0);
+      if (deadline_ns > now) now_ns_ = deadline_ns + overshoot_ns_;
+    }
     return condition.Eval();
   }
 
   void Advance(int64_t ns) { now_ns_ += ns; }
   // What each sleep asked for, in order (0 for a deadline already past).
-  const std::vector<int64_t>& sleeps_ns() const { return sleeps_ns_; }
+  std::vector<int64_t> sleeps_ns() const {
+    absl::MutexLock lock(&sleeps_mu_);
+    return sleeps_ns_;
+  }
   int64_t slept_ns() const {
     int64_t total = 0;
-    for (int64_t ns : sleeps_ns_) total += ns;
+    for (int64_t ns : sleeps_ns()) total += ns;
     return total;
   }
 
  private:
-  int64_t tick_ns_;
-  int64_t overshoot_ns_ = 0;
-  mutable int64_t now_ns_ = 0;
-  mutable std::vector<int64_t> sleeps_ns_;
+  std::atomic<int64_t> tick_ns_;
+  std::atomic<int64_t> overshoot_ns_{0};
+  mutable std::atomic<int64_t> now_ns_{0};
+  mutable absl::Mutex sleeps_mu_;
+  mutable std::vector<int64_t> sleeps_ns_ ABSL_GUARDED_BY(sleeps_mu_);
 };
 
 // Records each hook call with the clock's reading; BeforeForward advances a
