@@ -150,7 +150,8 @@ struct StepProgress {
 // model per device; each step:
 //   1. gather this worker's part of the global batch, one shard per device
 //   2. forward/backward on every device concurrently, each on its device's
-//      thread (summed loss)
+//      thread (summed loss): the compute mode's work (worker/compute_mode.h;
+//      or its replay, or either slowed down)
 //   3. sum the replicas' gradients on the devices (DeviceCollective)
 //   4. copy the sum to host memory once (a CPU device 0's memory is host
 //      memory: no copy) and push it, bucket by bucket
