@@ -3,13 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/time/clock.h"
 #include "common/f32_pieces.h"
 #include "common/status_macros.h"
-#include "kernels/elementwise.h"
+#include "worker/compute_mode_factory.h"
+#include "worker/compute_mode_real.h"
 #include "worker/split_batch.h"
 #include "worker/weights.h"
 
@@ -18,6 +19,16 @@ namespace {
 
 double SecondsSince(const Clock& clock, int64_t start_ns) {
   return static_cast<double>(clock.NowNanos() - start_ns) / 1e9;
+}
+
+ComputeModeOptions ComputeModeOptionsOf(const TrainerOptions& options) {
+  ComputeModeOptions compute;
+  compute.replay = options.replay_compute;
+  compute.replay_calibration_steps = options.replay_calibration_steps;
+  compute.replay_step_seconds = options.replay_step_seconds;
+  compute.slowdown = options.slowdown;
+  compute.slowdown_period = options.slowdown_period;
+  return compute;
 }
 
 }  // namespace
@@ -43,14 +54,11 @@ class Trainer::StepPhases {
     open_ = true;
   }
   void End() { Report(clock_->NowNanos()); }
-  // Nanoseconds in kWait phases so far.
-  int64_t wait_ns() const { return wait_ns_; }
 
  private:
   void Report(int64_t now) {
     if (!open_) return;
     event_.end_ns = now;
-    if (event_.kind == EventKind::kWait) wait_ns_ += now - event_.start_ns;
     observer_->OnEvent(event_);
     open_ = false;
   }
@@ -59,7 +67,6 @@ class Trainer::StepPhases {
   const Clock* const clock_;
   TimedEvent event_;
   bool open_ = false;
-  int64_t wait_ns_ = 0;
 };
 
 // Per-device state besides the model.
@@ -75,9 +82,11 @@ struct Trainer::Replica {
   std::vector<float> cpu_scratch_images;
 };
 
-Trainer::Trainer(const TrainerOptions& options, std::vector<Device*> devices,
-                 ParameterStore* store, const data::Dataset* train, const data::Dataset* test)
+Trainer::Trainer(const TrainerOptions& options, std::unique_ptr<ComputeMode> compute,
+                 std::vector<Device*> devices, ParameterStore* store,
+                 const data::Dataset* train, const data::Dataset* test)
     : options_(options),
+      compute_(std::move(compute)),
       devices_(std::move(devices)),
       store_(store),
       train_(train),
@@ -115,11 +124,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
     return absl::InvalidArgumentError(absl::StrCat("epochs must be >= 1, got ", options.epochs));
   }
   if (options.clock == nullptr) return absl::InvalidArgumentError("trainer needs a clock");
-  if (!(options.slowdown >= 1) || options.slowdown_period < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "slowdown must be >= 1 (1: none) and its period >= 0, got ", options.slowdown, " and ",
-        options.slowdown_period));
-  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ComputeMode> compute,
+                      MakeComputeMode(ComputeModeOptionsOf(options),
+                                      static_cast<int>(devices.size()), options.clock));
   if (train == nullptr || train->size() == 0) {
     return absl::InvalidArgumentError("training dataset is empty");
   }
@@ -128,7 +135,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o
         "dataset '", train->name, "' has samples of shape ", ShapeToString(train->sample_shape),
         " but the model expects ", ShapeToString(model.input_shape)));
   }
-  std::unique_ptr<Trainer> trainer(new Trainer(options, std::move(devices), store, train, test));
+  std::unique_ptr<Trainer> trainer(
+      new Trainer(options, std::move(compute), std::move(devices), store, train, test));
   trainer->validation_ = validation;
   PS_RETURN_IF_ERROR(trainer->Init(model));
   return trainer;
@@ -167,7 +175,11 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   overlapping_ = options_.overlap && !loss_scaling_ && devices_.size() == 1 &&
                  devices_[0]->is_cpu() && devices_[0]->is_host_memory();
   PS_RETURN_IF_ERROR(StartFrom(registration_.version));
-  if (options_.replay_compute) PS_RETURN_IF_ERROR(CalibrateReplay());
+  ComputeSetup setup;
+  setup.rank = registration_.rank;
+  setup.stage_batch = [this](int64_t pass) { return StageCalibrationBatch(pass); };
+  PS_RETURN_IF_ERROR(compute_->Prepare(setup));
+  order_epoch_ = -1;  // the data order starts afresh for the real steps
   for (Device* device : devices_) device->ResetCounters();
   return absl::OkStatus();
 }
@@ -359,13 +371,6 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Trainer::StagedViews(const Replica& r,
   return std::make_pair(std::move(inputs), std::move(labels));
 }
 
-absl::Status Trainer::AccumulateMetrics(Device& device, const model::DeviceMetrics& metrics,
-                                        Tensor& acc) {
-  float* sums = acc.mutable_data<float>();
-  PS_RETURN_IF_ERROR(kernels::Axpy(device, 1, 1.f, metrics.loss_sum, sums));
-  return kernels::Axpy(device, 1, 1.f, metrics.correct, sums + 1);
-}
-
 int64_t Trainer::GlobalBatchSize(int64_t step) const {
   return std::min<int64_t>(options_.batch_size, train_->size() - step * options_.batch_size);
 }
@@ -406,161 +411,77 @@ absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_
 // handed to the scheduler as backward produces them.
 class Trainer::OverlapHooks final : public model::ParameterHooks {
  public:
-  // `slowdown` > 1: an emulated slower host (TrainerOptions::slowdown).
-  OverlapHooks(PushPullScheduler* scheduler, StepPhases* phases, double slowdown = 1,
-               const Clock* clock = nullptr)
-      : scheduler_(scheduler),
-        phases_(phases),
-        slowdown_(slowdown),
-        clock_(clock),
-        mark_ns_(slowdown > 1 ? clock->NowNanos() : 0) {}
+  OverlapHooks(PushPullScheduler* scheduler, StepPhases* phases)
+      : scheduler_(scheduler), phases_(phases) {}
 
   absl::Status BeforeForward(int64_t begin, int64_t end) override {
-    Stretch();
     if (scheduler_->HasParameters(begin, end)) return scheduler_->AwaitParameters(begin, end);
     // Exposed communication: the step waits for the pulls. (One device: the
     // forward runs on the trainer's thread, so the phases still tile.)
     phases_->Begin(EventKind::kWait);
     absl::Status status = scheduler_->AwaitParameters(begin, end);
     phases_->Begin(EventKind::kCompute);
-    if (slowdown_ > 1) mark_ns_ = clock_->NowNanos();  // waiting is not compute
     return status;
   }
   void GradientsReady(int64_t begin, int64_t end) override {
-    Stretch();
     scheduler_->EarlyGradientsFrom(begin);
   }
   void AfterBackward(int64_t begin, int64_t end) override {
-    Stretch();
     scheduler_->GradientsReadyFrom(begin);
-  }
-  // Sleeps (slowdown - 1) x the compute since the last hook, so each part of
-  // the pass takes slowdown times as long and each layer's gradients leave
-  // when a slower host's would; called at the end of the pass too.
-  // What a sleep overshoots is owed back to the next one (many short sleeps
-  // would otherwise add up past the factor).
-  void Stretch() {
-    if (slowdown_ <= 1) return;
-    const int64_t now = clock_->NowNanos();
-    owed_ns_ += static_cast<int64_t>((slowdown_ - 1) * static_cast<double>(now - mark_ns_));
-    if (owed_ns_ > 0) absl::SleepFor(absl::Nanoseconds(owed_ns_));
-    mark_ns_ = clock_->NowNanos();
-    owed_ns_ -= mark_ns_ - now;
   }
 
  private:
   PushPullScheduler* const scheduler_;
   StepPhases* const phases_;
-  const double slowdown_;
-  const Clock* const clock_;
-  int64_t mark_ns_;
-  int64_t owed_ns_ = 0;
 };
 
-absl::Status Trainer::CalibrateReplay() {
-  if (devices_.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compute replay runs on one device, not ", devices_.size()));
+std::vector<int64_t> Trainer::ShardSizes(int64_t step) const {
+  const Part worker = WorkerPart(step);
+  std::vector<int64_t> sizes(devices_.size());
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    sizes[d] = SplitEvenly(worker.size, static_cast<int>(devices_.size()), static_cast<int>(d)).size;
   }
-  if (options_.replay_calibration_steps < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compute replay needs at least one calibration step, got ",
-        options_.replay_calibration_steps));
-  }
-  constexpr int64_t kWarmup = 2;
-  ProfilingHooks hooks(clock_);
-  model::Model& model = *replicas_[0];
-  model.set_step(-1);  // no training step's events
-  for (int64_t pass = 0; pass < kWarmup + options_.replay_calibration_steps; ++pass) {
-    std::vector<int64_t> shard_sizes;
-    PS_RETURN_IF_ERROR(LoadShards(0, pass % steps_per_epoch(), &shard_sizes));
-    const int64_t n = std::max<int64_t>(1, shard_sizes[0]);
-    PS_ASSIGN_OR_RETURN(auto views, StagedViews(*replica_state_[0], n));
-    const bool timed = pass >= kWarmup;
-    if (timed) {
-      model.set_parameter_hooks(&hooks);
-      hooks.BeginPass();
-    }
-    absl::StatusOr<model::DeviceMetrics> metrics = model.ForwardBackward(views.first, views.second);
-    model.set_parameter_hooks(nullptr);
-    PS_RETURN_IF_ERROR(metrics.status());
-    PS_RETURN_IF_ERROR(devices_[0]->Synchronize());
-    if (timed) PS_RETURN_IF_ERROR(hooks.EndPass());
-  }
-  replay_profile_ = hooks.profile();
-  if (options_.replay_step_seconds > 0 && replay_profile_.step_ns() > 0) {
-    const double scale = options_.replay_step_seconds * 1e9 /
-                         static_cast<double>(replay_profile_.step_ns());
-    for (ComputeProfile::Point& point : replay_profile_.points) {
-      point.gap_ns = static_cast<int64_t>(static_cast<double>(point.gap_ns) * scale);
-    }
-  }
-  // The data order starts afresh for the real steps.
-  order_epoch_ = -1;
-  return absl::OkStatus();
+  return sizes;
 }
 
-absl::Status Trainer::Compute(int64_t iteration, const std::vector<int64_t>& shard_sizes,
-                              StepPhases& phases) {
-  // Every device at once, each on its own thread. Overlapping, replica 0's
-  // forward waits layer by layer for the previous iteration's pulls, and its
-  // backward pushes layer by layer.
-  const int d_count = static_cast<int>(devices_.size());
-  OverlapHooks hooks(scheduler_.get(), &phases, overlapping_ ? SlowdownAt(iteration) : 1, clock_);
-  auto run_replica = [&](int d) -> absl::Status {
-    ScopedEvent event(options_.observer, clock_, EventKind::kCompute, DeviceLane(d), iteration);
-    Replica& r = *replica_state_[d];
-    model::Model& model = *replicas_[d];
-    model.set_step(iteration);
-    const int64_t n = shard_sizes[d];
-    if (n == 0) {
-      // An empty shard contributes a zero gradient (its parameters are
-      // whole: the last step drained, as a replica without hooks needs).
-      if (overlapping_) PS_RETURN_IF_ERROR(scheduler_->AwaitAll());
-      return model.flat_gradients().SetZero();
-    }
-    PS_ASSIGN_OR_RETURN(auto views, StagedViews(r, n));
-    if (overlapping_) model.set_parameter_hooks(&hooks);
-    absl::StatusOr<model::DeviceMetrics> metrics = model.ForwardBackward(views.first, views.second);
-    model.set_parameter_hooks(nullptr);
-    PS_RETURN_IF_ERROR(metrics.status());
-    PS_RETURN_IF_ERROR(AccumulateMetrics(*r.device, *metrics, r.metrics));
-    // Only to attribute time to compute and reduction separately (the
-    // reduction would wait for the backward passes anyway), and so that the
-    // device lane's event ends when the device's work does.
-    if (d_count > 1) PS_RETURN_IF_ERROR(r.device->Synchronize());
-    return absl::OkStatus();
-  };
-  PS_RETURN_IF_ERROR(device_threads_->RunOnAll(run_replica));
-  hooks.Stretch();  // the pass's tail, after its last hook
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::ReplayCompute(int64_t iteration, StepPhases& phases) {
-  // The measured pass, point by point: sleep through each gap, then do what
-  // the pass did there, through the hooks a real pass would call (real
-  // time: the replay stands in for real work).
-  ScopedEvent event(options_.observer, clock_, EventKind::kCompute, DeviceLane(0), iteration);
-  OverlapHooks hooks(scheduler_.get(), &phases, overlapping_ ? SlowdownAt(iteration) : 1, clock_);
-  for (const ComputeProfile::Point& point : replay_profile_.points) {
-    absl::SleepFor(absl::Nanoseconds(point.gap_ns));
-    if (!overlapping_) continue;
-    if (point.kind == ComputeProfile::Point::kNeedParameters) {
-      PS_RETURN_IF_ERROR(hooks.BeforeForward(point.begin, point.end));
-    } else if (point.kind == ComputeProfile::Point::kGradientsEarly) {
-      hooks.GradientsReady(point.begin, point.end);
-    } else if (point.kind == ComputeProfile::Point::kGradientsReady) {
-      hooks.AfterBackward(point.begin, point.end);
-    }
+absl::StatusOr<std::vector<DeviceShard>> Trainer::DeviceShards(const std::vector<int64_t>& sizes,
+                                                               bool staged) const {
+  std::vector<DeviceShard> shards(devices_.size());
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    DeviceShard& shard = shards[d];
+    shard.device = devices_[d];
+    shard.model = replicas_[d].get();
+    shard.size = sizes[d];
+    shard.metrics = &replica_state_[d]->metrics;
+    if (!staged || shard.size == 0) continue;
+    PS_ASSIGN_OR_RETURN(std::tie(shard.inputs, shard.labels),
+                        StagedViews(*replica_state_[d], shard.size));
   }
-  hooks.Stretch();
-  return absl::OkStatus();
+  return shards;
 }
 
-double Trainer::SlowdownAt(int64_t iteration) const {
-  if (options_.slowdown_period <= 0) return options_.slowdown;
-  return (iteration / options_.slowdown_period + registration_.rank) % 2 == 0 ? options_.slowdown
-                                                                                : 1;
+absl::StatusOr<std::vector<DeviceShard>> Trainer::StageCalibrationBatch(int64_t pass) {
+  std::vector<int64_t> sizes;
+  PS_RETURN_IF_ERROR(LoadShards(0, pass % steps_per_epoch(), &sizes));
+  for (int64_t& size : sizes) size = std::max<int64_t>(1, size);  // a pass needs a sample
+  PS_ASSIGN_OR_RETURN(std::vector<DeviceShard> shards, DeviceShards(sizes, /*staged=*/true));
+  for (DeviceShard& shard : shards) shard.metrics = nullptr;  // timed, not trained
+  return shards;
+}
+
+absl::StatusOr<ComputeStep> Trainer::NewComputeStep(int64_t iteration,
+                                                    const std::vector<int64_t>& shard_sizes,
+                                                    model::ParameterHooks* overlap) {
+  ComputeStep step;
+  step.iteration = iteration;
+  PS_ASSIGN_OR_RETURN(step.shards, DeviceShards(shard_sizes, compute_->reads_data()));
+  step.device_threads = device_threads_.get();
+  step.observer = options_.observer;
+  if (overlapping_) {
+    step.overlap = overlap;
+    step.await_all_parameters = [this] { return scheduler_->AwaitAll(); };
+  }
+  return step;
 }
 
 absl::Status Trainer::CheckExchange() const {
@@ -588,17 +509,17 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   // 1. This worker's shards.
   phases.Begin(EventKind::kData);
   std::vector<int64_t> shard_sizes;
-  if (options_.replay_compute) {
-    // Only the size (one device): nothing reads the samples.
-    shard_sizes = {WorkerPart(step).size};
-  } else {
+  if (compute_->reads_data()) {
     PS_RETURN_IF_ERROR(LoadShards(epoch, step, &shard_sizes));
+  } else {
+    shard_sizes = ShardSizes(step);  // only the sizes: nothing reads the samples
   }
   int64_t samples = 0;
   for (int64_t s : shard_sizes) samples += s;
   PS_RETURN_IF_ERROR(scheduler_->BeginIteration(samples));
 
-  // 2. Forward/backward (or its replay), of the loss times the step's scale.
+  // 2. Forward/backward (or what the compute mode does instead), of the
+  // loss times the step's scale.
   if (loss_scaling_) {
     const float scale = store_->LossScale();
     if (!(scale > 0)) {
@@ -609,20 +530,12 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
     }
     for (auto& m : replicas_) m->set_loss_scale(scale);
   }
+  // Overlapping, replica 0's forward waits layer by layer for the previous
+  // iteration's pulls, and its backward pushes layer by layer.
   phases.Begin(EventKind::kCompute);
-  const int64_t compute_start_ns = clock_->NowNanos();
-  if (options_.replay_compute) {
-    PS_RETURN_IF_ERROR(ReplayCompute(iteration, phases));
-  } else {
-    PS_RETURN_IF_ERROR(Compute(iteration, shard_sizes, phases));
-  }
-  if (const double slowdown = SlowdownAt(iteration); slowdown > 1 && !overlapping_) {
-    // The emulated slower host, before anything is pushed (overlapping, the
-    // hooks stretch each part of the pass instead).
-    const int64_t busy_ns = clock_->NowNanos() - compute_start_ns - phases.wait_ns();
-    absl::SleepFor(absl::Nanoseconds(
-        static_cast<int64_t>((slowdown - 1) * static_cast<double>(busy_ns))));
-  }
+  OverlapHooks hooks(scheduler_.get(), &phases);
+  PS_ASSIGN_OR_RETURN(ComputeStep compute, NewComputeStep(iteration, shard_sizes, &hooks));
+  PS_RETURN_IF_ERROR(compute_->Compute(compute));
   if (overlapping_) {
     // Whatever the layers did not hand over (none have parameters outside a
     // layer today, but the scheduler must see every bucket pushed).
@@ -757,9 +670,9 @@ TrainingReport Trainer::NewReport() const {
   report.num_workers = registration_.num_workers;
   report.global_batch_size = options_.batch_size;
   report.model_parameters = num_parameters_;
-  if (options_.replay_compute) {
-    report.compute = "replay";
-    report.replay_step_seconds = static_cast<double>(replay_profile_.step_ns()) / 1e9;
+  report.compute = compute_->Name();
+  if (const ComputeProfile* replayed = compute_->replay_profile(); replayed != nullptr) {
+    report.replay_step_seconds = static_cast<double>(replayed->step_ns()) / 1e9;
   }
   return report;
 }

@@ -13,7 +13,7 @@
 #include "common/device.h"
 #include "common/timed_event.h"
 #include "worker/collective.h"
-#include "worker/compute_replay.h"
+#include "worker/compute_mode.h"
 #include "worker/device_threads.h"
 #include "worker/data/dataset.h"
 #include "worker/data/loader.h"
@@ -66,33 +66,21 @@ struct TrainerOptions {
   // Buckets and bytes in flight of the push/pull scheduler.
   PushPullOptions push_pull;
 
-  // Compute replay (worker/compute_replay.h), for experiments with more
-  // emulated hosts than the machine has cores: Create first times
-  // replay_calibration_steps real forward/backward passes on this worker's
-  // shards (after two warm-up passes; run it while the other workers wait,
-  // to measure it alone), then every step sleeps through that average pass
-  // instead of computing, layer by layer, waiting for each layer's
-  // parameters and handing over each layer's gradients at the measured
-  // moments, and pushes the last real gradient. No data is read; the loss
-  // and accuracy read 0. One device only (kInvalidArgument otherwise).
+  // How a step's gradients are computed (worker/compute_mode.h's
+  // ComputeModeOptions says what each field does; MakeComputeMode refuses a
+  // bad value or combination with kInvalidArgument). Real compute, or its
+  // replay for experiments with more emulated hosts than the machine has
+  // cores: Create then times replay_calibration_steps real passes (run it
+  // while the other workers wait, to measure it alone) and every step sleeps
+  // through their average instead; no data is read, the loss and accuracy
+  // read 0, and one device only.
   bool replay_compute = false;
   int64_t replay_calibration_steps = 5;
-  // > 0: the measured pass scaled to take this long (every gap in
-  // proportion), so runs compare at one compute time whatever else loads
-  // the machine while they calibrate.
-  double replay_step_seconds = 0;
-
-  // An emulated slower host, for experiments (a worker with half the
-  // compute speed: 2): each step's forward/backward (or its replay) takes
-  // `slowdown` times as long, the worker sleeping (slowdown - 1) x the
-  // compute, waits for parameters left out. Overlapping, the sleep is cut
-  // at every layer hook (each part of the pass stretched, each layer's
-  // gradients pushed when a slower host's would be); otherwise it comes
-  // after the pass, before the push. 1: none; kInvalidArgument below 1.
+  double replay_step_seconds = 0;  // > 0: the replayed pass scaled to this
+  // An emulated slower host: each step's compute takes `slowdown` (>= 1)
+  // times as long; slowdown_period P > 0 slows alternate blocks of P steps
+  // only, rank r's blocks offset by r (0: every step).
   double slowdown = 1;
-  // 0: every step is slowed. P > 0: a straggler that moves: only the steps
-  // of alternate blocks of P, rank r's blocks offset by r (with two workers
-  // one of them is the slow one at every step, each half the time).
   int64_t slowdown_period = 0;
 
   // When a step fails because the store lost its server (IsServerLost: it
@@ -162,7 +150,8 @@ struct StepProgress {
 // model per device; each step:
 //   1. gather this worker's part of the global batch, one shard per device
 //   2. forward/backward on every device concurrently, each on its device's
-//      thread (summed loss)
+//      thread (summed loss): the compute mode's work (worker/compute_mode.h;
+//      or its replay, or either slowed down)
 //   3. sum the replicas' gradients on the devices (DeviceCollective)
 //   4. copy the sum to host memory once (a CPU device 0's memory is host
 //      memory: no copy) and push it, bucket by bucket
@@ -230,16 +219,15 @@ class Trainer {
   // skipped by every worker).
   int64_t overflow_steps() const { return overflow_steps_; }
   // The pass replayed (replay_compute); null otherwise.
-  const ComputeProfile* replay_profile() const {
-    return options_.replay_compute ? &replay_profile_ : nullptr;
-  }
+  const ComputeProfile* replay_profile() const { return compute_->replay_profile(); }
 
  private:
   struct Replica;
   class StepPhases;
   class OverlapHooks;
-  Trainer(const TrainerOptions& options, std::vector<Device*> devices, ParameterStore* store,
-          const data::Dataset* train, const data::Dataset* test);
+  Trainer(const TrainerOptions& options, std::unique_ptr<ComputeMode> compute,
+          std::vector<Device*> devices, ParameterStore* store, const data::Dataset* train,
+          const data::Dataset* test);
 
   absl::Status Init(const model::ModelConfig& model);
   // Init's steps, in order. The device threads, the collective and one
@@ -262,20 +250,26 @@ class Trainer {
   // starts from it, so the epoch's evaluation and weights see the model
   // sync would (this worker's pulls may have been up to S updates behind).
   absl::Status CatchUp(int64_t version);
-  // The slowdown of step `iteration` (TrainerOptions::slowdown_period).
-  double SlowdownAt(int64_t iteration) const;
   // Reconnects after `cause` (a lost server), and StartFrom the server's
   // version, which it returns.
   absl::StatusOr<int64_t> Recover(const absl::Status& cause);
-  // Measures replay_profile_ (replay_compute).
-  absl::Status CalibrateReplay();
-  // A step's forward/backward on every device, or the replay of the
-  // measured one; overlapping, both wait for parameters and hand over
-  // gradients layer by layer.
-  absl::Status Compute(int64_t iteration, const std::vector<int64_t>& shard_sizes,
-                       StepPhases& phases);
-  absl::Status ReplayCompute(int64_t iteration, StepPhases& phases);
+  // Stages this worker's part of global batch `step` of epoch `epoch`'s
+  // order, one shard per device, and returns the shards' sizes.
   absl::Status LoadShards(int64_t epoch, int64_t step, std::vector<int64_t>* shard_sizes);
+  // Those sizes alone, for a compute mode that reads no data.
+  std::vector<int64_t> ShardSizes(int64_t step) const;
+  // Device d's replica and shard of sizes[d] samples, with views of the
+  // staged samples when `staged` (none of an empty shard).
+  absl::StatusOr<std::vector<DeviceShard>> DeviceShards(const std::vector<int64_t>& sizes,
+                                                        bool staged) const;
+  // ComputeSetup::stage_batch: batch `pass` of epoch 0's order staged, each
+  // shard with at least one sample (an empty one keeps a stale sample).
+  absl::StatusOr<std::vector<DeviceShard>> StageCalibrationBatch(int64_t pass);
+  // What compute_ gets for step `iteration`: the shards, and overlapping,
+  // `overlap` and the scheduler's wait for every parameter.
+  absl::StatusOr<ComputeStep> NewComputeStep(int64_t iteration,
+                                             const std::vector<int64_t>& shard_sizes,
+                                             model::ParameterHooks* overlap);
   // The samples of global batch `step` (the last of an epoch may be short),
   // and this worker's part of them.
   int64_t GlobalBatchSize(int64_t step) const;
@@ -286,9 +280,6 @@ class Trainer {
                           absl::Span<const int64_t> indices) const;
   // Views of the first n staged inputs and labels.
   static absl::StatusOr<std::pair<Tensor, Tensor>> StagedViews(const Replica& r, int64_t n);
-  // acc[0] += loss sum, acc[1] += correct count, on the device.
-  static absl::Status AccumulateMetrics(Device& device, const model::DeviceMetrics& metrics,
-                                        Tensor& acc);
   absl::Status ReadAndResetMetrics(double* loss_sum, double* correct);
 
   // Run's steps, around its bookkeeping (RunState, in trainer.cc).
@@ -316,6 +307,8 @@ class Trainer {
   void FinishReport(RunState& run) const;
 
   const TrainerOptions options_;
+  // Fills the replicas' gradients each step (real, replayed, slowed down).
+  const std::unique_ptr<ComputeMode> compute_;
   std::vector<Device*> devices_;
   ParameterStore* store_;
   const data::Dataset* train_;
@@ -365,7 +358,6 @@ class Trainer {
   // The current step's members (registration_.dynamic_members; empty: all
   // ranks, always).
   std::vector<int> members_;
-  ComputeProfile replay_profile_;
   int64_t num_parameters_ = 0;
 
   // Epoch order cache.

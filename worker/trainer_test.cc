@@ -16,6 +16,7 @@
 #include "common/fake_device.h"
 #include "common/timed_event.h"
 #include "gtest/gtest.h"
+#include "worker/compute_mode_test_util.h"
 #include "worker/data/synthetic.h"
 #include "worker/local_parameter_store.h"
 #include "worker/trainer_test_util.h"
@@ -439,6 +440,52 @@ TEST(TrainerTest, ReplayedComputeTakesTheMeasuredTimeAndPushesRealGradients) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// An emulated slower host sleeps on the trainer's clock: here one that
+// records each sleep and jumps over it, so the test sleeps not at all.
+// Without overlap each step's compute phase is the pass plus one sleep of
+// (slowdown - 1) x the pass.
+TEST(TrainerTest, ASlowdownSleepsOnTheTrainersClockAfterEachPass) {
+  constexpr int64_t kTickNs = 1000;
+  constexpr int64_t kSteps = 3;
+  const data::Dataset data = SyntheticDataset(256);
+  CpuDevice device(0, 1);
+  auto store = LocalParameterStore::Create(MomentumSgd());
+  ASSERT_TRUE(store.ok());
+  testing::JumpingClock clock(kTickNs);
+  RecordingObserver observer;
+  TrainerOptions options;
+  options.batch_size = 32;
+  options.epochs = 1;
+  options.max_steps = kSteps;
+  options.evaluate = false;
+  options.overlap = false;
+  options.slowdown = 3;
+  options.observer = &observer;
+  options.clock = &clock;
+  model::ModelConfig model;
+  model.name = "lenet";
+  auto trainer = Trainer::Create(options, model, {&device}, store->get(), &data, nullptr);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  auto report = (*trainer)->Run();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->compute, "real");
+  const std::vector<int64_t> sleeps = clock.sleeps_ns();
+  ASSERT_EQ(sleeps.size(), static_cast<size_t>(kSteps));
+  std::vector<int64_t> compute_ns;
+  for (const auto& r : observer.records()) {
+    if (r.event.lane == kTrainerLane && r.event.kind == EventKind::kCompute) {
+      compute_ns.push_back(r.event.end_ns - r.event.start_ns);
+    }
+  }
+  ASSERT_EQ(compute_ns.size(), static_cast<size_t>(kSteps));
+  for (int64_t step = 0; step < kSteps; ++step) {
+    // The phase: the pass, then twice the pass asleep (give or take the
+    // few clock readings around them, a tick each).
+    EXPECT_GT(sleeps[step], 0) << step;
+    EXPECT_NEAR(compute_ns[step], 1.5 * sleeps[step], 5 * kTickNs) << step;
+  }
 }
 
 TEST(TrainerEventsTest, EveryDeviceReportsItsComputeOnItsOwnStableLane) {
