@@ -91,7 +91,7 @@ void RemoteParameterStore::SendHeartbeats() {
       // the iteration before that version.
       int64_t waits_for = -1;
       {
-        absl::MutexLock lock(&async_mu_);
+        absl::MutexLock lock(&staleness_mu_);
         if (!pulls_in_flight_.empty()) waits_for = pulls_in_flight_.rbegin()->first;
       }
       if (waits_for > reply.version()) {
@@ -635,7 +635,7 @@ ParameterStore::Registration RemoteParameterStore::AdoptRegistration(
   }
   consistency_ = consistency;
   {
-    absl::MutexLock lock(&async_mu_);
+    absl::MutexLock lock(&staleness_mu_);
     pulled_version_.assign(messages_.size(), reply.version());
   }
   delta_pulls_ = codec_->sparse() && consistency_.allows_delta_pulls();
@@ -706,7 +706,7 @@ void RemoteParameterStore::PushSegments(int64_t iteration, int64_t num_samples, 
   int64_t based_on = 0;
   if (consistency_.reports_staleness()) {
     // The least version the pushed messages' parameters came from.
-    absl::MutexLock lock(&async_mu_);
+    absl::MutexLock lock(&staleness_mu_);
     based_on = *std::min_element(pulled_version_.begin() + first, pulled_version_.begin() + last);
   }
   SendFrames<proto::PushRequest>(
@@ -730,7 +730,7 @@ absl::Status RemoteParameterStore::ReadPushReply(const grpc::ByteBuffer& reply) 
     return absl::InternalError(absl::StrCat("server sent a malformed ", s.message()));
   }
   if (consistency_.reports_staleness()) {
-    absl::MutexLock lock(&async_mu_);
+    absl::MutexLock lock(&staleness_mu_);
     ++staleness_[message.staleness()];
   }
   if (message.members_size() == 0) return absl::OkStatus();
@@ -745,7 +745,7 @@ absl::Status RemoteParameterStore::ReadPushReply(const grpc::ByteBuffer& reply) 
 }
 
 std::map<int64_t, int64_t> RemoteParameterStore::staleness_histogram() const {
-  absl::MutexLock lock(&async_mu_);
+  absl::MutexLock lock(&staleness_mu_);
   return staleness_;
 }
 
@@ -806,7 +806,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
   // 1. Note the pull: the version it asks for (the heartbeat thread names
   //    whom it waits for), and the buffer its deltas apply to.
   if (stale) {
-    absl::MutexLock lock(&async_mu_);
+    absl::MutexLock lock(&staleness_mu_);
     ++pulls_in_flight_[asked];
   }
   if (delta_pulls_) {
@@ -838,7 +838,7 @@ void RemoteParameterStore::StartPull(int64_t version, int first, int last,
       [this, version, asked, exact, stale, versions, received,
        done = std::move(done)](absl::Status status) {
         if (stale) {
-          absl::MutexLock lock(&async_mu_);
+          absl::MutexLock lock(&staleness_mu_);
           if (--pulls_in_flight_[asked] == 0) pulls_in_flight_.erase(asked);
         }
         if (!status.ok()) return done(status);
@@ -964,7 +964,7 @@ void RemoteParameterStore::NotePulledReply(size_t m, const proto::PullReply& rep
     }
   }
   if (consistency_.reports_staleness()) {
-    absl::MutexLock lock(&async_mu_);
+    absl::MutexLock lock(&staleness_mu_);
     if (m < pulled_version_.size()) pulled_version_[m] = reply.version();
   }
 }

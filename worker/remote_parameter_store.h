@@ -354,15 +354,15 @@ class RemoteParameterStore final : public ParameterStore {
   mutable absl::Mutex loss_scale_mu_;
   float loss_scale_ ABSL_GUARDED_BY(loss_scale_mu_) = 0;
   int64_t loss_scale_version_ ABSL_GUARDED_BY(loss_scale_mu_) = -1;
-  // Asynchronous and ssp: per message, the version its last pull brought
-  // (the version its next push is computed from), and the staleness
-  // replies; ssp:S > 0: the versions pulls in flight ask for (how many
-  // each), which the heartbeat thread reads to say whom a held-back step
-  // waits for.
-  mutable absl::Mutex async_mu_;
-  std::vector<int64_t> pulled_version_ ABSL_GUARDED_BY(async_mu_);
-  std::map<int64_t, int64_t> staleness_ ABSL_GUARDED_BY(async_mu_);
-  std::map<int64_t, int> pulls_in_flight_ ABSL_GUARDED_BY(async_mu_);
+  // Under a policy that reports staleness (WorkerConsistency): per message,
+  // the version its last pull brought (the version its next push is
+  // computed from), and the staleness replies; under one with stale pulls,
+  // the versions pulls in flight ask for (how many each), which the
+  // heartbeat thread reads to say whom a held-back step waits for.
+  mutable absl::Mutex staleness_mu_;
+  std::vector<int64_t> pulled_version_ ABSL_GUARDED_BY(staleness_mu_);
+  std::map<int64_t, int64_t> staleness_ ABSL_GUARDED_BY(staleness_mu_);
+  std::map<int64_t, int> pulls_in_flight_ ABSL_GUARDED_BY(staleness_mu_);
   // The last registration's credential and rank, as the heartbeat thread
   // reads them. Written only in Register and Reconnect, under the lock,
   // when no segment call is in flight; the calls that thread and those
