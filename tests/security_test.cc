@@ -128,6 +128,7 @@ TEST(SecurityTest, MutualTlsAndAJobTokenAdmitTheJobsWorkersAndRefuseEveryOtherCl
   for (Refused& r : refused) {
     std::vector<std::string> args = WorkerArgs(address, r.name);
     args.insert(args.end(), r.flags.begin(), r.flags.end());
+    args.push_back("--connect_timeout=15s");
     r.process = std::make_unique<Process>(testing::RunfilePath("worker/worker"), args,
                                           testing::TestTmpPath(r.name + ".log"));
     r.waiter = std::thread([&r] {
@@ -149,7 +150,7 @@ TEST(SecurityTest, MutualTlsAndAJobTokenAdmitTheJobsWorkersAndRefuseEveryOtherCl
   //    worker's log. A failed handshake never reaches the service, and the
   //    worker's gRPC status does not say why (the server closed the
   //    connection: "Deadline Exceeded" or "tcp handshaker shutdown"): the
-  //    worker tries until its connect timeout (60 s, not a worker flag).
+  //    worker tries until its --connect_timeout (15 s here).
   //    The reason is in the server's log, one line per handshake tried.
   for (Refused& r : refused) {
     r.waiter.join();
@@ -159,7 +160,7 @@ TEST(SecurityTest, MutualTlsAndAJobTokenAdmitTheJobsWorkersAndRefuseEveryOtherCl
     // -1 before the 120 s wait is up: killed by a signal, i.e. it crashed.
     EXPECT_GT(r.exit_code, 0) << r.name << (r.exit_code < 0 && r.seconds < 119 ? " crashed" : "")
                               << ": " << log;
-    EXPECT_LT(r.seconds, 90) << r.name;
+    EXPECT_LT(r.seconds, 45) << r.name;
     EXPECT_THAT(log, HasSubstr("Register with " + address)) << r.name;
     EXPECT_THAT(log, Not(HasSubstr("training"))) << r.name;
   }

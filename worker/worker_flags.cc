@@ -103,6 +103,9 @@ ABSL_FLAG(std::string, precision, "fp32",
 ABSL_FLAG(bool, recover, true,
           "when the server goes away or restarts, reconnect and resume from its version "
           "(a checkpoint's) instead of failing");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(60),
+          "how long to keep trying to register with the server at the start (it may come up "
+          "after the worker; each failed try is logged with its reason)");
 ABSL_FLAG(absl::Duration, reconnect_timeout, absl::Minutes(5),
           "how long to wait for a lost server to come back (SIGTERM ends the wait)");
 ABSL_FLAG(std::string, tls_ca, "",
@@ -211,7 +214,15 @@ absl::Status ServersFromFlags(WorkerOptions& options) {
   remote.connections = absl::GetFlag(FLAGS_connections);
   remote.compression = absl::GetFlag(FLAGS_compression);
   remote.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  remote.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   remote.reconnect_timeout = absl::GetFlag(FLAGS_reconnect_timeout);
+  for (const auto& [flag, timeout] : {std::pair{"--connect_timeout", remote.connect_timeout},
+                                      std::pair{"--reconnect_timeout", remote.reconnect_timeout}}) {
+    if (timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " is ", absl::FormatDuration(timeout), "; it must be positive"));
+    }
+  }
   const std::vector<std::string> shards =
       absl::StrSplit(options.servers, ',', absl::SkipWhitespace());
   if (!shards.empty()) {

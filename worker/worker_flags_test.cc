@@ -22,6 +22,7 @@ ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_DECLARE_FLAG(bool, check);
 ABSL_DECLARE_FLAG(bool, recover);
 ABSL_DECLARE_FLAG(int, rank);
+ABSL_DECLARE_FLAG(absl::Duration, connect_timeout);
 ABSL_DECLARE_FLAG(absl::Duration, reconnect_timeout);
 ABSL_DECLARE_FLAG(std::string, tls_ca);
 ABSL_DECLARE_FLAG(std::string, job_token_file);
@@ -61,6 +62,7 @@ TEST_F(WorkerFlagsTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(options->remote.rank, -1);
   EXPECT_EQ(options->remote.compression, "none");
   EXPECT_EQ(options->remote.reconnect_timeout, absl::Minutes(5));
+  EXPECT_EQ(options->remote.connect_timeout, absl::Seconds(60));
   EXPECT_TRUE(options->remote.job_token.empty());
   EXPECT_FALSE(options->check);
   EXPECT_EQ(options->metrics_port, -1);
@@ -110,6 +112,7 @@ TEST_F(WorkerFlagsTest, ServersCarryTheirConnectionAndCheck) {
   absl::SetFlag(&FLAGS_server, "a:1,b:2");
   absl::SetFlag(&FLAGS_rank, 3);
   absl::SetFlag(&FLAGS_reconnect_timeout, absl::Seconds(7));
+  absl::SetFlag(&FLAGS_connect_timeout, absl::Seconds(9));
   absl::SetFlag(&FLAGS_tls_ca, "/ca.pem");
   absl::SetFlag(&FLAGS_check, true);
   absl::StatusOr<WorkerOptions> options = FromFlags();
@@ -117,6 +120,7 @@ TEST_F(WorkerFlagsTest, ServersCarryTheirConnectionAndCheck) {
   EXPECT_EQ(options->servers, "a:1,b:2");
   EXPECT_EQ(options->remote.rank, 3);
   EXPECT_EQ(options->remote.reconnect_timeout, absl::Seconds(7));
+  EXPECT_EQ(options->remote.connect_timeout, absl::Seconds(9));
   EXPECT_EQ(options->remote.tls.ca_file, "/ca.pem");
   EXPECT_TRUE(options->check);
 }
@@ -154,6 +158,13 @@ TEST_F(WorkerFlagsTest, NamesEachBadFlag) {
   absl::SetFlag(&FLAGS_check, true);
   refused("--check needs --server");
   absl::SetFlag(&FLAGS_check, false);
+
+  absl::SetFlag(&FLAGS_connect_timeout, absl::ZeroDuration());
+  refused("--connect_timeout is 0; it must be positive");
+  absl::SetFlag(&FLAGS_connect_timeout, absl::Seconds(60));
+  absl::SetFlag(&FLAGS_reconnect_timeout, absl::Seconds(-1));
+  refused("--reconnect_timeout is -1s; it must be positive");
+  absl::SetFlag(&FLAGS_reconnect_timeout, absl::Minutes(5));
 
   EXPECT_TRUE(FromFlags().ok());
 }
