@@ -5,26 +5,19 @@
 // past chance), exits 0 and leaves no process behind; SIGTERM mid-run stops
 // every process it started; bad flags are refused before anything starts.
 
-#include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <regex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/testing/subprocess.h"
+#include "tests/process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-
-extern char** environ;
 
 namespace ps {
 namespace {
@@ -44,73 +37,21 @@ std::string RunfilesBin() {
 // and stderr in a log file: every process the script starts (daemons, its
 // progress tail) joins that group unless it leaves it, so an empty group
 // after the script exits means it left nothing running. Anything still in
-// the group on destruction is killed. Not thread-safe.
-class ClusterScript {
+// the group on destruction is killed.
+class ClusterScript : public tests::Process {
  public:
-  ClusterScript(std::vector<std::string> flags, const std::string& log) : log_(log) {
-    flags.insert(flags.begin(), {"/bin/bash", testing::RunfilePath("deploy/local_cluster.sh")});
-    std::vector<char*> argv;
-    for (std::string& f : flags) argv.push_back(f.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    posix_spawnattr_t attributes;
-    posix_spawnattr_init(&attributes);
-    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&attributes, 0);  // a new group, numbered by the pid
-    EXPECT_EQ(posix_spawn(&pid_, argv[0], &actions, &attributes, argv.data(), environ), 0);
-    posix_spawnattr_destroy(&attributes);
-    posix_spawn_file_actions_destroy(&actions);
-  }
+  ClusterScript(std::vector<std::string> flags, const std::string& log)
+      : Process("/bin/bash", WithScript(std::move(flags)), log, Group::kOwn) {}
 
-  ~ClusterScript() {
-    if (pid_ <= 0) return;
-    kill(-pid_, SIGKILL);
-    if (!exited_) waitpid(pid_, nullptr, 0);
-  }
-
-  ClusterScript(const ClusterScript&) = delete;
-  ClusterScript& operator=(const ClusterScript&) = delete;
-
-  // Waits for the script to exit (up to `timeout`); its exit code, or -1 on
-  // timeout or a signal.
-  int Wait(std::chrono::seconds timeout) {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return -1;
-  }
-
-  // Whether the log holds `text` within `timeout`.
   bool WaitForLog(const std::string& text, std::chrono::seconds timeout) const {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < end) {
-      if (Log().find(text) != std::string::npos) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
+    return tests::WaitForLog(*this, text, timeout);
   }
-
-  // Whether any process of the script's group is left (the script itself
-  // counts until Wait has reaped it).
-  bool GroupAlive() const { return kill(-pid_, 0) == 0 || errno != ESRCH; }
-
-  void Signal(int sig) { kill(pid_, sig); }
-  std::string Log() const { return testing::ReadFileBytes(log_); }
 
  private:
-  const std::string log_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
+  static std::vector<std::string> WithScript(std::vector<std::string> flags) {
+    flags.insert(flags.begin(), testing::RunfilePath("deploy/local_cluster.sh"));
+    return flags;
+  }
 };
 
 bool IsDirectory(const std::string& path) {

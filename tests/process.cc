@@ -1,5 +1,6 @@
 #include "tests/process.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -16,8 +17,9 @@ extern char** environ;
 
 namespace ps::tests {
 
-Process::Process(const std::string& binary, std::vector<std::string> args, const std::string& log)
-    : log_(log) {
+Process::Process(const std::string& binary, std::vector<std::string> args, const std::string& log,
+                 Group group)
+    : log_(log), group_(group) {
   args.insert(args.begin(), binary);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -26,17 +28,28 @@ Process::Process(const std::string& binary, std::vector<std::string> args, const
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  EXPECT_EQ(posix_spawn(&pid_, binary.c_str(), &actions, nullptr, argv.data(), environ), 0)
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  if (group == Group::kOwn) {
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attributes, 0);  // a new group, numbered by the pid
+  }
+  EXPECT_EQ(posix_spawn(&pid_, binary.c_str(), &actions, &attributes, argv.data(), environ), 0)
       << binary;
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
 }
 
 Process::~Process() {
-  if (pid_ > 0 && !exited_) {
+  if (pid_ <= 0) return;
+  if (group_ == Group::kOwn) kill(-pid_, SIGKILL);
+  if (!exited_) {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
   }
 }
+
+bool Process::GroupAlive() const { return kill(-pid_, 0) == 0 || errno != ESRCH; }
 
 int Process::Wait(std::chrono::seconds timeout) {
   const auto end = std::chrono::steady_clock::now() + timeout;

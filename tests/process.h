@@ -16,8 +16,14 @@ namespace ps::tests {
 // (SIGKILL) and reaped on destruction if it has not exited. Not thread-safe.
 class Process {
  public:
+  // kOwn: the child leads a process group of its own, which every process
+  // it starts joins unless it leaves it; GroupAlive() then says whether any
+  // is left, and destruction kills the whole group (a script's children
+  // too).
+  enum class Group { kInherit, kOwn };
   // Starts `binary` with `args` (a failure to start is a test failure).
-  Process(const std::string& binary, std::vector<std::string> args, const std::string& log);
+  Process(const std::string& binary, std::vector<std::string> args, const std::string& log,
+          Group group = Group::kInherit);
   ~Process();
   Process(const Process&) = delete;
   Process& operator=(const Process&) = delete;
@@ -27,6 +33,9 @@ class Process {
   int Wait(std::chrono::seconds timeout);
   void Signal(int sig);
   pid_t pid() const { return pid_; }
+  // With Group::kOwn: whether any process of the group is left (the child
+  // itself counts until Wait has reaped it).
+  bool GroupAlive() const;
   // The log so far.
   std::string Log() const;
 
@@ -34,6 +43,7 @@ class Process {
   std::string log_;
   pid_t pid_ = -1;
   bool exited_ = false;
+  Group group_ = Group::kInherit;
 };
 
 // The port a server wrote to `path` (--port_file); 0 if none within 30 s.

@@ -1,3 +1,4 @@
+#include "common/fake_observer.h"
 #include "worker/compute_mode_real.h"
 
 #include <algorithm>
@@ -15,7 +16,7 @@ namespace {
 
 using testing::JumpingClock;
 using testing::RecordingHooks;
-using testing::RecordingObserver;
+using ::ps::RecordingObserver;
 using testing::StagedReplica;
 
 TEST(RealComputeTest, EveryDeviceComputesItsShardAndAnEmptyShardAZeroGradient) {

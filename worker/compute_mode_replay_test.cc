@@ -1,3 +1,4 @@
+#include "common/fake_observer.h"
 #include "worker/compute_mode_replay.h"
 
 #include <memory>
@@ -14,7 +15,7 @@ namespace {
 using Point = ComputeProfile::Point;
 using testing::JumpingClock;
 using testing::RecordingHooks;
-using testing::RecordingObserver;
+using ::ps::RecordingObserver;
 using testing::StagedReplica;
 
 constexpr int64_t kTickNs = 1000;

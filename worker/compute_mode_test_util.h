@@ -110,24 +110,6 @@ class RecordingHooks final : public model::ParameterHooks {
   std::vector<Call> calls_;
 };
 
-// Every event (names dropped: valid during OnEvent only). Thread-safe.
-class RecordingObserver final : public EventObserver {
- public:
-  void OnEvent(const TimedEvent& event) override {
-    absl::MutexLock lock(&mu_);
-    events_.push_back(event);
-    events_.back().name = {};
-  }
-  std::vector<TimedEvent> events() const {
-    absl::MutexLock lock(&mu_);
-    return events_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<TimedEvent> events_;
-};
-
 // A small MLP replica (two Linear layers: 16 -> 8 -> 3) on `device` with a
 // shard of `n` samples staged (inputs and labels that vary with the sample),
 // as the trainer would lend it: shard() points at its own metrics.
