@@ -387,7 +387,8 @@ grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(
   // Past its deadline, PullChunkViews answers at once: with the chunks if
   // they exist by now, else with the DEADLINE_EXCEEDED naming one missing.
   const int64_t version = pull.version();
-  auto answer = [this, pull = std::move(pull), ids, segment = std::move(segment), wait, reply] {
+  auto answer = [this, pull = std::move(pull), segment = std::move(segment), wait,
+                 reply](const std::vector<ChunkId>& ids) {
     return Answered(wait ? "Wait" : "Pull",
                     AnswerPull(pull, ids, segment.get(), absl::InfinitePast(), wait, reply));
   };

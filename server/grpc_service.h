@@ -182,10 +182,6 @@ class ParameterServerService final
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* reply) override;
 
-  // Bounds on what a registration may name (server/register_request.h).
-  static constexpr size_t kMaxWorkerIdBytes = server::kMaxWorkerIdBytes;
-  static constexpr size_t kMaxTensorNameBytes = server::kMaxTensorNameBytes;
-  static constexpr int kMaxDimensions = server::kMaxDimensions;
 
  private:
   // Each returns the chunks it sent (which may have published some); DoPush

@@ -513,7 +513,7 @@ Expectation JudgePush(const Model& m, const Request& r) {
     if (header.iteration() != kVersion) codes |= kFailedPrecondition;
     // Both workers have pushed in this iteration, so their counts are fixed;
     // a count no sum could hold is refused as such.
-    if (header.num_samples() < 0 || header.num_samples() > ParameterServer::kMaxSamplesPerPush) {
+    if (header.num_samples() < 0 || header.num_samples() > kMaxSamplesPerPush) {
       codes |= kInvalidArgument;
     }
     if (header.num_samples() != kSamples[rank]) codes |= kFailedPrecondition;
@@ -685,12 +685,12 @@ Expectation JudgeRegister(const Model& m, const Request& r) {
   const bool huge = echoed > 2048;
   if (request.worker_id().empty()) codes |= kInvalidArgument;
   // Bounds on what a refusal could quote.
-  if (request.worker_id().size() > ParameterServerService::kMaxWorkerIdBytes) {
+  if (request.worker_id().size() > kMaxWorkerIdBytes) {
     codes |= kInvalidArgument;
   }
   for (const proto::TensorSpec& t : request.signature()) {
-    if (t.name().size() > ParameterServerService::kMaxTensorNameBytes ||
-        t.shape_size() > ParameterServerService::kMaxDimensions) {
+    if (t.name().size() > kMaxTensorNameBytes ||
+        t.shape_size() > kMaxDimensions) {
       codes |= kInvalidArgument;
     }
   }

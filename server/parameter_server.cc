@@ -389,13 +389,9 @@ absl::Status ParameterServer::CheckSession(int rank, absl::string_view session) 
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::CheckKeyChunkLocked(int key, int64_t chunk, int64_t* offset,
-                                                  int64_t* length) const {
+absl::StatusOr<int64_t> ParameterServer::FindChunkLocked(int key, int64_t chunk) const {
   if (layout_ == nullptr) return absl::FailedPreconditionError("no model registered yet");
-  PS_ASSIGN_OR_RETURN(const int64_t global_chunk, layout_->FindChunk(key, chunk));
-  *offset = chunk * options_.chunk_elements;
-  *length = layout_->chunk_length[global_chunk];
-  return absl::OkStatus();
+  return layout_->FindChunk(key, chunk);
 }
 
 int64_t ParameterServer::GlobalChunkLocked(int key, int64_t chunk) const {
@@ -415,8 +411,8 @@ absl::Status ParameterServer::CheckChunkShapesLocked(absl::Span<const ChunkBytes
                                                      std::vector<int64_t>* global_chunks) const {
   for (size_t c = 0; c < chunks.size(); ++c) {
     const ChunkBytes& chunk = chunks[c];
-    int64_t offset, length;
-    PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
+    PS_ASSIGN_OR_RETURN(const int64_t global_chunk, FindChunkLocked(chunk.key, chunk.chunk));
+    const int64_t length = layout_->chunk_length[global_chunk];
     const int64_t bytes = PiecesBytes(chunk.pieces);
     if (bytes != length * static_cast<int64_t>(sizeof(float))) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -425,7 +421,6 @@ absl::Status ParameterServer::CheckChunkShapesLocked(absl::Span<const ChunkBytes
           bytes % sizeof(float) == 0 ? absl::StrCat(bytes / sizeof(float))
                                      : absl::StrCat(bytes, " bytes")));
     }
-    const int64_t global_chunk = layout_->key_first_chunk[chunk.key] + chunk.chunk;
     bool repeated = received[global_chunk];
     for (const int64_t earlier : *global_chunks) repeated |= earlier == global_chunk;
     if (repeated) return AlreadyError(*layout_, chunk, what);
@@ -435,12 +430,14 @@ absl::Status ParameterServer::CheckChunkShapesLocked(absl::Span<const ChunkBytes
 }
 
 absl::Status ParameterServer::CheckChunkValues(const Layout& layout, int64_t chunk_elements,
-                                               absl::Span<const ChunkBytes> chunks, size_t count) {
+                                               absl::Span<const ChunkBytes> chunks, size_t count,
+                                               std::vector<bool>* overflow) {
   for (size_t c = 0; c < count; ++c) {
-    PS_RETURN_IF_ERROR(CheckGradientValues(chunks[c].pieces, chunks[c].chunk * chunk_elements,
-                                           layout.signature[chunks[c].key].name,
-                                           /*loss_scaling=*/false)
-                           .status());
+    PS_ASSIGN_OR_RETURN(const bool overflowed,
+                        CheckGradientValues(chunks[c].pieces, chunks[c].chunk * chunk_elements,
+                                            layout.signature[chunks[c].key].name,
+                                            /*loss_scaling=*/overflow != nullptr));
+    if (overflowed) (*overflow)[c] = true;
   }
   return absl::OkStatus();
 }
@@ -520,15 +517,9 @@ absl::Status ParameterServer::CheckPushMessage(int rank, int64_t iteration, int6
   //    Under dynamic loss scaling a value that is not finite is an overflow
   //    of its chunk instead (see LossScaleOptions).
   overflow->assign(chunks.size(), false);
-  if (options_.loss_scale.dynamic) {
-    PS_RETURN_IF_ERROR(shapes);
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      (*overflow)[c] = *CheckGradientValues(chunks[c].pieces, 0, "", /*loss_scaling=*/true);
-    }
-    return absl::OkStatus();
-  }
-  PS_RETURN_IF_ERROR(
-      CheckChunkValues(**layout, options_.chunk_elements, chunks, global_chunks->size()));
+  PS_RETURN_IF_ERROR(CheckChunkValues(**layout, options_.chunk_elements, chunks,
+                                      global_chunks->size(),
+                                      options_.loss_scale.dynamic ? overflow : nullptr));
   return shapes;
 }
 
@@ -1043,8 +1034,7 @@ absl::StatusOr<std::vector<int64_t>> ParameterServer::AwaitChunksLocked(
   // version 0 (which needs the signature).
   auto check = [this, chunks]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     for (const ChunkId& chunk : chunks) {
-      int64_t offset, length;
-      PS_RETURN_IF_ERROR(CheckKeyChunkLocked(chunk.key, chunk.chunk, &offset, &length));
+      PS_RETURN_IF_ERROR(FindChunkLocked(chunk.key, chunk.chunk).status());
     }
     return absl::OkStatus();
   };
@@ -1272,9 +1262,8 @@ int64_t ParameterServer::num_parameters() const {
 
 int64_t ParameterServer::ChunkLength(int key, int64_t chunk) const {
   absl::MutexLock lock(&mu_);
-  int64_t offset, length;
-  if (!CheckKeyChunkLocked(key, chunk, &offset, &length).ok()) return -1;
-  return length;
+  const absl::StatusOr<int64_t> global_chunk = FindChunkLocked(key, chunk);
+  return global_chunk.ok() ? layout_->chunk_length[*global_chunk] : -1;
 }
 
 int64_t ParameterServer::NumChunks(int key) const {

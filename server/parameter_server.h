@@ -286,11 +286,10 @@ class ParameterServer {
   // been applied).
   absl::Status Push(int rank, int64_t iteration, int key, int64_t chunk, int64_t num_samples,
                     absl::Span<const float> gradient);
-  // The most workers a server takes (Create: kInvalidArgument beyond) and
-  // the most samples one push may claim (kInvalidArgument beyond): the sum
-  // of the samples over the workers stays inside int64.
+  // The most workers a server takes (Create: kInvalidArgument beyond); with
+  // kMaxSamplesPerPush (common/push_checks.h) the sum of the samples over
+  // the workers stays inside int64.
   static constexpr int kMaxWorkers = 1 << 22;
-  static constexpr int64_t kMaxSamplesPerPush = ps::kMaxSamplesPerPush;  // common/push_checks.h
   // A signature's tensors and their sum stay below this many elements
   // (kInvalidArgument at registration otherwise; 4 TiB of fp32), so sizes
   // derived from it cannot overflow.
@@ -555,10 +554,12 @@ class ParameterServer {
                                       std::vector<int64_t>* global_chunks) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks the values of the first `count` chunks of a message (shapes
-  // checked): kInvalidArgument naming the first non-finite one. Reads only
-  // the message, so it needs no lock.
+  // checked): kInvalidArgument naming the first non-finite one, or, given
+  // `overflow` (dynamic loss scaling), a non-finite chunk marked there
+  // instead. Reads only the message, so it needs no lock.
   static absl::Status CheckChunkValues(const Layout& layout, int64_t chunk_elements,
-                                       absl::Span<const ChunkBytes> chunks, size_t count);
+                                       absl::Span<const ChunkBytes> chunks, size_t count,
+                                       std::vector<bool>* overflow = nullptr);
   // The kAlreadyExists of chunk `chunk`, already `what`.
   static absl::Status AlreadyError(const Layout& layout, const ChunkBytes& chunk,
                                    absl::string_view what);
@@ -638,9 +639,9 @@ class ParameterServer {
   int64_t GlobalChunkLocked(int key, int64_t chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a registered worker holds `rank`.
   bool RankHeldLocked(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Checks that chunk `chunk` of key `key` exists and returns its element
-  // offset within the key and its length.
-  absl::Status CheckKeyChunkLocked(int key, int64_t chunk, int64_t* offset, int64_t* length) const
+  // The global index of chunk `chunk` of key `key`: kOutOfRange naming the
+  // key or chunk that does not exist, kFailedPrecondition before any model.
+  absl::StatusOr<int64_t> FindChunkLocked(int key, int64_t chunk) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // options_.clock's reading when there is an observer, else 0 (no read).
   int64_t EventStartNanos() const;

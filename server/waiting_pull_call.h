@@ -23,17 +23,17 @@ namespace ps::server::internal {
 class WaitingPullCall final : public grpc::ServerUnaryReactor, public WaitingPull {
  public:
   // `answer` frames the reply (the call's, valid until Finish) from the
-  // chunks as they are then, or returns why it cannot; called once, when
-  // the pull is answered (past its deadline: at once, with the error the
-  // store gives then).
+  // chunks `ids` as they are then, or returns why it cannot; called once,
+  // when the pull is answered (past its deadline: at once, with the error
+  // the store gives then).
+  using Answer = std::function<absl::Status(const std::vector<ChunkId>& ids)>;
   WaitingPullCall(std::shared_ptr<WaitingPulls> registry, int64_t version,
-                  std::vector<ChunkId> ids, absl::Time deadline,
-                  std::function<absl::Status()> answer)
+                  std::vector<ChunkId> ids, absl::Time deadline, Answer answer)
       : WaitingPull(version, std::move(ids), deadline),
         registry_(std::move(registry)),
         answer_(std::move(answer)) {}
 
-  void AnswerNow() override { Finish(ToGrpcStatus(answer_())); }
+  void AnswerNow() override { Finish(ToGrpcStatus(answer_(ids()))); }
   void Refuse(const absl::Status& status) override { Finish(ToGrpcStatus(status)); }
   void OnCancel() override {
     // Answered already when someone else took it; else nobody will hear the
@@ -46,7 +46,7 @@ class WaitingPullCall final : public grpc::ServerUnaryReactor, public WaitingPul
 
  private:
   const std::shared_ptr<WaitingPulls> registry_;
-  const std::function<absl::Status()> answer_;
+  const Answer answer_;
 };
 
 }  // namespace ps::server::internal
