@@ -32,26 +32,25 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   return server;
 }
 
+const prometheus::Histogram::BucketBoundaries& StalenessBuckets() {
+  static const auto* const buckets =
+      new prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128};
+  return *buckets;
+}
+
 EventMetrics::EventMetrics(prometheus::Registry& registry, const std::string& prefix,
                            prometheus::Labels labels)
     : labels_(std::move(labels)),
-      phases_(prometheus::BuildHistogram()
-                  .Name(prefix + "_phase_seconds")
-                  .Help("Time of each step phase (data, compute, reduce, copy to host, push, "
-                        "wait, pull, copy to device), in seconds")
-                  .Register(registry)),
-      rpc_bytes_(prometheus::BuildCounter()
-                     .Name(prefix + "_rpc_bytes_total")
-                     .Help("Payload bytes of push and pull messages")
-                     .Register(registry)),
-      rpc_seconds_(prometheus::BuildHistogram()
-                       .Name(prefix + "_rpc_seconds")
-                       .Help("Time of each push and pull message, in seconds")
-                       .Register(registry)),
-      events_(prometheus::BuildCounter()
-                  .Name(prefix + "_events_total")
-                  .Help("Timed events, by kind")
-                  .Register(registry)) {}
+      phases_(RegisterFamily(prometheus::BuildHistogram(), prefix + "_phase_seconds",
+                             "Time of each step phase (data, compute, reduce, copy to host, "
+                             "push, wait, pull, copy to device), in seconds",
+                             registry)),
+      rpc_bytes_(RegisterFamily(prometheus::BuildCounter(), prefix + "_rpc_bytes_total",
+                                "Payload bytes of push and pull messages", registry)),
+      rpc_seconds_(RegisterFamily(prometheus::BuildHistogram(), prefix + "_rpc_seconds",
+                                  "Time of each push and pull message, in seconds", registry)),
+      events_(RegisterFamily(prometheus::BuildCounter(), prefix + "_events_total",
+                             "Timed events, by kind", registry)) {}
 
 prometheus::Labels EventMetrics::With(const std::string& name, const std::string& value) const {
   prometheus::Labels labels = labels_;

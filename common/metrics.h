@@ -42,6 +42,19 @@ class MetricsServer {
   int port_ = 0;
 };
 
+// The family `builder` (prometheus::BuildCounter() and the like) registers
+// in `registry` under `name`, with `help`.
+template <typename Builder>
+auto& RegisterFamily(Builder builder, const std::string& name, const std::string& help,
+                     prometheus::Registry& registry) {
+  return builder.Name(name).Help(help).Register(registry);
+}
+
+// The buckets of push staleness, counted in updates or iterations behind:
+// the server's ps_server_push_staleness and the workers' histograms share
+// them, so that their series line up.
+const prometheus::Histogram::BucketBoundaries& StalenessBuckets();
+
 // Timed events as metrics, under `prefix` ("ps_worker", "ps_server"), each
 // series also carrying `labels` (a worker's {rank}):
 //   <prefix>_phase_seconds{phase}   histogram of each step phase (kData ..

@@ -164,36 +164,29 @@ absl::StatusOr<StartedServer> CreateOrResume(const ParameterServerOptions& optio
 class JobMetrics {
  public:
   JobMetrics(prometheus::Registry* registry, ServiceOptions* service_options)
-      : rpcs_(prometheus::BuildCounter()
-                  .Name("ps_server_rpcs_total")
-                  .Help("Calls answered, by method and status code")
-                  .Register(*registry)),
-        job_(prometheus::BuildGauge()
-                 .Name("ps_server_job")
-                 .Help("The job as the server sees it: version, registered and live workers, "
-                       "seconds since the last checkpoint, waiting pulls")
-                 .Register(*registry)),
-        workers_(prometheus::BuildGauge()
-                     .Name("ps_worker")
-                     .Help("Each worker as its heartbeats report it: steps trained")
-                     .Register(*registry)),
-        phase_sum_(prometheus::BuildGauge()
-                       .Name("ps_worker_phase_seconds_sum")
-                       .Help("Seconds each worker spent in each step phase (data, compute, "
-                             "reduce, copy, push, wait, pull), from its heartbeats")
-                       .Register(*registry)),
-        phase_count_(prometheus::BuildGauge()
-                         .Name("ps_worker_phase_seconds_count")
-                         .Help("Times each worker went through each step phase")
-                         .Register(*registry)) {
+      : rpcs_(RegisterFamily(prometheus::BuildCounter(), "ps_server_rpcs_total",
+                             "Calls answered, by method and status code", *registry)),
+        job_(RegisterFamily(prometheus::BuildGauge(), "ps_server_job",
+                            "The job as the server sees it: version, registered and live "
+                            "workers, seconds since the last checkpoint, waiting pulls",
+                            *registry)),
+        workers_(RegisterFamily(prometheus::BuildGauge(), "ps_worker",
+                                "Each worker as its heartbeats report it: steps trained",
+                                *registry)),
+        phase_sum_(RegisterFamily(prometheus::BuildGauge(), "ps_worker_phase_seconds_sum",
+                                  "Seconds each worker spent in each step phase (data, compute, "
+                                  "reduce, copy, push, wait, pull), from its heartbeats",
+                                  *registry)),
+        phase_count_(RegisterFamily(prometheus::BuildGauge(), "ps_worker_phase_seconds_count",
+                                    "Times each worker went through each step phase",
+                                    *registry)) {
     prometheus::Histogram* staleness =
-        &prometheus::BuildHistogram()
-             .Name("ps_server_push_staleness")
-             .Help("Asynchronous consistency: updates a push's chunks had received since the "
-                   "version it was computed from; ssp:S: iterations before the pushed one whose "
-                   "updates its parameters lacked")
-             .Register(*registry)
-             .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128});
+        &RegisterFamily(prometheus::BuildHistogram(), "ps_server_push_staleness",
+                        "Asynchronous consistency: updates a push's chunks had received since "
+                        "the version it was computed from; ssp:S: iterations before the pushed "
+                        "one whose updates its parameters lacked",
+                        *registry)
+             .Add({}, StalenessBuckets());
     service_options->on_staleness = [staleness](int64_t s) {
       staleness->Observe(static_cast<double>(s));
     };

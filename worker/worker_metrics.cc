@@ -7,21 +7,6 @@
 namespace ps::worker {
 namespace {
 
-// The server's ps_server_push_staleness buckets.
-const prometheus::Histogram::BucketBoundaries& StalenessBuckets() {
-  static const auto* const buckets =
-      new prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128};
-  return *buckets;
-}
-
-// The family `builder` (prometheus::BuildCounter() and the like) registers
-// in `registry` under `name`, with `help`.
-template <typename Builder>
-auto& Family(Builder builder, const char* name, const char* help,
-             prometheus::Registry& registry) {
-  return builder.Name(name).Help(help).Register(registry);
-}
-
 const char* DirectionName(WorkerMetrics::Direction direction) {
   return direction == WorkerMetrics::Direction::kPush ? "push" : "pull";
 }
@@ -44,29 +29,31 @@ struct WorkerMetrics::Series {
 
 WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
     : registry_(registry),
-      steps_(Family(prometheus::BuildCounter(), "ps_worker_steps_total",
-                    "Steps this worker trained", registry)),
-      samples_(Family(prometheus::BuildCounter(), "ps_worker_samples_total",
-                      "Samples this worker trained", registry)),
-      version_(Family(prometheus::BuildGauge(), "ps_worker_version",
-                      "The parameter version this worker's last pull asked for (asynchronous: "
-                      "its own step)",
-                      registry)),
-      recoveries_(Family(prometheus::BuildCounter(), "ps_worker_recoveries_total",
-                         "Reconnections to a lost server", registry)),
-      staleness_(Family(prometheus::BuildHistogram(), "ps_worker_push_staleness",
-                        "Asynchronous consistency: updates each push message's chunks had "
-                        "received since the version it was computed from",
-                        registry)),
-      calls_in_flight_(Family(prometheus::BuildGauge(), "ps_worker_calls_in_flight",
-                              "Push and pull segment calls of the pipeline started and not "
-                              "completed",
-                              registry)),
-      bytes_in_flight_(Family(prometheus::BuildGauge(), "ps_worker_bytes_in_flight",
-                              "Bytes (fp32) of the push and pull segment calls in flight",
-                              registry)),
-      calls_total_(Family(prometheus::BuildCounter(), "ps_worker_calls_total",
-                          "Push and pull segment calls of the pipeline started", registry)) {}
+      steps_(RegisterFamily(prometheus::BuildCounter(), "ps_worker_steps_total",
+                            "Steps this worker trained", registry)),
+      samples_(RegisterFamily(prometheus::BuildCounter(), "ps_worker_samples_total",
+                              "Samples this worker trained", registry)),
+      version_(
+          RegisterFamily(prometheus::BuildGauge(), "ps_worker_version",
+                         "The parameter version this worker's last pull asked for (asynchronous: "
+                         "its own step)",
+                         registry)),
+      recoveries_(RegisterFamily(prometheus::BuildCounter(), "ps_worker_recoveries_total",
+                                 "Reconnections to a lost server", registry)),
+      staleness_(RegisterFamily(prometheus::BuildHistogram(), "ps_worker_push_staleness",
+                                "Asynchronous consistency: updates each push message's chunks had "
+                                "received since the version it was computed from",
+                                registry)),
+      calls_in_flight_(RegisterFamily(prometheus::BuildGauge(), "ps_worker_calls_in_flight",
+                                      "Push and pull segment calls of the pipeline started and not "
+                                      "completed",
+                                      registry)),
+      bytes_in_flight_(RegisterFamily(prometheus::BuildGauge(), "ps_worker_bytes_in_flight",
+                                      "Bytes (fp32) of the push and pull segment calls in flight",
+                                      registry)),
+      calls_total_(RegisterFamily(prometheus::BuildCounter(), "ps_worker_calls_total",
+                                  "Push and pull segment calls of the pipeline started",
+                                  registry)) {}
 
 WorkerMetrics::~WorkerMetrics() = default;
 
