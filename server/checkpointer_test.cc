@@ -1,4 +1,5 @@
 #include "server/checkpointer.h"
+#include "server/parameter_server_testing.h"
 
 #include <atomic>
 #include <cstdio>
@@ -71,7 +72,7 @@ class CheckpointerTest : public ::testing::Test {
     dir_ = absl::StrCat(testing::TempDir(), "/", testing::UnitTest::GetInstance()->current_test_info()->name());
   }
   void Step(int64_t it) {
-    ASSERT_TRUE(server_->Push(0, it, 0, 0, 1, std::vector<float>{0.1f, 0.2f, 0.3f}).ok());
+    ASSERT_TRUE(Push(*server_, 0, it, 0, 0, 1, std::vector<float>{0.1f, 0.2f, 0.3f}).ok());
   }
   // Options writing every `every` of `clock`, by time alone, logging to
   // log_.
@@ -134,7 +135,7 @@ TEST_F(CheckpointerTest, WritesEveryNStepsInTheBackgroundAndAFinalOne) {
   EXPECT_EQ(loaded->contents.job.at("num_workers"), "1");
   EXPECT_EQ(loaded->contents.momentum.size(), 3u);
   std::vector<float> params(3);
-  ASSERT_TRUE(server_->Pull(5, absl::InfiniteFuture(), absl::MakeSpan(params)).ok());
+  ASSERT_TRUE(Pull(*server_, 5, absl::InfiniteFuture(), absl::MakeSpan(params)).ok());
   EXPECT_EQ(loaded->contents.parameters, params);
 }
 
@@ -237,7 +238,7 @@ TEST_F(CheckpointerTest, NoFinalCheckpointOfAHalfAppliedIterationWhenTheTimeoutC
   std::unique_ptr<ParameterServer> server = TwoChunkServer();
   ASSERT_NE(server, nullptr);
   // One chunk of iteration 0 applied, the other not.
-  ASSERT_TRUE(server->Push(0, 0, 0, 0, 1, std::vector<float>{1, 1}).ok());
+  ASSERT_TRUE(Push(*server, 0, 0, 0, 0, 1, std::vector<float>{1, 1}).ok());
   FakeClock clock;
   Checkpointer checkpointer(server.get(), EveryOnClock(absl::ZeroDuration(), &clock), -1);
   std::atomic<bool> returned{false};
@@ -259,7 +260,7 @@ TEST_F(CheckpointerTest, NoFinalCheckpointOfAHalfAppliedIterationWhenTheTimeoutC
 TEST_F(CheckpointerTest, AFinalCheckpointWaitsForTheIterationToComplete) {
   std::unique_ptr<ParameterServer> server = TwoChunkServer();
   ASSERT_NE(server, nullptr);
-  ASSERT_TRUE(server->Push(0, 0, 0, 0, 1, std::vector<float>{1, 1}).ok());
+  ASSERT_TRUE(Push(*server, 0, 0, 0, 0, 1, std::vector<float>{1, 1}).ok());
   FakeClock clock;
   Checkpointer checkpointer(server.get(), EveryOnClock(absl::ZeroDuration(), &clock), -1);
   absl::Status final_status;
@@ -267,7 +268,7 @@ TEST_F(CheckpointerTest, AFinalCheckpointWaitsForTheIterationToComplete) {
   ASSERT_TRUE(clock.WaitForWaiters(1));
   clock.Advance(absl::Milliseconds(299));
   ASSERT_TRUE(clock.WaitForWaiters(1));
-  ASSERT_TRUE(server->Push(0, 0, 0, 1, 1, std::vector<float>{1}).ok());  // completes it
+  ASSERT_TRUE(Push(*server, 0, 0, 0, 1, 1, std::vector<float>{1}).ok());  // completes it
   final_write.join();
   EXPECT_TRUE(final_status.ok()) << final_status;
   EXPECT_EQ(checkpointer.last_version(), 1);
@@ -282,9 +283,9 @@ TEST_F(CheckpointerTest, AFinalCheckpointWaitsForTheIterationToComplete) {
 TEST_F(CheckpointerTest, StopGivesUpABackgroundCaptureAtOnce) {
   std::unique_ptr<ParameterServer> server = TwoChunkServer();
   ASSERT_NE(server, nullptr);
-  ASSERT_TRUE(server->Push(0, 0, 0, 0, 1, std::vector<float>{1, 1}).ok());
-  ASSERT_TRUE(server->Push(0, 0, 0, 1, 1, std::vector<float>{1}).ok());  // version 1
-  ASSERT_TRUE(server->Push(0, 1, 0, 0, 1, std::vector<float>{1, 1}).ok());  // half of 1
+  ASSERT_TRUE(Push(*server, 0, 0, 0, 0, 1, std::vector<float>{1, 1}).ok());
+  ASSERT_TRUE(Push(*server, 0, 0, 0, 1, 1, std::vector<float>{1}).ok());  // version 1
+  ASSERT_TRUE(Push(*server, 0, 1, 0, 0, 1, std::vector<float>{1, 1}).ok());  // half of 1
   FakeClock clock;
   Checkpointer checkpointer(server.get(), EveryOnClock(absl::Seconds(10), &clock), -1);
   ASSERT_TRUE(clock.WaitForWaiters(1));
@@ -294,7 +295,7 @@ TEST_F(CheckpointerTest, StopGivesUpABackgroundCaptureAtOnce) {
   EXPECT_EQ(log_.lines().size(), 0u);
   EXPECT_EQ(checkpointer.last_version(), -1);
   // The capture was withdrawn: completing the iteration writes nothing.
-  ASSERT_TRUE(server->Push(0, 1, 0, 1, 1, std::vector<float>{1}).ok());
+  ASSERT_TRUE(Push(*server, 0, 1, 0, 1, 1, std::vector<float>{1}).ok());
   EXPECT_EQ(server->version(), 2);
   EXPECT_EQ(LoadNewestCheckpoint(dir_, nullptr).status().code(), absl::StatusCode::kNotFound);
 }

@@ -75,7 +75,9 @@
 #include "proto/parameter_server.pb.h"
 #include "proto/wire_format.h"
 #include "server/grpc_service.h"
+#include "common/push_checks.h"
 #include "server/parameter_server.h"
+#include "server/parameter_server_testing.h"
 
 namespace ps::server {
 namespace {
@@ -200,7 +202,7 @@ float Gradient(int rank, int64_t iteration, int64_t element) {
 
 absl::Status Push(ParameterServer& server, const Layout& layout, const PlannedPush& push) {
   std::vector<std::vector<float>> gradients(push.global_chunks.size());
-  std::vector<ParameterServer::ChunkData> chunks;
+  std::vector<ChunkData> chunks;
   for (size_t i = 0; i < push.global_chunks.size(); ++i) {
     const int64_t gc = push.global_chunks[i];
     for (int64_t e = 0; e < layout.length[gc]; ++e) {
@@ -208,7 +210,7 @@ absl::Status Push(ParameterServer& server, const Layout& layout, const PlannedPu
     }
     chunks.push_back({layout.key[gc], layout.chunk[gc], gradients[i]});
   }
-  return server.PushChunks(push.rank, push.iteration, kSamples[push.rank], chunks);
+  return PushChunks(server, push.rank, push.iteration, kSamples[push.rank], chunks);
 }
 
 // A server brought to the flood's state, with what its setup saw.
@@ -242,7 +244,7 @@ absl::StatusOr<Job> StartJob(CpuDevice* device) {
   auto record = [&] {
     std::vector<float>& out = job.params_at[job.server->version()];
     out.resize(layout.num_parameters);
-    return job.server->Pull(job.server->version(), absl::InfiniteFuture(), absl::MakeSpan(out))
+    return Pull(*job.server, job.server->version(), absl::InfiniteFuture(), absl::MakeSpan(out))
         .status();
   };
   if (absl::Status s = record(); !s.ok()) return s;
@@ -1957,7 +1959,7 @@ class GrpcServiceFuzzTest : public ::testing::Test {
 
   std::vector<float> PullAll(ParameterServer& server) {
     std::vector<float> out(server.num_parameters());
-    auto version = server.Pull(0, absl::InfiniteFuture(), absl::MakeSpan(out));
+    auto version = Pull(server, 0, absl::InfiniteFuture(), absl::MakeSpan(out));
     EXPECT_TRUE(version.ok()) << version.status();
     return out;
   }

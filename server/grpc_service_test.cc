@@ -2,6 +2,7 @@
 // the server's state survives them.
 
 #include "server/grpc_service.h"
+#include "server/parameter_server_testing.h"
 
 #include <chrono>
 #include <cmath>
@@ -301,7 +302,7 @@ class GrpcServiceTest : public ::testing::Test {
 
   std::vector<float> PullAll() {
     std::vector<float> out(8);
-    EXPECT_TRUE(server_->Pull(0, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
+    EXPECT_TRUE(server::Pull(*server_, 0, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
     return out;
   }
 
@@ -1042,7 +1043,7 @@ class GrpcServiceCredentialsTest : public GrpcServiceTest {
   // Version `version`'s parameters, read from the domain object directly.
   std::vector<float> ParametersAt(int64_t version) {
     std::vector<float> out(8);
-    EXPECT_TRUE(server_->Pull(version, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
+    EXPECT_TRUE(server::Pull(*server_, version, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
     return out;
   }
 };

@@ -26,6 +26,7 @@
 #include "common/cpu_device.h"
 #include "common/process_tuning.h"
 #include "server/parameter_server.h"
+#include "server/parameter_server_testing.h"
 
 ABSL_FLAG(int, workers, 2, "workers whose gradients are summed per chunk");
 ABSL_FLAG(int64_t, chunks, 16, "chunks of the model (each of --chunk_elements)");
@@ -72,7 +73,7 @@ int Run(int pushers) {
       threads.emplace_back([&, t] {
         for (int64_t c = t; c < chunks; c += pushers) {
           for (int w = 0; w < workers; ++w) {
-            const absl::Status s = (*server)->Push(w, it, 0, c, 1, gradient);
+            const absl::Status s = Push(**server, w, it, 0, c, 1, gradient);
             if (!s.ok()) {
               std::fprintf(stderr, "%s\n", s.ToString().c_str());
               failed = true;

@@ -1,4 +1,5 @@
 #include "server/parameter_server.h"
+#include "server/parameter_server_testing.h"
 
 #include <algorithm>
 #include <cmath>
@@ -46,7 +47,7 @@ class ParameterServerTest : public ::testing::Test {
 
   std::vector<float> Params(ParameterServer& server) {
     std::vector<float> out(8);
-    auto v = server.Pull(0, absl::InfiniteFuture(), absl::MakeSpan(out));
+    auto v = Pull(server, 0, absl::InfiniteFuture(), absl::MakeSpan(out));
     EXPECT_TRUE(v.ok()) << v.status();
     return out;
   }
@@ -58,10 +59,10 @@ class ParameterServerTest : public ::testing::Test {
 void PushAll(ParameterServer& server, int rank, int64_t iteration, float g, int64_t samples) {
   for (int key = 0; key < 2; ++key) {
     const int64_t n = key == 0 ? 6 : 2;
-    for (int64_t c = 0; c < server.NumChunks(key); ++c) {
+    for (int64_t c = 0; c < ChunkCount(n, 4); ++c) {
       const int64_t len = std::min<int64_t>(4, n - c * 4);
       std::vector<float> grad(len, g);
-      ASSERT_TRUE(server.Push(rank, iteration, key, c, samples, grad).ok());
+      ASSERT_TRUE(Push(server, rank, iteration, key, c, samples, grad).ok());
     }
   }
 }
@@ -70,7 +71,9 @@ TEST_F(ParameterServerTest, SumsWorkersAndScalesByGlobalBatch) {
   auto server = MakeServer(2);
   ASSERT_TRUE(server->Register("a", Signature()).ok());
   ASSERT_TRUE(server->Register("b", Signature()).ok());
-  EXPECT_EQ(server->NumChunks(0), 2);  // 6 elements in chunks of 4
+  // 6 elements in chunks of 4: two chunks.
+  EXPECT_EQ(server->ChunkLength(0, 1), 2);
+  EXPECT_EQ(server->ChunkLength(0, 2), -1);
   PushAll(*server, 0, 0, 3.f, 2);
   EXPECT_EQ(server->version(), 0);  // waits for worker 1
   PushAll(*server, 1, 0, 5.f, 6);
@@ -85,12 +88,12 @@ TEST_F(ParameterServerTest, PullWaitsForTheVersion) {
   auto server = MakeServer(1);
   ASSERT_TRUE(server->Register("a", Signature()).ok());
   std::vector<float> out(8);
-  EXPECT_EQ(server->Pull(1, absl::Now() + absl::Milliseconds(20), absl::MakeSpan(out))
+  EXPECT_EQ(Pull(*server, 1, absl::Now() + absl::Milliseconds(20), absl::MakeSpan(out))
                 .status()
                 .code(),
             absl::StatusCode::kDeadlineExceeded);
   std::thread pusher([&] { PushAll(*server, 0, 0, 1.f, 1); });
-  auto version = server->Pull(1, absl::Now() + absl::Seconds(10), absl::MakeSpan(out));
+  auto version = Pull(*server, 1, absl::Now() + absl::Seconds(10), absl::MakeSpan(out));
   pusher.join();
   ASSERT_TRUE(version.ok()) << version.status();
   EXPECT_EQ(*version, 1);
@@ -98,7 +101,7 @@ TEST_F(ParameterServerTest, PullWaitsForTheVersion) {
 
 // Chunks of Initial() in the layout MakeServer's chunk size 4 gives: key 0
 // in chunks [0, 4) and [4, 6), key 1 in one chunk.
-std::vector<ParameterServer::ChunkData> InitialChunks(const std::vector<float>& values) {
+std::vector<ChunkData> InitialChunks(const std::vector<float>& values) {
   return {{0, 0, absl::MakeConstSpan(values).subspan(0, 4)},
           {0, 1, absl::MakeConstSpan(values).subspan(4, 2)},
           {1, 0, absl::MakeConstSpan(values).subspan(6, 2)}};
@@ -124,27 +127,27 @@ TEST_F(ParameterServerTest, RankZeroSendsTheInitialParametersWhenTheServerHasNon
 
   // Version 0 does not exist until every chunk is there.
   std::vector<float> out(8);
-  auto early = server.Pull(0, absl::Now() + absl::Milliseconds(10), absl::MakeSpan(out));
+  auto early = Pull(server, 0, absl::Now() + absl::Milliseconds(10), absl::MakeSpan(out));
   EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(early.status().message()), HasSubstr("incomplete"));
   std::vector<float> two(2, 1.f);
-  EXPECT_EQ(server.Push(0, 0, 1, 0, 1, two).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Push(server, 0, 0, 1, 0, 1, two).code(), absl::StatusCode::kFailedPrecondition);
 
   const std::vector<float> initial = Initial();
-  const std::vector<ParameterServer::ChunkData> chunks = InitialChunks(initial);
-  EXPECT_EQ(server.InitializeChunks(1, chunks).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(server.InitializeChunks(3, chunks).code(), absl::StatusCode::kNotFound);
+  const std::vector<ChunkData> chunks = InitialChunks(initial);
+  EXPECT_EQ(InitializeChunks(server, 1, chunks).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(InitializeChunks(server, 3, chunks).code(), absl::StatusCode::kNotFound);
   // A bad message adds nothing, a good one its chunks, a repeat is refused.
   const std::vector<float> with_nan = {1.f, NAN};
-  const std::vector<ParameterServer::ChunkData> bad = {chunks[0], {1, 0, with_nan}};
-  EXPECT_EQ(server.InitializeChunks(0, bad).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(server.InitializeChunks(0, {chunks[0], chunks[1]}).ok());
+  const std::vector<ChunkData> bad = {chunks[0], {1, 0, with_nan}};
+  EXPECT_EQ(InitializeChunks(server, 0, bad).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(InitializeChunks(server, 0, {chunks[0], chunks[1]}).ok());
   EXPECT_FALSE(server.initialized());
-  EXPECT_EQ(server.InitializeChunks(0, {chunks[0]}).code(), absl::StatusCode::kAlreadyExists);
-  ASSERT_TRUE(server.InitializeChunks(0, {chunks[2]}).ok());
+  EXPECT_EQ(InitializeChunks(server, 0, {chunks[0]}).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(InitializeChunks(server, 0, {chunks[2]}).ok());
   EXPECT_TRUE(server.initialized());
   EXPECT_EQ(Params(server), Initial());
-  EXPECT_EQ(server.InitializeChunks(0, {chunks[2]}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(InitializeChunks(server, 0, {chunks[2]}).code(), absl::StatusCode::kFailedPrecondition);
   // A restarted rank 0 is not asked again once they are complete.
   EXPECT_FALSE(server.Register("a", Signature())->send_initial_parameters);
 }
@@ -214,7 +217,7 @@ TEST_F(ParameterServerTest, WorkersStateTheStepsPerEpochOfTheSchedule) {
   }
   ASSERT_EQ(server.version(), 3);
   std::vector<float> params(8);
-  ASSERT_TRUE(server.Pull(3, absl::InfiniteFuture(), absl::MakeSpan(params)).ok());
+  ASSERT_TRUE(Pull(server, 3, absl::InfiniteFuture(), absl::MakeSpan(params)).ok());
   for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(params[i], Initial()[i] - 2.5f) << i;
 }
 
@@ -265,7 +268,7 @@ TEST_F(ParameterServerTest, SumsInRankOrderWhateverTheArrivalOrder) {
 }
 
 TEST_F(ParameterServerTest, AWorkerCountOutsideOneTo2To22IsRefused) {
-  for (const int workers : {0, ParameterServer::kMaxWorkers + 1}) {
+  for (const int workers : {0, kMaxWorkers + 1}) {
     ParameterServerOptions options;
     options.num_workers = workers;
     EXPECT_EQ(ParameterServer::Create(options, &device_).status().code(),
@@ -340,7 +343,7 @@ TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
   ASSERT_TRUE(server->Register("a", Signature()).ok());
   std::vector<float> four(4, 1.f), two(2, 1.f);
   // A good first chunk, then every kind of bad push.
-  ASSERT_TRUE(server->Push(0, 0, 0, 0, 3, four).ok());
+  ASSERT_TRUE(Push(*server, 0, 0, 0, 0, 3, four).ok());
   struct Case {
     const char* what;
     absl::Status status;
@@ -349,23 +352,23 @@ TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
   };
   std::vector<float> with_nan = {1.f, NAN};
   const Case cases[] = {
-      {"unknown worker", server->Push(3, 0, 0, 1, 3, two), absl::StatusCode::kNotFound,
+      {"unknown worker", Push(*server, 3, 0, 0, 1, 3, two), absl::StatusCode::kNotFound,
        "unregistered worker rank 3"},
-      {"unknown key", server->Push(0, 0, 7, 0, 3, two), absl::StatusCode::kOutOfRange,
+      {"unknown key", Push(*server, 0, 0, 7, 0, 3, two), absl::StatusCode::kOutOfRange,
        "key 7 out of range"},
-      {"chunk out of range", server->Push(0, 0, 0, 2, 3, two), absl::StatusCode::kOutOfRange,
+      {"chunk out of range", Push(*server, 0, 0, 0, 2, 3, two), absl::StatusCode::kOutOfRange,
        "chunk 2 of key 'fc.weight' out of range"},
-      {"wrong length", server->Push(0, 0, 0, 1, 3, four), absl::StatusCode::kInvalidArgument,
+      {"wrong length", Push(*server, 0, 0, 0, 1, 3, four), absl::StatusCode::kInvalidArgument,
        "needs 2 elements, got 4"},
-      {"duplicate", server->Push(0, 0, 0, 0, 3, four), absl::StatusCode::kAlreadyExists,
+      {"duplicate", Push(*server, 0, 0, 0, 0, 3, four), absl::StatusCode::kAlreadyExists,
        "already pushed"},
-      {"stale iteration", server->Push(0, 5, 0, 1, 3, two), absl::StatusCode::kFailedPrecondition,
+      {"stale iteration", Push(*server, 0, 5, 0, 1, 3, two), absl::StatusCode::kFailedPrecondition,
        "iteration 5 but the server is at iteration 0"},
-      {"sample count changes", server->Push(0, 0, 0, 1, 4, two),
+      {"sample count changes", Push(*server, 0, 0, 0, 1, 4, two),
        absl::StatusCode::kFailedPrecondition, "claims 4 samples"},
-      {"negative sample count", server->Push(0, 0, 0, 1, -1, two),
+      {"negative sample count", Push(*server, 0, 0, 0, 1, -1, two),
        absl::StatusCode::kInvalidArgument, "claims -1 samples; 0 to"},
-      {"NaN", server->Push(0, 0, 1, 0, 3, with_nan), absl::StatusCode::kInvalidArgument,
+      {"NaN", Push(*server, 0, 0, 1, 0, 3, with_nan), absl::StatusCode::kInvalidArgument,
        "non-finite"},
   };
   for (const Case& c : cases) {
@@ -373,8 +376,8 @@ TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
     EXPECT_THAT(std::string(c.status.message()), HasSubstr(c.message)) << c.what;
   }
   // Finish the iteration: the update reflects only the good pushes.
-  ASSERT_TRUE(server->Push(0, 0, 0, 1, 3, two).ok());
-  ASSERT_TRUE(server->Push(0, 0, 1, 0, 3, two).ok());
+  ASSERT_TRUE(Push(*server, 0, 0, 0, 1, 3, two).ok());
+  ASSERT_TRUE(Push(*server, 0, 0, 1, 0, 3, two).ok());
   EXPECT_EQ(server->version(), 1);
   std::vector<float> expected = Initial();
   for (float& x : expected) x -= 1.f / 3.f;
@@ -398,7 +401,7 @@ TEST_F(ParameterServerTest, ReportsEachPushMessageEachChunksUpdateAndEachPull) {
   ASSERT_TRUE(server.Register("b", Signature()).ok());
 
   // A refused push is not reported.
-  EXPECT_FALSE(server.Push(0, 1, 0, 0, 8, std::vector<float>(4, 1.f)).ok());
+  EXPECT_FALSE(Push(server, 0, 1, 0, 0, 8, std::vector<float>(4, 1.f)).ok());
   EXPECT_TRUE(observer.events().empty());
 
   // Worker 1 first: one push message per chunk, then worker 0's, each of
@@ -439,9 +442,9 @@ TEST_F(ParameterServerTest, ReportsEachPushMessageEachChunksUpdateAndEachPull) {
 
   // One pull message of two chunks; then the whole model at once.
   std::vector<float> bias(2), tail(2);
-  const ParameterServer::ChunkOut outs[] = {{1, 0, absl::MakeSpan(bias)},
+  const ChunkOut outs[] = {{1, 0, absl::MakeSpan(bias)},
                                             {0, 1, absl::MakeSpan(tail)}};
-  ASSERT_TRUE(server.PullChunks(1, absl::InfiniteFuture(), outs).ok());
+  ASSERT_TRUE(PullChunks(server, 1, absl::InfiniteFuture(), outs).ok());
   Params(server);
   events = observer.events();
   names = observer.names();
@@ -564,9 +567,9 @@ TEST_F(ParameterServerTest, PublishesEachChunkOnceEveryWorkerHasPushedIt) {
   const ParameterServer::ChunkId a[] = {{0, 0}};  // chunk A: fc.weight[0, 4)
   const ParameterServer::ChunkId b[] = {{1, 0}};  // chunk B: fc.bias
   const ParameterServer::ChunkId both[] = {{0, 0}, {1, 0}};
-  ASSERT_TRUE(server->Push(0, 0, 0, 0, 2, std::vector<float>(4, 3.f)).ok());
+  ASSERT_TRUE(Push(*server, 0, 0, 0, 0, 2, std::vector<float>(4, 3.f)).ok());
   EXPECT_FALSE(server->HasChunks(1, a));  // worker 1's part is missing
-  ASSERT_TRUE(server->Push(1, 0, 0, 0, 6, std::vector<float>(4, 5.f)).ok());
+  ASSERT_TRUE(Push(*server, 1, 0, 0, 0, 6, std::vector<float>(4, 5.f)).ok());
 
   // Chunk A is at version 1, chunk B (and the server) still at 0.
   EXPECT_EQ(server->version(), 0);
@@ -586,8 +589,8 @@ TEST_F(ParameterServerTest, PublishesEachChunkOnceEveryWorkerHasPushedIt) {
   EXPECT_EQ(views->version, 1);
   EXPECT_EQ(Values(views->chunks[0]), (std::vector<float>{0, 1, 2, 3}));
   std::vector<float> copied(4);
-  const ParameterServer::ChunkOut out[] = {{0, 0, absl::MakeSpan(copied)}};
-  EXPECT_EQ(*server->PullChunks(1, absl::InfinitePast(), out), 1);
+  const ChunkOut out[] = {{0, 0, absl::MakeSpan(copied)}};
+  EXPECT_EQ(*PullChunks(*server, 1, absl::InfinitePast(), out), 1);
   EXPECT_EQ(copied, (std::vector<float>{0, 1, 2, 3}));
   // A and B together at version 0: the smallest of their versions.
   views = server->PullChunkViews(0, absl::InfinitePast(), both);
@@ -598,7 +601,7 @@ TEST_F(ParameterServerTest, PublishesEachChunkOnceEveryWorkerHasPushedIt) {
   // B at version 1 times out, naming B and its version.
   for (absl::Status s :
        {server->PullChunkViews(1, absl::Now() + absl::Milliseconds(20), both).status(),
-        server->PullChunks(1, absl::Now() + absl::Milliseconds(20),
+        PullChunks(*server, 1, absl::Now() + absl::Milliseconds(20),
                            {{1, 0, absl::MakeSpan(copied).subspan(0, 2)}})
             .status()}) {
     EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
@@ -613,12 +616,12 @@ TEST_F(ParameterServerTest, PublishesEachChunkOnceEveryWorkerHasPushedIt) {
 
   // A repeat of A, now applied, is refused and changes nothing; so is a push
   // for the next iteration, which chunk A has reached but the server not.
-  absl::Status repeat = server->Push(0, 0, 0, 0, 2, std::vector<float>(4, 100.f));
+  absl::Status repeat = Push(*server, 0, 0, 0, 0, 2, std::vector<float>(4, 100.f));
   EXPECT_EQ(repeat.code(), absl::StatusCode::kAlreadyExists) << repeat;
   EXPECT_THAT(std::string(repeat.message()), HasSubstr("already pushed"));
-  EXPECT_EQ(server->Push(1, 1, 0, 0, 6, std::vector<float>(4, 100.f)).code(),
+  EXPECT_EQ(Push(*server, 1, 1, 0, 0, 6, std::vector<float>(4, 100.f)).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(*server->PullChunks(1, absl::InfinitePast(), out), 1);
+  EXPECT_EQ(*PullChunks(*server, 1, absl::InfinitePast(), out), 1);
   EXPECT_EQ(copied, (std::vector<float>{0, 1, 2, 3}));
 
   // The other chunks complete version 1; a pull of B waiting meanwhile gets it.
@@ -628,8 +631,8 @@ TEST_F(ParameterServerTest, PublishesEachChunkOnceEveryWorkerHasPushedIt) {
   for (int rank = 0; rank < 2; ++rank) {
     const int64_t samples = rank == 0 ? 2 : 6;
     const float g = rank == 0 ? 3.f : 5.f;
-    ASSERT_TRUE(server->Push(rank, 0, 0, 1, samples, std::vector<float>(2, g)).ok());
-    ASSERT_TRUE(server->Push(rank, 0, 1, 0, samples, std::vector<float>(2, g)).ok());
+    ASSERT_TRUE(Push(*server, rank, 0, 0, 1, samples, std::vector<float>(2, g)).ok());
+    ASSERT_TRUE(Push(*server, rank, 0, 1, 0, samples, std::vector<float>(2, g)).ok());
   }
   puller.join();
   ASSERT_TRUE(waited.ok()) << waited.status();
@@ -642,7 +645,7 @@ TEST_F(ParameterServerTest, PublishesEachChunkOnceEveryWorkerHasPushedIt) {
   for (float& x : expected) x -= 1.f;
   EXPECT_EQ(Params(*server), expected);
   // The next iteration takes pushes again, chunk A's included.
-  EXPECT_TRUE(server->Push(0, 1, 0, 0, 2, std::vector<float>(4, 3.f)).ok());
+  EXPECT_TRUE(Push(*server, 0, 1, 0, 0, 2, std::vector<float>(4, 3.f)).ok());
 }
 
 // Before version 0 exists every pull waits for it; once the signature is
@@ -670,7 +673,7 @@ TEST_F(ParameterServerTest, HasChunksBeforeTheInitialParameters) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(s.message()), HasSubstr("incomplete"));
   const std::vector<float> initial = Initial();
-  ASSERT_TRUE(server.InitializeChunks(0, InitialChunks(initial)).ok());
+  ASSERT_TRUE(InitializeChunks(server, 0, InitialChunks(initial)).ok());
   EXPECT_TRUE(server.HasChunks(0, good));
   auto views = server.PullChunkViews(0, absl::InfinitePast(), good);
   ASSERT_TRUE(views.ok()) << views.status();
@@ -696,7 +699,7 @@ TEST_F(ParameterServerTest, AnUpdateCopiesOnlyTheChunksStillViewed) {
   auto push_both = [&](int64_t it, const ParameterServer::ChunkId& id) {
     const int64_t n = server->ChunkLength(id.key, id.chunk);
     for (int rank = 0; rank < 2; ++rank) {
-      ASSERT_TRUE(server->Push(rank, it, id.key, id.chunk, 1, std::vector<float>(n, 1.f)).ok());
+      ASSERT_TRUE(Push(*server, rank, it, id.key, id.chunk, 1, std::vector<float>(n, 1.f)).ok());
     }
   };
 
@@ -790,7 +793,7 @@ void PushChunkOf(ParameterServer& server, int rank, int64_t it, int key, int64_t
   const int64_t n = server.ChunkLength(key, chunk);
   std::vector<float> g(n);
   for (int64_t i = 0; i < n; ++i) g[i] = GradientOf(it, rank, key * 100 + chunk * 10 + i);
-  EXPECT_EQ(server.Push(rank, it, key, chunk, 3 + rank, g).code(), expected)
+  EXPECT_EQ(Push(server, rank, it, key, chunk, 3 + rank, g).code(), expected)
       << "rank " << rank << " key " << key << " chunk " << chunk;
 }
 
@@ -959,7 +962,7 @@ TEST_F(ParameterServerTest, ADroppedWorkerIsWaivedAndRejoinsAtABoundary) {
   auto push = [&](int rank, int64_t it, int key, int64_t chunk, float g,
                   absl::StatusCode code = absl::StatusCode::kOk) {
     const int64_t n = server->ChunkLength(key, chunk);
-    EXPECT_EQ(server->Push(rank, it, key, chunk, /*samples=*/1, std::vector<float>(n, g)).code(),
+    EXPECT_EQ(Push(*server, rank, it, key, chunk, /*samples=*/1, std::vector<float>(n, g)).code(),
               code)
         << "rank " << rank << " iteration " << it << " key " << key << " chunk " << chunk;
   };
@@ -1045,7 +1048,7 @@ TEST_F(ParameterServerTest, AHeldPartThatBecomesTheFirstTermStartsTheSumAsZeroPl
   ASSERT_TRUE((*server)->Register("a", Signature(), 0).ok());
   ASSERT_TRUE((*server)->Register("b", Signature(), 1).ok());
   // Rank 1's part of chunk (0, 0) comes first and is held for rank 0's.
-  ASSERT_TRUE((*server)->Push(1, 0, 0, 0, /*samples=*/1, std::vector<float>(4, -0.f)).ok());
+  ASSERT_TRUE(Push(**server, 1, 0, 0, 0, /*samples=*/1, std::vector<float>(4, -0.f)).ok());
   ASSERT_TRUE((*server)->DropWorker(0).ok());
   // -0 - (0 + -0) = -0 - +0 = -0; a sum started as -0 would give +0.
   const std::vector<float> params = Params(**server);
@@ -1089,7 +1092,7 @@ TEST_F(ParameterServerTest, AsyncAppliesEachPushAsItArrives) {
   // The same chunk again from the same worker is another update, not a
   // repeat; a synchronous push is refused, and so is a bad chunk.
   EXPECT_TRUE(push(0, 2, 1, 0, 0.f, 1).ok());
-  EXPECT_EQ((*server)->Push(0, 0, 0, 0, 1, std::vector<float>(4, 1.f)).code(),
+  EXPECT_EQ(Push(**server, 0, 0, 0, 0, 1, std::vector<float>(4, 1.f)).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(push(0, 0, 7, 0, 1.f, 1).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(push(5, 0, 1, 0, 1.f, 1).status().code(), absl::StatusCode::kNotFound);
@@ -1107,7 +1110,7 @@ TEST_F(ParameterServerTest, AsyncAppliesEachPushAsItArrives) {
   EXPECT_EQ((*server)->version(), 1);
   // A pull of version 0 returns the newest at once.
   std::vector<float> out(8);
-  EXPECT_TRUE((*server)->Pull(0, absl::InfinitePast(), absl::MakeSpan(out)).ok());
+  EXPECT_TRUE(Pull(**server, 0, absl::InfinitePast(), absl::MakeSpan(out)).ok());
   EXPECT_EQ(out, (std::vector<float>{0, 1, 2, 3, 4, 5, -1.5f, -2.5f}));
 }
 
@@ -1178,7 +1181,7 @@ TEST_F(ParameterServerTest, SspHoldsTheFastRankAtTheBound) {
   EXPECT_EQ(server->version(), 0);
   const std::vector<float> before = Params(*server);
   std::vector<float> g(4, 1.f);
-  const absl::Status ahead = server->Push(0, 2, 0, 0, 3, g);
+  const absl::Status ahead = Push(*server, 0, 2, 0, 0, 3, g);
   EXPECT_EQ(ahead.code(), absl::StatusCode::kOutOfRange);
   EXPECT_THAT(ahead.message(), HasSubstr("ssp:1"));
   EXPECT_THAT(ahead.message(), HasSubstr("waiting for ranks 1"));
@@ -1192,13 +1195,13 @@ TEST_F(ParameterServerTest, SspHoldsTheFastRankAtTheBound) {
   // Rank 0's step 2 needs version 1: its pull waits for rank 1's push of 0.
   EXPECT_FALSE(server->HasChunks(1, {{0, 0}}));
   std::vector<float> out(4);
-  EXPECT_EQ(server->PullChunks(1, absl::Now() + absl::Milliseconds(20), {{0, 0, absl::MakeSpan(out)}})
+  EXPECT_EQ(PullChunks(*server, 1, absl::Now() + absl::Milliseconds(20), {{0, 0, absl::MakeSpan(out)}})
                 .status()
                 .code(),
             absl::StatusCode::kDeadlineExceeded);
   absl::Notification pulled;
   std::thread waiter([&] {
-    auto v = server->PullChunks(1, absl::Now() + absl::Seconds(20), {{0, 0, absl::MakeSpan(out)}});
+    auto v = PullChunks(*server, 1, absl::Now() + absl::Seconds(20), {{0, 0, absl::MakeSpan(out)}});
     EXPECT_TRUE(v.ok()) << v.status();
     if (v.ok()) {
       EXPECT_EQ(*v, 1);  // iteration 1 waits for rank 1 too
@@ -1214,7 +1217,7 @@ TEST_F(ParameterServerTest, SspHoldsTheFastRankAtTheBound) {
   PushIteration(*server, 0, 2);
   PushChunkOf(*server, 1, 0, 0, 0, absl::StatusCode::kFailedPrecondition);
   PushChunkOf(*server, 0, 2, 1, 0, absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(server->Push(0, 3, 0, 0, 3, g).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(Push(*server, 0, 3, 0, 0, 3, g).code(), absl::StatusCode::kOutOfRange);
   PushIteration(*server, 1, 1);
   EXPECT_EQ(server->version(), 2);
   PushIteration(*server, 1, 2);
@@ -1396,10 +1399,10 @@ TEST_F(ParameterServerTest, WarmUpContinuesAcrossARestoreStepByStep) {
       server = std::move(resumed).value();
       ASSERT_TRUE(server->Register("w", signature).ok());
     }
-    ASSERT_TRUE(server->Push(0, step, 0, 0, 1, std::vector<float>{1.f}).ok());
+    ASSERT_TRUE(Push(*server, 0, step, 0, 0, 1, std::vector<float>{1.f}).ok());
     want -= expected_lr[step];
     std::vector<float> out(1);
-    ASSERT_TRUE(server->Pull(step + 1, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
+    ASSERT_TRUE(Pull(*server, step + 1, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
     EXPECT_FLOAT_EQ(out[0], want) << "step " << step;
   }
 }
@@ -1441,7 +1444,7 @@ TEST_F(ParameterServerTest, PerChunkUpdatesEqualOneWholeModelUpdateBitForBit) {
   };
   const std::vector<Chunk> chunks = {{0, 0, 0, 4}, {0, 1, 4, 4}, {0, 2, 8, 1},
                                      {1, 0, 9, 0}, {2, 0, 9, 3}};
-  struct Push {
+  struct Arrival {
     int rank;
     size_t chunk;
   };
@@ -1465,28 +1468,28 @@ TEST_F(ParameterServerTest, PerChunkUpdatesEqualOneWholeModelUpdateBitForBit) {
     }
     // The arrival order: by rank, reverse rank order (chunks reversed too),
     // or chunk by chunk with the ranks reversed.
-    std::vector<Push> order;
+    std::vector<Arrival> order;
     for (int r = 0; r < kWorkers; ++r) {
       for (size_t c = 0; c < chunks.size(); ++c) order.push_back({r, c});
     }
     if (it % 3 == 1) std::reverse(order.begin(), order.end());
     if (it % 3 == 2) {
-      std::stable_sort(order.begin(), order.end(), [](const Push& x, const Push& y) {
+      std::stable_sort(order.begin(), order.end(), [](const Arrival& x, const Arrival& y) {
         return x.chunk != y.chunk ? x.chunk < y.chunk : x.rank > y.rank;
       });
     }
     std::vector<int> pushed(chunks.size(), 0);
-    for (const Push& p : order) {
+    for (const Arrival& p : order) {
       const Chunk& chunk = chunks[p.chunk];
       const absl::Span<const float> grad =
           absl::MakeConstSpan(grads[p.rank]).subspan(chunk.offset, chunk.length);
       ASSERT_TRUE(
-          server.Push(p.rank, it, chunk.key, chunk.chunk, samples[p.rank], grad).ok());
+          Push(server, p.rank, it, chunk.key, chunk.chunk, samples[p.rank], grad).ok());
       if (++pushed[p.chunk] < kWorkers) continue;
       // Complete: the chunk is at the next version with the reference's bits.
       std::vector<float> got(chunk.length);
-      const ParameterServer::ChunkOut out[] = {{chunk.key, chunk.chunk, absl::MakeSpan(got)}};
-      auto version = server.PullChunks(it + 1, absl::InfinitePast(), out);
+      const ChunkOut out[] = {{chunk.key, chunk.chunk, absl::MakeSpan(got)}};
+      auto version = PullChunks(server, it + 1, absl::InfinitePast(), out);
       ASSERT_TRUE(version.ok()) << version.status();
       EXPECT_EQ(*version, it + 1);
       for (int64_t i = 0; i < chunk.length; ++i) {
@@ -1497,7 +1500,7 @@ TEST_F(ParameterServerTest, PerChunkUpdatesEqualOneWholeModelUpdateBitForBit) {
     ASSERT_EQ(server.version(), it + 1);
     EXPECT_EQ(server.held_elements(), 0);
     std::vector<float> params(kN);
-    ASSERT_TRUE(server.Pull(it + 1, absl::InfinitePast(), absl::MakeSpan(params)).ok());
+    ASSERT_TRUE(Pull(server, it + 1, absl::InfinitePast(), absl::MakeSpan(params)).ok());
     for (int64_t i = 0; i < kN; ++i) {
       ASSERT_EQ(params[i], expected[i]) << "iteration " << it << " element " << i;
     }
@@ -1602,17 +1605,17 @@ std::vector<float> WorkerGradient(const ConcurrencyCase& c, int64_t iteration, i
 absl::Status PushMessage(ParameterServer& server, int rank, int64_t iteration,
                          const std::vector<float>& gradient,
                          const std::vector<ConcurrencyCase::ChunkRef>& message) {
-  std::vector<ParameterServer::ChunkData> chunks;
+  std::vector<ChunkData> chunks;
   for (const ConcurrencyCase::ChunkRef& ref : message) {
     chunks.push_back(
         {ref.key, ref.chunk, absl::MakeConstSpan(gradient).subspan(ref.offset, ref.length)});
   }
-  return server.PushChunks(rank, iteration, /*num_samples=*/rank + 1, chunks);
+  return PushChunks(server, rank, iteration, /*num_samples=*/rank + 1, chunks);
 }
 
 std::vector<float> AllParams(ParameterServer& server) {
   std::vector<float> out(server.num_parameters());
-  EXPECT_TRUE(server.Pull(0, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
+  EXPECT_TRUE(Pull(server, 0, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
   return out;
 }
 
@@ -1823,11 +1826,11 @@ TEST(ParameterServerConcurrencyTest, ConcurrentMessagesOfOneWorkerAreAllOrNothin
   };
   auto push = [&](ParameterServer& server, int64_t it, const Message& m, float value) {
     std::vector<float> data(kChunk * m.chunks.size(), value);
-    std::vector<ParameterServer::ChunkData> chunks;
+    std::vector<ChunkData> chunks;
     for (size_t i = 0; i < m.chunks.size(); ++i) {
       chunks.push_back({0, m.chunks[i], absl::MakeConstSpan(data).subspan(kChunk * i, kChunk)});
     }
-    return server.PushChunks(0, it, m.samples, chunks);
+    return PushChunks(server, 0, it, m.samples, chunks);
   };
   constexpr int kRounds = 200;
   int first_won = 0;
@@ -1926,7 +1929,7 @@ TEST(ParameterServerConcurrencyTest, PushesOfDifferentChunksRunAtOnce) {
     auto pusher = [&](int rank) {
       for (int64_t i = 0; i < kChunks; ++i) {
         const int64_t c = rank == 0 ? i : kChunks - 1 - i;
-        EXPECT_TRUE((*server)->Push(rank, it, 0, c, 1, gradient).ok());
+        EXPECT_TRUE(Push(**server, rank, it, 0, c, 1, gradient).ok());
       }
     };
     std::thread t0(pusher, 0), t1(pusher, 1);
@@ -2029,9 +2032,9 @@ TEST_F(ParameterServerTest, AnInfinityInOneChunkSkipsThatChunksUpdate) {
   const std::vector<float> bad = {1, std::numeric_limits<float>::infinity(), 1, 1};
   const std::vector<float> tail = {4, 4};
   const std::vector<float> bias = {4, 4};
-  ASSERT_TRUE(server->Push(0, 0, 0, 0, 1, bad).ok());
-  ASSERT_TRUE(server->Push(0, 0, 0, 1, 1, tail).ok());
-  ASSERT_TRUE(server->Push(0, 0, 1, 0, 1, bias).ok());
+  ASSERT_TRUE(Push(*server, 0, 0, 0, 0, 1, bad).ok());
+  ASSERT_TRUE(Push(*server, 0, 0, 0, 1, 1, tail).ok());
+  ASSERT_TRUE(Push(*server, 0, 0, 1, 0, 1, bias).ok());
   ASSERT_EQ(server->version(), 1);
   const std::vector<float> p = Params(*server);
   const std::vector<float> initial = Initial();
@@ -2099,7 +2102,7 @@ TEST_F(ParameterServerTest, WithoutLossScalingANonFinitePushIsStillRefused) {
   auto server = MakeServer(1);
   ASSERT_TRUE(server->Register("a", Signature()).ok());
   const std::vector<float> bad = {1, std::numeric_limits<float>::infinity(), 1, 1};
-  const absl::Status s = server->Push(0, 0, 0, 0, 1, bad);
+  const absl::Status s = Push(*server, 0, 0, 0, 0, 1, bad);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("non-finite"));
 }

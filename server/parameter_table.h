@@ -15,6 +15,12 @@
 
 namespace ps::server {
 
+// A chunk by its key and its index among the key's chunks.
+struct ChunkId {
+  int key = 0;
+  int64_t chunk = 0;
+};
+
 // The model laid out flat in signature order and cut into chunks: per key,
 // chunk_elements each (the last one shorter; an empty tensor is one empty
 // chunk, see ChunkCount). Immutable once made.

@@ -3,6 +3,7 @@
 #include "common/cpu_device.h"
 #include "common/clock.h"
 #include "server/parameter_server.h"
+#include "server/parameter_server_testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -26,7 +27,7 @@ TEST(StallReportTest, NamesTheMissingRankAndWhatItLastDid) {
   auto b = (*server)->Register("b", signature, 1);
   ASSERT_TRUE(a.ok() && b.ok());
   for (int rank : {0, 1}) {
-    for (int64_t c : {0, 1}) ASSERT_TRUE((*server)->Push(rank, 0, 0, c, 1, {1.f, 1.f}).ok());
+    for (int64_t c : {0, 1}) ASSERT_TRUE(Push(**server, rank, 0, 0, c, 1, {1.f, 1.f}).ok());
   }
   // Rank 2 has no worker yet: iteration 0 waits for it.
   EXPECT_EQ(FindStall((*server)->progress(), clock.NowNanos(), absl::Seconds(5), absl::Seconds(10))
@@ -40,7 +41,7 @@ TEST(StallReportTest, NamesTheMissingRankAndWhatItLastDid) {
   // Rank 2 comes, pushes half, and goes silent; rank 0 keeps its heartbeat.
   auto c = (*server)->Register("c", signature, 2);
   ASSERT_TRUE(c.ok());
-  ASSERT_TRUE((*server)->Push(2, 0, 0, 0, 1, {1.f, 1.f}).ok());
+  ASSERT_TRUE(Push(**server, 2, 0, 0, 0, 1, {1.f, 1.f}).ok());
   clock.Advance(absl::ToInt64Nanoseconds(absl::Seconds(11)));
   ASSERT_TRUE((*server)->Heartbeat(0, a->session).ok());
   EXPECT_EQ((*server)->Heartbeat(0, b->session).code(), absl::StatusCode::kPermissionDenied);
@@ -52,7 +53,7 @@ TEST(StallReportTest, NamesTheMissingRankAndWhatItLastDid) {
                         "nothing for more than 10s), last pushed iteration 0 11.0 s ago"));
   EXPECT_THAT(stall.report, HasSubstr("2 of 3 ranks have pushed it all"));
   // Once it is all in, nothing stalls.
-  ASSERT_TRUE((*server)->Push(2, 0, 0, 1, 1, {1.f, 1.f}).ok());
+  ASSERT_TRUE(Push(**server, 2, 0, 0, 1, 1, {1.f, 1.f}).ok());
   EXPECT_EQ((*server)->version(), 1);
   EXPECT_EQ(FindStall((*server)->progress(), clock.NowNanos(), absl::Seconds(5), absl::Seconds(10))
                 .report,

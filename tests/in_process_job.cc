@@ -7,6 +7,7 @@
 #include "common/cpu_device.h"
 #include "gtest/gtest.h"
 #include "server/in_process_server.h"
+#include "server/parameter_server_testing.h"
 #include "worker/remote_parameter_store.h"
 
 namespace ps::testing {
@@ -68,7 +69,7 @@ JobOutcome RunInProcessJob(const InProcessJob& job, const worker::data::Dataset&
   out.loss_scale = (*server)->domain().loss_scale();
   out.server_params.resize((*server)->domain().num_parameters());
   EXPECT_TRUE(
-      (*server)->domain().Pull(0, absl::InfiniteFuture(), absl::MakeSpan(out.server_params)).ok());
+      server::Pull((*server)->domain(), 0, absl::InfiniteFuture(), absl::MakeSpan(out.server_params)).ok());
   return out;
 }
 

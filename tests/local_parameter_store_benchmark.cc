@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "common/cpu_device.h"
 #include "server/parameter_server.h"
+#include "server/parameter_server_testing.h"
 #include "worker/local_parameter_store.h"
 #include "worker/model/model.h"
 
@@ -78,8 +79,8 @@ absl::Status Measure(const std::string& name, int64_t steps) {
     if (!server.ok()) return server.status();
     auto reg = (*server)->Register("w", signature, -1, 1);
     if (!reg.ok()) return reg.status();
-    std::vector<server::ParameterServer::ChunkData> in;
-    std::vector<server::ParameterServer::ChunkOut> out;
+    std::vector<server::ChunkData> in;
+    std::vector<server::ChunkOut> out;
     int64_t offset = 0;
     for (int key = 0; key < static_cast<int>(signature.size()); ++key) {
       const int64_t len = NumElements(signature[key].shape);
@@ -88,8 +89,8 @@ absl::Status Measure(const std::string& name, int64_t steps) {
       offset += len;
     }
     absl::Status status = Time("server, copies", name, bytes, steps, [&](int64_t it) {
-      if (absl::Status s = (*server)->PushChunks(reg->rank, it, samples, in); !s.ok()) return s;
-      return (*server)->PullChunks(it + 1, absl::Now(), out).status();
+      if (absl::Status s = PushChunks(**server, reg->rank, it, samples, in); !s.ok()) return s;
+      return PullChunks(**server, it + 1, absl::Now(), out).status();
     });
     if (!status.ok()) return status;
   }

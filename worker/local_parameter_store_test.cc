@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/parameter_server.h"
+#include "server/parameter_server_testing.h"
 
 namespace ps::worker {
 namespace {
@@ -221,9 +222,8 @@ TEST(LocalParameterStoreTest, UpdatesAreTheServersBitForBit) {
     const int64_t ends[] = {15, 20, 27};
     for (int key = 0; key < 3; ++key) {
       const int64_t begin = key == 0 ? 0 : ends[key - 1];
-      ASSERT_TRUE((*server)
-                      ->Push(reg->rank, it, key, 0, samples,
-                             absl::MakeConstSpan(grad).subspan(begin, ends[key] - begin))
+      ASSERT_TRUE(server::Push(**server, reg->rank, it, key, 0, samples,
+                               absl::MakeConstSpan(grad).subspan(begin, ends[key] - begin))
                       .ok());
     }
     if (it % 2 == 0) {
@@ -237,7 +237,7 @@ TEST(LocalParameterStoreTest, UpdatesAreTheServersBitForBit) {
     }
     ASSERT_TRUE(PullSync(**bound, it + 1, 0, 3, absl::MakeSpan(params)).ok());
     ASSERT_TRUE(PullSync(**unbound, it + 1, 0, 3, absl::MakeSpan(unbound_params)).ok());
-    ASSERT_TRUE((*server)->Pull(it + 1, absl::Now(), absl::MakeSpan(server_params)).ok());
+    ASSERT_TRUE(Pull(**server, it + 1, absl::Now(), absl::MakeSpan(server_params)).ok());
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(std::signbit(params[i]), std::signbit(server_params[i])) << it << " " << i;
       ASSERT_EQ(params[i], server_params[i]) << "iteration " << it << " element " << i;
@@ -281,10 +281,10 @@ TEST(LocalParameterStoreTest, LossScalingIsTheServersBitForBit) {
     for (float& g : grad) g *= scale;
     if (it == 2) grad.assign(6, nan);  // an overflow: the trainer's poisoned gradient
     ASSERT_TRUE((*store)->Push(it, 3, grad).ok()) << "iteration " << it;
-    ASSERT_TRUE((*server)->Push(0, it, 0, 0, 3, absl::MakeConstSpan(grad).subspan(0, 4)).ok());
-    ASSERT_TRUE((*server)->Push(0, it, 1, 0, 3, absl::MakeConstSpan(grad).subspan(4, 2)).ok());
+    ASSERT_TRUE(Push(**server, 0, it, 0, 0, 3, absl::MakeConstSpan(grad).subspan(0, 4)).ok());
+    ASSERT_TRUE(Push(**server, 0, it, 1, 0, 3, absl::MakeConstSpan(grad).subspan(4, 2)).ok());
     ASSERT_TRUE((*store)->Pull(it + 1, absl::MakeSpan(params)).ok());
-    ASSERT_TRUE((*server)->Pull(it + 1, absl::Now(), absl::MakeSpan(server_params)).ok());
+    ASSERT_TRUE(Pull(**server, it + 1, absl::Now(), absl::MakeSpan(server_params)).ok());
     EXPECT_EQ(params, server_params) << "iteration " << it;
     for (float x : params) EXPECT_TRUE(std::isfinite(x));
   }

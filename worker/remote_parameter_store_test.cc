@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/in_process_server.h"
+#include "server/parameter_server_testing.h"
 
 namespace ps::worker {
 namespace {
@@ -483,7 +484,7 @@ TEST(RemoteParameterStoreCompressionTest, HalfPrecisionOnTheWireBothWays) {
     ASSERT_TRUE(store->Pull(1, absl::MakeSpan(params)).ok());
     const std::vector<float> sent = rounded(gradient);
     std::vector<float> master(kElements);
-    ASSERT_TRUE(server->domain().Pull(1, absl::InfiniteFuture(), absl::MakeSpan(master)).ok());
+    ASSERT_TRUE(Pull(server->domain(), 1, absl::InfiniteFuture(), absl::MakeSpan(master)).ok());
     for (int64_t i = 0; i < kElements; ++i) {
       EXPECT_EQ(master[i], initial[i] - sent[i]) << i;  // fp32 on the server
     }
@@ -595,7 +596,7 @@ TEST(RemoteParameterStoreCompressionTest, TopKPullsOnlyWhatChanged) {
     EXPECT_EQ(store->bytes_pulled() - pulled, 7 * 8) << "step " << step;
     pulled = store->bytes_pulled();
     std::vector<float> full(kElements);
-    ASSERT_TRUE(server->domain().Pull(step + 1, absl::InfiniteFuture(), absl::MakeSpan(full)).ok());
+    ASSERT_TRUE(Pull(server->domain(), step + 1, absl::InfiniteFuture(), absl::MakeSpan(full)).ok());
     EXPECT_EQ(0, std::memcmp(params.data(), full.data(), sizeof(float) * kElements))
         << "step " << step;
   }

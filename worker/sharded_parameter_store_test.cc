@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/in_process_server.h"
+#include "server/parameter_server_testing.h"
 #include "worker/remote_parameter_store.h"
 
 namespace ps::worker {
@@ -304,7 +305,7 @@ TEST(ShardedParameterStoreTest, RankZerosInitialParametersLandOnEveryShard) {
   for (int s = 0; s < 3; ++s) {
     const ShardPart& part = store->plan().shards[s];
     std::vector<float> held(part.elements());
-    auto v = servers[s]->domain().Pull(0, absl::Now() + absl::Seconds(5), absl::MakeSpan(held));
+    auto v = server::Pull(servers[s]->domain(), 0, absl::Now() + absl::Seconds(5), absl::MakeSpan(held));
     ASSERT_TRUE(v.ok()) << v.status();
     EXPECT_EQ(held, std::vector<float>(initial.begin() + part.flat_begin,
                                        initial.begin() + part.flat_end))

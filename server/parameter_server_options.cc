@@ -1,0 +1,32 @@
+#include "server/parameter_server_options.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace ps::server {
+
+absl::Status ValidateParameterServerOptions(const ParameterServerOptions& options) {
+  if (options.num_workers < 1 || options.num_workers > kMaxWorkers) {
+    return absl::InvalidArgumentError(absl::StrCat("num_workers must be 1 to ", kMaxWorkers,
+                                                   ", got ", options.num_workers));
+  }
+  if (options.chunk_elements < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_elements must be >= 1, got ", options.chunk_elements));
+  }
+  if (options.observer != nullptr && options.clock == nullptr) {
+    return absl::InvalidArgumentError("an event observer needs a clock");
+  }
+  if (options.consistency == nullptr) {
+    return absl::InvalidArgumentError("no consistency policy (server/consistency/consistency.h)");
+  }
+  PS_RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
+  PS_RETURN_IF_ERROR(ValidateLossScaleOptions(options.loss_scale));
+  if (options.loss_scale.dynamic && !options.consistency->SupportsLossScaling()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dynamic loss scaling needs sync consistency, not ", options.consistency->Name()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ps::server
