@@ -107,7 +107,7 @@ absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>&
   named_initial_.clear();
   initial_chunks_.Expect(given ? 0 : chunks);
   workers_.LayOut(chunks, window_);
-  updates_.LayOut(chunks, window_);
+  updates_.LayOut(&table_->layout(), window_);
   return absl::OkStatus();
 }
 
@@ -365,9 +365,9 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
                                         chunks[c].pieces, *optimizer));
     staleness = std::max(staleness, applied.staleness);
     absl::MutexLock lock(&mu_);
-    updates_.PublishAsync(gc, applied.version, NowNanos());
     ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, applied.version - 1, table->name(gc),
                 table->layout().chunk_length[gc] * static_cast<int64_t>(sizeof(float)), start_ns);
+    updates_.PublishAsync(gc, applied.version, NowNanos());
   }
   return staleness;
 }
@@ -451,15 +451,15 @@ absl::Status ParameterServer::AdvanceChunk(ChunkTable& table, SgdOptimizer& opti
         updates_.StopApplying(gc);
         return skipped.status();
       }
-      bool iteration_skipped = false;
-      if (updates_.Publish(iteration, gc, *skipped, NowNanos(), &iteration_skipped)) {
-        // The iteration's last chunk (each chunk's iterations are applied
-        // in order, so iteration == version_): every member's pushes are in.
-        FinishIterationLocked(iteration, iteration_skipped, &captures, &state, &resume);
-      }
       ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, iteration, table.name(gc),
                   table.layout().chunk_length[gc] * static_cast<int64_t>(sizeof(float)),
                   start_ns);
+      bool iteration_skipped = false;
+      if (updates_.Publish(iteration, gc, *skipped, NowNanos(), &iteration_skipped)) {
+        // The iteration's last chunk (each chunk's iterations are applied
+        // in order): every member's pushes are in.
+        FinishIterationLocked(iteration, iteration_skipped, &captures, &state, &resume);
+      }
     }
     for (auto& done : captures) done(state);
     if (resume) PS_RETURN_IF_ERROR(ReleaseHeldBack(table, optimizer, gc));
@@ -609,45 +609,17 @@ absl::StatusOr<std::vector<int>> ParameterServer::Members(int64_t iteration) con
   return membership_.MembersOf(iteration, updates_.version(), window_);
 }
 
-absl::StatusOr<std::vector<int64_t>> ParameterServer::AwaitChunksLocked(
-    int64_t version, absl::Time deadline, absl::Span<const ChunkId> chunks) {
-  // A chunk that does not exist is refused before any wait; without a
-  // signature no chunk is known yet, so it is checked after the wait for
-  // version 0 (which needs the signature).
-  std::vector<int64_t> global_chunks;
-  auto find = [this, chunks, &global_chunks]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    global_chunks.clear();
-    for (const ChunkId& chunk : chunks) {
-      PS_ASSIGN_OR_RETURN(const int64_t gc, table_->layout().FindChunk(chunk.key, chunk.chunk));
-      global_chunks.push_back(gc);
-    }
-    return absl::OkStatus();
-  };
-  if (table_ != nullptr) PS_RETURN_IF_ERROR(find());
-  auto layout = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return table_ == nullptr ? nullptr : &table_->layout();
-  };
-  auto ready = [this, version, chunks, &layout]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return updates_.Has(version, layout(), chunks);
-  };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-    PS_RETURN_IF_ERROR(updates_.Missing(version, layout(), chunks));
-  }
-  PS_RETURN_IF_ERROR(find());  // the signature may have come during the wait
-  return global_chunks;
-}
-
 absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
     int64_t version, absl::Time deadline, absl::Span<const ChunkId> chunks, bool exact,
     bool with_previous) {
-  ChunkTable* table = nullptr;
-  std::vector<int64_t> global_chunks;
+  PS_ASSIGN_OR_RETURN(const std::vector<int64_t> global_chunks,
+                      updates_.Await(version, deadline, chunks));
   ChunkViews views;
+  views.version = updates_.version();  // an empty request's answer
+  ChunkTable* table = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    PS_ASSIGN_OR_RETURN(global_chunks, AwaitChunksLocked(version, deadline, chunks));
     table = table_.get();
-    views.version = updates_.version();  // an empty request's answer
   }
   const int64_t start_ns = EventStartNanos();
   // The views keep exactly the chunks they view alive: an update of any
@@ -677,22 +649,13 @@ absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
 }
 
 bool ParameterServer::HasChunks(int64_t version, absl::Span<const ChunkId> chunks) const {
-  absl::MutexLock lock(&mu_);
-  if (table_ == nullptr) return updates_.Has(version, nullptr, chunks);
-  for (const ChunkId& chunk : chunks) {
-    if (table_->layout().GlobalChunk(chunk.key, chunk.chunk) < 0) return true;  // refused at once
-  }
-  return updates_.Has(version, &table_->layout(), chunks);
+  return updates_.Has(version, chunks);
 }
 
-bool ParameterServer::HasVersion(int64_t version) const {
-  absl::MutexLock lock(&mu_);
-  return updates_.Has(version, nullptr, {});
-}
+bool ParameterServer::HasVersion(int64_t version) const { return updates_.Has(version, {}); }
 
 absl::StatusOr<int64_t> ParameterServer::WaitForVersion(int64_t version, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  PS_RETURN_IF_ERROR(AwaitChunksLocked(version, deadline, {}).status());
+  PS_RETURN_IF_ERROR(updates_.Await(version, deadline, {}).status());
   return updates_.version();
 }
 
@@ -701,10 +664,7 @@ std::vector<ParamSpec> ParameterServer::signature() const {
   return table_ == nullptr ? std::vector<ParamSpec>() : table_->layout().signature;
 }
 
-int64_t ParameterServer::version() const {
-  absl::MutexLock lock(&mu_);
-  return updates_.version();
-}
+int64_t ParameterServer::version() const { return updates_.version(); }
 
 ParameterServer::LossScale ParameterServer::loss_scale() const {
   absl::MutexLock lock(&mu_);
@@ -716,10 +676,7 @@ int64_t ParameterServer::steps_per_epoch() const {
   return steps_per_epoch_;
 }
 
-bool ParameterServer::initialized() const {
-  absl::MutexLock lock(&mu_);
-  return updates_.initialized();
-}
+bool ParameterServer::initialized() const { return updates_.initialized(); }
 
 int64_t ParameterServer::held_elements() const {
   absl::MutexLock lock(&mu_);

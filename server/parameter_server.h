@@ -66,15 +66,17 @@ namespace ps::server {
 // push leaves the sums and the parameters untouched.
 //
 // Locks: the bookkeeping lock (mu_) over the short work (registration,
-// claims, published versions, version 0's assembly) and ChunkTable's lock
-// per chunk over the heavy work (summing, the optimizer step, copies). A
+// claims, version 0's assembly, publishing), ChunkTable's lock per chunk
+// over the heavy work (summing, the optimizer step, copies), and
+// UpdateTracker's, on which pulls wait without holding up pushes. A
 // push (1) checks its message under mu_ without reading its values, (2)
 // checks the values under no lock, (3) claims its chunks under mu_ after
 // checking again what a concurrent message of the same worker may have
 // changed, (4) sums each chunk under the chunk's lock and (5) applies each
 // chunk it completed under the chunk's lock, publishing it under mu_. So
 // pushes of different chunks run at once (server/parameter_server_benchmark).
-// A chunk's lock may be taken while holding mu_, never the reverse.
+// The tracker's and a chunk's lock may be taken while holding mu_, never
+// the reverse, and neither while holding the other.
 class ParameterServer {
  public:
   // A server without parameters: rank 0 will send them. `device` runs the
@@ -342,11 +344,6 @@ class ParameterServer {
                              std::vector<std::function<void(State)>>* captures, State* state,
                              bool* resume) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CopyStateLocked(State* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // PullChunkViews' checks and wait (releasing mu_); each chunk's global
-  // index, in request order. An empty request waits for the server's version.
-  absl::StatusOr<std::vector<int64_t>> AwaitChunksLocked(int64_t version, absl::Time deadline,
-                                                         absl::Span<const ChunkId> chunks)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ranks that have not pushed all of iteration version_.
   std::vector<int> RanksMissingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At a version boundary: the next members become the current ones, and
@@ -377,7 +374,8 @@ class ParameterServer {
   std::vector<NamedTensor> named_initial_ ABSL_GUARDED_BY(mu_);
   InitialChunks initial_chunks_ ABSL_GUARDED_BY(mu_);
   WorkerLedger workers_ ABSL_GUARDED_BY(mu_);
-  UpdateTracker updates_ ABSL_GUARDED_BY(mu_);
+  // Changed under mu_; pulls read it and wait on it alone (its own lock).
+  UpdateTracker updates_;
   Membership membership_ ABSL_GUARDED_BY(mu_);
   CaptureRequests captures_ ABSL_GUARDED_BY(mu_);
   // Dynamic loss scaling: the scale of iteration version_, the clean
