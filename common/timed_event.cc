@@ -38,4 +38,18 @@ std::string LaneName(int32_t lane) {
   return absl::StrCat("device ", lane - DeviceLane(0));
 }
 
+void ReportEventSince(EventObserver* observer, const Clock* clock, EventKind kind, int32_t lane,
+                      int64_t step, absl::string_view name, int64_t bytes, int64_t start_ns) {
+  if (observer == nullptr) return;
+  TimedEvent event;
+  event.kind = kind;
+  event.lane = lane;
+  event.step = step;
+  event.name = name;
+  event.start_ns = start_ns;
+  event.end_ns = clock->NowNanos();
+  event.bytes = bytes;
+  observer->OnEvent(event);
+}
+
 }  // namespace ps

@@ -100,6 +100,16 @@ class ObserverFanOut final : public EventObserver {
   std::vector<EventObserver*> observers_;
 };
 
+// For events whose start and end are decided apart (say, timed from a lock
+// taken to a result published): the clock's reading when `observer` is
+// set, else 0 (no read); then the event from `start_ns` to now, reported
+// to `observer` if set. `clock` is not null when `observer` is set.
+inline int64_t EventStartNanos(const EventObserver* observer, const Clock* clock) {
+  return observer != nullptr ? clock->NowNanos() : 0;
+}
+void ReportEventSince(EventObserver* observer, const Clock* clock, EventKind kind, int32_t lane,
+                      int64_t step, absl::string_view name, int64_t bytes, int64_t start_ns);
+
 // Times a scope: reports one event, from construction to destruction, when
 // `observer` is non-null; costs two clock reads otherwise nothing.
 class ScopedEvent {

@@ -3,10 +3,39 @@
 #include <algorithm>
 #include <utility>
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace ps::server {
+
+absl::StatusOr<std::unique_ptr<ChunkTable>> ChunkTable::Create(
+    const std::vector<ParamSpec>& signature, int64_t chunk_elements, int64_t max_parameters,
+    const std::vector<NamedTensor>& initial, int num_workers, int64_t window,
+    CpuDevice* device) {
+  PS_ASSIGN_OR_RETURN(ChunkLayout layout,
+                      ChunkLayout::Make(signature, chunk_elements, max_parameters));
+  // What the table allocates per element (the parameters, each iteration
+  // slot's sum) and the optimizer's momentum, against the machine's memory:
+  // a model that can never fit is refused with its sizes, not met by the
+  // out-of-memory killer halfway through zero-filling it.
+  const int64_t total = layout.num_parameters;
+  const int64_t physical_bytes =
+      static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  const int64_t needed_bytes = total * static_cast<int64_t>(sizeof(float)) * (2 + window);
+  if (physical_bytes > 0 && needed_bytes > physical_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the model's ", total, " parameters need at least ", needed_bytes >> 20,
+        " MiB on this server (parameters, momentum and ", window,
+        " iteration sums); this machine has ", physical_bytes >> 20, " MiB"));
+  }
+  std::vector<float> values;
+  if (!initial.empty()) {
+    PS_ASSIGN_OR_RETURN(values, LayOut(initial, layout));
+  }
+  return std::make_unique<ChunkTable>(std::move(layout), num_workers, window, values, device);
+}
 
 ChunkTable::ChunkTable(ChunkLayout layout, int num_workers, int64_t window,
                        const std::vector<float>& initial, CpuDevice* device)

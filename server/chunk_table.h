@@ -26,6 +26,7 @@
 #include "common/cpu_device.h"
 #include "common/f32_pieces.h"
 #include "common/optimizer/optimizer.h"
+#include "server/initial_values.h"
 #include "server/parameter_table.h"
 #include "server/rank_order_sum.h"
 
@@ -33,6 +34,17 @@ namespace ps::server {
 
 class ChunkTable {
  public:
+  // Lays `signature` out in chunks of `chunk_elements` (ChunkLayout::Make:
+  // kInvalidArgument for what cannot be laid out, models of max_parameters
+  // elements or more) with `initial`'s values matched by name (LayOut in
+  // initial_values.h; kFailedPrecondition for a missing tensor or another
+  // shape), or zeros when it is empty. kResourceExhausted, with the sizes,
+  // for a model whose parameters, momentum and `window` sums cannot fit in
+  // this machine's memory, before anything is allocated.
+  static absl::StatusOr<std::unique_ptr<ChunkTable>> Create(
+      const std::vector<ParamSpec>& signature, int64_t chunk_elements, int64_t max_parameters,
+      const std::vector<NamedTensor>& initial, int num_workers, int64_t window,
+      CpuDevice* device);
   // `layout`'s chunks, with the values of `initial` (flat, in layout order)
   // or zeros when it is empty, at version 0, each with `window` iteration
   // slots (iteration k in slot k % window) summing `num_workers` ranks.

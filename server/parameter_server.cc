@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include <unistd.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/push_checks.h"
@@ -38,11 +36,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromStat
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server,
                       Create(options, state.signature, std::move(state.parameters), device));
   absl::MutexLock lock(&server->mu_);
-  OptimizerOptions optimizer = options.optimizer;
-  optimizer.schedule.steps_per_epoch = std::max<int64_t>(1, state.steps_per_epoch);
-  PS_ASSIGN_OR_RETURN(server->optimizer_,
-                      SgdOptimizer::Create(optimizer, server->table_->layout().num_parameters,
-                                           device));
+  PS_RETURN_IF_ERROR(server->CreateOptimizerLocked(state.steps_per_epoch));
   PS_RETURN_IF_ERROR(server->optimizer_->RestoreMomentum(momentum));
   server->steps_per_epoch_ = state.steps_per_epoch;
   if (options.loss_scale.dynamic && state.loss_scale != 0) {
@@ -79,35 +73,23 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::CreateFromName
 }
 
 absl::Status ParameterServer::AdoptSignatureLocked(const std::vector<ParamSpec>& signature) {
-  PS_ASSIGN_OR_RETURN(ChunkLayout layout,
-                      ChunkLayout::Make(signature, options_.chunk_elements, kMaxParameters));
-  const int64_t total = layout.num_parameters, chunks = layout.total_chunks;
-  // What the table allocates per element (the parameters, each iteration
-  // slot's sum, the momentum), against the machine's memory: a model that
-  // can never fit is refused with its sizes, not met by the out-of-memory
-  // killer halfway through zero-filling it.
-  const int64_t physical_bytes =
-      static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
-  const int64_t needed_bytes = total * static_cast<int64_t>(sizeof(float)) * (2 + window_);
-  if (physical_bytes > 0 && needed_bytes > physical_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the model's ", total, " parameters need at least ", needed_bytes >> 20,
-        " MiB on this server (parameters, momentum and ", window_,
-        " iteration sums); this machine has ", physical_bytes >> 20, " MiB"));
-  }
-  // The given tensors laid out in signature order; every parameter needs one.
-  std::vector<float> values;
+  PS_ASSIGN_OR_RETURN(table_, ChunkTable::Create(signature, options_.chunk_elements,
+                                                 kMaxParameters, named_initial_,
+                                                 options_.num_workers, window_, device_));
   const bool given = !named_initial_.empty();
-  if (given) {
-    PS_ASSIGN_OR_RETURN(values, LayOut(named_initial_, layout));
-  }
-  table_ = std::make_unique<ChunkTable>(std::move(layout), options_.num_workers, window_, values,
-                                        device_);
-  if (given) updates_.SetInitialized();
   named_initial_.clear();
-  initial_chunks_.Expect(given ? 0 : chunks);
-  workers_.LayOut(chunks, window_);
+  if (given) updates_.SetInitialized();
+  initial_chunks_.Expect(given ? 0 : table_->layout().total_chunks);
+  workers_.LayOut(table_->layout().total_chunks, window_);
   updates_.LayOut(&table_->layout(), window_);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::CreateOptimizerLocked(int64_t steps_per_epoch) {
+  OptimizerOptions optimizer = options_.optimizer;
+  optimizer.schedule.steps_per_epoch = std::max<int64_t>(1, steps_per_epoch);
+  PS_ASSIGN_OR_RETURN(optimizer_,
+                      SgdOptimizer::Create(optimizer, table_->layout().num_parameters, device_));
   return absl::OkStatus();
 }
 
@@ -136,12 +118,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
                                         options_.optimizer.schedule));
   if (table_ == nullptr) PS_RETURN_IF_ERROR(AdoptSignatureLocked(signature));
   PS_ASSIGN_OR_RETURN(const int rank, ChooseRank(workers_.ids(), worker_id, requested_rank));
-  if (optimizer_ == nullptr) {
-    OptimizerOptions optimizer = options_.optimizer;
-    optimizer.schedule.steps_per_epoch = std::max<int64_t>(1, steps_per_epoch);
-    PS_ASSIGN_OR_RETURN(optimizer_, SgdOptimizer::Create(
-                                        optimizer, table_->layout().num_parameters, device_));
-  }
+  if (optimizer_ == nullptr) PS_RETURN_IF_ERROR(CreateOptimizerLocked(steps_per_epoch));
   // A dropped rank is back in at a step boundary.
   PS_ASSIGN_OR_RETURN(const int64_t joins_at, membership_.Join(rank, updates_.version()));
   // Every check has passed: the workers' state changes from here on.
@@ -187,8 +164,7 @@ ParameterServer::Progress ParameterServer::progress() const {
   return p;
 }
 
-absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
-                                              int64_t num_samples) const {
+absl::Status ParameterServer::CheckPusherLocked(int rank, int64_t num_samples) const {
   if (!workers_.Held(rank)) {
     return absl::NotFoundError(absl::StrCat("push from unregistered worker rank ", rank));
   }
@@ -196,13 +172,20 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
     return absl::FailedPreconditionError(
         "push before the initial parameters are complete (version 0 does not exist yet)");
   }
-  if (absl::Status ahead = options_.consistency->CheckNotAhead(iteration, updates_.version()); !ahead.ok()) {
+  return CheckPushSamples(num_samples);
+}
+
+absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
+                                              int64_t num_samples) const {
+  PS_RETURN_IF_ERROR(CheckPusherLocked(rank, num_samples));
+  const int64_t version = updates_.version();
+  if (absl::Status ahead = options_.consistency->CheckNotAhead(iteration, version); !ahead.ok()) {
     return absl::Status(ahead.code(), absl::StrCat(ahead.message(), ", waiting for ranks ",
                                                    absl::StrJoin(RanksMissingLocked(), ", ")));
   }
-  if (iteration < updates_.version() || iteration >= updates_.version() + window_) {
+  if (iteration < version || iteration >= version + window_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "push for iteration ", iteration, " but the server is at iteration ", updates_.version()));
+        "push for iteration ", iteration, " but the server is at iteration ", version));
   }
   if (!membership_.participating()[rank]) {
     return absl::AbortedError(absl::StrCat(
@@ -210,7 +193,6 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
         ": it was dropped from the job (lost past the grace period); register again to rejoin "
         "at a step boundary"));
   }
-  PS_RETURN_IF_ERROR(CheckPushSamples(num_samples));
   return CheckSameSamples(num_samples, workers_.num_samples(rank, iteration),
                           absl::StrCat("worker rank ", rank), iteration);
 }
@@ -290,12 +272,9 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
         table->Add(global_chunks[c], iteration, rank, chunks[c].pieces, num_samples, overflow[c]);
     if (added.completes) complete.push_back({global_chunks[c], c, added.last_term_pending});
   }
-  if (!complete.empty()) {
-    // Counted before any is applied: a state capture from here on waits
-    // for the boundary instead of taking a half-updated model for one.
-    absl::MutexLock lock(&mu_);
-    updates_.AddComplete(iteration, static_cast<int64_t>(complete.size()));
-  }
+  // Counted before any is applied: a state capture from here on waits for
+  // the boundary instead of taking a half-updated model for one.
+  updates_.AddComplete(iteration, static_cast<int64_t>(complete.size()));
   if (options_.observer != nullptr) {
     int64_t bytes = 0;
     for (const ChunkBytes& chunk : chunks) bytes += PiecesBytes(chunk.pieces);
@@ -334,14 +313,7 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
   absl::Status shapes;
   {
     absl::MutexLock lock(&mu_);
-    if (!workers_.Held(rank)) {
-      return absl::NotFoundError(absl::StrCat("push from unregistered worker rank ", rank));
-    }
-    if (!updates_.initialized()) {
-      return absl::FailedPreconditionError(
-          "push before the initial parameters are complete (version 0 does not exist yet)");
-    }
-    PS_RETURN_IF_ERROR(CheckPushSamples(num_samples));
+    PS_RETURN_IF_ERROR(CheckPusherLocked(rank, num_samples));
     if (based_on_version < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "push claims it was computed from version ", based_on_version, "; versions start at 0"));
@@ -581,16 +553,11 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
   for (const int64_t gc : to_waive) {
     if (table->Waive(gc, iteration, rank)) complete.push_back(gc);
   }
+  // Counted before any is applied, as a push's completions are.
+  updates_.AddComplete(iteration, static_cast<int64_t>(complete.size()));
   std::vector<ChunkId> ids;
-  {
-    // Counted before any is applied, as a push's completions are.
-    absl::MutexLock lock(&mu_);
-    updates_.AddComplete(iteration, static_cast<int64_t>(complete.size()));
-  }
-  const ChunkLayout& layout = table->layout();
   for (const int64_t gc : complete) {
-    const int key = layout.chunk_key[gc];
-    ids.push_back({key, gc - layout.key_first_chunk[key]});
+    ids.push_back(table->layout().IdOf(gc));
     PS_RETURN_IF_ERROR(CompleteChunk(*table, *optimizer, iteration, gc));
   }
   return ids;
@@ -699,21 +666,12 @@ int64_t ParameterServer::NowNanos() const {
 }
 
 int64_t ParameterServer::EventStartNanos() const {
-  return options_.observer != nullptr ? options_.clock->NowNanos() : 0;
+  return ps::EventStartNanos(options_.observer, options_.clock);
 }
 
 void ParameterServer::ReportEvent(EventKind kind, int32_t lane, int64_t step,
                                   absl::string_view name, int64_t bytes, int64_t start_ns) const {
-  if (options_.observer == nullptr) return;
-  TimedEvent event;
-  event.kind = kind;
-  event.lane = lane;
-  event.step = step;
-  event.name = name;
-  event.start_ns = start_ns;
-  event.end_ns = options_.clock->NowNanos();
-  event.bytes = bytes;
-  options_.observer->OnEvent(event);
+  ReportEventSince(options_.observer, options_.clock, kind, lane, step, name, bytes, start_ns);
 }
 
 }  // namespace ps::server

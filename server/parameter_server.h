@@ -302,7 +302,12 @@ class ParameterServer {
   // given to Create, if any). State is unchanged on error.
   absl::Status AdoptSignatureLocked(const std::vector<ParamSpec>& signature)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The checks of a push that need no chunk (see PushChunkBytes).
+  // The optimizer, its schedule counting epochs of `steps_per_epoch`.
+  absl::Status CreateOptimizerLocked(int64_t steps_per_epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The checks of a push that need no chunk (see PushChunkBytes): of the
+  // pusher and its samples, then of the iteration.
+  absl::Status CheckPusherLocked(int rank, int64_t num_samples) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckPushLocked(int rank, int64_t iteration, int64_t num_samples) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Steps 1 and 2 of a push (see "Locks"): sets the table, each chunk's

@@ -49,6 +49,10 @@ struct ChunkLayout {
   int64_t GlobalChunk(int key, int64_t chunk) const;
   // The same check with its error: kOutOfRange naming the key or the chunk.
   absl::StatusOr<int64_t> FindChunk(int key, int64_t chunk) const;
+  // The key and index of global chunk `gc` (in range).
+  ChunkId IdOf(int64_t gc) const {
+    return {chunk_key[gc], gc - key_first_chunk[chunk_key[gc]]};
+  }
 };
 
 // One chunk's parameters and, after an update, the ones before it (what a

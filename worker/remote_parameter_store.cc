@@ -298,17 +298,10 @@ void RemoteParameterStore::StartMessages(
         &call.context, method, grpc::StubOptions(), &call.request, &call.reply,
         [this, batch, &call, m, what, kind, step, shared_check](grpc::Status status) {
           const Message& message = messages_[m];
-          if (options_.observer != nullptr) {
-            TimedEvent event;
-            event.kind = kind;
-            event.lane = RpcLane(m);
-            event.step = step;
-            event.name = key_names_[message.front().key];
-            event.start_ns = call.start_ns;
-            event.end_ns = options_.clock->NowNanos();
-            event.bytes = message_elements_[m] * static_cast<int64_t>(sizeof(float));
-            options_.observer->OnEvent(event);
-          }
+          ReportEventSince(options_.observer, options_.clock, kind, RpcLane(m), step,
+                           key_names_[message.front().key],
+                           message_elements_[m] * static_cast<int64_t>(sizeof(float)),
+                           call.start_ns);
           absl::Status s = FromGrpcStatus(
               status, absl::StrCat(what, " of key ", message.front().key, " chunk ",
                                    message.front().index, " (and the rest of its message) at ",
