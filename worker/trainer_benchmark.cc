@@ -27,7 +27,8 @@
 ABSL_FLAG(int64_t, steps, 40, "measured steps per configuration (after 5 warm-up steps)");
 ABSL_FLAG(int64_t, batch_size, 256, "global batch");
 ABSL_FLAG(std::string, models, "lenet,mlp",
-          "models to measure (mlp: 784-1024-1024-10; resnet18: D2L's, on 28x28 input)");
+          "models to measure (mlp: 784-1024-1024-10; resnet18, resnet18_cifar: D2L's, on 28x28 "
+          "input)");
 ABSL_FLAG(int, blas_threads, 0,
           "GEMM threads (SetBlasThreads); 0: the device's thread count (as the worker sets it)");
 ABSL_FLAG(std::string, precisions, "fp32",
