@@ -17,7 +17,8 @@
 #                             worker gets the list and cuts the model over them
 #   --devices=SPEC [cpu:1]    devices of each worker (cpu:N, cuda, cuda:0,1)
 #   --threads=N [cores/W]     CPU threads of each worker
-#   --model=NAME [lenet]      softmax, mlp, lenet, lenet_relu, resnet18
+#   --model=NAME [lenet]      softmax, mlp, lenet, lenet_relu, resnet18,
+#                             resnet18_cifar
 #   --epochs=N [10] --batch_size=B [256, global] --lr=X [0.9]
 #   --steps=N [0: all]        stop after N steps in all (the workers'
 #                             --max_steps); the last epoch is cut short

@@ -1,11 +1,13 @@
-// ResNet-18's convolutions (D2L's, on 28x28 Fashion-MNIST input) one layer
-// shape at a time: conv_cpu.cc's im2col + OpenBLAS against oneDNN's
+// ResNet-18's convolutions (D2L's, on 28x28 Fashion-MNIST input; layers 0-10
+// "resnet18", 11-21 "resnet18_cifar", whose 3x3/1 stem keeps stage 1 at
+// 28x28) one layer shape at a time: conv_cpu.cc's im2col + OpenBLAS against oneDNN's
 // primitives on NCHW as stored (plain) and in oneDNN's blocked layouts with
 // the reorders in and out counted, forward, backward-weights alone (dx
 // skipped, as for a first layer) and the whole backward (data + weights).
 // What PreferDnnlConv chooses comes from these figures.
 //
 //   bazel run -c opt //kernels:conv_benchmark -- --benchmark_min_time=0.2
+//   ... -- --benchmark_filter='layer:(1[1-9]|2[01])/batch:64/threads:1'   (resnet18_cifar)
 //
 // Arguments: layer (index into kLayers), batch, device threads, impl (0 ours,
 // 1 oneDNN plain, 2 oneDNN blocked). BLAS runs on one thread when the device
@@ -45,6 +47,17 @@ const Layer kLayers[] = {
     {256, 2, 512, 3, 2, 1},    // 8: stage4.block0.conv1
     {512, 1, 512, 3, 1, 1},    // 9: stage4 (x3)
     {256, 2, 512, 1, 2, 0},    // 10: stage4.block0.conv3
+    {1, 28, 64, 3, 1, 1},      // 11: resnet18_cifar b1.conv
+    {64, 28, 64, 3, 1, 1},     // 12: stage1 (x4)
+    {64, 28, 128, 3, 2, 1},    // 13: stage2.block0.conv1
+    {128, 14, 128, 3, 1, 1},   // 14: stage2 (x3)
+    {64, 28, 128, 1, 2, 0},    // 15: stage2.block0.conv3
+    {128, 14, 256, 3, 2, 1},   // 16: stage3.block0.conv1
+    {256, 7, 256, 3, 1, 1},    // 17: stage3 (x3)
+    {128, 14, 256, 1, 2, 0},   // 18: stage3.block0.conv3
+    {256, 7, 512, 3, 2, 1},    // 19: stage4.block0.conv1
+    {512, 4, 512, 3, 1, 1},    // 20: stage4 (x3)
+    {256, 7, 512, 1, 2, 0},    // 21: stage4.block0.conv3
 };
 
 Conv2dShape ShapeOf(int layer, int64_t batch) {

@@ -6,6 +6,7 @@
 //   bazel run //worker:trainer_benchmark -- --steps=100 --models=lenet
 //   bazel run //worker:trainer_benchmark -- --models=resnet18 --batch_size=64 --steps=10
 //   bazel run //worker:trainer_benchmark -- --precisions=fp32,bf16   (side by side)
+//   bash deploy/dev/bench/resnet_compare.sh   (resnet18_cifar against PyTorch, in rounds)
 
 #include <chrono>
 #include <cstdio>
@@ -27,7 +28,8 @@
 ABSL_FLAG(int64_t, steps, 40, "measured steps per configuration (after 5 warm-up steps)");
 ABSL_FLAG(int64_t, batch_size, 256, "global batch");
 ABSL_FLAG(std::string, models, "lenet,mlp",
-          "models to measure (mlp: 784-1024-1024-10; resnet18: D2L's, on 28x28 input)");
+          "models to measure (mlp: 784-1024-1024-10; resnet18, resnet18_cifar: D2L's, on 28x28 "
+          "input)");
 ABSL_FLAG(int, blas_threads, 0,
           "GEMM threads (SetBlasThreads); 0: the device's thread count (as the worker sets it)");
 ABSL_FLAG(std::string, precisions, "fp32",
@@ -82,7 +84,7 @@ absl::Status Measure(const std::string& model_name, const Config& c, Precision p
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const TimeSplit& t = (*trainer)->time_split();
   const double ms = 1e3 / steps;
-  std::printf("%-8s %-22s %-5s %9.2f %11.0f %8.2f %8.2f %8.2f %8.2f %8.2f\n",
+  std::printf("%-14s %-22s %-5s %9.2f %11.0f %8.2f %8.2f %8.2f %8.2f %8.2f\n",
               model_name.c_str(), c.label, std::string(PrecisionName(precision)).c_str(), 1e3 * seconds / steps, batch * steps / seconds, t.data * ms,
               t.compute * ms, t.reduce * ms, t.copy * ms, (t.push + t.wait + t.pull) * ms);
   return absl::OkStatus();
@@ -129,7 +131,7 @@ int Run() {
     }
     precisions.push_back(*precision);
   }
-  std::printf("%-8s %-22s %-5s %9s %11s %8s %8s %8s %8s %8s\n", "model", "devices", "gemm",
+  std::printf("%-14s %-22s %-5s %9s %11s %8s %8s %8s %8s %8s\n", "model", "devices", "gemm",
               "step ms",
               "samples/s", "data", "compute", "reduce", "copy", "store");
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {

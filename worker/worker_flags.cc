@@ -15,7 +15,8 @@
 #include "common/precision.h"
 #include "common/status_macros.h"
 
-ABSL_FLAG(std::string, model, "lenet", "softmax, mlp, lenet, lenet_relu or resnet18");
+ABSL_FLAG(std::string, model, "lenet",
+          "softmax, mlp, lenet, lenet_relu, resnet18 or resnet18_cifar");
 ABSL_FLAG(std::string, mlp_hidden, "256", "mlp hidden widths, comma-separated");
 ABSL_FLAG(int64_t, linear_block_rows, 0,
           "mlp/softmax on CPU: a linear layer of at least twice this many outputs computes in "

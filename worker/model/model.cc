@@ -9,13 +9,19 @@
 //               followed by a ReLU), fc<H+1>.{weight,bias} the output layer
 //   lenet,
 //   lenet_relu: conv1, conv2, fc1, fc2, fc3 .{weight,bias}
-//   resnet18:   b1.conv.{weight,bias}
+//   resnet18,
+//   resnet18_cifar:
+//               b1.conv.{weight,bias}
 //               b1.bn.{weight,bias,running_mean,running_var,num_batches_tracked}
 //               stage<s>.block<b>.{conv1,conv2[,conv3]}.{weight,bias}
 //               stage<s>.block<b>.{bn1,bn2}.{weight,bias,running_mean,...}
 //                 s = 1..4 (64, 128, 256, 512 channels), b = 0, 1; conv3 is
 //                 the 1x1 shortcut of block0 in stages 2..4
 //               fc.{weight,bias}
+//               The two differ only in the stem b1: resnet18's b1.conv is
+//               7x7 (stride 2) and a 3x3/2 max pooling follows its ReLU;
+//               resnet18_cifar's is 3x3 (stride 1) with no pooling. So the
+//               names, and every shape but b1.conv.weight's, are the same.
 //
 // parameters() lists trainable tensors in torch's named_parameters() order
 // and buffers() in named_buffers() order.
@@ -101,14 +107,32 @@ std::unique_ptr<Sequential> BuildLeNet(const ModelConfig& config, Device* device
   return net;
 }
 
-// D2L's ResNet-18 (section 8.6).
-std::unique_ptr<Sequential> BuildResNet18(const ModelConfig& config, Device* device) {
+// Dive into Deep Learning's ResNet-18 in one of its two forms:
+//  - kImageNet, "resnet18" (section 8.6): the stem b1 is a 7x7 convolution
+//    of stride 2, batch norm, ReLU and 3x3/2 max pooling, which shrinks a
+//    28x28 input to 7x7 before stage 1;
+//  - kSmallImage, "resnet18_cifar" (section 13.6's "slightly modified
+//    ResNet-18", the community's CIFAR variant): a 3x3 convolution of stride
+//    1, batch norm and ReLU, no pooling, so stage 1 sees the full 28x28
+//    (16 times the pixels of resnet18's 7x7; 12 to 16 times in the later
+//    stages): 456 M multiply-adds a 28x28 sample against resnet18's 33 M.
+// The four stages, pooling and classifier after the stem are the same.
+enum class ResNetStem { kImageNet, kSmallImage };
+
+std::unique_ptr<Sequential> BuildResNet18(const ModelConfig& config, Device* device,
+                                          ResNetStem stem) {
   auto net = std::make_unique<Sequential>(device);
   auto b1 = std::make_unique<Sequential>(device);
-  b1->Add("conv", std::make_unique<Conv2d>(device, config.input_shape[0], 64, 7, 2, 3));
+  if (stem == ResNetStem::kImageNet) {
+    b1->Add("conv", std::make_unique<Conv2d>(device, config.input_shape[0], 64, 7, 2, 3));
+  } else {
+    b1->Add("conv", std::make_unique<Conv2d>(device, config.input_shape[0], 64, 3, 1, 1));
+  }
   b1->Add("bn", std::make_unique<BatchNorm>(device, 64, 2));
   b1->Add("", std::make_unique<Activation>(device, ActKind::kRelu));
-  b1->Add("", std::make_unique<Pool2d>(device, PoolKind::kMax, 3, 2, 1));
+  if (stem == ResNetStem::kImageNet) {
+    b1->Add("", std::make_unique<Pool2d>(device, PoolKind::kMax, 3, 2, 1));
+  }
   net->Add("b1", std::move(b1));
   const int64_t channels[] = {64, 128, 256, 512};
   int64_t in = 64;
@@ -259,11 +283,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
   } else if (config.name == "lenet" || config.name == "lenet_relu") {
     net = BuildLeNet(config, device, config.name == "lenet_relu");
   } else if (config.name == "resnet18") {
-    net = BuildResNet18(config, device);
+    net = BuildResNet18(config, device, ResNetStem::kImageNet);
+  } else if (config.name == "resnet18_cifar") {
+    net = BuildResNet18(config, device, ResNetStem::kSmallImage);
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown model name \"", config.name,
-                     "\"; known: softmax, mlp, lenet, lenet_relu, resnet18"));
+                     "\"; known: softmax, mlp, lenet, lenet_relu, resnet18, resnet18_cifar"));
   }
 
   // The architecture must map one sample to num_classes logits.

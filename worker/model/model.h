@@ -22,7 +22,8 @@ namespace ps::worker::model {
 struct ModelConfig {
   // "softmax", "mlp", "lenet" (sigmoid + average pooling, Dive into Deep
   // Learning's), "lenet_relu" (ReLU + max pooling), "resnet18" (D2L's
-  // small-image ResNet-18 with batch norm).
+  // ResNet-18 with batch norm, section 8.6: 7x7/2 stem and max pooling),
+  // "resnet18_cifar" (D2L section 13.6's: 3x3/1 stem, no max pooling).
   std::string name = "lenet";
   Shape input_shape = {1, 28, 28};  // one sample: [C, H, W]
   int64_t num_classes = 10;

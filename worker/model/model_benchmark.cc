@@ -4,6 +4,7 @@
 // where the trainer benchmark's mean wall time does not.
 //
 //   bazel run -c opt //worker/model:model_benchmark -- --model=lenet --threads=1
+//   bazel run -c opt //worker/model:model_benchmark -- --model=resnet18_cifar --batch=64 --steps=5
 
 #include <time.h>
 

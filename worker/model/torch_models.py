@@ -103,25 +103,36 @@ class Residual(nn.Module):
 
 
 class Stem(nn.Module):
-    """ResNet-18's b1: b1.conv, b1.bn, then ReLU and 3x3/2 max pooling."""
+    """ResNet-18's b1: b1.conv, b1.bn, then ReLU; resnet18's conv is 7x7/2
+    and 3x3/2 max pooling follows, resnet18_cifar's (small_image) is 3x3/1
+    with no pooling."""
 
-    def __init__(self, in_channels):
+    def __init__(self, in_channels, small_image=False):
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3)
+        if small_image:
+            self.conv = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1)
+        else:
+            self.conv = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3)
         self.bn = nn.BatchNorm2d(64)
+        self.small_image = small_image
 
     def forward(self, x):
-        return F.max_pool2d(F.relu(self.bn(self.conv(x))), kernel_size=3, stride=2, padding=1)
+        x = F.relu(self.bn(self.conv(x)))
+        if self.small_image:
+            return x
+        return F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
 
 
 class ResNet18(nn.Module):
-    """resnet18 (D2L section 8.6): b1, stage1..stage4 of block0/block1
-    (64, 128, 256, 512 channels; block0 of stages 2-4 has a strided 1x1
-    shortcut conv3), global average pooling, fc."""
+    """resnet18 (D2L section 8.6) or, with small_image, resnet18_cifar (D2L
+    section 13.6's "slightly modified ResNet-18": 3x3/1 stem, no max
+    pooling): b1, stage1..stage4 of block0/block1 (64, 128, 256, 512
+    channels; block0 of stages 2-4 has a strided 1x1 shortcut conv3), global
+    average pooling, fc."""
 
-    def __init__(self, input_shape=(1, 28, 28), num_classes=10):
+    def __init__(self, input_shape=(1, 28, 28), num_classes=10, small_image=False):
         super().__init__()
-        self.b1 = Stem(input_shape[0])
+        self.b1 = Stem(input_shape[0], small_image)
         in_ch = 64
         for s, ch in enumerate((64, 128, 256, 512)):
             stage = nn.Module()
@@ -165,6 +176,8 @@ def build(name, input_shape=(1, 28, 28), num_classes=10, mlp_hidden=(256,)):
         return LeNet(input_shape, num_classes, relu=True)
     if name == "resnet18":
         return ResNet18(input_shape, num_classes)
+    if name == "resnet18_cifar":
+        return ResNet18(input_shape, num_classes, small_image=True)
     raise ValueError(f"unknown model name {name!r}")
 
 
@@ -241,6 +254,7 @@ GOLDEN_CONFIGS = [
     ("lenet", (1, 28, 28), 10, (256,), 4),
     ("lenet_relu", (1, 28, 28), 10, (256,), 4),
     ("resnet18", (3, 32, 32), 10, (256,), 4),
+    ("resnet18_cifar", (3, 32, 32), 10, (256,), 4),
 ]
 GOLDEN_SEED = 42
 
@@ -289,6 +303,8 @@ SPEC_CONFIGS = [
     ("lenet_relu", (1, 28, 28), 10, (256,)),
     ("resnet18", (1, 28, 28), 10, (256,)),
     ("resnet18", (3, 32, 32), 100, (256,)),
+    ("resnet18_cifar", (1, 28, 28), 10, (256,)),
+    ("resnet18_cifar", (3, 32, 32), 100, (256,)),
 ]
 
 
@@ -354,6 +370,8 @@ def main():
         ("lenet_relu", (1, 28, 28), 10),
         ("resnet18", (1, 28, 28), 10),
         ("resnet18", (3, 32, 32), 10),
+        ("resnet18_cifar", (1, 28, 28), 10),
+        ("resnet18_cifar", (3, 32, 32), 10),
     ]
     for name, shape, classes in configs:
         model = build(name, shape, classes)
