@@ -113,7 +113,7 @@ void ChunkTable::WaiveAbsent(const std::vector<bool>& participating) {
 }
 
 absl::StatusOr<bool> ChunkTable::Apply(int64_t gc, int64_t iteration, float loss_scale,
-                                       const F32Pieces* last_term, SgdOptimizer& optimizer) {
+                                       const F32Pieces* last_term, Optimizer& optimizer) {
   Chunk& chunk = chunks_[gc];
   absl::MutexLock lock(&chunk.mu);
   Aggregation& agg = SlotLocked(chunk, iteration);
@@ -141,9 +141,15 @@ absl::StatusOr<bool> ChunkTable::Apply(int64_t gc, int64_t iteration, float loss
                                               scale));
     }
     chunk.buffers.Publish(std::move(next));
-  } else {
+  } else if (optimizer.output() == Optimizer::Output::kParameters) {
     // No samples: the parameters stay; version - 1's are the same.
     chunk.buffers.PublishUnchanged();
+  } else {
+    // No samples under a mean-gradient optimizer: a zero gradient, not the
+    // previous iteration's again.
+    std::shared_ptr<std::vector<float>> next = chunk.buffers.NextBuffer();
+    std::fill(next->begin(), next->end(), 0.f);
+    chunk.buffers.Publish(std::move(next));
   }
   chunk.version = iteration + 1;
   agg.pushes = 0;
@@ -155,7 +161,7 @@ absl::StatusOr<bool> ChunkTable::Apply(int64_t gc, int64_t iteration, float loss
 absl::StatusOr<ChunkTable::Applied> ChunkTable::ApplyNow(int64_t gc, int64_t based_on_version,
                                                          int64_t num_samples, int num_workers,
                                                          F32Pieces gradient,
-                                                         SgdOptimizer& optimizer) {
+                                                         Optimizer& optimizer) {
   Chunk& chunk = chunks_[gc];
   absl::MutexLock lock(&chunk.mu);
   Applied applied;

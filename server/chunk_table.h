@@ -86,9 +86,11 @@ class ChunkTable {
   // which resets the slot and moves the chunk to version iteration + 1.
   // `loss_scale` is the iteration's (0: none). Returns whether the update
   // was skipped (an overflow: the parameters stay, held parts are dropped).
-  // The previous parameters are kept for exact pulls.
+  // The previous parameters are kept for exact pulls. An iteration of no
+  // samples keeps the parameters, or, under an optimizer that publishes
+  // the mean gradient (Optimizer::Output), publishes zeros.
   absl::StatusOr<bool> Apply(int64_t gc, int64_t iteration, float loss_scale,
-                             const F32Pieces* last_term, SgdOptimizer& optimizer);
+                             const F32Pieces* last_term, Optimizer& optimizer);
   // An asynchronous update of chunk `gc` by one worker's `gradient` over
   // `num_samples` samples (0: nothing changes), computed from version
   // `based_on_version`; the schedule counts the chunk's updates divided by
@@ -100,7 +102,7 @@ class ChunkTable {
   };
   absl::StatusOr<Applied> ApplyNow(int64_t gc, int64_t based_on_version, int64_t num_samples,
                                    int num_workers, F32Pieces gradient,
-                                   SgdOptimizer& optimizer);
+                                   Optimizer& optimizer);
 
   // Writes chunk `gc`'s initial values (its length, checked by the caller).
   void Initialize(int64_t gc, F32Pieces values);

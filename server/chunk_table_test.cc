@@ -29,7 +29,7 @@ class ChunkTableTest : public ::testing::Test {
     ChunkLayout layout = *ChunkLayout::Make({{"w", {6}, DType::kF32}}, 4, 1 << 20);
     OptimizerOptions options;
     options.sgd.lr = 1.f;
-    optimizer_ = *SgdOptimizer::Create(options, 6, &device_);
+    optimizer_ = *CreateOptimizer(options, 6, &device_);
     return std::make_unique<ChunkTable>(std::move(layout), /*num_workers=*/2, window,
                                         std::vector<float>{0, 1, 2, 3, 4, 5}, &device_);
   }
@@ -39,7 +39,7 @@ class ChunkTableTest : public ::testing::Test {
   }
 
   CpuDevice device_{0, 1};
-  std::unique_ptr<SgdOptimizer> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;
 };
 
 TEST_F(ChunkTableTest, SumsBothWorkersThenAppliesTheMeanOverTheirSamples) {

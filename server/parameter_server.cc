@@ -89,7 +89,7 @@ absl::Status ParameterServer::CreateOptimizerLocked(int64_t steps_per_epoch) {
   OptimizerOptions optimizer = options_.optimizer;
   optimizer.schedule.steps_per_epoch = std::max<int64_t>(1, steps_per_epoch);
   PS_ASSIGN_OR_RETURN(optimizer_,
-                      SgdOptimizer::Create(optimizer, table_->layout().num_parameters, device_));
+                      CreateOptimizer(optimizer, table_->layout().num_parameters, device_));
   return absl::OkStatus();
 }
 
@@ -244,7 +244,7 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   //    message of this worker may have changed meanwhile: of two messages
   //    with a chunk in common one is refused here, having added nothing.
   //    From here on the message is added whole.
-  SgdOptimizer* optimizer = nullptr;
+  Optimizer* optimizer = nullptr;
   std::vector<bool> carried;  // pushed by a previous process: not summed again
   {
     absl::MutexLock lock(&mu_);
@@ -308,7 +308,7 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
     return absl::FailedPreconditionError("an asynchronous push to a synchronous server");
   }
   ChunkTable* table = nullptr;
-  SgdOptimizer* optimizer = nullptr;
+  Optimizer* optimizer = nullptr;
   std::vector<int64_t> global_chunks;
   absl::Status shapes;
   {
@@ -371,7 +371,7 @@ absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const Ch
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::CompleteChunk(ChunkTable& table, SgdOptimizer& optimizer,
+absl::Status ParameterServer::CompleteChunk(ChunkTable& table, Optimizer& optimizer,
                                             int64_t iteration, int64_t gc) {
   {
     absl::MutexLock lock(&mu_);
@@ -380,7 +380,7 @@ absl::Status ParameterServer::CompleteChunk(ChunkTable& table, SgdOptimizer& opt
   return AdvanceChunk(table, optimizer, gc, nullptr, nullptr);
 }
 
-absl::Status ParameterServer::AdvanceChunk(ChunkTable& table, SgdOptimizer& optimizer,
+absl::Status ParameterServer::AdvanceChunk(ChunkTable& table, Optimizer& optimizer,
                                            int64_t gc, const LastTerm* last,
                                            bool* applied_last) {
   for (;;) {
@@ -438,7 +438,7 @@ absl::Status ParameterServer::AdvanceChunk(ChunkTable& table, SgdOptimizer& opti
   }
 }
 
-absl::Status ParameterServer::ReleaseHeldBack(ChunkTable& table, SgdOptimizer& optimizer,
+absl::Status ParameterServer::ReleaseHeldBack(ChunkTable& table, Optimizer& optimizer,
                                               int64_t except_gc) {
   // The caller goes on with `except_gc` itself.
   absl::Status released;
@@ -508,7 +508,7 @@ void ParameterServer::CaptureState(std::function<void(State)> done) {
 
 int ParameterServer::CancelCaptures() {
   ChunkTable* table = nullptr;
-  SgdOptimizer* optimizer = nullptr;
+  Optimizer* optimizer = nullptr;
   int n = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -530,7 +530,7 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
   std::vector<int64_t> to_waive;
   int64_t iteration = 0;
   ChunkTable* table = nullptr;
-  SgdOptimizer* optimizer = nullptr;
+  Optimizer* optimizer = nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (!workers_.Held(rank)) {

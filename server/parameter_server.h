@@ -48,10 +48,14 @@ namespace ps::server {
 // is updated (scaled by the samples all the pushes cover) and published,
 // so workers that push layer by layer pull the first layers back while the
 // last are still being pushed; the result is bit for bit one update of
-// the whole vector (SgdOptimizer::ApplyRange).
+// the whole vector (Optimizer::ApplyRange).
 //
 // Versions: version v is the parameters after v updates; iteration v is
 // the step computed from version v, whose pushes produce version v + 1.
+// Under the optimizer "none" (a sum-only server: options().optimizer) an
+// update writes no parameters: version v + 1 is iteration v's mean
+// gradient, version 0 the initial parameters, and the state a capture
+// takes holds the newest version's values, without momentum.
 // Each chunk has its own version: v + 1 as soon as iteration v has applied
 // it. PullChunkViews waits for chunk versions; WaitForVersion and Pull for
 // the server's (every chunk).
@@ -319,7 +323,7 @@ class ParameterServer {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Chunk `gc` of `iteration` has every member's part: marks it ready and
   // applies what may be applied of it (AdvanceChunk).
-  absl::Status CompleteChunk(ChunkTable& table, SgdOptimizer& optimizer, int64_t iteration,
+  absl::Status CompleteChunk(ChunkTable& table, Optimizer& optimizer, int64_t iteration,
                              int64_t gc) ABSL_LOCKS_EXCLUDED(mu_);
   // Applies chunk `gc`'s ready iterations in order, as far as the captures
   // allow: each claimed under mu_ (one thread at a time applies a chunk;
@@ -335,11 +339,11 @@ class ParameterServer {
     int64_t iteration;
     F32Pieces pieces;
   };
-  absl::Status AdvanceChunk(ChunkTable& table, SgdOptimizer& optimizer, int64_t gc,
+  absl::Status AdvanceChunk(ChunkTable& table, Optimizer& optimizer, int64_t gc,
                             const LastTerm* last, bool* applied_last) ABSL_LOCKS_EXCLUDED(mu_);
   // Applies whatever the captures held back, once they are served or
   // cancelled.
-  absl::Status ReleaseHeldBack(ChunkTable& table, SgdOptimizer& optimizer, int64_t except_gc)
+  absl::Status ReleaseHeldBack(ChunkTable& table, Optimizer& optimizer, int64_t except_gc)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The end of iteration `iteration` (== version_): the loss scale decides,
   // the pushes reset, the version and the membership advance; at a
@@ -372,7 +376,7 @@ class ParameterServer {
   std::unique_ptr<ChunkTable> table_ ABSL_GUARDED_BY(mu_);
   // Created at the first registration, when the steps per epoch are known;
   // ApplyRange calls on different chunks run at once (disjoint ranges).
-  std::unique_ptr<SgdOptimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = -1;
   // Initial values given to Create, by name until the first registration
   // lays them out; then the chunks rank 0 sent, when none were given.

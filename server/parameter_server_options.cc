@@ -26,6 +26,21 @@ absl::Status ValidateParameterServerOptions(const ParameterServerOptions& option
     return absl::InvalidArgumentError(absl::StrCat(
         "dynamic loss scaling needs sync consistency, not ", options.consistency->Name()));
   }
+  if (options.optimizer.kind == kMeanGradientOptimizer) {
+    // Each version must be the mean gradient of one whole iteration.
+    if (options.consistency->AppliesEachPush()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer none cannot run under ", options.consistency->Name(),
+          " consistency: each push would be published alone, one worker's gradient instead of "
+          "the mean over the global batch"));
+    }
+    if (options.loss_scale.dynamic) {
+      return absl::InvalidArgumentError(
+          "optimizer none cannot run with dynamic loss scaling: an iteration skipped for an "
+          "overflow would publish the previous iteration's gradient again, which every worker "
+          "would apply a second time");
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -28,6 +28,12 @@ struct ParameterServerOptions {
   // (server/consistency/: each policy's file says what it promises).
   // Never null (kInvalidArgument).
   std::shared_ptr<const Consistency> consistency = SyncConsistency();
+  // What each update writes (common/optimizer/optimizer.h): kind "sgd",
+  // the parameters after SGD's step; kind "none" (a sum-only server), the
+  // iteration's mean gradient, version 0 staying the initial parameters,
+  // for workers that apply an optimizer of their own. "none" needs every
+  // version to be one whole iteration's mean: it refuses a consistency
+  // that applies each push alone (async) and dynamic loss scaling.
   OptimizerOptions optimizer;
   // Dynamic loss scaling (common/optimizer/loss_scale.h), under a policy
   // that supports it (sync; Create refuses it otherwise). Workers multiply
@@ -61,8 +67,9 @@ struct ParameterServerOptions {
 
 // kInvalidArgument naming the option: num_workers outside 1 ..
 // kMaxWorkers, chunk_elements < 1, an observer without a clock, no
-// consistency policy, invalid optimizer or loss-scale options, or dynamic
-// loss scaling under a policy that does not support it.
+// consistency policy, invalid optimizer or loss-scale options, dynamic
+// loss scaling under a policy that does not support it, or the optimizer
+// "none" under async consistency or with dynamic loss scaling.
 absl::Status ValidateParameterServerOptions(const ParameterServerOptions& options);
 
 }  // namespace ps::server

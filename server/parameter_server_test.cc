@@ -1407,7 +1407,7 @@ TEST_F(ParameterServerTest, WarmUpContinuesAcrossARestoreStepByStep) {
   }
 }
 
-// Per-chunk updates give the bits of one SgdOptimizer::Apply of the whole
+// Per-chunk updates give the bits of one SGD Optimizer::Apply of the whole
 // model to the rank-order sum, over iterations with momentum and weight
 // decay, whatever order the chunks arrive in (reverse rank order included),
 // with an empty tensor in the model.
@@ -1434,7 +1434,7 @@ TEST_F(ParameterServerTest, PerChunkUpdatesEqualOneWholeModelUpdateBitForBit) {
   for (int r = 0; r < kWorkers; ++r) {
     ASSERT_TRUE(server.Register(absl::StrCat("w", r), signature, r).ok());
   }
-  auto reference = SgdOptimizer::Create(options.optimizer, kN, &device_);
+  auto reference = CreateOptimizer(options.optimizer, kN, &device_);
   ASSERT_TRUE(reference.ok()) << reference.status();
   std::vector<float> expected = initial;
 

@@ -38,7 +38,7 @@ class RankOrderSum {
   // lower rank's part is summed (or waived) and every higher rank is
   // waived. The caller may then add it inside the update, read in place,
   // instead of calling Add: the same sum bit for bit (see
-  // SgdOptimizer::ApplyRangeAdding). False for an empty part.
+  // Optimizer::ApplyRangeAdding). False for an empty part.
   bool IsLastTerm(int rank, F32Pieces part, const std::vector<bool>& waived);
 
   // After a rank was waived mid-iteration (its part will never come): adds

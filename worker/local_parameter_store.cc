@@ -15,6 +15,11 @@ absl::StatusOr<std::unique_ptr<LocalParameterStore>> LocalParameterStore::Create
     const OptimizerOptions& optimizer, int optimizer_threads,
     const LossScaleOptions& loss_scale) {
   PS_RETURN_IF_ERROR(ValidateOptimizerOptions(optimizer));
+  if (optimizer.kind != kSgdOptimizer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the in-process store applies SGD to the trainer's parameters; optimizer '",
+        optimizer.kind, "' is the parameter server's (--optimizer)"));
+  }
   PS_RETURN_IF_ERROR(ValidateLossScaleOptions(loss_scale));
   std::unique_ptr<LocalParameterStore> store(new LocalParameterStore());
   store->optimizer_options_ = optimizer;
@@ -71,7 +76,7 @@ absl::StatusOr<ParameterStore::Registration> LocalParameterStore::Register(
         " epochs, but the worker states no steps per epoch"));
   }
   options.schedule.steps_per_epoch = std::max<int64_t>(1, steps_per_epoch);
-  PS_ASSIGN_OR_RETURN(optimizer_, SgdOptimizer::Create(options, total, device_.get()));
+  PS_ASSIGN_OR_RETURN(optimizer_, CreateOptimizer(options, total, device_.get()));
   signature_ = signature;
   segment_ends_ = std::move(ends);
   own_params_.assign(proposed.begin(), proposed.end());

@@ -16,8 +16,9 @@
 namespace ps::worker {
 
 // The parameter store of single-process training: one worker, and the
-// server's optimizer (SgdOptimizer, the same update of the same sum:
-// with one worker the sum is that worker's gradient) applied in process.
+// server's optimizer (CreateOptimizer's "sgd", the same update of the same
+// sum: with one worker the sum is that worker's gradient) applied in
+// process.
 //
 // Bound to the trainer's buffers (BindBuffers), it keeps no parameters or
 // gradients of its own and copies nothing: the parameters are the caller's
@@ -30,7 +31,7 @@ namespace ps::worker {
 // reads its weights (push_pull_scheduler.h's EarlyGradientsFrom), and the
 // update must not change them under it. Updates are element-wise, so
 // applying them per segment in any order gives bit for bit what the server
-// gives (SgdOptimizer::ApplyRange).
+// gives (Optimizer::ApplyRange).
 //
 // Every call completes inside the call (`done` runs before it returns).
 // Thread-safe, though the protocol has one caller thread.
@@ -38,7 +39,9 @@ class LocalParameterStore final : public ParameterStore {
  public:
   // `optimizer_threads` CPU threads run the SGD update. The schedule's
   // steps_per_epoch is the one this worker states at registration.
-  // kInvalidArgument for invalid optimizer options.
+  // kInvalidArgument for invalid optimizer options, and for any optimizer
+  // but "sgd": the store's versions are the trainer's parameters, which
+  // "none" (the sum-only server's mean gradient) would overwrite.
   //
   // `loss_scale` (server/optimizer.h), dynamic: the store decides the loss
   // scale as the parameter server does (Registration::loss_scale,
@@ -130,7 +133,7 @@ class LocalParameterStore final : public ParameterStore {
   std::unique_ptr<CpuDevice> device_;  // runs the update
 
   mutable absl::Mutex mu_;
-  std::unique_ptr<SgdOptimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   std::vector<ParamSpec> signature_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> segment_ends_ ABSL_GUARDED_BY(mu_);  // each tensor's end, flat
   // The parameters and the pushed gradients: the store's own vectors (the

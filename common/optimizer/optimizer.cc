@@ -3,12 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "kernels/sgd_cpu.h"
 
 namespace ps {
 
@@ -31,7 +30,9 @@ absl::StatusOr<LrSchedule::Unit> ParseLrScheduleUnit(absl::string_view text) {
       absl::StrCat("learning-rate decay unit must be epochs or steps, got '", text, "'"));
 }
 
-absl::Status ValidateOptimizerOptions(const OptimizerOptions& options) {
+namespace {
+
+absl::Status ValidateSgdOptions(const OptimizerOptions& options) {
   const kernels::SgdHyper& sgd = options.sgd;
   if (!std::isfinite(sgd.lr) || sgd.lr < 0) {
     return absl::InvalidArgumentError(absl::StrCat("learning rate must be >= 0, got ", sgd.lr));
@@ -58,25 +59,54 @@ absl::Status ValidateOptimizerOptions(const OptimizerOptions& options) {
   return absl::OkStatus();
 }
 
-SgdOptimizer::SgdOptimizer(const OptimizerOptions& options, int64_t num_parameters,
-                           CpuDevice* device)
-    : options_(options),
-      num_parameters_(num_parameters),
-      device_(device),
-      momentum_(options.sgd.momentum != 0 ? num_parameters : 0, 0.f) {}
+// "none" applies no SGD: each of SGD's settings must be at its default, or
+// the caller meant an update this optimizer does not make.
+absl::Status CheckNoSgdSettings(const OptimizerOptions& options) {
+  const OptimizerOptions defaults;
+  std::vector<std::string> set;
+  if (options.sgd.lr != defaults.sgd.lr) set.push_back("lr");
+  if (options.sgd.momentum != defaults.sgd.momentum) set.push_back("momentum");
+  if (options.sgd.weight_decay != defaults.sgd.weight_decay) set.push_back("weight_decay");
+  if (options.sgd.nesterov != defaults.sgd.nesterov) set.push_back("nesterov");
+  const LrSchedule& schedule = options.schedule;
+  if (schedule.unit != defaults.schedule.unit || schedule.step_size != defaults.schedule.step_size ||
+      schedule.gamma != defaults.schedule.gamma) {
+    set.push_back("schedule");
+  }
+  if (schedule.warmup_steps != defaults.schedule.warmup_steps) set.push_back("warmup_steps");
+  if (set.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "optimizer '", kMeanGradientOptimizer, "' publishes the mean gradient and applies no SGD, "
+      "but SGD settings are given: ", absl::StrJoin(set, ", ")));
+}
 
-absl::StatusOr<std::unique_ptr<SgdOptimizer>> SgdOptimizer::Create(const OptimizerOptions& options,
-                                                                   int64_t num_parameters,
-                                                                   CpuDevice* device) {
+}  // namespace
+
+absl::Status ValidateOptimizerOptions(const OptimizerOptions& options) {
+  if (options.kind == kSgdOptimizer) return ValidateSgdOptions(options);
+  if (options.kind == kMeanGradientOptimizer) return CheckNoSgdSettings(options);
+  return absl::InvalidArgumentError(absl::StrCat("optimizer '", options.kind, "': use ",
+                                                 kSgdOptimizer, " or ", kMeanGradientOptimizer));
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(const OptimizerOptions& options,
+                                                           int64_t num_parameters,
+                                                           CpuDevice* device) {
   PS_RETURN_IF_ERROR(ValidateOptimizerOptions(options));
   if (num_parameters < 0) {
     return absl::InvalidArgumentError(absl::StrCat("negative parameter count ", num_parameters));
   }
-  return std::unique_ptr<SgdOptimizer>(new SgdOptimizer(options, num_parameters, device));
+  if (options.kind == kMeanGradientOptimizer) {
+    return internal::NewMeanGradient(options, num_parameters, device);
+  }
+  return internal::NewSgdOptimizer(options, num_parameters, device);
 }
 
-absl::Status SgdOptimizer::Apply(int64_t step, int64_t num_samples,
-                                 absl::Span<const float> grad_sum, absl::Span<float> params) {
+Optimizer::Optimizer(const OptimizerOptions& options, int64_t num_parameters, CpuDevice* device)
+    : options_(options), num_parameters_(num_parameters), device_(device) {}
+
+absl::Status Optimizer::Apply(int64_t step, int64_t num_samples, absl::Span<const float> grad_sum,
+                              absl::Span<float> params) {
   if (static_cast<int64_t>(params.size()) != num_parameters_) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer is for ", num_parameters_,
                                                    " parameters, got ", params.size()));
@@ -84,15 +114,14 @@ absl::Status SgdOptimizer::Apply(int64_t step, int64_t num_samples,
   return ApplyRange(step, num_samples, 0, grad_sum, params);
 }
 
-absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
-                                      absl::Span<const float> grad_sum,
-                                      absl::Span<float> params) {
+absl::Status Optimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
+                                   absl::Span<const float> grad_sum, absl::Span<float> params) {
   return ApplyRange(step, num_samples, offset, grad_sum, params, params);
 }
 
-absl::Status SgdOptimizer::CheckRange(int64_t num_samples, int64_t offset,
-                                      absl::Span<const float> params,
-                                      absl::Span<float> params_out) const {
+absl::Status Optimizer::CheckRange(int64_t num_samples, int64_t offset,
+                                   absl::Span<const float> params,
+                                   absl::Span<float> params_out) const {
   const int64_t n = static_cast<int64_t>(params.size());
   if (params_out.size() != params.size()) {
     return absl::InvalidArgumentError(absl::StrCat("parameters in of ", params.size(),
@@ -112,36 +141,27 @@ absl::Status SgdOptimizer::CheckRange(int64_t num_samples, int64_t offset,
   return absl::OkStatus();
 }
 
-kernels::SgdHyper SgdOptimizer::HyperAt(int64_t step) const {
-  kernels::SgdHyper hyper = options_.sgd;
-  hyper.lr = options_.schedule.LearningRate(options_.sgd.lr, step);
-  return hyper;
-}
-
-float SgdOptimizer::GradScale(int64_t num_samples, float loss_scale) {
+float Optimizer::GradScale(int64_t num_samples, float loss_scale) {
   return 1.f / static_cast<float>(num_samples) / loss_scale;
 }
 
-absl::Status SgdOptimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
-                                      absl::Span<const float> grad_sum,
-                                      absl::Span<const float> params,
-                                      absl::Span<float> params_out, float loss_scale) {
+absl::Status Optimizer::ApplyRange(int64_t step, int64_t num_samples, int64_t offset,
+                                   absl::Span<const float> grad_sum,
+                                   absl::Span<const float> params,
+                                   absl::Span<float> params_out, float loss_scale) {
   const int64_t n = static_cast<int64_t>(params.size());
   if (static_cast<int64_t>(grad_sum.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat("gradient has ", grad_sum.size(),
                                                    " elements, parameters ", n));
   }
   PS_RETURN_IF_ERROR(CheckRange(num_samples, offset, params, params_out));
-  return kernels::SgdUpdateCpu(*device_, n, HyperAt(step), GradScale(num_samples, loss_scale),
-                               grad_sum.data(), params.data(), params_out.data(),
-                               momentum_.empty() ? nullptr : momentum_.data() + offset);
+  return Update(step, GradScale(num_samples, loss_scale), offset, grad_sum, params, params_out);
 }
 
-absl::Status SgdOptimizer::ApplyRangeAdding(int64_t step, int64_t num_samples, int64_t offset,
-                                            absl::Span<const float> grad_sum,
-                                            F32Pieces last_part,
-                                            absl::Span<const float> params,
-                                            absl::Span<float> params_out, float loss_scale) {
+absl::Status Optimizer::ApplyRangeAdding(int64_t step, int64_t num_samples, int64_t offset,
+                                         absl::Span<const float> grad_sum, F32Pieces last_part,
+                                         absl::Span<const float> params,
+                                         absl::Span<float> params_out, float loss_scale) {
   const int64_t n = static_cast<int64_t>(params.size());
   const int64_t last_bytes = PiecesBytes(last_part);
   if (last_bytes != n * static_cast<int64_t>(sizeof(float)) ||
@@ -151,39 +171,35 @@ absl::Status SgdOptimizer::ApplyRangeAdding(int64_t step, int64_t num_samples, i
         " bytes for ", n, " parameters"));
   }
   PS_RETURN_IF_ERROR(CheckRange(num_samples, offset, params, params_out));
-  const kernels::SgdHyper hyper = HyperAt(step);
-  float* const momentum = momentum_.empty() ? nullptr : momentum_.data() + offset;
-  PS_RETURN_IF_ERROR(kernels::ValidateSgd(n, hyper, momentum));
+  return UpdateAdding(step, GradScale(num_samples, loss_scale), offset, grad_sum, last_part,
+                      params, params_out);
+}
+
+absl::Status Optimizer::ForEachRunInParallel(
+    F32Pieces last_part, const std::function<absl::Status(const F32Run&)>& fn) const {
   // The message's pieces in runs of at most kRunElements, a few runs to a
   // thread (about as much as SgdUpdateCpu gives each of its threads).
   constexpr int64_t kRunElements = 1 << 13;
   const std::vector<F32Run> runs = F32Runs(last_part, kRunElements);
-  const float grad_scale = GradScale(num_samples, loss_scale);
-  const float* const sum = grad_sum.empty() ? nullptr : grad_sum.data();
   std::atomic<bool> failed{false};
   device_->ParallelFor(static_cast<int64_t>(runs.size()), 4, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
-      const F32Run& run = runs[r];
-      // Cannot fail: the arguments were checked above.
-      const absl::Status s = kernels::SgdUpdateAddingCpu(
-          run.count, hyper, grad_scale, sum != nullptr ? sum + run.first : nullptr, run.data(),
-          params.data() + run.first, params_out.data() + run.first,
-          momentum != nullptr ? momentum + run.first : nullptr);
-      if (!s.ok()) failed = true;
+      if (!fn(runs[r]).ok()) failed = true;
     }
   });
-  if (failed) return absl::InternalError("the SGD update of a range failed after its checks");
+  if (failed) {
+    return absl::InternalError(
+        absl::StrCat("the ", name(), " update of a range failed after its checks"));
+  }
   return absl::OkStatus();
 }
 
-absl::Status SgdOptimizer::RestoreMomentum(absl::Span<const float> momentum) {
-  if (momentum.size() != momentum_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a momentum buffer of ", momentum.size(), " elements for an optimizer ",
-        momentum_.empty() ? std::string("without momentum")
-                          : absl::StrCat("with momentum over ", momentum_.size(), " parameters")));
+absl::Status Optimizer::RestoreMomentum(absl::Span<const float> momentum) {
+  if (!momentum.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("a momentum buffer of ", momentum.size(),
+                                                   " elements for optimizer '", name(),
+                                                   "', which keeps none"));
   }
-  std::copy(momentum.begin(), momentum.end(), momentum_.begin());
   return absl::OkStatus();
 }
 
