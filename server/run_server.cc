@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/cpu_device.h"
 #include "common/metrics.h"
+#include "common/optimizer/optimizer.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/tls_credentials.h"
@@ -317,8 +318,10 @@ void Announce(const ServerOptions& options, int port, const std::string& initial
       UsesTls(options.tls)
           ? (options.tls.client_ca_file.empty() ? "TLS" : "mutual TLS")
           : (loopback ? "plaintext (loopback)" : "INSECURE plaintext (--insecure)");
-  std::printf("parameter server for %d workers (%s) at %s, %s%s, initial parameters from %s\n",
+  const bool sum_only = options.job.optimizer.kind == kMeanGradientOptimizer;
+  std::printf("parameter server for %d workers (%s%s) at %s, %s%s, initial parameters from %s\n",
               options.job.num_workers, options.job.consistency->Name().c_str(),
+              sum_only ? ", sum-only: publishes mean gradients (--optimizer=none)" : "",
               advertised.c_str(), security.c_str(),
               options.job_token.empty() ? "" : ", job token required", initial_from.c_str());
   if (!loopback) {

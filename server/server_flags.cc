@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/job_token.h"
+#include "common/optimizer/optimizer.h"
 #include "common/optimizer/optimizer_flags.h"
 #include "common/status_macros.h"
 #include "server/consistency/consistency.h"
@@ -44,6 +45,12 @@ ABSL_FLAG(std::string, consistency, "sync",
           "async (each push applied as it arrives; workers never wait for each other) or ssp:S "
           "(stale synchronous parallel: sync's updates, but a worker may begin step t once every "
           "worker has pushed step t-S-1; ssp:0 is sync)");
+ABSL_FLAG(std::string, optimizer, "sgd",
+          "sgd: the server applies SGD (--lr, --momentum, --weight_decay, --nesterov, "
+          "--lr_decay_*, --lr_warmup_steps) and each version is the parameters; none: a sum-only "
+          "server, each version after 0 is the mean gradient of the iteration's global batch, "
+          "which the workers apply with an optimizer of their own (ps.torch; docs/training.md); "
+          "it refuses the SGD flags, --consistency=async and --loss_scale=dynamic");
 ABSL_FLAG(std::string, on_worker_loss, "wait",
           "wait: wait for a lost worker to come back (it rejoins at its rank and the current "
           "step: bit-identical), up to --worker_loss_timeout, then fail the job; shrink: drop a "
@@ -127,9 +134,48 @@ absl::Status CheckNumericFlags() {
   return absl::InvalidArgumentError(absl::StrJoin(bad, "; "));
 }
 
+// --optimizer and the optimizer's flags. A sum-only server applies no SGD:
+// an SGD flag given with it would be ignored, so it is refused by name, and
+// so are the modes in which a version would not be one whole iteration's
+// mean gradient.
+absl::Status OptimizerFromFlags(int argc, char** argv, ParameterServerOptions& job) {
+  const std::string kind = absl::GetFlag(FLAGS_optimizer);
+  if (kind == kSgdOptimizer) {
+    PS_ASSIGN_OR_RETURN(job.optimizer, OptimizerOptionsFromFlags());
+    return absl::OkStatus();
+  }
+  if (kind != kMeanGradientOptimizer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--optimizer must be sgd or none, got '", kind, "'"));
+  }
+  const std::vector<std::string> given = SgdFlagsOnCommandLine(argc, argv);
+  if (!given.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--optimizer=none publishes the mean gradient; ", absl::StrJoin(given, ", "),
+        given.size() == 1 ? " applies" : " apply",
+        " to --optimizer=sgd: drop ", given.size() == 1 ? "it" : "them",
+        " (the workers' own optimizer takes its learning rate and the like)"));
+  }
+  if (job.consistency->AppliesEachPush()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--optimizer=none with --consistency=", job.consistency->Name(),
+        " is not supported: each push would be published alone, one worker's gradient instead "
+        "of the mean over the global batch; use --consistency=sync or ssp:S"));
+  }
+  if (job.loss_scale.dynamic) {
+    return absl::InvalidArgumentError(
+        "--optimizer=none with --loss_scale=dynamic is not supported: an iteration skipped for "
+        "an overflow would publish the previous iteration's mean gradient again, and every "
+        "worker would apply it twice; leave loss scaling to the workers' own optimizer");
+  }
+  job.optimizer = OptimizerOptions();
+  job.optimizer.kind = kMeanGradientOptimizer;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
+absl::StatusOr<ServerOptions> ServerOptionsFromFlags(int argc, char** argv) {
   PS_RETURN_IF_ERROR(CheckNumericFlags());
   ServerOptions options;
   ParameterServerOptions& job = options.job;
@@ -142,8 +188,8 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
         absl::StrCat("--consistency: ", consistency.status().message()));
   }
   job.consistency = *std::move(consistency);
-  PS_ASSIGN_OR_RETURN(job.optimizer, OptimizerOptionsFromFlags());
   PS_ASSIGN_OR_RETURN(job.loss_scale, LossScaleOptionsFromFlags());
+  PS_RETURN_IF_ERROR(OptimizerFromFlags(argc, argv, job));
   options.threads = absl::GetFlag(FLAGS_threads);
   options.init_weights = absl::GetFlag(FLAGS_init_weights);
 

@@ -11,10 +11,13 @@ namespace ps::server {
 
 // The options the parsed flags give, every value checked: kInvalidArgument
 // naming each bad flag (a timeout of 0, a negative count, an unknown
-// --consistency or --on_worker_loss, shrinking under a consistency that
-// cannot shrink). Reads the job token from --job_token_file or
-// $PS_JOB_TOKEN.
-absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
+// --consistency, --optimizer or --on_worker_loss, shrinking under a
+// consistency that cannot shrink; with --optimizer=none, any SGD flag given,
+// --consistency=async or --loss_scale=dynamic). Reads the job token from
+// --job_token_file or $PS_JOB_TOKEN. `argc`/`argv` are main's, for which
+// flags were given (a flag given at its default value is still refused
+// where it does not apply).
+absl::StatusOr<ServerOptions> ServerOptionsFromFlags(int argc, char** argv);
 
 }  // namespace ps::server
 

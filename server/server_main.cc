@@ -1,6 +1,7 @@
 // The parameter-server daemon: holds named tensors and an optimizer, nothing
 // of a model. It sums the pushes of --num_workers workers each iteration,
-// applies SGD and serves the new version. The workers state the model: the
+// applies SGD and serves the new version (with --optimizer=none it serves
+// their mean gradient instead, for workers with an optimizer of their own). The workers state the model: the
 // first to register gives the signature, rank 0 the initial parameters
 // (unless --init_weights gives them), and all the steps per epoch.
 //
@@ -26,9 +27,9 @@
 
 namespace {
 
-absl::Status Main() {
+absl::Status Main(int argc, char** argv) {
   PS_ASSIGN_OR_RETURN(const ps::server::ServerOptions options,
-                      ps::server::ServerOptionsFromFlags());
+                      ps::server::ServerOptionsFromFlags(argc, argv));
   // SIGINT/SIGTERM are blocked in every thread (gRPC's inherit the mask)
   // and taken synchronously by one thread, which asks the server to stop.
   const sigset_t stop_signals = ps::BlockStopSignals();
@@ -48,7 +49,7 @@ int main(int argc, char** argv) {
   ps::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage("Synchronous parameter server. See README.md.");
   absl::ParseCommandLine(argc, argv);
-  const absl::Status status = Main();
+  const absl::Status status = Main(argc, argv);
   if (!status.ok()) {
     std::fprintf(stderr, "server: %s\n", status.ToString().c_str());
     return 1;

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/types/span.h"
 #include "common/status_macros.h"
 
 ABSL_FLAG(double, lr, 0.9, "base learning rate");
@@ -65,11 +66,20 @@ absl::StatusOr<OptimizerOptions> OptimizerOptionsFromFlags() {
   return options;
 }
 
-std::vector<std::string> OptimizerFlagsOnCommandLine(int argc, char** argv) {
-  std::vector<std::string> given;
-  for (const char* name : {"lr", "momentum", "weight_decay", "nesterov", "lr_decay_every",
-                           "lr_decay_gamma", "lr_decay_unit", "lr_warmup_steps", "loss_scale",
-                           "loss_scale_initial", "loss_scale_growth_interval"}) {
+namespace {
+
+// The flags of SGD's settings, and of loss scaling, in definition order.
+constexpr const char* kSgdFlags[] = {"lr",             "momentum",       "weight_decay",
+                                     "nesterov",       "lr_decay_every", "lr_decay_gamma",
+                                     "lr_decay_unit",  "lr_warmup_steps"};
+constexpr const char* kLossScaleFlags[] = {"loss_scale", "loss_scale_initial",
+                                           "loss_scale_growth_interval"};
+
+// Appends "--name" to `given` for each of `names` that argv names or that
+// holds a value other than its default.
+void AppendGiven(absl::Span<const char* const> names, int argc, char** argv,
+                 std::vector<std::string>* given) {
+  for (const char* name : names) {
     // Debian's abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine
     // private, so look at argv (as abseil spells flags: -x, --x, --x=v,
     // --nox) and at the value (for --flagfile and the like).
@@ -83,9 +93,22 @@ std::vector<std::string> OptimizerFlagsOnCommandLine(int argc, char** argv) {
     }
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (named || (flag != nullptr && flag->CurrentValue() != flag->DefaultValue())) {
-      given.push_back(absl::StrCat("--", name));
+      given->push_back(absl::StrCat("--", name));
     }
   }
+}
+
+}  // namespace
+
+std::vector<std::string> SgdFlagsOnCommandLine(int argc, char** argv) {
+  std::vector<std::string> given;
+  AppendGiven(kSgdFlags, argc, argv, &given);
+  return given;
+}
+
+std::vector<std::string> OptimizerFlagsOnCommandLine(int argc, char** argv) {
+  std::vector<std::string> given = SgdFlagsOnCommandLine(argc, argv);
+  AppendGiven(kLossScaleFlags, argc, argv, &given);
   return given;
 }
 

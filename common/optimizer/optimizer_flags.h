@@ -34,6 +34,9 @@ absl::StatusOr<LossScaleOptions> LossScaleOptionsFromFlags();
 // that hold a value other than their default, as "--lr", in definition
 // order; empty when none is given.
 std::vector<std::string> OptimizerFlagsOnCommandLine(int argc, char** argv);
+// The same of SGD's flags only (--lr to --lr_warmup_steps: none of loss
+// scaling's), which a server with --optimizer=none refuses.
+std::vector<std::string> SgdFlagsOnCommandLine(int argc, char** argv);
 
 }  // namespace ps
 
