@@ -19,6 +19,11 @@
 //                                   strict=False)
 //                             (strict=False: a model's buffers, such as
 //                             batch-norm statistics, are not on the server).
+//                             A sum-only server's (--optimizer=none) holds
+//                             its newest version's values instead: the
+//                             initial parameters at version 0, the mean
+//                             gradient after (the parameters are the
+//                             workers').
 //   momentum-<v>.safetensors  only with momentum: the momentum buffers, under
 //                             the same names and shapes.
 //   checkpoint-<v>.json       the manifest, written last: the commit point.

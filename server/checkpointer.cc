@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/optimizer/optimizer.h"
 #include "common/status_macros.h"
 
 namespace ps::server {
@@ -220,9 +221,16 @@ bool SameSetting(const std::string& a, const std::string& b) {
 std::map<std::string, std::string> JobSettings(const ParameterServerOptions& options) {
   const OptimizerOptions& optimizer = options.optimizer;
   const LrSchedule& schedule = optimizer.schedule;
+  if (optimizer.kind != kSgdOptimizer) {
+    // No SGD settings: the optimizer takes none.
+    return {{"num_workers", absl::StrCat(options.num_workers)},
+            {"consistency", options.consistency->Name()},
+            {"optimizer", optimizer.kind}};
+  }
   std::map<std::string, std::string> job = {
       {"num_workers", absl::StrCat(options.num_workers)},
       {"consistency", options.consistency->Name()},
+      {"optimizer", optimizer.kind},
       {"lr", ExactFloat(optimizer.sgd.lr)},
       {"momentum", ExactFloat(optimizer.sgd.momentum)},
       {"weight_decay", ExactFloat(optimizer.sgd.weight_decay)},
@@ -251,8 +259,17 @@ std::string JobDifferences(const std::map<std::string, std::string>& saved,
   auto value_in = [](const std::map<std::string, std::string>& settings,
                      const std::string& key) -> std::string {
     auto it = settings.find(key);
-    return it == settings.end() ? "(none)" : it->second;
+    if (it != settings.end()) return it->second;
+    // Recorded since --optimizer exists: an older checkpoint's was sgd.
+    return key == "optimizer" ? kSgdOptimizer : "(none)";
   };
+  // Another optimizer takes other settings: that one difference says it.
+  const std::string was_optimizer = value_in(saved, "optimizer");
+  const std::string now_optimizer = value_in(current, "optimizer");
+  if (was_optimizer != now_optimizer) {
+    return absl::StrCat("optimizer ", was_optimizer, " in the checkpoint, ", now_optimizer,
+                        " now");
+  }
   std::vector<std::string> differences;
   for (const std::string& key : keys) {
     const std::string was = value_in(saved, key);

@@ -114,12 +114,15 @@ class Checkpointer {
 };
 
 // The job settings a checkpoint records and a resumed server must share:
-// the worker count, the consistency mode and the optimizer's (a learning
-// rate that differs would not continue the same training). Keys are the
-// flags' names.
+// the worker count, the consistency mode, the optimizer and its settings
+// (a learning rate that differs would not continue the same training;
+// --optimizer=none has none). Keys are the flags' names.
 std::map<std::string, std::string> JobSettings(const ParameterServerOptions& options);
 // "" when `saved` (from a checkpoint) and `current` agree, else the
-// differences, e.g. "lr 0.9 in the checkpoint, 0.5 now".
+// differences, e.g. "lr 0.9 in the checkpoint, 0.5 now", or only the
+// optimizer's when it differs ("optimizer sgd in the checkpoint, none
+// now"). A checkpoint without "optimizer" (written before it was recorded)
+// is of "sgd".
 std::string JobDifferences(const std::map<std::string, std::string>& saved,
                            const std::map<std::string, std::string>& current);
 

@@ -338,6 +338,26 @@ TEST(JobSettingsTest, DifferencesNameTheSetting) {
   std::map<std::string, std::string> older = JobSettings(a);
   older["lr"] = "0.900000";
   EXPECT_EQ(JobDifferences(older, JobSettings(a)), "");
+  // Written before the optimizer was recorded: sgd's.
+  older.erase("optimizer");
+  EXPECT_EQ(JobDifferences(older, JobSettings(a)), "");
+}
+
+// A sum-only server's checkpoint records its optimizer and no SGD setting;
+// resuming it under the other optimizer is refused by that one difference.
+TEST(JobSettingsTest, AnotherOptimizerIsTheOneDifference) {
+  ParameterServerOptions sgd;
+  sgd.num_workers = 2;
+  ParameterServerOptions none = sgd;
+  none.optimizer.kind = kMeanGradientOptimizer;
+  const std::map<std::string, std::string> settings = JobSettings(none);
+  EXPECT_EQ(settings.at("optimizer"), "none");
+  EXPECT_EQ(settings.count("lr"), 0u);
+  EXPECT_EQ(JobDifferences(settings, JobSettings(none)), "");
+  EXPECT_EQ(JobDifferences(JobSettings(sgd), settings), "optimizer sgd in the checkpoint, none now");
+  std::map<std::string, std::string> older = JobSettings(sgd);
+  older.erase("optimizer");
+  EXPECT_EQ(JobDifferences(settings, older), "optimizer none in the checkpoint, sgd now");
 }
 
 }  // namespace

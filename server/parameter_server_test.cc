@@ -2107,5 +2107,152 @@ TEST_F(ParameterServerTest, WithoutLossScalingANonFinitePushIsStillRefused) {
   EXPECT_THAT(s.message(), HasSubstr("non-finite"));
 }
 
+// A sum-only server (--optimizer=none) of two workers over MakeServer's
+// model (chunks of 4: key 0 in chunks 0 and 1, key 1 in one), both
+// registered, under `consistency` (sync when null).
+std::unique_ptr<ParameterServer> MakeSumOnlyServer(
+    CpuDevice* device, std::shared_ptr<const Consistency> consistency = nullptr) {
+  ParameterServerOptions options;
+  options.num_workers = 2;
+  options.chunk_elements = 4;
+  options.optimizer.kind = kMeanGradientOptimizer;
+  if (consistency != nullptr) options.consistency = std::move(consistency);
+  auto server = ParameterServer::Create(options, Signature(), Initial(), device);
+  EXPECT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE((*server)->Register("w0", Signature(), 0).ok());
+  EXPECT_TRUE((*server)->Register("w1", Signature(), 1).ok());
+  return std::move(server).value();
+}
+
+// What version it + 1 of a sum-only server holds after both ranks pushed
+// iteration `it` with PushChunkOf (samples 3 and 4): the rank-order sum
+// times the float nearest 1/7, flat.
+std::vector<float> MeanGradientOf(int64_t it) {
+  std::vector<float> mean;
+  for (const auto& [key, chunk] : AllChunks()) {
+    const int64_t n = key == 0 && chunk == 0 ? 4 : 2;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t at = key * 100 + chunk * 10 + i;
+      mean.push_back((1.f / 7.f) * (GradientOf(it, 0, at) + GradientOf(it, 1, at)));
+    }
+  }
+  return mean;
+}
+
+// Each version after 0 is its iteration's mean gradient over the global
+// batch (weighted by the workers' samples), never parameters: version 0
+// stays the initial values, each chunk is published as soon as both ranks
+// pushed it, the next version is the next iteration's mean alone, and an
+// iteration of no samples publishes zeros rather than the last gradient.
+TEST_F(ParameterServerTest, SumOnlyPublishesTheSamplesWeightedMeanGradient) {
+  auto server = MakeSumOnlyServer(&device_);
+  EXPECT_EQ(Params(*server), Initial());
+  PushIteration(*server, 0, 0);
+  PushChunkOf(*server, 1, 0, 0, 1);
+  // Chunk (0, 1) is out; the others wait for rank 1.
+  EXPECT_TRUE(server->HasChunks(1, {{0, 1}}));
+  EXPECT_FALSE(server->HasChunks(1, {{0, 0}}));
+  std::vector<float> chunk01(2);
+  ASSERT_TRUE(PullChunks(*server, 1, absl::InfiniteFuture(), {{0, 1, absl::MakeSpan(chunk01)}})
+                  .ok());
+  const std::vector<float> mean0 = MeanGradientOf(0);
+  EXPECT_TRUE(BitIdentical(chunk01, {mean0[4], mean0[5]}));
+  PushChunkOf(*server, 1, 0, 1, 0);
+  PushChunkOf(*server, 1, 0, 0, 0);
+  ASSERT_EQ(server->version(), 1);
+  std::vector<float> out(8);
+  ASSERT_TRUE(Pull(*server, 1, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
+  EXPECT_TRUE(BitIdentical(out, mean0));
+  // The sums over 3 and 4 samples make the mean over 7.
+  EXPECT_NEAR(out[0], (GradientOf(0, 0, 0) + GradientOf(0, 1, 0)) / 7.0, 1e-7);
+  // Version 0, exactly: still the initial values.
+  auto views = server->PullChunkViews(0, absl::InfiniteFuture(), {{0, 0}, {0, 1}, {1, 0}},
+                                      /*exact=*/true);
+  ASSERT_TRUE(views.ok()) << views.status();
+  std::vector<float> version0;
+  for (absl::Span<const float> chunk : views->chunks) {
+    version0.insert(version0.end(), chunk.begin(), chunk.end());
+  }
+  EXPECT_EQ(version0, Initial());
+
+  PushIteration(*server, 1, 1);
+  PushIteration(*server, 0, 1);
+  ASSERT_TRUE(Pull(*server, 2, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
+  EXPECT_TRUE(BitIdentical(out, MeanGradientOf(1)));
+
+  const std::vector<float> g(4, 1.f), g2(2, 1.f);
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(PushChunks(*server, rank, 2, /*num_samples=*/0,
+                           {{0, 0, g}, {0, 1, g2}, {1, 0, g2}})
+                    .ok());
+  }
+  ASSERT_TRUE(Pull(*server, 3, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, std::vector<float>(8, 0.f));
+}
+
+// Under ssp:S each version is still one iteration's mean, whatever order
+// the iterations in flight are pushed in.
+TEST_F(ParameterServerTest, SumOnlyUnderSspPublishesEachIterationsMean) {
+  auto server = MakeSumOnlyServer(&device_, SspConsistency(1).value());
+  PushIteration(*server, 0, 0);
+  PushIteration(*server, 0, 1);  // one ahead
+  PushIteration(*server, 1, 1);
+  EXPECT_EQ(server->version(), 0);
+  PushIteration(*server, 1, 0);
+  ASSERT_EQ(server->version(), 2);
+  std::vector<float> out(8);
+  ASSERT_TRUE(Pull(*server, 2, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
+  EXPECT_TRUE(BitIdentical(out, MeanGradientOf(1)));
+  auto views = server->PullChunkViews(1, absl::InfiniteFuture(), {{0, 0}, {0, 1}, {1, 0}},
+                                      /*exact=*/true);
+  ASSERT_TRUE(views.ok()) << views.status();
+  std::vector<float> version1;
+  for (absl::Span<const float> chunk : views->chunks) {
+    version1.insert(version1.end(), chunk.begin(), chunk.end());
+  }
+  EXPECT_TRUE(BitIdentical(version1, MeanGradientOf(0)));
+}
+
+// A sum-only server's state has no momentum and holds the newest version's
+// values; resumed from it, the server serves that version and goes on. The
+// modes in which a version would not be one iteration's mean are refused.
+TEST_F(ParameterServerTest, SumOnlyResumesWithoutMomentumAndRefusesAsyncAndLossScaling) {
+  auto server = MakeSumOnlyServer(&device_);
+  PushIteration(*server, 0, 0);
+  PushIteration(*server, 1, 0);
+  std::vector<ParameterServer::State> captured;
+  server->CaptureState([&](ParameterServer::State s) { captured.push_back(std::move(s)); });
+  ASSERT_EQ(captured.size(), 1u);
+  EXPECT_EQ(captured[0].version, 1);
+  EXPECT_TRUE(captured[0].momentum.empty());
+  EXPECT_TRUE(BitIdentical(captured[0].parameters, MeanGradientOf(0)));
+
+  ParameterServerOptions options = server->options();
+  auto resumed = ParameterServer::CreateFromState(options, captured[0], &device_);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_TRUE((*resumed)->Register("w0", Signature(), 0).ok());
+  ASSERT_TRUE((*resumed)->Register("w1", Signature(), 1).ok());
+  EXPECT_TRUE(BitIdentical(Params(**resumed), MeanGradientOf(0)));
+  PushIteration(**resumed, 0, 1);
+  PushIteration(**resumed, 1, 1);
+  std::vector<float> out(8);
+  ASSERT_TRUE(Pull(**resumed, 2, absl::InfiniteFuture(), absl::MakeSpan(out)).ok());
+  EXPECT_TRUE(BitIdentical(out, MeanGradientOf(1)));
+  ParameterServer::State with_momentum = captured[0];
+  with_momentum.momentum.assign(8, 0.f);
+  EXPECT_EQ(ParameterServer::CreateFromState(options, with_momentum, &device_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  options.consistency = AsyncConsistency();
+  absl::Status s = ParameterServer::Create(options, &device_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("one worker's gradient instead of the mean"));
+  options.consistency = SyncConsistency();
+  options.loss_scale.dynamic = true;
+  s = ParameterServer::Create(options, &device_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("previous iteration's gradient again"));
+}
+
 }  // namespace
 }  // namespace ps::server
