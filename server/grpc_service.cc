@@ -124,6 +124,7 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   for (int member : reg.members) reply->add_members(member);
   reply->set_shrinks(options_.shrinks);
   reply->set_consistency(server_->options().consistency->Name());
+  reply->set_optimizer(server_->options().optimizer.kind);
   reply->set_loss_scale(server_->loss_scale().scale);
   // Room for a push and a pull of every parameter, and a page.
   shared_memory_.Register(request, reg.rank, reg.session, 8 * server_->num_parameters() + 4096,

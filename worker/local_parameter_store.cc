@@ -36,6 +36,7 @@ absl::StatusOr<ParameterStore::Registration> LocalParameterStore::Register(
     const std::vector<ParamSpec>& signature, absl::Span<const float> proposed) {
   absl::MutexLock lock(&mu_);
   Registration out;  // rank 0 of 1
+  out.optimizer = optimizer_options_.kind;  // "sgd" (Create)
   if (optimizer_ != nullptr) {
     // This worker again: it resumes where the store is.
     if (signature != signature_) {

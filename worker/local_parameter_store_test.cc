@@ -87,6 +87,23 @@ TEST(LocalParameterStoreTest, RefusesWhatWouldNeverComplete) {
   EXPECT_EQ((*store)->version(), 0);  // nothing applied
 }
 
+// The in-process store's versions are the trainer's parameters: it applies
+// SGD and says so; the sum-only server's optimizer is refused.
+TEST(LocalParameterStoreTest, AppliesSgdAndRefusesTheSumOnlyOptimizer) {
+  auto store = LocalParameterStore::Create(OptimizerOptions());
+  ASSERT_TRUE(store.ok());
+  auto registration = (*store)->Register(Signature(), {1, 2, 3, 4, 5, 6});
+  ASSERT_TRUE(registration.ok()) << registration.status();
+  EXPECT_EQ(registration->optimizer, "sgd");
+  OptimizerOptions none;
+  none.kind = kMeanGradientOptimizer;
+  const absl::Status refused = LocalParameterStore::Create(none).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("optimizer 'none' is the parameter server's"),
+            absl::string_view::npos)
+      << refused;
+}
+
 TEST(LocalParameterStoreTest, ProposalOfTheWrongSizeIsRefused) {
   auto store = LocalParameterStore::Create(OptimizerOptions());
   ASSERT_TRUE(store.ok());

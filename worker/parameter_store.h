@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -56,6 +57,14 @@ class ParameterStore {
     // Dynamic loss scaling (the server's --loss_scale=dynamic): the scale
     // of iteration `version`'s loss; 0 when the server does not scale.
     float loss_scale = 0;
+    // What the store does with the pushed gradients, as OptimizerOptions::
+    // kind spells it (common/optimizer/optimizer.h): "sgd", each version is
+    // the parameters after the store's update (a local store; a server with
+    // --optimizer=sgd); "none", each version after 0 is the mean gradient
+    // of its iteration (a sum-only server, --optimizer=none), which the
+    // worker applies with an optimizer of its own. Every shard of a sharded
+    // store runs the same.
+    std::string optimizer = "sgd";
   };
 
   // Registers this worker's model signature. `proposed` holds this worker's

@@ -16,6 +16,7 @@
 #include "common/f32_pieces.h"
 #include "common/grpc_status.h"
 #include "common/job_token.h"
+#include "common/optimizer/optimizer.h"
 #include "common/status_macros.h"
 #include "proto/wire_format.h"
 
@@ -541,6 +542,13 @@ absl::StatusOr<WorkerConsistency> RemoteParameterStore::CheckRegisterReply(
                         absl::StrCat("the server at ", options_.server_address, " runs with ",
                                      consistency.status().message()));
   }
+  if (!reply.optimizer().empty() && reply.optimizer() != kSgdOptimizer &&
+      reply.optimizer() != kMeanGradientOptimizer) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the server at ", options_.server_address, " runs optimizer '", reply.optimizer(),
+        "', which this worker does not know (", kSgdOptimizer, ", ", kMeanGradientOptimizer,
+        ")"));
+  }
   if (reply.chunk_elements() < 1 || reply.num_workers() < 1 || reply.rank() < 0 ||
       reply.rank() >= reply.num_workers()) {
     return absl::InternalError(absl::StrCat("server ", options_.server_address,
@@ -621,6 +629,8 @@ ParameterStore::Registration RemoteParameterStore::AdoptRegistration(
   out.dynamic_members = reply.shrinks();
   out.consistency = consistency;
   out.loss_scale = reply.loss_scale();
+  // A server from before the field runs SGD.
+  out.optimizer = reply.optimizer().empty() ? kSgdOptimizer : reply.optimizer();
   {
     absl::MutexLock lock(&loss_scale_mu_);
     loss_scale_ = reply.loss_scale();

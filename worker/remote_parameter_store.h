@@ -281,9 +281,9 @@ class RemoteParameterStore final : public ParameterStore {
   absl::StatusOr<bool> OfferSharedMemory(const std::vector<ParamSpec>& signature,
                                          proto::RegisterRequest* request);
   // The reply's consistency; the error RegisterOnce returns, changing
-  // nothing, when the consistency is unknown (its code), the reply
-  // malformed (kInternal) or its loss scaling impossible with a sparse
-  // codec (kInvalidArgument).
+  // nothing, when the consistency is unknown (its code), the optimizer
+  // unknown (kFailedPrecondition), the reply malformed (kInternal) or its
+  // loss scaling impossible with a sparse codec (kInvalidArgument).
   absl::StatusOr<WorkerConsistency> CheckRegisterReply(const proto::RegisterReply& reply) const;
   // Takes the reply's rank, shared memory (if `offered`; logged) and
   // session, and starts the heartbeat thread if it is not running.

@@ -100,6 +100,7 @@ TEST(RemoteParameterStoreTest, RankZeroSendsItsInitialParametersAndEveryonePulls
   ASSERT_TRUE(reg_a.ok()) << reg_a.status();
   EXPECT_EQ(reg_a->rank, 0);
   EXPECT_EQ(reg_a->num_workers, 2);
+  EXPECT_EQ(reg_a->optimizer, "sgd");
   EXPECT_TRUE(a->sent_initial_parameters());
   // Rank 1's proposal is not asked for: its values never reach the server.
   auto reg_b = b->Register(Signature(), Ramp(-100.f, 1.f));
@@ -114,6 +115,45 @@ TEST(RemoteParameterStoreTest, RankZeroSendsItsInitialParametersAndEveryonePulls
     EXPECT_EQ(*version, 0);
     EXPECT_EQ(params, proposal);
   }
+}
+
+// A sum-only server (--optimizer=none) says so in every registration, and
+// over gRPC serves version 0 as the initial parameters and version 1 as the
+// mean of the two workers' gradient sums over their samples.
+TEST(RemoteParameterStoreTest, ASumOnlyServerSaysSoAndServesTheMeanGradient) {
+  server::ParameterServerOptions options;
+  options.num_workers = 2;
+  options.chunk_elements = kChunkElements;
+  options.optimizer.kind = "none";
+  auto server = server::InProcessServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto a = MakeStore((*server)->address(), "a");
+  auto b = MakeStore((*server)->address(), "b");
+  const std::vector<float> initial = Ramp(1.f, 0.25f);
+  for (RemoteParameterStore* store : {a.get(), b.get()}) {
+    auto reg = store->Register(Signature(), initial);
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    EXPECT_EQ(reg->optimizer, "none");
+  }
+  std::vector<float> version0(kElements);
+  ASSERT_TRUE(b->Pull(0, absl::MakeSpan(version0)).ok());
+  EXPECT_EQ(version0, initial);
+  const std::vector<float> sum_a = Ramp(3.f, -0.5f), sum_b = Ramp(-1.f, 2.f);
+  ASSERT_TRUE(a->Push(0, 3, sum_a).ok());
+  ASSERT_TRUE(b->Push(0, 5, sum_b).ok());
+  std::vector<float> mean(kElements);
+  ASSERT_TRUE(a->WaitForVersion(1).ok());
+  ASSERT_TRUE(a->Pull(1, absl::MakeSpan(mean)).ok());
+  for (int64_t i = 0; i < kElements; ++i) {
+    // 8 samples: a power of two, so exactly the weighted mean.
+    EXPECT_EQ(mean[i], (sum_a[i] + sum_b[i]) / 8.f) << i;
+  }
+  // A worker that registers again is told so again, at version 1.
+  auto c = MakeStore((*server)->address(), "b");  // b's restart
+  auto again = c->Register(Signature(), initial);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->optimizer, "none");
+  EXPECT_EQ(again->version, 1);
 }
 
 // A server that restarts hands out ranks in arrival order; a worker that

@@ -128,6 +128,12 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
   // Step 3: one job, one rank, one version.
   for (size_t i = 1; i < shards_.size(); ++i) {
     const Registration& r = registrations[i];
+    if (r.optimizer != decided.optimizer) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shards_[i].index, " (", shards_[i].address, ") runs --optimizer=", r.optimizer,
+          " but shard ", first.index, " (", first.address, ") --optimizer=", decided.optimizer,
+          ": start every shard with the same --optimizer"));
+    }
     if (r.consistency != decided.consistency ||
         (r.loss_scale > 0) != (decided.loss_scale > 0) ||
         r.dynamic_members != decided.dynamic_members) {

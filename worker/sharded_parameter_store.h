@@ -41,9 +41,9 @@ struct ShardedStoreOptions {
 //
 // Register asks the first shard for the configured rank, then every other
 // shard for the rank the first gave (so concurrent workers cannot end up
-// with different ranks on different shards); rank, number of workers and
-// version must then agree across shards, else kFailedPrecondition naming
-// both shards. Rank 0 sends each shard that asks its part of `proposed`.
+// with different ranks on different shards); rank, number of workers,
+// version, optimizer, consistency, loss scaling and worker-loss policy must
+// then agree across shards, else kFailedPrecondition naming both shards. Rank 0 sends each shard that asks its part of `proposed`.
 // Shards the plan leaves empty (more shards than elements) take no part.
 //
 // Every error names the shard's index and address, and keeps the shard's

@@ -336,6 +336,30 @@ TEST(ShardedParameterStoreTest, AShardWithADifferentModelIsRefusedByName) {
   EXPECT_THAT(reg.status().message(), HasSubstr("other.weight"));
 }
 
+// Every shard must publish the same kind of version: parameters, or (a
+// sum-only server) mean gradients. The store carries the shards' optimizer.
+TEST(ShardedParameterStoreTest, ShardsOfAnotherOptimizerAreRefusedByName) {
+  server::ParameterServerOptions none;
+  none.optimizer.kind = "none";
+  std::vector<std::unique_ptr<server::InProcessServer>> servers;
+  for (const auto& options : {none, none, ServerOptions(1), none}) {
+    auto server = server::InProcessServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    servers.push_back(std::move(server).value());
+  }
+  auto agreeing = MakeSharded({servers[0]->address(), servers[1]->address()}, "w");
+  auto reg = agreeing->Register(Signature(), Initial(0));
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_EQ(reg->optimizer, "none");
+  auto mixed = MakeSharded({servers[2]->address(), servers[3]->address()}, "v");
+  reg = mixed->Register(Signature(), Initial(0));
+  EXPECT_EQ(reg.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message(reg.status().message());
+  EXPECT_THAT(message,
+              HasSubstr(absl::StrCat("(", servers[3]->address(), ") runs --optimizer=none")));
+  EXPECT_THAT(message, HasSubstr("start every shard with the same --optimizer"));
+}
+
 TEST(ShardedParameterStoreTest, EveryShardGivesTheFirstShardsRankOrRefuses) {
   auto servers = StartServers(2, 2);
   // Someone else already holds rank 0 on shard 1 only.

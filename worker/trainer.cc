@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/f32_pieces.h"
+#include "common/optimizer/optimizer.h"
 #include "common/status_macros.h"
 #include "worker/compute_mode_factory.h"
 #include "worker/compute_mode_real.h"
@@ -29,6 +30,22 @@ ComputeModeOptions ComputeModeOptionsOf(const TrainerOptions& options) {
   compute.slowdown = options.slowdown;
   compute.slowdown_period = options.slowdown_period;
   return compute;
+}
+
+// The trainer applies no optimizer: each version it pulls must be the
+// parameters after the store's update ("sgd": the in-process store, a
+// server with --optimizer=sgd).
+absl::Status CheckStoreAppliesTheUpdate(const ParameterStore::Registration& registration) {
+  if (registration.optimizer == kSgdOptimizer) return absl::OkStatus();
+  if (registration.optimizer == kMeanGradientOptimizer) {
+    return absl::FailedPreconditionError(
+        "the server publishes mean gradients (--optimizer=none), not parameters, and this "
+        "worker applies no optimizer of its own: use ps.torch with a local optimizer (see "
+        "docs/training.md, \"The sum-only server\"), or start the server with --optimizer=sgd");
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("the store runs optimizer '", registration.optimizer,
+                   "'; this worker trains only against one that applies sgd"));
 }
 
 }  // namespace
@@ -156,6 +173,7 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
     proposal = proposed;
   }
   PS_ASSIGN_OR_RETURN(registration_, store_->Register(replicas_[0]->parameters(), proposal));
+  PS_RETURN_IF_ERROR(CheckStoreAppliesTheUpdate(registration_));
   // Registration decides how the global batch is split across workers, and
   // so the largest shard each device sees.
   PS_RETURN_IF_ERROR(CreateReplicaState());
@@ -330,6 +348,7 @@ absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& cause) {
                                      cause.message(), ")"));
   }
   registration_ = *std::move(registration);
+  PS_RETURN_IF_ERROR(CheckStoreAppliesTheUpdate(registration_));
   if (registration_.num_workers != num_workers || registration_.rank != rank) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the parameter server came back with this worker as rank ", registration_.rank, " of ",

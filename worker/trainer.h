@@ -170,7 +170,10 @@ class Trainer {
   // The devices, datasets and store must outlive the trainer. `test` and
   // `validation` (a hold-out of the training set, data::SplitHoldout) may be
   // null; with evaluate, each is evaluated after every epoch. Registers with
-  // the store and loads the parameters it returns.
+  // the store and loads the parameters it returns. kFailedPrecondition,
+  // before any step, for a store whose versions are not parameters (a
+  // sum-only server, --optimizer=none: this trainer applies no optimizer of
+  // its own).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options,
                                                          const model::ModelConfig& model,
                                                          std::vector<Device*> devices,

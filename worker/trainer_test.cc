@@ -15,6 +15,7 @@
 #include "common/cpu_device.h"
 #include "common/fake_device.h"
 #include "common/timed_event.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/compute_mode_test_util.h"
 #include "worker/data/synthetic.h"
@@ -201,6 +202,53 @@ TEST(TrainerTest, RejectsMismatchedDataAndBadOptions) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A sum-only server as the store sees it: it registers, saying its
+// versions are mean gradients (--optimizer=none); nothing else may be
+// reached.
+class SumOnlyServerStore final : public ParameterStore {
+ public:
+  absl::StatusOr<Registration> Register(const std::vector<ParamSpec>&,
+                                        absl::Span<const float>) override {
+    Registration registration;
+    registration.optimizer = "none";
+    return registration;
+  }
+  absl::Status Push(int64_t, int64_t, absl::Span<const float>) override { return Reached(); }
+  absl::Status WaitForVersion(int64_t) override { return Reached(); }
+  absl::StatusOr<int64_t> Pull(int64_t, absl::Span<float>) override { return Reached(); }
+  std::vector<int64_t> SegmentEnds() const override { return {}; }
+  void PushSegments(int64_t, int64_t, int, int, absl::Span<const float>, Done done) override {
+    done(Reached());
+  }
+  void PullSegments(int64_t, int, int, absl::Span<float>, Done done) override {
+    done(Reached());
+  }
+
+ private:
+  static absl::Status Reached() {
+    ADD_FAILURE() << "the trainer used a store it should have refused";
+    return absl::InternalError("reached");
+  }
+};
+
+// The trainer applies no optimizer of its own: against a server that
+// publishes mean gradients it refuses to train, before any step, and says
+// what to use instead.
+TEST(TrainerTest, RefusesASumOnlyServerBeforeItsFirstStep) {
+  const data::Dataset data = SyntheticDataset(64);
+  CpuDevice device(0, 1);
+  SumOnlyServerStore store;
+  model::ModelConfig model;
+  model.name = "mlp";
+  model.mlp_hidden = {8};
+  auto trainer = Trainer::Create(TrainerOptions(), model, {&device}, &store, &data, nullptr);
+  EXPECT_EQ(trainer.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(trainer.status().message()),
+              ::testing::HasSubstr("the server publishes mean gradients (--optimizer=none)"));
+  EXPECT_THAT(std::string(trainer.status().message()),
+              ::testing::HasSubstr("use ps.torch with a local optimizer (see docs/training.md"));
 }
 
 // A fake clock that moves 1 us at every reading, so every event has a known,
