@@ -10,6 +10,9 @@
 //   --lr --momentum --weight_decay --nesterov
 //   --lr_decay_every --lr_decay_gamma --lr_decay_unit --lr_warmup_steps
 //   --loss_scale --loss_scale_initial --loss_scale_growth_interval
+//
+// The server's --optimizer (sgd, or none: the sum-only server, which takes
+// none of SGD's flags) is the server's alone (server/server_flags.cc).
 
 #include <string>
 #include <vector>
