@@ -23,7 +23,8 @@ absl::StatusOr<int64_t> CheckSignature(const std::vector<ParamSpec>& signature) 
   for (size_t i = 0; i < signature.size(); ++i) {
     const ParamSpec& spec = signature[i];
     const std::string which = absl::StrCat("tensor ", i, " ('", spec.name, "')");
-    if (spec.name.empty()) return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " has no name"));
+    if (spec.name.empty())
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " has no name"));
     if (!names.insert(spec.name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(which, ": the name is given to an earlier tensor too"));
@@ -36,9 +37,9 @@ absl::StatusOr<int64_t> CheckSignature(const std::vector<ParamSpec>& signature) 
     if (!CheckedNumElements(spec.shape, &elements) ||
         __builtin_add_overflow(total, elements, &total) ||
         total > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(sizeof(float))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          which, " has shape ", ShapeToString(spec.shape),
-          ": a dimension is negative or the model's size overflows 64 bits"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(which, " has shape ", ShapeToString(spec.shape),
+                       ": a dimension is negative or the model's size overflows 64 bits"));
     }
   }
   return total;
@@ -76,8 +77,7 @@ Client::Client(StoreMaker make_store) : make_store_(std::move(make_store)) {}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   ClientOptions copy = options;
-  return Create([copy](int64_t steps_per_epoch)
-                    -> absl::StatusOr<std::unique_ptr<ParameterStore>> {
+  return Create([copy](int64_t steps_per_epoch) -> absl::StatusOr<std::unique_ptr<ParameterStore>> {
     RemoteStoreOptions remote = copy.remote;
     remote.steps_per_epoch = steps_per_epoch;
     PS_ASSIGN_OR_RETURN(ServerStore server, CreateServerStore(copy.servers, remote));
@@ -110,13 +110,14 @@ Client::~Client() {
 absl::Status Client::CheckBlockingSlot(const char* call, bool exclusive) const {
   if (blocking_ != nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat(call, " while ", blocking_, " runs on another thread: one blocking call at "
-                                                 "a time"));
+        absl::StrCat(call, " while ", blocking_,
+                     " runs on another thread: one blocking call at "
+                     "a time"));
   }
   if (exclusive && in_flight_ > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        call, " while ", in_flight_,
-        " pushes and pulls are in flight: wait for their handles first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(call, " while ", in_flight_,
+                     " pushes and pulls are in flight: wait for their handles first"));
   }
   return absl::OkStatus();
 }
@@ -200,20 +201,20 @@ absl::StatusOr<ParameterStore*> Client::BeginSegments(const char* call, const ch
   absl::MutexLock lock(&mu_);
   if (!registered_) return absl::FailedPreconditionError(absl::StrCat(call, " before register"));
   if (blocking_ != nullptr && blocking_exclusive_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        call, " while ", blocking_, " runs on another thread: it needs no push or pull in "
-                                    "flight"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(call, " while ", blocking_,
+                     " runs on another thread: it needs no push or pull in "
+                     "flight"));
   }
   if (step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(call, " of ", what_step, " ", step,
-                                                   ", which is negative"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, " of ", what_step, " ", step, ", which is negative"));
   }
   const int segments = static_cast<int>(segment_ends_.size());
   if (first < 0 || last < first || last > segments) {
-    return absl::InvalidArgumentError(absl::StrCat(call, " of segments [", first, ", ", last,
-                                                   "): the model has ", segments,
-                                                   " segments, so 0 <= first <= last <= ",
-                                                   segments));
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, " of segments [", first, ", ", last, "): the model has ", segments,
+                     " segments, so 0 <= first <= last <= ", segments));
   }
   const int64_t elements = segment_ends_.empty() ? 0 : segment_ends_.back();
   if (static_cast<int64_t>(buffer_size) != elements) {
@@ -310,8 +311,7 @@ absl::StatusOr<ParameterStore::Registration> Client::Reconnect(absl::Span<const 
     absl::MutexLock lock(&mu_);
     signature = signature_;
   }
-  absl::StatusOr<ParameterStore::Registration> registration =
-      store->Reconnect(signature, proposed);
+  absl::StatusOr<ParameterStore::Registration> registration = store->Reconnect(signature, proposed);
   absl::MutexLock lock(&mu_);
   blocking_ = nullptr;
   blocking_exclusive_ = false;

@@ -136,9 +136,8 @@ class Client {
   // a range that is not 0 <= first <= last <= the segment count, a buffer
   // of another size, a negative iteration or sample count;
   // kFailedPrecondition before Register or while an exclusive call runs.
-  absl::StatusOr<std::shared_ptr<Operation>> Push(int64_t iteration, int64_t num_samples,
-                                                  int first, int last,
-                                                  absl::Span<const float> gradient);
+  absl::StatusOr<std::shared_ptr<Operation>> Push(int64_t iteration, int64_t num_samples, int first,
+                                                  int last, absl::Span<const float> gradient);
   // Starts pulling segments [first, last) of version `version` into
   // `params` (the whole flat buffer; only those segments are written) and
   // returns at once; the server holds the pull until those segments of that

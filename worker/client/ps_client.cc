@@ -81,16 +81,17 @@ std::string Text(const char* s) { return s == nullptr ? std::string() : std::str
 
 absl::Status CheckAbi(int32_t abi_version, const char* call) {
   if (abi_version == PS_CLIENT_ABI_VERSION) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      call, ": the caller was built for ps_client ABI ", abi_version, ", this library (",
-      "libps_client.so) speaks ABI ", PS_CLIENT_ABI_VERSION, ": use the matching header and "
-      "library"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(call, ": the caller was built for ps_client ABI ", abi_version,
+                   ", this library (libps_client.so) speaks ABI ", PS_CLIENT_ABI_VERSION,
+                   ": use the header and the library of one build"));
 }
 
 absl::StatusOr<absl::Duration> Milliseconds(int64_t ms, const char* field, bool zero_allowed) {
   if (ms < 0 || (ms == 0 && !zero_allowed)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ps_options.", field, " is ", ms, "; it must be ", zero_allowed ? "0 or more" : "positive"));
+    return absl::InvalidArgumentError(absl::StrCat("ps_options.", field, " is ", ms,
+                                                   "; it must be ",
+                                                   zero_allowed ? "0 or more" : "positive"));
   }
   return absl::Milliseconds(ms);
 }
@@ -132,9 +133,9 @@ absl::StatusOr<ClientOptions> ToClientOptions(const ps_options& o) {
   r.tls.server_name_override = Text(o.tls_server_name);
   // As the worker daemon: the file first, else the value (its
   // $PS_JOB_TOKEN); "" for neither.
-  PS_ASSIGN_OR_RETURN(r.job_token, ps::ReadJobToken(Text(o.job_token_file),
-                                                    Text(o.job_token).empty() ? nullptr
-                                                                              : o.job_token));
+  PS_ASSIGN_OR_RETURN(
+      r.job_token,
+      ps::ReadJobToken(Text(o.job_token_file), Text(o.job_token).empty() ? nullptr : o.job_token));
   // One line at a time, whichever thread logs.
   auto serial = std::make_shared<absl::Mutex>();
   if (o.log != nullptr) {
@@ -190,9 +191,9 @@ absl::StatusOr<absl::Span<const float>> InitialValues(const char* call, const fl
                                                       int64_t elements) {
   if (data == nullptr && elements == 0) return absl::Span<const float>();
   if (data == nullptr || elements < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        call, ": initial values ", data == nullptr ? "NULL" : "given", " with ", elements,
-        " elements; give the model's values, or NULL and 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, ": initial values ", data == nullptr ? "NULL" : "given", " with ",
+                     elements, " elements; give the model's values, or NULL and 0"));
   }
   return absl::MakeConstSpan(data, static_cast<size_t>(elements));
 }
@@ -212,8 +213,7 @@ void ToC(const ParameterStore::Registration& in, const std::vector<int64_t>& end
   out->rank = in.rank;
   out->num_workers = in.num_workers;
   out->version = in.version;
-  std::snprintf(out->consistency, sizeof(out->consistency), "%s",
-                in.consistency.Name().c_str());
+  std::snprintf(out->consistency, sizeof(out->consistency), "%s", in.consistency.Name().c_str());
   out->staleness_bound = in.consistency.staleness_bound();
   out->independent_steps = in.consistency.independent_steps() ? 1 : 0;
   out->exact_pulls = in.consistency.exact_pulls() ? 1 : 0;
@@ -242,12 +242,23 @@ extern "C" {
 int32_t ps_client_abi_version(void) { return PS_CLIENT_ABI_VERSION; }
 
 const char* ps_status_name(ps_status status) {
-  static const char* const kNames[] = {
-      "OK",        "CANCELLED",        "UNKNOWN",          "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",  "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",     "UNAVAILABLE",      "DATA_LOSS",
-      "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   if (status < 0 || status >= static_cast<ps_status>(sizeof(kNames) / sizeof(kNames[0]))) {
     return "UNKNOWN_CODE";
   }
@@ -301,8 +312,7 @@ ps_status ps_client_register(ps_client* client, const ps_tensor_spec* tensors, i
     PS_ASSIGN_OR_RETURN(absl::Span<const float> proposed,
                         InitialValues("ps_client_register", initial, initial_elements));
     PS_ASSIGN_OR_RETURN(const ParameterStore::Registration got,
-                        client->client->Register(std::move(signature), proposed,
-                                                 steps_per_epoch));
+                        client->client->Register(std::move(signature), proposed, steps_per_epoch));
     PS_ASSIGN_OR_RETURN(const std::vector<int64_t> ends, client->client->SegmentEnds());
     ToC(got, ends, registration);
     return absl::OkStatus();
@@ -321,8 +331,8 @@ ps_status ps_client_registration(ps_client* client, ps_registration* registratio
   });
 }
 
-ps_status ps_client_segment_ends(ps_client* client, int64_t* ends, int64_t capacity,
-                                 int64_t* count, ps_error* error) {
+ps_status ps_client_segment_ends(ps_client* client, int64_t* ends, int64_t capacity, int64_t* count,
+                                 ps_error* error) {
   return Guarded(error, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(CheckClient(client, "ps_client_segment_ends"));
     PS_RETURN_IF_ERROR(Required(count, "ps_client_segment_ends", "count"));
@@ -330,8 +340,8 @@ ps_status ps_client_segment_ends(ps_client* client, int64_t* ends, int64_t capac
     *count = static_cast<int64_t>(got.size());
     if (ends == nullptr) return absl::OkStatus();
     if (capacity < *count) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ps_client_segment_ends: capacity ", capacity, " for ", *count, " segments"));
+      return absl::InvalidArgumentError(absl::StrCat("ps_client_segment_ends: capacity ", capacity,
+                                                     " for ", *count, " segments"));
     }
     std::copy(got.begin(), got.end(), ends);
     return absl::OkStatus();
@@ -339,8 +349,8 @@ ps_status ps_client_segment_ends(ps_client* client, int64_t* ends, int64_t capac
 }
 
 ps_status ps_client_push(ps_client* client, int64_t iteration, int64_t num_samples, int32_t first,
-                         int32_t last, const float* gradient, int64_t elements,
-                         ps_handle** handle, ps_error* error) {
+                         int32_t last, const float* gradient, int64_t elements, ps_handle** handle,
+                         ps_error* error) {
   return Guarded(error, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(CheckClient(client, "ps_client_push"));
     PS_RETURN_IF_ERROR(Required(handle, "ps_client_push", "handle"));
@@ -359,8 +369,8 @@ ps_status ps_client_pull(ps_client* client, int64_t version, int32_t first, int3
     PS_RETURN_IF_ERROR(Required(handle, "ps_client_pull", "handle"));
     *handle = nullptr;
     PS_RETURN_IF_ERROR(CheckBuffer("ps_client_pull", params, elements));
-    return HandOut(
-        client->client->Pull(version, first, last, absl::MakeSpan(params, elements)), handle);
+    return HandOut(client->client->Pull(version, first, last, absl::MakeSpan(params, elements)),
+                   handle);
   });
 }
 
@@ -404,8 +414,8 @@ ps_status ps_client_pull_all(ps_client* client, int64_t version, float* params, 
   });
 }
 
-ps_status ps_client_members(ps_client* client, int64_t iteration, int32_t* ranks,
-                            int32_t capacity, int32_t* count, ps_error* error) {
+ps_status ps_client_members(ps_client* client, int64_t iteration, int32_t* ranks, int32_t capacity,
+                            int32_t* count, ps_error* error) {
   return Guarded(error, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(CheckClient(client, "ps_client_members"));
     PS_RETURN_IF_ERROR(Required(count, "ps_client_members", "count"));
@@ -413,8 +423,8 @@ ps_status ps_client_members(ps_client* client, int64_t iteration, int32_t* ranks
     *count = static_cast<int32_t>(members.size());
     if (ranks == nullptr) return absl::OkStatus();
     if (capacity < *count) {
-      return absl::InvalidArgumentError(absl::StrCat("ps_client_members: capacity ", capacity,
-                                                     " for ", *count, " members"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ps_client_members: capacity ", capacity, " for ", *count, " members"));
     }
     std::copy(members.begin(), members.end(), ranks);
     return absl::OkStatus();

@@ -150,35 +150,35 @@ typedef struct ps_options {
 
 /* One tensor of the model, in the flat buffers' order. */
 typedef struct ps_tensor_spec {
-  const char* name;      /* unique, non-empty (PyTorch's "fc1.weight") */
-  const int64_t* shape;  /* ndim dimensions, each >= 0; may be NULL when ndim is 0 */
-  int32_t ndim;          /* 0 (a scalar) to PS_MAX_NDIM */
-  int32_t dtype;         /* PS_DTYPE_F32 */
+  const char* name;     /* unique, non-empty (PyTorch's "fc1.weight") */
+  const int64_t* shape; /* ndim dimensions, each >= 0; may be NULL when ndim is 0 */
+  int32_t ndim;         /* 0 (a scalar) to PS_MAX_NDIM */
+  int32_t dtype;        /* PS_DTYPE_F32 */
 } ps_tensor_spec;
 #define PS_MAX_NDIM 16
 
 /* The job's settings, as the last register or reconnect set them. */
 #define PS_CONSISTENCY_SIZE 32
 typedef struct ps_registration {
-  int32_t rank;         /* this worker's */
-  int32_t num_workers;  /* in the job */
-  int64_t version;      /* the version to pull first (and the next iteration under sync) */
+  int32_t rank;        /* this worker's */
+  int32_t num_workers; /* in the job */
+  int64_t version;     /* the version to pull first (and the next iteration under sync) */
   /* The server's consistency: "sync", "async" or "ssp:S" (docs/consistency.md). */
   char consistency[PS_CONSISTENCY_SIZE];
-  int64_t staleness_bound;    /* ssp:S's S; 0 otherwise */
-  int32_t independent_steps;  /* async: this worker counts its own iterations from 0 */
-  int32_t exact_pulls;        /* a pull of version v brings exactly v (sync, ssp:0) */
+  int64_t staleness_bound;   /* ssp:S's S; 0 otherwise */
+  int32_t independent_steps; /* async: this worker counts its own iterations from 0 */
+  int32_t exact_pulls;       /* a pull of version v brings exactly v (sync, ssp:0) */
   /* The members may change between iterations (the server shrinks the job
    * when it loses a worker): read them with ps_client_members. */
   int32_t dynamic_members;
   /* Dynamic loss scaling: the scale of iteration `version`'s loss; 0: none. */
   float loss_scale;
-  int64_t num_segments;  /* segments of the flat buffer */
-  int64_t num_elements;  /* floats in the flat buffer (the model's size) */
+  int64_t num_segments; /* segments of the flat buffer */
+  int64_t num_elements; /* floats in the flat buffer (the model's size) */
 } ps_registration;
 
-typedef struct ps_client ps_client;  /* one worker's connection to the job */
-typedef struct ps_handle ps_handle;  /* one push or pull in flight, or done */
+typedef struct ps_client ps_client; /* one worker's connection to the job */
+typedef struct ps_handle ps_handle; /* one push or pull in flight, or done */
 
 /* PS_CLIENT_ABI_VERSION as this library was built. Cannot fail. */
 int32_t ps_client_abi_version(void);
@@ -222,8 +222,7 @@ ps_status ps_client_register(ps_client* client, const ps_tensor_spec* tensors, i
                              ps_error* error);
 
 /* The last registration's settings. PS_FAILED_PRECONDITION before register. */
-ps_status ps_client_registration(ps_client* client, ps_registration* registration,
-                                 ps_error* error);
+ps_status ps_client_registration(ps_client* client, ps_registration* registration, ps_error* error);
 
 /* The segments' end offsets into the flat buffer, in elements, ascending
  * (a segment may be empty), the last being the model's size: segment s is
@@ -232,8 +231,8 @@ ps_status ps_client_registration(ps_client* client, ps_registration* registratio
  * PS_INVALID_ARGUMENT when capacity < count. PS_FAILED_PRECONDITION before
  * register. The segments are the server's messages (a small tensor shares
  * one, a large one spans several), fixed until the next reconnect. */
-ps_status ps_client_segment_ends(ps_client* client, int64_t* ends, int64_t capacity,
-                                 int64_t* count, ps_error* error);
+ps_status ps_client_segment_ends(ps_client* client, int64_t* ends, int64_t capacity, int64_t* count,
+                                 ps_error* error);
 
 /* Starts pushing segments [first, last) of `gradient` for `iteration` and
  * returns at once with *handle, the caller's to ps_handle_free.
@@ -248,8 +247,8 @@ ps_status ps_client_segment_ends(ps_client* client, int64_t* ends, int64_t capac
  * reconnect). Returns PS_INVALID_ARGUMENT (no handle) for a bad range
  * (0 <= first <= last <= segments), buffer size or negative number. */
 ps_status ps_client_push(ps_client* client, int64_t iteration, int64_t num_samples, int32_t first,
-                         int32_t last, const float* gradient, int64_t elements,
-                         ps_handle** handle, ps_error* error);
+                         int32_t last, const float* gradient, int64_t elements, ps_handle** handle,
+                         ps_error* error);
 
 /* Starts pulling segments [first, last) of version `version` into `params`
  * (the whole flat buffer, `elements` long; only those segments are written,
@@ -293,8 +292,8 @@ ps_status ps_client_pull_all(ps_client* client, int64_t version, float* params, 
  * among them. Blocks until this client knows them: from the registration
  * for its version, from the replies to the pushes of iteration - 1 for the
  * others (up to rpc_timeout_ms). May overlap pushes and pulls in flight. */
-ps_status ps_client_members(ps_client* client, int64_t iteration, int32_t* ranks,
-                            int32_t capacity, int32_t* count, ps_error* error);
+ps_status ps_client_members(ps_client* client, int64_t iteration, int32_t* ranks, int32_t capacity,
+                            int32_t* count, ps_error* error);
 
 /* Dynamic loss scaling: the scale to multiply the next step's loss by, as
  * the server sent it with the newest parameters pulled; 0 when the server
@@ -312,7 +311,7 @@ ps_status ps_client_reconnect(ps_client* client, const float* initial, int64_t i
                               ps_registration* registration, ps_error* error);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
-#endif  /* PS_WORKER_CLIENT_PS_CLIENT_H_ */
+#endif /* PS_WORKER_CLIENT_PS_CLIENT_H_ */

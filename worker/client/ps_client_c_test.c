@@ -10,12 +10,12 @@
 
 static int failures = 0;
 
-#define EXPECT(condition)                                               \
-  do {                                                                  \
-    if (!(condition)) {                                                 \
+#define EXPECT(condition)                                                      \
+  do {                                                                         \
+    if (!(condition)) {                                                        \
       fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #condition); \
-      ++failures;                                                       \
-    }                                                                   \
+      ++failures;                                                              \
+    }                                                                          \
   } while (0)
 
 int main(void) {

@@ -39,8 +39,8 @@ constexpr int64_t kChunkElements = 5;
 std::vector<ps_tensor_spec> Specs(const std::vector<Tensor>& tensors) {
   std::vector<ps_tensor_spec> specs;
   for (const Tensor& t : tensors) {
-    specs.push_back({t.name.c_str(), t.shape.data(), static_cast<int32_t>(t.shape.size()),
-                     t.dtype});
+    specs.push_back(
+        {t.name.c_str(), t.shape.data(), static_cast<int32_t>(t.shape.size()), t.dtype});
   }
   return specs;
 }
@@ -52,8 +52,8 @@ std::vector<float> Ramp(float start, float step) {
 }
 
 std::unique_ptr<ps::server::InProcessServer> StartServer(
-    int workers, std::shared_ptr<const ps::server::Consistency> consistency =
-                     ps::server::SyncConsistency()) {
+    int workers,
+    std::shared_ptr<const ps::server::Consistency> consistency = ps::server::SyncConsistency()) {
   ps::server::ParameterServerOptions options;
   options.num_workers = workers;
   options.chunk_elements = kChunkElements;
@@ -107,8 +107,8 @@ ps_registration Register(ps_client* client, const std::vector<float>& initial) {
   const std::vector<ps_tensor_spec> specs = Specs(model);
   ps_registration registration;
   ps_error error;
-  EXPECT_EQ(ps_client_register(client, specs.data(), specs.size(), initial.data(),
-                               initial.size(), 0, &registration, &error),
+  EXPECT_EQ(ps_client_register(client, specs.data(), specs.size(), initial.data(), initial.size(),
+                               0, &registration, &error),
             PS_OK)
       << error.message;
   return registration;
@@ -129,9 +129,9 @@ HandlePtr Pull(ps_client* client, int64_t version, int first, int last,
                std::vector<float>& params) {
   ps_handle* handle = nullptr;
   ps_error error;
-  EXPECT_EQ(ps_client_pull(client, version, first, last, params.data(), params.size(), &handle,
-                           &error),
-            PS_OK)
+  EXPECT_EQ(
+      ps_client_pull(client, version, first, last, params.data(), params.size(), &handle, &error),
+      PS_OK)
       << error.message;
   return HandlePtr(handle);
 }
@@ -234,8 +234,7 @@ TEST(PsClientTest, TwoClientsSumTheirGradientsInSync) {
   EXPECT_EQ(members, 2);
   EXPECT_THAT(ranks, ElementsAre(0, 1));
 
-  ExpectOneSyncStep({a.get(), b.get()}, initial, {Ramp(0.5f, 0.125f), Ramp(-0.25f, 0.5f)},
-                    {3, 1});
+  ExpectOneSyncStep({a.get(), b.get()}, initial, {Ramp(0.5f, 0.125f), Ramp(-0.25f, 0.5f)}, {3, 1});
   ASSERT_EQ(ps_client_wait_for_version(b.get(), 1, &error), PS_OK) << error.message;
   float scale = -1;
   ASSERT_EQ(ps_client_loss_scale(a.get(), &scale, &error), PS_OK);
@@ -300,8 +299,7 @@ TEST(PsClientTest, ADifferentSignatureIsRefusedNamingTheFirstDifference) {
   // Refused, not registered: pushing is still out of order.
   ps_handle* handle = nullptr;
   std::vector<float> gradient(kElements);
-  EXPECT_EQ(ps_client_push(b.get(), 0, 1, 0, 1, gradient.data(), gradient.size(), &handle,
-                           &error),
+  EXPECT_EQ(ps_client_push(b.get(), 0, 1, 0, 1, gradient.data(), gradient.size(), &handle, &error),
             PS_FAILED_PRECONDITION);
   EXPECT_EQ(handle, nullptr);
 }
@@ -337,9 +335,9 @@ TEST(PsClientTest, NoServerIsAnErrorWithinTheConnectTimeout) {
   const std::vector<ps_tensor_spec> specs = Specs(model);
   ps_error error;
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(ps_client_register(client.get(), specs.data(), specs.size(), nullptr, 0, 0, nullptr,
-                               &error),
-            PS_UNAVAILABLE);
+  EXPECT_EQ(
+      ps_client_register(client.get(), specs.data(), specs.size(), nullptr, 0, 0, nullptr, &error),
+      PS_UNAVAILABLE);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_THAT(error.message, HasSubstr("127.0.0.1:1"));
   absl::MutexLock lock(&log.mu);
@@ -421,43 +419,38 @@ TEST(PsClientTest, CallsOutOfOrderOrWithBadArgumentsAreRefusedByName) {
   std::vector<Tensor> model = Model();
   model[2].dtype = PS_DTYPE_BF16;
   std::vector<ps_tensor_spec> specs = Specs(model);
-  EXPECT_EQ(ps_client_register(a.get(), specs.data(), specs.size(), nullptr, 0, 0, nullptr,
-                               &error),
+  EXPECT_EQ(ps_client_register(a.get(), specs.data(), specs.size(), nullptr, 0, 0, nullptr, &error),
             PS_INVALID_ARGUMENT);
   EXPECT_THAT(error.message, HasSubstr("tensor 2 ('b.bias') has dtype BF16"));
   model = Model();
   model[1].name = "a.weight";
   specs = Specs(model);
-  EXPECT_EQ(ps_client_register(a.get(), specs.data(), specs.size(), nullptr, 0, 0, nullptr,
-                               &error),
+  EXPECT_EQ(ps_client_register(a.get(), specs.data(), specs.size(), nullptr, 0, 0, nullptr, &error),
             PS_INVALID_ARGUMENT);
   EXPECT_THAT(error.message, HasSubstr("tensor 1 ('a.weight')"));
   model = Model();
   model[3].shape = {3, -4};
   specs = Specs(model);
-  EXPECT_EQ(ps_client_register(a.get(), specs.data(), specs.size(), nullptr, 0, 0, nullptr,
-                               &error),
+  EXPECT_EQ(ps_client_register(a.get(), specs.data(), specs.size(), nullptr, 0, 0, nullptr, &error),
             PS_INVALID_ARGUMENT);
   EXPECT_THAT(error.message, HasSubstr("[3, -4]"));
   const std::vector<Tensor> good = Model();
   specs = Specs(good);
   specs[0].name = nullptr;
-  EXPECT_EQ(ps_client_register(a.get(), specs.data(), specs.size(), nullptr, 0, 0, nullptr,
-                               &error),
+  EXPECT_EQ(ps_client_register(a.get(), specs.data(), specs.size(), nullptr, 0, 0, nullptr, &error),
             PS_INVALID_ARGUMENT);
   EXPECT_THAT(error.message, HasSubstr("tensor 0 has a NULL name"));
   specs = Specs(good);
-  EXPECT_EQ(ps_client_register(a.get(), specs.data(), specs.size(), buffer.data(), 3, 0, nullptr,
-                               &error),
-            PS_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      ps_client_register(a.get(), specs.data(), specs.size(), buffer.data(), 3, 0, nullptr, &error),
+      PS_INVALID_ARGUMENT);
   EXPECT_THAT(error.message, HasSubstr("the initial values hold 3 elements; the model has 24"));
-  EXPECT_EQ(ps_client_register(a.get(), specs.data(), specs.size(), nullptr, 0, -1, nullptr,
-                               &error),
-            PS_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      ps_client_register(a.get(), specs.data(), specs.size(), nullptr, 0, -1, nullptr, &error),
+      PS_INVALID_ARGUMENT);
 
   Register(a.get(), buffer);
-  EXPECT_EQ(ps_client_register(a.get(), specs.data(), specs.size(), nullptr, 0, 0, nullptr,
-                               &error),
+  EXPECT_EQ(ps_client_register(a.get(), specs.data(), specs.size(), nullptr, 0, 0, nullptr, &error),
             PS_FAILED_PRECONDITION);
   EXPECT_THAT(error.message, HasSubstr("registered already"));
   // Ranges and sizes.
@@ -471,8 +464,7 @@ TEST(PsClientTest, CallsOutOfOrderOrWithBadArgumentsAreRefusedByName) {
   EXPECT_THAT(error.message, HasSubstr("buffer of 5 elements; the model has 24"));
   EXPECT_EQ(ps_client_push(a.get(), -1, 1, 0, 1, buffer.data(), buffer.size(), &handle, &error),
             PS_INVALID_ARGUMENT);
-  EXPECT_EQ(ps_client_push(a.get(), 0, 1, 0, 1, nullptr, 24, &handle, &error),
-            PS_INVALID_ARGUMENT);
+  EXPECT_EQ(ps_client_push(a.get(), 0, 1, 0, 1, nullptr, 24, &handle, &error), PS_INVALID_ARGUMENT);
   EXPECT_THAT(error.message, HasSubstr("the buffer is NULL"));
   EXPECT_EQ(handle, nullptr);
   std::vector<int64_t> ends(2);
@@ -519,8 +511,8 @@ TEST(PsClientTest, ConcurrentPushesAndPullsOfDifferentSegmentsFromSeveralThreads
         ps_handle* pull = nullptr;
         ps_error error;
         int32_t done = 0;
-        ps_status status = ps_client_push(client, 0, 2, s, s + 1, gradients[c].data(), kElements,
-                                          &push, &error);
+        ps_status status =
+            ps_client_push(client, 0, 2, s, s + 1, gradients[c].data(), kElements, &push, &error);
         if (status == PS_OK) status = ps_handle_wait(push, -1, &done, &error);
         if (status == PS_OK) {
           status = ps_client_pull(client, 1, s, s + 1, params[c].data(), kElements, &pull, &error);
