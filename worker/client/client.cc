@@ -23,8 +23,9 @@ absl::StatusOr<int64_t> CheckSignature(const std::vector<ParamSpec>& signature) 
   for (size_t i = 0; i < signature.size(); ++i) {
     const ParamSpec& spec = signature[i];
     const std::string which = absl::StrCat("tensor ", i, " ('", spec.name, "')");
-    if (spec.name.empty())
+    if (spec.name.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " has no name"));
+    }
     if (!names.insert(spec.name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(which, ": the name is given to an earlier tensor too"));
