@@ -125,6 +125,10 @@ HandlePtr Push(ps_client* client, int64_t iteration, int64_t samples, int first,
   return HandlePtr(handle);
 }
 
+// The gradient is read until the push is done: never a temporary.
+HandlePtr Push(ps_client* client, int64_t iteration, int64_t samples, int first, int last,
+               std::vector<float>&& gradient) = delete;
+
 HandlePtr Pull(ps_client* client, int64_t version, int first, int last,
                std::vector<float>& params) {
   ps_handle* handle = nullptr;
@@ -479,7 +483,8 @@ TEST(PsClientTest, CallsOutOfOrderOrWithBadArgumentsAreRefusedByName) {
   EXPECT_EQ(ps_client_pull_all(a.get(), 0, buffer.data(), buffer.size(), nullptr, &error),
             PS_FAILED_PRECONDITION);
   EXPECT_THAT(error.message, HasSubstr("pull_all while 1 pushes and pulls are in flight"));
-  HandlePtr push = Push(a.get(), 0, 1, 0, 6, Ramp(0, 0));
+  const std::vector<float> zeros(kElements);  // read until the push is done
+  HandlePtr push = Push(a.get(), 0, 1, 0, 6, zeros);
   ASSERT_EQ(Wait(push.get(), &error), PS_OK) << error.message;
   ASSERT_EQ(Wait(pull.get(), &error), PS_OK) << error.message;
   // Done: nothing in flight any more.

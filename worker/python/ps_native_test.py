@@ -79,6 +79,11 @@ def run_worker(servers, rank, out_path):
             first = max(0, last - 2)
             handles.append(client.push(t, samples(rank), first, last, grad))
             handles.append(client.pull(t + 1, first, last, params))
+            try:
+                params.append(0.0)  # would move the buffer under the library
+                raise AssertionError("a buffer in use could be resized")
+            except BufferError:
+                pass
         for handle in handles:
             assert handle.wait(timeout=30), f"{handle} did not finish"
             handle.close()

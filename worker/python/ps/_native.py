@@ -256,8 +256,10 @@ def _text(value: Optional[str]) -> Optional[bytes]:
     return None if value is None else str(value).encode()
 
 
-def _float_buffer(buffer, writable: bool, what: str) -> Tuple[int, int]:
-    """The address and element count of a C-contiguous float32 buffer."""
+def _float_buffer(buffer, writable: bool, what: str) -> Tuple[int, int, object]:
+    """The address and element count of a C-contiguous float32 buffer, and
+    what to keep alive while the library uses it (it also holds the buffer's
+    export, so an array.array cannot be resized under the library)."""
     interface = getattr(buffer, "__array_interface__", None)
     if interface is not None:  # numpy, without importing it
         if interface.get("typestr") not in ("<f4", "=f4", "|f4"):
@@ -277,7 +279,7 @@ def _float_buffer(buffer, writable: bool, what: str) -> Tuple[int, int]:
         count = 1
         for dim in interface["shape"]:
             count *= dim
-        return address, count
+        return address, count, buffer
     view = memoryview(buffer)
     if view.format not in ("f", "<f", "=f") or view.itemsize != 4:
         raise TypeError(f"{what} must hold float32 (format 'f'), not format '{view.format}'")
@@ -286,9 +288,9 @@ def _float_buffer(buffer, writable: bool, what: str) -> Tuple[int, int]:
     if view.readonly:
         raise TypeError(f"{what} is read-only: pass a writable buffer or a numpy array")
     if view.nbytes == 0:
-        return 0, 0
-    address = ctypes.addressof(ctypes.c_char.from_buffer(view))
-    return address, view.nbytes // 4
+        return 0, 0, view
+    exported = ctypes.c_char.from_buffer(view)
+    return ctypes.addressof(exported), view.nbytes // 4, exported
 
 
 class Handle:
@@ -430,7 +432,7 @@ class Client:
         first.
         """
         specs = (_TensorSpec * len(tensors))()
-        keep = []
+        keep_specs = []
         for i, tensor in enumerate(tensors):
             name, shape = tensor[0], [int(d) for d in tensor[1]]
             dtype = tensor[2] if len(tensor) > 2 else DTYPE_F32
@@ -442,16 +444,17 @@ class Client:
                 dtype = _DTYPES[dtype]
             dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
             encoded_name = str(name).encode()
-            keep.append((dims, encoded_name))
+            keep_specs.append((dims, encoded_name))
             specs[i].name = encoded_name
             specs[i].shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
             specs[i].ndim = len(shape)
             specs[i].dtype = int(dtype)
-        address, count = (0, 0) if initial is None else _float_buffer(
+        address, count, keep = (0, 0, None) if initial is None else _float_buffer(
             initial, writable=False, what="the initial values")
         out = _Registration()
         self._call("ps_client_register", specs, len(tensors), address or None, count,
                    steps_per_epoch, ctypes.byref(out))
+        del keep, keep_specs  # the call has read them
         self._registration = Registration._from(out)
         return self._registration
 
@@ -473,20 +476,20 @@ class Client:
     def push(self, iteration: int, num_samples: int, first: int, last: int,
              gradient) -> Handle:
         """Starts pushing segments [first, last) of `gradient` (the whole flat buffer)."""
-        address, count = _float_buffer(gradient, writable=False, what="the gradient")
+        address, count, keep = _float_buffer(gradient, writable=False, what="the gradient")
         handle = ctypes.c_void_p()
         self._call("ps_client_push", iteration, num_samples, first, last, address or None,
                    count, ctypes.byref(handle))
-        return Handle(self._lib, handle, gradient,
+        return Handle(self._lib, handle, keep,
                       f"push of segments [{first}, {last}) of iteration {iteration}")
 
     def pull(self, version: int, first: int, last: int, params) -> Handle:
         """Starts pulling segments [first, last) of `version` into `params` (the whole buffer)."""
-        address, count = _float_buffer(params, writable=True, what="the parameters")
+        address, count, keep = _float_buffer(params, writable=True, what="the parameters")
         handle = ctypes.c_void_p()
         self._call("ps_client_pull", version, first, last, address or None, count,
                    ctypes.byref(handle))
-        return Handle(self._lib, handle, params,
+        return Handle(self._lib, handle, keep,
                       f"pull of segments [{first}, {last}) of version {version}")
 
     def wait_for_version(self, version: int) -> None:
@@ -495,9 +498,10 @@ class Client:
 
     def pull_all(self, version: int, params) -> int:
         """Blocks while pulling the whole model of `version`; the version pulled."""
-        address, count = _float_buffer(params, writable=True, what="the parameters")
+        address, count, keep = _float_buffer(params, writable=True, what="the parameters")
         pulled = ctypes.c_int64(-1)
         self._call("ps_client_pull_all", version, address or None, count, ctypes.byref(pulled))
+        del keep  # written by now
         return pulled.value
 
     def members(self, iteration: int) -> List[int]:
@@ -516,10 +520,11 @@ class Client:
 
     def reconnect(self, initial=None) -> Registration:
         """Registers again after an Error with server_lost; pull its version next."""
-        address, count = (0, 0) if initial is None else _float_buffer(
+        address, count, keep = (0, 0, None) if initial is None else _float_buffer(
             initial, writable=False, what="the initial values")
         out = _Registration()
         self._call("ps_client_reconnect", address or None, count, ctypes.byref(out))
+        del keep  # read by now
         self._registration = Registration._from(out)
         return self._registration
 
