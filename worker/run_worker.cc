@@ -17,7 +17,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/chrome_trace.h"
 #include "common/clock.h"
 #include "common/cpu_device.h"
@@ -31,7 +30,7 @@
 #include "worker/local_parameter_store.h"
 #include "worker/remote_parameter_store.h"
 #include "worker/server_check.h"
-#include "worker/sharded_parameter_store.h"
+#include "worker/server_store.h"
 #include "worker/time_split.h"
 #include "worker/trainer.h"
 #include "worker/training_plot.h"
@@ -154,30 +153,23 @@ void ReportPhases(const TimeSplitObserver& phases, proto::HeartbeatRequest* requ
   request->set_steps(steps);
 }
 
-// A server job's store readings, whichever store type (one server or
-// sharded); empty functions when training alone.
-struct StoreReadings {
-  std::function<int64_t()> bytes_pushed;  // tensor bytes over the wire so far
-  std::function<int64_t()> bytes_pulled;
-  std::function<std::map<int64_t, int64_t>()> staleness;
-  bool remote() const { return static_cast<bool>(bytes_pushed); }
-};
+using StoreReadings = ServerStoreReadings;
 
 // The store: the optimizer in this process, or the parameter server (which
 // then owns the initial parameters and the optimizer settings), over one
-// server or `shards`. `phases` feeds the heartbeats, `rpc_observer` (null:
-// none) receives the store's events; both must outlive the store.
+// server or several shards (server_store.h). `phases` feeds the heartbeats,
+// `rpc_observer` (null: none) receives the store's events; both must
+// outlive the store. `readings` stays empty for the local store.
 absl::StatusOr<std::unique_ptr<ParameterStore>> CreateStore(
     const WorkerOptions& options, const OptimizerOptions& optimizer,
-    const std::vector<std::string>& shards, const TimeSplitObserver* phases,
-    EventObserver* rpc_observer, StopRequest* stop, StoreReadings* readings) {
+    const TimeSplitObserver* phases, EventObserver* rpc_observer, StopRequest* stop,
+    StoreReadings* readings) {
   if (options.servers.empty()) {
     PS_ASSIGN_OR_RETURN(std::unique_ptr<LocalParameterStore> local,
                         LocalParameterStore::Create(optimizer, 1, options.loss_scale));
     return std::unique_ptr<ParameterStore>(std::move(local));
   }
   RemoteStoreOptions remote = options.remote;
-  remote.server_address = options.servers;
   remote.steps_per_epoch = optimizer.schedule.steps_per_epoch;
   remote.observer = rpc_observer;
   remote.report = [phases](proto::HeartbeatRequest* request) { ReportPhases(*phases, request); };
@@ -187,24 +179,9 @@ absl::StatusOr<std::unique_ptr<ParameterStore>> CreateStore(
     std::printf("worker: %s\n", line.c_str());
     std::fflush(stdout);
   };
-  auto observe = [readings](const auto* r) {
-    readings->bytes_pushed = [r] { return r->bytes_pushed(); };
-    readings->bytes_pulled = [r] { return r->bytes_pulled(); };
-    readings->staleness = [r] { return r->staleness_histogram(); };
-  };
-  if (shards.size() <= 1) {
-    PS_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterStore> r,
-                        RemoteParameterStore::Create(remote));
-    observe(r.get());
-    return std::unique_ptr<ParameterStore>(std::move(r));
-  }
-  ShardedStoreOptions sharded;
-  sharded.shard_addresses = shards;
-  sharded.remote = remote;
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<ShardedParameterStore> r,
-                      ShardedParameterStore::Create(sharded));
-  observe(r.get());
-  return std::unique_ptr<ParameterStore>(std::move(r));
+  PS_ASSIGN_OR_RETURN(ServerStore server, CreateServerStore(options.servers, remote));
+  *readings = server.readings;
+  return std::move(server.store);
 }
 
 // The lines before the first step: what runs in half precision, the
@@ -427,8 +404,7 @@ absl::Status Train(const WorkerOptions& options, StopRequest* stop, ChromeTraceO
   optimizer.schedule.steps_per_epoch =
       (data.train.size() + trainer_options.batch_size - 1) / trainer_options.batch_size;
 
-  const std::vector<std::string> shards =
-      absl::StrSplit(options.servers, ',', absl::SkipWhitespace());
+  const std::vector<std::string> shards = SplitServerList(options.servers);
   if (options.check) {
     return CheckServers(options, shards, model, devices.all[0],
                         optimizer.schedule.steps_per_epoch);
@@ -443,7 +419,7 @@ absl::Status Train(const WorkerOptions& options, StopRequest* stop, ChromeTraceO
   }
   StoreReadings readings;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterStore> store,
-                      CreateStore(options, optimizer, shards, &phases,
+                      CreateStore(options, optimizer, &phases,
                                   rpc_observers.empty() ? nullptr : &rpc_observers, stop,
                                   &readings));
   if (metrics != nullptr) {

@@ -7,13 +7,13 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/int_list.h"
 #include "common/job_token.h"
 #include "common/optimizer/optimizer_flags.h"
 #include "common/precision.h"
 #include "common/status_macros.h"
+#include "worker/server_store.h"
 
 ABSL_FLAG(std::string, model, "lenet",
           "softmax, mlp, lenet, lenet_relu, resnet18 or resnet18_cifar");
@@ -224,8 +224,7 @@ absl::Status ServersFromFlags(WorkerOptions& options) {
           absl::StrCat(flag, " is ", absl::FormatDuration(timeout), "; it must be positive"));
     }
   }
-  const std::vector<std::string> shards =
-      absl::StrSplit(options.servers, ',', absl::SkipWhitespace());
+  const std::vector<std::string> shards = SplitServerList(options.servers);
   if (!shards.empty()) {
     remote.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
     remote.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);

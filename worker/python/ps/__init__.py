@@ -1,0 +1,11 @@
+"""ps: the parameter server from Python.
+
+`ps._native` is the thin ctypes binding of the C-ABI client library
+(libps_client.so, worker/client/ps_client.h); ps.torch (DistributedOptimizer
+and friends) is built on it next. docs/client.md tells how to build and
+import it.
+"""
+
+from ps._native import Client, Error, Handle, Registration
+
+__all__ = ["Client", "Error", "Handle", "Registration"]
