@@ -221,6 +221,7 @@ void ToC(const ParameterStore::Registration& in, const std::vector<int64_t>& end
   out->loss_scale = in.loss_scale;
   out->num_segments = static_cast<int64_t>(ends.size());
   out->num_elements = ends.empty() ? 0 : ends.back();
+  std::snprintf(out->optimizer, sizeof(out->optimizer), "%s", in.optimizer.c_str());
 }
 
 absl::Status CheckClient(const ps_client* client, const char* call) {

@@ -159,6 +159,7 @@ typedef struct ps_tensor_spec {
 
 /* The job's settings, as the last register or reconnect set them. */
 #define PS_CONSISTENCY_SIZE 32
+#define PS_OPTIMIZER_SIZE 16
 typedef struct ps_registration {
   int32_t rank;        /* this worker's */
   int32_t num_workers; /* in the job */
@@ -175,6 +176,11 @@ typedef struct ps_registration {
   float loss_scale;
   int64_t num_segments; /* segments of the flat buffer */
   int64_t num_elements; /* floats in the flat buffer (the model's size) */
+  /* What each version after 0 holds (the server's --optimizer): "sgd", the
+   * parameters after the server's SGD step; "none", the iteration's mean
+   * gradient, which the caller applies with an optimizer of its own (a
+   * sum-only server, docs/training.md). */
+  char optimizer[PS_OPTIMIZER_SIZE];
 } ps_registration;
 
 typedef struct ps_client ps_client; /* one worker's connection to the job */

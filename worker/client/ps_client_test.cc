@@ -209,6 +209,7 @@ TEST(PsClientTest, TwoClientsSumTheirGradientsInSync) {
   EXPECT_EQ(ra.num_workers, 2);
   EXPECT_EQ(ra.version, 0);
   EXPECT_STREQ(ra.consistency, "sync");
+  EXPECT_STREQ(ra.optimizer, "sgd");
   EXPECT_EQ(ra.exact_pulls, 1);
   EXPECT_EQ(ra.independent_steps, 0);
   EXPECT_EQ(ra.loss_scale, 0.f);
@@ -283,6 +284,39 @@ TEST(PsClientTest, AsyncAndSspSettingsAreRead) {
   EXPECT_EQ(rb.staleness_bound, 2);
   EXPECT_EQ(rb.independent_steps, 0);
   EXPECT_EQ(rb.exact_pulls, 0);
+}
+
+TEST(PsClientTest, ASumOnlyServerSaysSoAndServesTheMeanGradient) {
+  ps::server::ParameterServerOptions options;
+  options.num_workers = 2;
+  options.chunk_elements = kChunkElements;
+  options.optimizer.kind = "none";  // --optimizer=none
+  auto server = ps::server::InProcessServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ClientPtr a = Connect((*server)->address(), "a");
+  ClientPtr b = Connect((*server)->address(), "b");
+  const std::vector<float> initial = Ramp(3.f, 1.f);
+  const ps_registration ra = Register(a.get(), initial);
+  Register(b.get(), {});
+  EXPECT_STREQ(ra.optimizer, "none");
+  // Version 1 is the mean over the global batch of the pushed gradient
+  // sums, whatever the parameters were.
+  const std::vector<float> ga = Ramp(1.f, 0.5f), gb = Ramp(0.f, -0.25f);
+  std::vector<float> pa(kElements, -1.f), pb(kElements, -1.f);
+  const int segments = static_cast<int>(Segments(a.get()));
+  std::vector<HandlePtr> handles;
+  handles.push_back(Push(a.get(), 0, 1, 0, segments, ga));
+  handles.push_back(Push(b.get(), 0, 3, 0, segments, gb));
+  handles.push_back(Pull(a.get(), 1, 0, segments, pa));
+  handles.push_back(Pull(b.get(), 1, 0, segments, pb));
+  for (HandlePtr& h : handles) {
+    ps_error error;
+    ASSERT_EQ(Wait(h.get(), &error), PS_OK) << error.message;
+  }
+  for (int64_t i = 0; i < kElements; ++i) {
+    EXPECT_FLOAT_EQ(pa[i], (ga[i] + gb[i]) / 4.f) << "element " << i;
+    EXPECT_EQ(pa[i], pb[i]) << "element " << i;
+  }
 }
 
 TEST(PsClientTest, ADifferentSignatureIsRefusedNamingTheFirstDifference) {

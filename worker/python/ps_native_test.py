@@ -61,6 +61,7 @@ def run_worker(servers, rank, out_path):
     assert registration.rank == rank, registration
     assert registration.num_workers == 2, registration
     assert registration.consistency == "sync", registration
+    assert registration.optimizer == "sgd", registration
     assert registration.num_elements == ELEMENTS, registration
     ends = client.segment_ends()
     assert len(ends) == registration.num_segments >= 4, ends

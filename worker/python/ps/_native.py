@@ -30,6 +30,7 @@ ABI_VERSION = 1
 
 _ERROR_MESSAGE_SIZE = 2048
 _CONSISTENCY_SIZE = 32
+_OPTIMIZER_SIZE = 16
 
 DTYPE_F32 = 0
 DTYPE_F16 = 1
@@ -143,6 +144,7 @@ class _Registration(ctypes.Structure):
         ("loss_scale", ctypes.c_float),
         ("num_segments", ctypes.c_int64),
         ("num_elements", ctypes.c_int64),
+        ("optimizer", ctypes.c_char * _OPTIMIZER_SIZE),
     ]
 
 
@@ -160,6 +162,7 @@ class Registration:
     loss_scale: float         # dynamic loss scaling's scale; 0: none
     num_segments: int
     num_elements: int
+    optimizer: str            # "sgd": versions are parameters; "none": mean gradients
 
     @staticmethod
     def _from(r: _Registration) -> "Registration":
@@ -168,7 +171,8 @@ class Registration:
             consistency=r.consistency.decode(), staleness_bound=r.staleness_bound,
             independent_steps=bool(r.independent_steps), exact_pulls=bool(r.exact_pulls),
             dynamic_members=bool(r.dynamic_members), loss_scale=r.loss_scale,
-            num_segments=r.num_segments, num_elements=r.num_elements)
+            num_segments=r.num_segments, num_elements=r.num_elements,
+            optimizer=r.optimizer.decode())
 
 
 def library_path() -> str:
