@@ -2,7 +2,7 @@
 
 Bazel 4.2.3's py_* rules lay a package out only in a binary's runfiles (and
 their stub runs `python`, which Debian 12 lacks), so this rule copies the
-package's sources and its native library into one directory named after the
+package's sources (subpackages kept) and its native library into one directory named after the
 target, bazel-bin/<package>/<name>/, which PYTHONPATH=bazel-bin/<package>
 imports as is, and which tests take as data.
 """
@@ -10,8 +10,15 @@ imports as is, and which tests take as data.
 def _python_package_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name)
     commands = ["mkdir -p '%s'" % out.path]
+
+    # A source under <package>/<name>/ keeps its path below it (ps/torch/x.py
+    # becomes <name>/torch/x.py); libraries and other sources go flat.
+    prefix = (ctx.label.package + "/" if ctx.label.package else "") + ctx.label.name + "/"
     for f in ctx.files.srcs + ctx.files.libraries:
-        commands.append("cp '%s' '%s/%s'" % (f.path, out.path, f.basename))
+        relative = f.short_path[len(prefix):] if f.short_path.startswith(prefix) else f.basename
+        if "/" in relative:
+            commands.append("mkdir -p '%s/%s'" % (out.path, relative.rsplit("/", 1)[0]))
+        commands.append("cp '%s' '%s/%s'" % (f.path, out.path, relative))
     ctx.actions.run_shell(
         inputs = ctx.files.srcs + ctx.files.libraries,
         outputs = [out],
@@ -22,7 +29,7 @@ def _python_package_impl(ctx):
 
 python_package = rule(
     implementation = _python_package_impl,
-    doc = "Copies `srcs` (.py files, flat) and `libraries` into bazel-bin/<package>/<name>/.",
+    doc = "Copies `srcs` (.py files, their paths below <name>/ kept) and `libraries` into bazel-bin/<package>/<name>/.",
     attrs = {
         "srcs": attr.label_list(allow_files = [".py"]),
         "libraries": attr.label_list(allow_files = [".so"]),
