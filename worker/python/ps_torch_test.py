@@ -159,6 +159,32 @@ def single_worker(servers: str, rank: int, out_path: str) -> None:
     ps.torch.shutdown()
 
 
+def overlap_worker(servers: str, rank: int, out_path: str) -> None:
+    """One step of a 21 M-parameter MLP (five 2048 x 2048 layers) with the
+    default 4 MiB buckets, recording the optimizer's events in order."""
+    import ps.torch
+
+    ps.torch.init(servers, connect_timeout=20, rpc_timeout=60, wait_timeout=60)
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(5):
+        layers += [torch.nn.Linear(2048, 2048), torch.nn.ReLU()]
+    net = torch.nn.Sequential(*layers)
+    events = []
+    optimizer = ps.torch.DistributedOptimizer(
+        None, net.named_parameters(), observer=lambda event, fields: events.append(
+            [event, fields.get("name", ""), time.monotonic()]))
+    x = torch.randn(64, 2048, generator=torch.Generator().manual_seed(5))
+    optimizer.zero_grad()
+    net(x).square().mean().backward()
+    backward_end = time.monotonic()
+    optimizer.step()
+    with open(out_path, "w") as out:
+        json.dump({"parameters": sum(p.numel() for p in net.parameters()),
+                   "backward_end": backward_end, "events": events}, out)
+    ps.torch.shutdown()
+
+
 class PsTorchTest(unittest.TestCase):
     server_binary = None
     package_parent = None
@@ -168,8 +194,9 @@ class PsTorchTest(unittest.TestCase):
         port_file = os.path.join(tmp, "port")
         with open(os.path.join(tmp, "server.log"), "wb") as server_log:
             server = subprocess.Popen(
-                [self.server_binary, "--port=0", f"--port_file={port_file}",
-                 "--chunk_bytes=256"] + list(flags),
+                [self.server_binary, "--port=0", f"--port_file={port_file}"] +
+                ([] if any(f.startswith("--chunk_bytes") for f in flags) else
+                 ["--chunk_bytes=256"]) + list(flags),
                 stdout=server_log, stderr=subprocess.STDOUT)
         self.addCleanup(lambda: (server.terminate(), server.wait(timeout=30)))
         deadline = time.monotonic() + 30
@@ -253,6 +280,27 @@ class PsTorchTest(unittest.TestCase):
             self.assertIn(text, results[case]["message"], case)
         self.assertIn("parameter 'fc2.", results["nan"]["message"])
 
+    def test_the_first_bucket_is_pushed_while_backward_goes_on(self):
+        servers, tmp = self.start_server("--num_workers=1", "--chunk_bytes=1048576", "--lr=0.01")
+        path = os.path.join(tmp, "overlap.json")
+        self.finish([self.worker("overlap", servers, 0, path)])
+        with open(path) as f:
+            result = json.load(f)
+        self.assertGreaterEqual(result["parameters"], 20_000_000)
+        events = result["events"]
+        kinds = [event[0] for event in events]
+        first_push = kinds.index("push")
+        last_gradient = len(kinds) - 1 - kinds[::-1].index("gradient")
+        # Backward's order: the last layer's gradients come first, the first
+        # layer's ("0.weight", "0.bias") last.
+        first_layer = min(i for i, event in enumerate(events) if event[1].startswith("0."))
+        self.assertLess(first_push, first_layer,
+                        f"no push before the first layer's gradient: {kinds}")
+        pushes_in_backward = sum(1 for event in events[:last_gradient] if event[0] == "push")
+        self.assertGreaterEqual(pushes_in_backward, 4, kinds)
+        self.assertLess(events[first_push][2], result["backward_end"])
+        self.assertEqual(kinds[-1], "step")
+
     def test_calls_before_init_are_refused(self):
         import ps
         import ps.torch
@@ -284,6 +332,8 @@ def main():
         sys.path.insert(0, package_parent)
         if scenario in ("sgd", "adam"):
             train_worker(scenario, servers, int(rank), out_path)
+        elif scenario == "overlap":
+            overlap_worker(servers, int(rank), out_path)
         elif scenario == "mismatch":
             mismatch_worker(servers, int(rank), out_path)
         else:

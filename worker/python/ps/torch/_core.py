@@ -341,10 +341,16 @@ class DistributedOptimizer:
     on every worker; registered here unless broadcast_parameters did.
     bucket_bytes: about how many gradient bytes one push carries (>= 1);
     buckets are runs of the server's segments, last first (backward's order).
+    observer: called as observer(event, fields) on the caller's (autograd's)
+    thread, for timing and tests: "gradient" (name, iteration) when a
+    parameter's gradient is copied, "push" (iteration, first, last: the
+    bucket's segments) when a bucket's push starts, "step" (iteration) when
+    step has applied the next version. It must not call back into the
+    optimizer; what it raises propagates.
     """
 
     def __init__(self, optimizer: Optional[torch.optim.Optimizer], named_parameters,
-                 bucket_bytes: int = 4 << 20):
+                 bucket_bytes: int = 4 << 20, observer=None):
         what = "ps.torch.DistributedOptimizer"
         ctx = _require("DistributedOptimizer")
         if ctx.has_optimizer:
@@ -385,6 +391,7 @@ class DistributedOptimizer:
                                     f"(shape {list(tensor.shape)}) is not a registered "
                                     "parameter: give every tensor it steps in named_parameters")
         self._ctx = ctx
+        self._observer = observer
         self._optimizer = optimizer
         self._names = [name for name, _ in pairs]
         self._params = [tensor for _, tensor in pairs]
@@ -491,6 +498,8 @@ class DistributedOptimizer:
                             f"({float(grad.reshape(-1)[bad])} at element {bad}) in iteration "
                             f"{self.iteration}; refused before pushing it")
         self._ready[index] = True
+        if self._observer is not None:
+            self._observer("gradient", {"name": name, "iteration": self.iteration})
         for b in self._param_buckets[index]:
             bucket = self._buckets[b]
             bucket.pending -= 1
@@ -501,6 +510,8 @@ class DistributedOptimizer:
         client = self._ctx.client
         t = self.iteration
         bucket.pushed = True
+        if self._observer is not None:
+            self._observer("push", {"iteration": t, "first": bucket.first, "last": bucket.last})
         self._handles.append(client.push(t, self._samples, bucket.first, bucket.last,
                                          self._grad_buffer))
         self._handles.append(client.pull(t + 1, bucket.first, bucket.last,
@@ -563,6 +574,8 @@ class DistributedOptimizer:
         for bucket in self._buckets:
             bucket.pending = len(bucket.params)
             bucket.pushed = False
+        if self._observer is not None:
+            self._observer("step", {"iteration": self._ctx.version - 1})
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Clears the parameters' gradients; refused while pushes are in flight."""
