@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import unittest
+from typing import Optional
 
 import torch
 
@@ -76,13 +77,15 @@ def reference(kind: str) -> dict:
     return {name: tensor.detach().clone() for name, tensor in net.named_parameters()}
 
 
-def train_worker(kind: str, servers: str, rank: int, out_path: str) -> None:
+def train_worker(kind: str, servers: Optional[str], rank: Optional[int], out_path: str) -> None:
     """2 workers, each on its half of every global batch; rank 1 starts from
-    other values, which registration replaces with rank 0's."""
+    other values, which registration replaces with rank 0's. servers and
+    rank None: from the environment (ps.torch.run's)."""
     import ps.torch
 
-    ps.torch.init(servers, rank=rank, num_workers=2, worker_id=f"worker-{rank}",
+    ps.torch.init(servers, rank=rank, num_workers=None if rank is None else 2,
                   connect_timeout=20, rpc_timeout=20, wait_timeout=30)
+    rank = ps.torch.rank()
     net = model(seed=rank)
     local = None if kind == "sgd" else torch.optim.Adam(net.parameters(), lr=ADAM_LR)
     optimizer = ps.torch.DistributedOptimizer(local, net.named_parameters(), bucket_bytes=1024)
@@ -301,6 +304,36 @@ class PsTorchTest(unittest.TestCase):
         self.assertLess(events[first_push][2], result["backward_end"])
         self.assertEqual(kinds[-1], "step")
 
+    def run_launcher(self, *script_args, server_flags=()):
+        tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        env = dict(os.environ, PYTHONPATH=self.package_parent)
+        launcher = subprocess.run(
+            [sys.executable, "-m", "ps.torch.run", "--workers=2", f"--server={self.server_binary}"]
+            + [f"--server_arg={flag}" for flag in server_flags]
+            + ["--", os.path.abspath(__file__), "launched", tmp, self.package_parent]
+            + list(script_args),
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+        return launcher.returncode, launcher.stdout.decode(), tmp
+
+    def test_run_starts_a_server_and_the_workers_from_the_environment(self):
+        code, output, tmp = self.run_launcher(server_flags=(
+            "--chunk_bytes=256", f"--lr={LR}", f"--momentum={MOMENTUM}",
+            f"--weight_decay={WEIGHT_DECAY}"))
+        self.assertEqual(code, 0, output)
+        expected = reference("sgd")
+        for rank in range(2):
+            got = torch.load(os.path.join(tmp, f"params-{rank}.pt"))
+            for name, want in expected.items():
+                self.assertTrue(torch.allclose(got[name], want, rtol=RTOL, atol=ATOL),
+                                f"rank {rank}'s {name}")
+
+    def test_run_stops_the_job_when_a_worker_fails(self):
+        started = time.monotonic()
+        code, output, _ = self.run_launcher("fail")
+        self.assertEqual(code, 3, output)
+        self.assertLess(time.monotonic() - started, 30, "rank 0 was not stopped")
+        self.assertIn("worker 1 exited with status 3", output)
+
     def test_calls_before_init_are_refused(self):
         import ps
         import ps.torch
@@ -327,6 +360,16 @@ class PsTorchTest(unittest.TestCase):
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "launched":  # under ps.torch.run
+        out_dir, package_parent = sys.argv[2:4]
+        sys.path.insert(0, package_parent)
+        rank = int(os.environ["RANK"])
+        if sys.argv[4:] == ["fail"]:  # rank 0 would run a minute unless stopped
+            if rank == 0:
+                time.sleep(60)
+            sys.exit(3)
+        train_worker("sgd", None, None, os.path.join(out_dir, f"params-{rank}.pt"))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         scenario, servers, rank, out_path, package_parent = sys.argv[2:7]
         sys.path.insert(0, package_parent)

@@ -1,0 +1,137 @@
+"""Starts W worker processes of a training script (and a server when none is given).
+
+    python3 -m ps.torch.run --workers=W [--servers=S] [--server=PATH
+        [--server_arg=FLAG ...]] -- SCRIPT [ARGS...]
+
+Each worker runs `python3 SCRIPT ARGS` (this interpreter) with PS_SERVERS,
+RANK, LOCAL_RANK and WORLD_SIZE set, as torchrun sets them, so the script's
+ps.torch.init() needs no arguments, and with PYTHONPATH leading to this ps
+package. Without --servers, the server binary (--server, else
+$PS_SERVER_BINARY) is started on a free local port with --num_workers=W
+and each --server_arg, and stopped when the workers are done.
+
+Exit status: 0 when every worker exited 0; else the first failing worker's
+status (the others are terminated then), or 2 for bad arguments, naming
+the problem. The workers' output goes to this process's stdout and stderr.
+"""
+
+import argparse
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import List, Optional
+
+_SERVER_START_TIMEOUT_S = 60
+_POLL_S = 0.05  # how often the port file is looked for while the server starts
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m ps.torch.run",
+        description="Runs W ps.torch workers of SCRIPT (and a server unless --servers).")
+    parser.add_argument("--workers", type=int, required=True, help="worker processes (>= 1)")
+    parser.add_argument("--servers", default="",
+                        help="host:port[,host:port...] of running servers; empty: start one")
+    parser.add_argument("--server", default=os.environ.get("PS_SERVER_BINARY", ""),
+                        help="the server binary to start without --servers "
+                             "(default $PS_SERVER_BINARY)")
+    parser.add_argument("--server_arg", action="append", default=[],
+                        help="a flag for the started server, e.g. --server_arg=--lr=0.1")
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    return parser
+
+
+def _start_server(binary: str, workers: int, flags: List[str], tmp: str) -> (subprocess.Popen,
+                                                                              str):
+    port_file = os.path.join(tmp, "port")
+    server = subprocess.Popen([binary, "--port=0", f"--port_file={port_file}",
+                               f"--num_workers={workers}"] + flags)
+    deadline = time.monotonic() + _SERVER_START_TIMEOUT_S
+    while not (os.path.exists(port_file) and os.path.getsize(port_file) > 0):
+        if server.poll() is not None:
+            raise RuntimeError(f"the server {binary} exited with status {server.returncode} "
+                               "before serving")
+        if time.monotonic() > deadline:
+            server.terminate()
+            raise RuntimeError(f"the server {binary} wrote no port within "
+                               f"{_SERVER_START_TIMEOUT_S} s")
+        time.sleep(_POLL_S)
+    with open(port_file) as f:
+        return server, f"127.0.0.1:{int(f.read().strip())}"
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = _parser()
+    options = parser.parse_args(argv)
+    if options.workers < 1:
+        parser.error(f"--workers must be at least 1, got {options.workers}")
+    if not os.path.isfile(options.script):
+        parser.error(f"the script {options.script} does not exist")
+    if not options.servers and not options.server:
+        parser.error("no --servers to join and no --server binary (or $PS_SERVER_BINARY) "
+                     "to start")
+    if options.servers and options.server_arg:
+        parser.error("--server_arg is for a server this launcher starts, not with --servers")
+    args = options.args[1:] if options.args[:1] == ["--"] else options.args
+
+    server = None
+    servers = options.servers
+    tmp = tempfile.mkdtemp(prefix="ps_torch_run_")
+    if not servers:
+        try:
+            server, servers = _start_server(options.server, options.workers,
+                                            options.server_arg, tmp)
+        except (OSError, RuntimeError) as e:
+            print(f"ps.torch.run: {e}", file=sys.stderr)
+            return 2
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))))
+    workers = []
+    status = 0
+    try:
+        for rank in range(options.workers):
+            env = dict(os.environ)
+            env.update(PS_SERVERS=servers, RANK=str(rank), LOCAL_RANK=str(rank),
+                       WORLD_SIZE=str(options.workers))
+            env["PYTHONPATH"] = os.pathsep.join(
+                [package_parent] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            workers.append(subprocess.Popen([sys.executable, options.script] + args, env=env))
+        # One thread per worker waits for it; the first failure stops the rest.
+        exits: "queue.Queue[tuple]" = queue.Queue()
+        for rank, worker in enumerate(workers):
+            threading.Thread(target=lambda r=rank, w=worker: exits.put((r, w.wait())),
+                             daemon=True).start()
+        for _ in workers:
+            rank, code = exits.get()
+            if code != 0 and status == 0:
+                print(f"ps.torch.run: worker {rank} exited with status {code}; stopping "
+                      "the others", file=sys.stderr)
+                status = code if code > 0 else 1
+                for other in workers:
+                    _stop(other)
+    finally:
+        for worker in workers:
+            _stop(worker)
+        if server is not None:
+            _stop(server)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
