@@ -52,7 +52,8 @@ def parse_args(argv):
     p.add_argument("--batch_size", type=int, default=256, help="global batch, all workers")
     p.add_argument("--data_dir", default=_DATA_DIR, help="the four idx .gz files")
     p.add_argument("--val_size", type=int, default=5000,
-                   help="images held out from the end of the training file")
+                   help="images held out from the end of the training file (0: none, "
+                        "as D2L's train_ch6)")
     p.add_argument("--train_limit", type=int, default=0,
                    help="train on the first N images of the training split only (0: all); "
                         "for quick tests")
@@ -106,7 +107,7 @@ def evaluate(model, x, y, batch=1000):
     for i in range(0, len(x), batch):
         correct += (model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum().item()
     model.train()
-    return correct / max(len(x), 1)
+    return correct / len(x) if len(x) else float("nan")
 
 
 def plot(path, history, model_name, workers):
@@ -181,7 +182,7 @@ def train(args):
             record = {"epoch": epoch, "train_loss": loss_sum / seen, "train_acc": correct / seen,
                       "val_acc": evaluate(model, x_val, y_val)}
             history.append(record)
-            if best is None or record["val_acc"] > best[1]:
+            if len(x_val) and (best is None or record["val_acc"] > best[1]):
                 best = (epoch, record["val_acc"], copy.deepcopy(model.state_dict()))
             print(f"epoch {epoch}: train loss {record['train_loss']:.4f}, "
                   f"train acc {record['train_acc']:.4f}, val acc {record['val_acc']:.4f} "
@@ -194,9 +195,10 @@ def train(args):
               f"val acc {last['val_acc']:.4f}, test acc {test_acc:.4f}; "
               f"{samples / elapsed:.0f} samples/s in {elapsed:.1f} s", flush=True)
         # What the validation split is for: the epoch it picks, tested once.
-        model.load_state_dict(best[2])
-        print(f"best validation epoch {best[0]}: val acc {best[1]:.4f}, "
-              f"test acc {evaluate(model, x_test, y_test):.4f}", flush=True)
+        if best is not None:
+            model.load_state_dict(best[2])
+            print(f"best validation epoch {best[0]}: val acc {best[1]:.4f}, "
+                  f"test acc {evaluate(model, x_test, y_test):.4f}", flush=True)
         if args.plot:
             plot(args.plot, history, args.model, workers)
             print(f"wrote {args.plot}", flush=True)
