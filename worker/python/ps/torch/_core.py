@@ -491,7 +491,13 @@ class DistributedOptimizer:
                 raise Error(_native.INVALID_ARGUMENT,
                             f"parameter '{name}' has a sparse gradient; ps.torch takes dense ones")
             torch.mul(grad.reshape(-1), self._samples, out=out)
-            if self._check_finite and not bool(torch.isfinite(out).all()):
+            # NaN and infinity carry into a sum, so a finite sum proves the
+            # gradient finite: 3.5 ms for 16.8 M floats on one thread of this
+            # 2-core machine, where isfinite(out).all() takes 68 ms (a bool
+            # tensor, then a reduction) and was a fifth of an MLP-20M step.
+            # A non-finite sum (or one that overflowed) takes the exact check.
+            if (self._check_finite and not bool(torch.isfinite(out.sum()))
+                    and not bool(torch.isfinite(out).all())):
                 bad = int((~torch.isfinite(out)).nonzero()[0, 0])
                 raise Error(_native.INVALID_ARGUMENT,
                             f"parameter '{name}' has a non-finite gradient "
