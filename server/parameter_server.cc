@@ -336,7 +336,8 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
                         table->ApplyNow(gc, based_on_version, num_samples, options_.num_workers,
                                         chunks[c].pieces, *optimizer));
     staleness = std::max(staleness, applied.staleness);
-    absl::MutexLock lock(&mu_);
+    // The event first, so that once the version is visible its event is in;
+    // the tracker publishes under its own lock.
     ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, applied.version - 1, table->name(gc),
                 table->layout().chunk_length[gc] * static_cast<int64_t>(sizeof(float)), start_ns);
     updates_.PublishAsync(gc, applied.version, NowNanos());
@@ -373,10 +374,7 @@ absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const Ch
 
 absl::Status ParameterServer::CompleteChunk(ChunkTable& table, Optimizer& optimizer,
                                             int64_t iteration, int64_t gc) {
-  {
-    absl::MutexLock lock(&mu_);
-    updates_.MarkReady(iteration, gc);
-  }
+  updates_.MarkReady(iteration, gc);  // the tracker's own lock: AdvanceChunk claims under both
   return AdvanceChunk(table, optimizer, gc, nullptr, nullptr);
 }
 

@@ -383,7 +383,10 @@ class ParameterServer {
   std::vector<NamedTensor> named_initial_ ABSL_GUARDED_BY(mu_);
   InitialChunks initial_chunks_ ABSL_GUARDED_BY(mu_);
   WorkerLedger workers_ ABSL_GUARDED_BY(mu_);
-  // Changed under mu_; pulls read it and wait on it alone (its own lock).
+  // Thread-safe on its own lock: pulls wait on it alone, and marking chunks
+  // complete or ready and async publishing need nothing more; the claims of
+  // updates and the end of an iteration read and change it under mu_ too,
+  // so that each sees one state across several calls.
   UpdateTracker updates_;
   Membership membership_ ABSL_GUARDED_BY(mu_);
   CaptureRequests captures_ ABSL_GUARDED_BY(mu_);
