@@ -180,6 +180,10 @@ bool UpdateTracker::Publish(int64_t iteration, int64_t gc, bool skipped_this, in
 
 void UpdateTracker::PublishAsync(int64_t gc, int64_t version, int64_t now_ns) {
   absl::MutexLock lock(&mu_);
+  // Two pushes of one chunk update it in turn under the chunk's lock but
+  // publish here after releasing it, so the later version may arrive
+  // first: a chunk's published version never goes back.
+  if (version <= chunk_version_[gc]) return;
   chunk_version_[gc] = version;
   // The least chunk version moves only when a chunk at it moves (so the
   // scan is not per update).

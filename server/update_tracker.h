@@ -73,8 +73,9 @@ class UpdateTracker {
   // iteration + 1 at `now_ns`, the slot is reset, and it returns true with
   // *skipped saying whether any of the iteration's updates was skipped.
   bool Publish(int64_t iteration, int64_t gc, bool skipped_this, int64_t now_ns, bool* skipped);
-  // An asynchronous update published: chunk `gc` at `version`; the
-  // server's version is the least chunk version.
+  // An asynchronous update published: chunk `gc` at `version` (unless it
+  // published a later one already: concurrent updates of one chunk may
+  // publish out of order); the server's version is the least chunk version.
   void PublishAsync(int64_t gc, int64_t version, int64_t now_ns);
 
  private:

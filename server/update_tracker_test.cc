@@ -137,5 +137,18 @@ TEST(UpdateTrackerTest, TheAsynchronousVersionIsTheLeastChunkVersion) {
   EXPECT_EQ(updates.version(), 2);
 }
 
+TEST(UpdateTrackerTest, AnAsynchronousVersionPublishedLateDoesNotGoBack) {
+  UpdateTracker updates(0);
+  updates.LayOut(&Layout(), 1);
+  // Two pushes of chunk 0 applied as versions 1 and 2, published 2 first.
+  updates.PublishAsync(0, 2, 1);
+  updates.PublishAsync(0, 1, 2);
+  EXPECT_EQ(updates.chunk_version(0), 2);
+  updates.PublishAsync(1, 1, 3);
+  updates.PublishAsync(2, 1, 4);
+  EXPECT_EQ(updates.version(), 1);
+  EXPECT_EQ(updates.version_ns(), 4);
+}
+
 }  // namespace
 }  // namespace ps::server
