@@ -110,6 +110,25 @@ inline int64_t EventStartNanos(const EventObserver* observer, const Clock* clock
 void ReportEventSince(EventObserver* observer, const Clock* clock, EventKind kind, int32_t lane,
                       int64_t step, absl::string_view name, int64_t bytes, int64_t start_ns);
 
+// The same, bound to one observer (which may be null) and its clock: for
+// a component that times several such events.
+class EventTimer {
+ public:
+  EventTimer(EventObserver* observer, const Clock* clock) : observer_(observer), clock_(clock) {}
+  bool observed() const { return observer_ != nullptr; }
+  // The clock's reading, or -1 without a clock (bookkeeping, not events).
+  int64_t NowNanos() const { return clock_ != nullptr ? clock_->NowNanos() : -1; }
+  int64_t Start() const { return EventStartNanos(observer_, clock_); }
+  void ReportSince(EventKind kind, int32_t lane, int64_t step, absl::string_view name,
+                   int64_t bytes, int64_t start_ns) const {
+    ReportEventSince(observer_, clock_, kind, lane, step, name, bytes, start_ns);
+  }
+
+ private:
+  EventObserver* const observer_;
+  const Clock* const clock_;
+};
+
 // Times a scope: reports one event, from construction to destruction, when
 // `observer` is non-null; costs two clock reads otherwise nothing.
 class ScopedEvent {

@@ -217,6 +217,30 @@ absl::StatusOr<ChunkTable::View> ChunkTable::Take(int64_t gc, int64_t version, b
   return view;
 }
 
+absl::StatusOr<ChunkTable::Views> ChunkTable::TakeAll(absl::Span<const int64_t> gcs,
+                                                      int64_t version, bool exact,
+                                                      bool with_previous) const {
+  Views views;
+  views.version = version;
+  auto held = std::make_shared<std::vector<std::shared_ptr<const std::vector<float>>>>();
+  held->reserve(gcs.size());
+  views.chunks.reserve(gcs.size());
+  for (size_t c = 0; c < gcs.size(); ++c) {
+    PS_ASSIGN_OR_RETURN(View view, Take(gcs[c], version, exact, with_previous));
+    views.chunks.push_back(absl::MakeConstSpan(*view.params));
+    views.bytes += static_cast<int64_t>(view.params->size() * sizeof(float));
+    held->push_back(std::move(view.params));
+    if (with_previous) {
+      views.previous.push_back(view.previous != nullptr ? absl::MakeConstSpan(*view.previous)
+                                                        : absl::Span<const float>());
+      if (view.previous != nullptr) held->push_back(std::move(view.previous));
+    }
+    views.version = c == 0 ? view.version : std::min(views.version, view.version);
+  }
+  views.keep_alive = std::move(held);
+  return views;
+}
+
 void ChunkTable::CopyAll(absl::Span<float> out) const {
   for (int64_t gc = 0; gc < layout_.total_chunks; ++gc) {
     const Chunk& chunk = chunks_[gc];

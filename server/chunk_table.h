@@ -121,6 +121,21 @@ class ChunkTable {
     std::shared_ptr<const std::vector<float>> previous;
   };
   absl::StatusOr<View> Take(int64_t gc, int64_t version, bool exact, bool with_previous) const;
+  // Take of each of `gcs`, in order, as spans that stay valid and unchanged
+  // while `keep_alive` (or a copy) lives, which holds exactly these chunks'
+  // buffers (an update of any other chunk writes in place); `version` is
+  // the least of theirs (`version` as given for none), `bytes` their size.
+  // `previous` (with `with_previous`) has an entry per chunk, empty where
+  // Take gave none.
+  struct Views {
+    int64_t version = 0;
+    std::shared_ptr<const void> keep_alive;
+    std::vector<absl::Span<const float>> chunks;
+    std::vector<absl::Span<const float>> previous;
+    int64_t bytes = 0;
+  };
+  absl::StatusOr<Views> TakeAll(absl::Span<const int64_t> gcs, int64_t version, bool exact,
+                                bool with_previous) const;
   // Copies every chunk's current parameters into `out` (num_parameters).
   void CopyAll(absl::Span<float> out) const;
 

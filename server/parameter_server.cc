@@ -15,8 +15,9 @@ ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevic
     : options_(options),
       window_(options.consistency->Window()),
       device_(device),
+      events_(options.observer, options.clock),
       workers_(options.num_workers),
-      updates_(NowNanos()),
+      updates_(events_.NowNanos()),
       membership_(options.num_workers) {
   absl::MutexLock lock(&mu_);
   loss_scale_ = LossScaleState::Initial(options.loss_scale);
@@ -125,7 +126,8 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   steps_per_epoch_ = steps_per_epoch;
   Registration reg;
   reg.session = sessions_.Issue();
-  workers_.Admit(rank, worker_id, reg.session, /*carry=*/updates_.initialized(), NowNanos());
+  workers_.Admit(rank, worker_id, reg.session, /*carry=*/updates_.initialized(),
+                 events_.NowNanos());
   reg.rank = rank;
   reg.num_workers = options_.num_workers;
   reg.version = joins_at;
@@ -146,7 +148,7 @@ absl::Status ParameterServer::CheckSession(int rank, absl::string_view session) 
 absl::Status ParameterServer::Heartbeat(int rank, absl::string_view session) {
   PS_RETURN_IF_ERROR(CheckSession(rank, session));
   absl::MutexLock lock(&mu_);
-  workers_.Heard(rank, NowNanos());
+  workers_.Heard(rank, events_.NowNanos());
   return absl::OkStatus();
 }
 
@@ -201,30 +203,28 @@ std::vector<int> ParameterServer::RanksMissingLocked() const {
   return workers_.RanksMissing(updates_.version(), membership_.participating());
 }
 
-absl::Status ParameterServer::CheckPushMessage(int rank, int64_t iteration, int64_t num_samples,
-                                               absl::Span<const ChunkBytes> chunks,
-                                               const std::string& what, int64_t* start_ns,
-                                               ChunkTable** table,
-                                               std::vector<int64_t>* global_chunks,
-                                               std::vector<bool>* overflow) {
-  global_chunks->reserve(chunks.size());
+absl::StatusOr<ParameterServer::CheckedPush> ParameterServer::CheckPushMessage(
+    int rank, int64_t iteration, int64_t num_samples, absl::Span<const ChunkBytes> chunks,
+    const std::string& what) {
+  CheckedPush push;
+  push.global_chunks.reserve(chunks.size());
   absl::Status shapes;
-  // 1. Against the bookkeeping, under mu_: everything but the values.
-  {
+  {  // 1. Against the bookkeeping, under mu_: everything but the values.
     absl::MutexLock lock(&mu_);
-    *start_ns = EventStartNanos();
+    push.start_ns = events_.Start();
     PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
-    *table = table_.get();
-    shapes = CheckChunkShapes((*table)->layout(), chunks, workers_.pushed(rank, iteration), what,
-                              global_chunks);
+    push.table = table_.get();
+    shapes = CheckChunkShapes(push.table->layout(), chunks, workers_.pushed(rank, iteration), what,
+                              &push.global_chunks);
   }
   // 2. The values, under no lock (they are the message's own), of the
   //    chunks before any that failed step 1: errors come in chunk order.
   //    Under dynamic loss scaling a non-finite value is an overflow.
-  overflow->assign(chunks.size(), false);
-  PS_RETURN_IF_ERROR(CheckChunkValues((*table)->layout(), chunks, global_chunks->size(),
-                                      options_.loss_scale.dynamic ? overflow : nullptr));
-  return shapes;
+  push.overflow.assign(chunks.size(), false);
+  PS_RETURN_IF_ERROR(CheckChunkValues(push.table->layout(), chunks, push.global_chunks.size(),
+                                      options_.loss_scale.dynamic ? &push.overflow : nullptr));
+  PS_RETURN_IF_ERROR(shapes);
+  return push;
 }
 
 absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
@@ -233,13 +233,12 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     return absl::FailedPreconditionError(
         "a synchronous push to an asynchronous server (ApplyNow takes its pushes)");
   }
-  const std::string what = absl::StrCat("pushed by worker rank ", rank, " in iteration ", iteration);
-  int64_t start_ns = 0;
-  ChunkTable* table = nullptr;
-  std::vector<int64_t> global_chunks;
-  std::vector<bool> overflow;
-  PS_RETURN_IF_ERROR(CheckPushMessage(rank, iteration, num_samples, chunks, what, &start_ns,
-                                      &table, &global_chunks, &overflow));
+  const std::string what =
+      absl::StrCat("pushed by worker rank ", rank, " in iteration ", iteration);
+  PS_ASSIGN_OR_RETURN(const CheckedPush push,
+                      CheckPushMessage(rank, iteration, num_samples, chunks, what));
+  ChunkTable* const table = push.table;
+  const std::vector<int64_t>& global_chunks = push.global_chunks;
   // 3. Claim the chunks, under mu_, after checking again what a concurrent
   //    message of this worker may have changed meanwhile: of two messages
   //    with a chunk in common one is refused here, having added nothing.
@@ -250,7 +249,7 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     absl::MutexLock lock(&mu_);
     PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
     const int64_t already =
-        workers_.Claim(rank, iteration, num_samples, global_chunks, NowNanos(), &carried);
+        workers_.Claim(rank, iteration, num_samples, global_chunks, events_.NowNanos(), &carried);
     if (already >= 0) return AlreadyReceivedError(table->layout(), chunks[already], what);
     // The next iteration's members are announced with the first push of
     // this one (workers read them from the replies to split its batch).
@@ -269,7 +268,8 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   for (size_t c = 0; c < chunks.size(); ++c) {
     if (carried[c]) continue;
     const ChunkTable::Added added =
-        table->Add(global_chunks[c], iteration, rank, chunks[c].pieces, num_samples, overflow[c]);
+        table->Add(global_chunks[c], iteration, rank, chunks[c].pieces, num_samples,
+                   push.overflow[c]);
     if (added.completes) complete.push_back({global_chunks[c], c, added.last_term_pending});
   }
   // Counted before any is applied: a state capture from here on waits for
@@ -278,9 +278,9 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   if (options_.observer != nullptr) {
     int64_t bytes = 0;
     for (const ChunkBytes& chunk : chunks) bytes += PiecesBytes(chunk.pieces);
-    ReportEvent(EventKind::kServerPush, ServerPushLane(rank), iteration,
-                chunks.empty() ? absl::string_view() : table->name(global_chunks[0]), bytes,
-                start_ns);
+    events_.ReportSince(EventKind::kServerPush, ServerPushLane(rank), iteration,
+                        chunks.empty() ? absl::string_view() : table->name(global_chunks[0]),
+                        bytes, push.start_ns);
   }
   // 5. Apply and publish each chunk this message completed, in message
   //    order (under ssp:S once the chunk's earlier iterations are applied:
@@ -324,23 +324,24 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
     const std::vector<bool> none(table->layout().total_chunks, false);
     shapes = CheckChunkShapes(table->layout(), chunks, none,
                               absl::StrCat("pushed by worker rank ", rank), &global_chunks);
-    if (shapes.ok()) workers_.NotePush(rank, NowNanos());
+    if (shapes.ok()) workers_.NotePush(rank, events_.NowNanos());
   }
   PS_RETURN_IF_ERROR(CheckChunkValues(table->layout(), chunks, global_chunks.size()));
   PS_RETURN_IF_ERROR(shapes);
   int64_t staleness = 0;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const int64_t gc = global_chunks[c];
-    const int64_t start_ns = EventStartNanos();
+    const int64_t start_ns = events_.Start();
     PS_ASSIGN_OR_RETURN(const ChunkTable::Applied applied,
                         table->ApplyNow(gc, based_on_version, num_samples, options_.num_workers,
                                         chunks[c].pieces, *optimizer));
     staleness = std::max(staleness, applied.staleness);
     // The event first, so that once the version is visible its event is in;
     // the tracker publishes under its own lock.
-    ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, applied.version - 1, table->name(gc),
-                table->layout().chunk_length[gc] * static_cast<int64_t>(sizeof(float)), start_ns);
-    updates_.PublishAsync(gc, applied.version, NowNanos());
+    events_.ReportSince(EventKind::kServerUpdate, kServerUpdateLane, applied.version - 1,
+                        table->name(gc), table->layout().chunk_length[gc] * sizeof(float),
+                        start_ns);
+    updates_.PublishAsync(gc, applied.version, events_.NowNanos());
   }
   return staleness;
 }
@@ -406,7 +407,7 @@ absl::Status ParameterServer::AdvanceChunk(ChunkTable& table, Optimizer& optimiz
       updates_.StartApplying(iteration, gc);
     }
     // 2. The update, under the chunk's lock alone.
-    const int64_t start_ns = EventStartNanos();
+    const int64_t start_ns = events_.Start();
     const absl::StatusOr<bool> skipped = table.Apply(
         gc, iteration, loss_scale, last != nullptr ? &last->pieces : nullptr, optimizer);
     last = nullptr;  // the later iterations (ssp) come summed
@@ -421,11 +422,10 @@ absl::Status ParameterServer::AdvanceChunk(ChunkTable& table, Optimizer& optimiz
         updates_.StopApplying(gc);
         return skipped.status();
       }
-      ReportEvent(EventKind::kServerUpdate, kServerUpdateLane, iteration, table.name(gc),
-                  table.layout().chunk_length[gc] * static_cast<int64_t>(sizeof(float)),
-                  start_ns);
+      events_.ReportSince(EventKind::kServerUpdate, kServerUpdateLane, iteration, table.name(gc),
+                          table.layout().chunk_length[gc] * sizeof(float), start_ns);
       bool iteration_skipped = false;
-      if (updates_.Publish(iteration, gc, *skipped, NowNanos(), &iteration_skipped)) {
+      if (updates_.Publish(iteration, gc, *skipped, events_.NowNanos(), &iteration_skipped)) {
         // The iteration's last chunk (each chunk's iterations are applied
         // in order): every member's pushes are in.
         FinishIterationLocked(iteration, iteration_skipped, &captures, &state, &resume);
@@ -454,33 +454,18 @@ void ParameterServer::FinishIterationLocked(int64_t iteration, bool skipped,
                                             State* state, bool* resume) {
   loss_scale_.Advance(skipped, options_.loss_scale.growth_interval);
   workers_.EndIteration(iteration);
-  AdvanceMembershipLocked();
+  // The new members' waivers, before any push of the new iteration can be
+  // claimed (it needed this version).
+  if (membership_.AdvanceIteration()) table_->WaiveAbsent(membership_.participating());
   // The boundary a capture waits for: every chunk at version_, none ahead
   // (the updates past it are held back), nothing moves while it is copied.
   CaptureRequests::Release release = captures_.AtBoundary(updates_.version());
   if (!release.captures.empty()) {
-    CopyStateLocked(state);
+    *state = CaptureServerState(*table_, optimizer_.get(), options_.optimizer, updates_.version(),
+                                steps_per_epoch_, loss_scale_);
     *captures = std::move(release.captures);
   }
   *resume = release.resume;
-}
-
-void ParameterServer::CopyStateLocked(State* state) {
-  state->version = updates_.version();
-  state->steps_per_epoch = std::max<int64_t>(0, steps_per_epoch_);
-  state->loss_scale = loss_scale_.scale;
-  state->loss_scale_clean_iterations = loss_scale_.clean_iterations;
-  state->loss_scale_skipped_iterations = loss_scale_.skipped_iterations;
-  state->signature = table_->layout().signature;
-  state->parameters.resize(table_->layout().num_parameters);
-  table_->CopyAll(absl::MakeSpan(state->parameters));
-  state->momentum.clear();
-  if (optimizer_ != nullptr) {
-    const absl::Span<const float> momentum = optimizer_->momentum();
-    state->momentum.assign(momentum.begin(), momentum.end());
-  } else if (options_.optimizer.sgd.momentum != 0) {
-    state->momentum.assign(table_->layout().num_parameters, 0.f);  // no update yet
-  }
 }
 
 void ParameterServer::CaptureState(std::function<void(State)> done) {
@@ -498,7 +483,8 @@ void ParameterServer::CaptureState(std::function<void(State)> done) {
       captures_.HoldBackFrom(updates_.ReachableVersion());
       return;
     }
-    CopyStateLocked(&state);
+    state = CaptureServerState(*table_, optimizer_.get(), options_.optimizer, updates_.version(),
+                               steps_per_epoch_, loss_scale_);
     captures = captures_.TakeAll();
   }
   for (auto& capture : captures) capture(state);
@@ -561,14 +547,6 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
   return ids;
 }
 
-void ParameterServer::AdvanceMembershipLocked() {
-  // No push of the new iteration can have been claimed (it needed this
-  // version): every chunk's waivers are set before any.
-  if (membership_.AdvanceIteration() && table_ != nullptr) {
-    table_->WaiveAbsent(membership_.participating());
-  }
-}
-
 absl::StatusOr<std::vector<int>> ParameterServer::Members(int64_t iteration) const {
   absl::MutexLock lock(&mu_);
   return membership_.MembersOf(iteration, updates_.version(), window_);
@@ -579,37 +557,18 @@ absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
     bool with_previous) {
   PS_ASSIGN_OR_RETURN(const std::vector<int64_t> global_chunks,
                       updates_.Await(version, deadline, chunks));
-  ChunkViews views;
-  views.version = updates_.version();  // an empty request's answer
   ChunkTable* table = nullptr;
   {
     absl::MutexLock lock(&mu_);
     table = table_.get();
   }
-  const int64_t start_ns = EventStartNanos();
-  // The views keep exactly the chunks they view alive: an update of any
-  // other chunk writes in place. Each at its chunk's version then.
-  auto held = std::make_shared<std::vector<std::shared_ptr<const std::vector<float>>>>();
-  held->reserve(chunks.size());
-  views.chunks.reserve(chunks.size());
-  int64_t elements = 0;
-  for (size_t c = 0; c < global_chunks.size(); ++c) {
-    PS_ASSIGN_OR_RETURN(ChunkTable::View view,
-                        table->Take(global_chunks[c], version, exact, with_previous));
-    views.chunks.push_back(absl::MakeConstSpan(*view.params));
-    elements += static_cast<int64_t>(view.params->size());
-    held->push_back(std::move(view.params));
-    if (with_previous) {
-      views.previous.push_back(view.previous != nullptr ? absl::MakeConstSpan(*view.previous)
-                                                        : absl::Span<const float>());
-      if (view.previous != nullptr) held->push_back(std::move(view.previous));
-    }
-    views.version = c == 0 ? view.version : std::min(views.version, view.version);
-  }
-  views.keep_alive = std::move(held);
-  ReportEvent(EventKind::kServerPull, kServerPullLane, views.version,
-              chunks.empty() ? absl::string_view() : table->name(global_chunks[0]),
-              elements * static_cast<int64_t>(sizeof(float)), start_ns);
+  const int64_t start_ns = events_.Start();
+  PS_ASSIGN_OR_RETURN(ChunkViews views,
+                      table->TakeAll(global_chunks, version, exact, with_previous));
+  if (chunks.empty()) views.version = updates_.version();  // the server's
+  events_.ReportSince(EventKind::kServerPull, kServerPullLane, views.version,
+                      chunks.empty() ? absl::string_view() : table->name(global_chunks[0]),
+                      views.bytes, start_ns);
   return views;
 }
 
@@ -657,19 +616,6 @@ int64_t ParameterServer::ChunkLength(int key, int64_t chunk) const {
   absl::MutexLock lock(&mu_);
   const int64_t gc = table_ == nullptr ? -1 : table_->layout().GlobalChunk(key, chunk);
   return gc < 0 ? -1 : table_->layout().chunk_length[gc];
-}
-
-int64_t ParameterServer::NowNanos() const {
-  return options_.clock != nullptr ? options_.clock->NowNanos() : -1;
-}
-
-int64_t ParameterServer::EventStartNanos() const {
-  return ps::EventStartNanos(options_.observer, options_.clock);
-}
-
-void ParameterServer::ReportEvent(EventKind kind, int32_t lane, int64_t step,
-                                  absl::string_view name, int64_t bytes, int64_t start_ns) const {
-  ReportEventSince(options_.observer, options_.clock, kind, lane, step, name, bytes, start_ns);
 }
 
 }  // namespace ps::server

@@ -32,55 +32,40 @@ namespace ps::server {
 
 // The parameter server's state machine, free of any transport: the gRPC
 // service (and tests) translate calls into these methods. It coordinates
-// components that each hold one part of the state, with its contract:
-//   - ChunkTable (chunk_table.h): the chunks' parameters, versions and
-//     rank-order sums (rank_order_sum.h: bit-identical whatever order the
-//     pushes arrive in), each chunk under a lock of its own;
-//   - WorkerLedger (worker_ledger.h): who holds each rank, its session,
-//     when it was heard from and what it pushed of each iteration;
-//   - UpdateTracker (update_tracker.h): which chunk updates are ready,
-//     being applied and published; Membership (membership.h): who takes
-//     part in each iteration; CaptureRequests (state_capture.h): checkpoint
-//     captures and the updates they hold back;
-//   - the Consistency policy, the optimizer and the loss scale
-//     (common/optimizer/), the push checks (chunk_message.h).
-// As soon as every member has pushed chunk c of an iteration, that chunk
-// is updated (scaled by the samples all the pushes cover) and published,
-// so workers that push layer by layer pull the first layers back while the
-// last are still being pushed; the result is bit for bit one update of
-// the whole vector (Optimizer::ApplyRange).
+// components that each hold one part of the state under its own contract:
+// ChunkTable (parameters, versions, rank-order sums: bit-identical in any
+// arrival order), WorkerLedger (ranks, sessions, liveness, pushes),
+// UpdateTracker (ready, applying and published updates), Membership (who
+// takes part in each iteration), CaptureRequests (checkpoint captures and
+// the updates they hold back), the Consistency policy, the optimizer and
+// the loss scale (common/optimizer/), and the push checks (chunk_message.h).
+// As soon as every member has pushed chunk c of an iteration, that chunk is
+// updated (scaled by the samples of all the pushes) and published, so
+// workers pull the first layers back while the last are still pushed; the
+// result is bit for bit one update of the whole vector.
 //
 // Versions: version v is the parameters after v updates; iteration v is
-// the step computed from version v, whose pushes produce version v + 1.
-// Under the optimizer "none" (a sum-only server: options().optimizer) an
-// update writes no parameters: version v + 1 is iteration v's mean
-// gradient, version 0 the initial parameters, and the state a capture
-// takes holds the newest version's values, without momentum.
-// Each chunk has its own version: v + 1 as soon as iteration v has applied
-// it. PullChunkViews waits for chunk versions; WaitForVersion and Pull for
-// the server's (every chunk).
+// the step computed from version v, whose pushes produce version v + 1;
+// each chunk has its own version, v + 1 once iteration v has updated it.
+// Under the optimizer "none" (sum-only) version v + 1 is iteration v's mean
+// gradient, version 0 the initial parameters, and a capture holds the
+// newest version's values without momentum. The server knows no model: the
+// first registration's signature is the job's, and the initial values come
+// from Create (a checkpoint, or tensors by name) or from rank 0.
 //
-// The server knows no model: the signature comes from the first worker to
-// register, and every other worker's must equal it. The initial values
-// come from Create (a checkpoint, or tensors matched by name) or from rank
-// 0, which Register asks to send them (InitializeChunkBytes). Version 0
-// exists once they are all there.
+// Every method is thread-safe; bad input never changes state.
 //
-// Every method is thread-safe. Bad input never changes state: a rejected
-// push leaves the sums and the parameters untouched.
-//
-// Locks: the bookkeeping lock (mu_) over the short work (registration,
-// claims, version 0's assembly, publishing), ChunkTable's lock per chunk
-// over the heavy work (summing, the optimizer step, copies), and
-// UpdateTracker's, on which pulls wait without holding up pushes. A
-// push (1) checks its message under mu_ without reading its values, (2)
-// checks the values under no lock, (3) claims its chunks under mu_ after
-// checking again what a concurrent message of the same worker may have
-// changed, (4) sums each chunk under the chunk's lock and (5) applies each
-// chunk it completed under the chunk's lock, publishing it under mu_. So
-// pushes of different chunks run at once (server/parameter_server_benchmark).
-// The tracker's and a chunk's lock may be taken while holding mu_, never
-// the reverse, and neither while holding the other.
+// Locks: mu_ (bookkeeping) over the short work (registration, claims,
+// version 0's assembly, publishing), each chunk's own lock (ChunkTable) over
+// the heavy work (sums, the optimizer step, copies), and UpdateTracker's,
+// on which pulls wait without holding up pushes. A push (1) checks its
+// message under mu_ without reading its values, (2) checks the values under
+// no lock, (3) claims its chunks under mu_ after checking again what a
+// concurrent message of the same worker may have changed, (4) sums each
+// chunk under the chunk's lock and (5) applies each chunk it completed
+// under the chunk's lock, publishing it under mu_: pushes of different
+// chunks run at once. The tracker's and a chunk's lock may be taken while
+// holding mu_, never the reverse, and neither while holding the other.
 class ParameterServer {
  public:
   // A server without parameters: rank 0 will send them. `device` runs the
@@ -103,27 +88,24 @@ class ParameterServer {
   // The server's whole state at a version boundary (state_capture.h).
   using State = ServerState;
   // A server resumed from `state` (a checkpoint): version `state.version`
-  // exists at once, with the schedule at that update and the momentum
-  // restored, so the next updates are bit for bit the saved server's.
-  // Workers must state the same signature and steps per epoch.
-  // kInvalidArgument as CheckServerState says.
+  // exists at once, with the schedule, momentum and loss scale restored, so
+  // the next updates are bit for bit the saved server's. Workers must state
+  // the same signature and steps per epoch. kInvalidArgument as
+  // CheckServerState says.
   static absl::StatusOr<std::unique_ptr<ParameterServer>> CreateFromState(
       const ParameterServerOptions& options, State state, CpuDevice* device);
 
   // Calls `done` once with the state at the first version boundary from
-  // now: at once when nothing of the iteration in progress is applied,
-  // otherwise on the thread of the push that completes the iteration, just
-  // before the new version is published. Under ssp:S the updates of later
-  // iterations wait meanwhile (their pushes are still summed) and are
-  // applied right after. Copies the parameters and momentum under the
-  // bookkeeping lock. Before version 0 the request waits for version 1.
-  // `done` must not call back into the server. Requests made before one is
-  // served are served together.
+  // now: at once when nothing of the iteration in progress is applied, else
+  // on the thread of the push that completes it, before the new version is
+  // published (under ssp:S the later iterations' updates wait meanwhile;
+  // their pushes are still summed). Before version 0 it waits for version
+  // 1. `done` must not call back into the server. Requests made before one
+  // is served are served together.
   void CaptureState(std::function<void(State)> done);
-  // How many times the updates a capture held back were applied together
-  // (once published): each may have published chunks no call of their own
-  // sent, so a caller answering waiting pulls by the chunks a call sent
-  // looks at every waiting pull when this moves.
+  // How many times the updates a capture held back were applied together:
+  // each may publish chunks no call of their own sent, so a caller
+  // answering waiting pulls by the chunks a call sent looks at them all.
   int64_t held_back_releases() const;
   // Drops the requests not yet served (`done` never called); how many.
   int CancelCaptures();
@@ -143,21 +125,16 @@ class ParameterServer {
   };
   // Registers worker `worker_id` with its model's signature, as
   // `requested_rank` if >= 0, else the lowest free rank; the same id again
-  // gets its rank back (a restarted worker). `steps_per_epoch` (0: not
-  // stated) must be the same for all workers; an epoch schedule needs it.
-  //
-  // A worker registering again while an iteration is in progress resumes
-  // at that iteration (the version returned; pull it exactly). What its
-  // previous process pushed of it counts once: the same chunks pushed
-  // again are accepted and dropped (a gradient is a function of the
-  // version and the step), so the sum is bit for bit a run without the
-  // restart. The previous process's session stops working.
-  //
-  // Errors: kFailedPrecondition for a different signature (naming the first
-  // difference), named initial tensors that lack a parameter or disagree
-  // on a shape, or steps_per_epoch that differs or is missing for an epoch
-  // schedule; kResourceExhausted when num_workers others are registered or
-  // the model cannot fit in this machine's memory; kAlreadyExists for
+  // gets its rank back (a restarted worker) and resumes at the iteration in
+  // progress (the version returned; pull it exactly), what its previous
+  // process pushed of it counting once (pushed again, it is dropped), and
+  // the previous process's session stops working. `steps_per_epoch` (0:
+  // not stated) must be the same for all workers (an epoch schedule needs
+  // it). Errors: kFailedPrecondition for a different signature (naming the
+  // first difference), named initial tensors that lack a parameter or
+  // disagree on a shape, or steps_per_epoch that differs or is missing for
+  // an epoch schedule; kResourceExhausted when num_workers others are
+  // registered or the model cannot fit in memory; kAlreadyExists for
   // another worker's rank; kUnavailable for a dropped rank whose next
   // iteration is announced without it (try again); kInvalidArgument for an
   // empty id, a rank out of range or an empty or non-F32 signature.
@@ -165,11 +142,10 @@ class ParameterServer {
                                         const std::vector<ParamSpec>& signature,
                                         int requested_rank = -1, int64_t steps_per_epoch = 0);
 
-  // Whether `session` is the last registration's credential for `rank`.
+  // Whether `session` is the last registration's credential for `rank`:
   // kAborted for another incarnation's (this server restarted: register
-  // again) or an empty one; kPermissionDenied for this incarnation's but
-  // not `rank`'s; kNotFound for a rank nobody holds. The transport checks
-  // it before a push or initial value is applied.
+  // again) or an empty one, kPermissionDenied for this incarnation's but
+  // not `rank`'s, kNotFound for a rank nobody holds.
   absl::Status CheckSession(int rank, absl::string_view session) const;
   // CheckSession's first check alone (calls that act as no rank).
   absl::Status CheckIncarnation(absl::string_view session) const {
@@ -192,26 +168,26 @@ class ParameterServer {
   using ChunkBytes = server::ChunkBytes;
   // Adds worker `rank`'s gradient chunks of `iteration` over `num_samples`
   // samples (the same for all its chunks of the iteration; 0 for an empty
-  // shard), all or nothing: every chunk is checked before any is added.
-  // Errors, each leaving all state untouched: kNotFound unknown rank;
-  // kOutOfRange key or chunk out of range; kInvalidArgument a byte count
-  // not 4 x the chunk's length, a non-finite value (named) or samples out
-  // of range; kFailedPrecondition before version 0, an iteration that is
-  // not in flight (past; or the server is asynchronous), or num_samples
-  // unlike this worker's earlier chunks of it; kOutOfRange under ssp:S for
-  // an iteration beyond version() + S (naming the bound and the ranks the
-  // iteration in progress waits for); kAborted for a rank dropped from the
-  // iteration (register again); kAlreadyExists a chunk already pushed this
-  // iteration, or twice in the message. The pieces are read during the call.
+  // shard), all or nothing. Errors, each leaving all state untouched:
+  // kNotFound unknown rank; kOutOfRange key or chunk out of range;
+  // kInvalidArgument a byte count not 4 x the chunk's length, a non-finite
+  // value (named) or samples out of range; kFailedPrecondition before
+  // version 0, an iteration not in flight (past; or the server is
+  // asynchronous), or num_samples unlike this worker's earlier chunks of
+  // it; kOutOfRange under ssp:S for an iteration beyond version() + S
+  // (naming the bound and the ranks awaited); kAborted for a rank dropped
+  // from the iteration (register again); kAlreadyExists a chunk already
+  // pushed this iteration, or twice in the message. Reads the pieces during
+  // the call.
   absl::Status PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
                               absl::Span<const ChunkBytes> chunks);
   // Asynchronous consistency only (kFailedPrecondition otherwise): applies
-  // `rank`'s chunks at once, each an update of its chunk scaled by
-  // `num_samples` (0: nothing applied), in message order; the schedule
-  // counts a chunk's updates divided by the workers. Returns the push's
-  // staleness: the most updates any of its chunks received since
-  // `based_on_version` (kInvalidArgument when negative). Checks as
-  // PushChunkBytes (a chunk may come again: every push is an update).
+  // `rank`'s chunks at once, each an update scaled by `num_samples` (0:
+  // nothing applied), in message order; the schedule counts a chunk's
+  // updates divided by the workers. Returns the push's staleness: the most
+  // updates any of its chunks received since `based_on_version`
+  // (kInvalidArgument when negative). Checks as PushChunkBytes (a chunk may
+  // come again: every push is an update).
   absl::StatusOr<int64_t> ApplyNow(int rank, int64_t based_on_version, int64_t num_samples,
                                    absl::Span<const ChunkBytes> chunks);
   // Chunks of the initial values from the worker Register asked for them,
@@ -222,54 +198,42 @@ class ParameterServer {
   // in PushChunkBytes.
   absl::Status InitializeChunkBytes(int rank, absl::Span<const ChunkBytes> chunks);
 
-  // Waits until every requested chunk has chunk version >= `version` (or
-  // `deadline` passes: kDeadlineExceeded, naming what is missing) and
-  // returns views of their current parameters, copying nothing, with the
-  // least of their chunk versions (a chunk may be one newer than
-  // `version`). An empty request waits for the server's version and
-  // returns it. Before version 0 every request waits for it. kOutOfRange
-  // for a chunk that does not exist, at once (before any signature, after
-  // the wait for version 0).
-  //
-  // The views stay valid and unchanged while `keep_alive` (or a copy)
-  // lives: an update of a viewed chunk writes a fresh copy instead (copy on
-  // write), so holding views costs a copy of a chunk per update held across.
-  //
-  // `exact`: every chunk exactly at `version`, even one already updated
-  // (its previous parameters are kept until its next update): what a
-  // worker that rejoins mid-iteration needs. kFailedPrecondition, after the
-  // wait, for a chunk more than one update ahead. `with_previous`: also
-  // each chunk's parameters of version - 1 where it is at `version`, so a
-  // pull can send only what changed. Reports kServerPull.
+  // Waits until every requested chunk has chunk version >= `version`
+  // (kDeadlineExceeded after `deadline`, naming what is missing) and returns
+  // views of their current parameters, copying nothing, at the least of
+  // their versions (a chunk may be one newer). An empty request waits for
+  // the server's version and returns it. Before version 0 every request
+  // waits for it. kOutOfRange for a chunk that does not exist, at once
+  // (after the wait for version 0). The views hold their chunks as
+  // ChunkTable::TakeAll says (an update of a viewed chunk meanwhile writes a
+  // copy). `exact`: every chunk exactly at `version`, even one already
+  // updated (kFailedPrecondition, after the wait, for one more than one
+  // update ahead): what a worker rejoining mid-iteration needs.
+  // `with_previous`: also each chunk's parameters of version - 1 where it is
+  // at `version`, so a pull can send only what changed. Reports kServerPull.
   using ChunkId = server::ChunkId;
-  struct ChunkViews {
-    int64_t version = 0;
-    std::shared_ptr<const void> keep_alive;
-    std::vector<absl::Span<const float>> chunks;    // in request order
-    std::vector<absl::Span<const float>> previous;  // with_previous; empty: none kept
-  };
+  using ChunkViews = ChunkTable::Views;
   absl::StatusOr<ChunkViews> PullChunkViews(int64_t version, absl::Time deadline,
                                             absl::Span<const ChunkId> chunks,
                                             bool exact = false, bool with_previous = false);
   // Whether PullChunkViews(version, ..., chunks) would answer at once (the
   // chunks have the version, or one does not exist).
   bool HasChunks(int64_t version, absl::Span<const ChunkId> chunks) const;
-  // Whether version `version` exists.
   bool HasVersion(int64_t version) const;
   // Waits until the server's version is at least `version` (every chunk
-  // applied that often; kDeadlineExceeded after `deadline`) and returns it.
+  // applied that often; kDeadlineExceeded after `deadline`); returns it.
   absl::StatusOr<int64_t> WaitForVersion(int64_t version, absl::Time deadline);
 
   // Shrinking the job (--on_worker_loss=shrink): takes `rank` out. The
-  // iteration in progress goes on without the parts it has not pushed
-  // (each such chunk updated by the gradients that did arrive, scaled by
-  // their samples), and so does the next if its members were announced
-  // with the rank; from the first iteration announced after this the rank
-  // is no member. Its pushes are refused with kAborted. Registering again
-  // as this rank joins at the first iteration not yet announced. Returns
-  // the chunks the drop completed (their waiting pulls can be answered).
-  // kNotFound for a rank nobody holds; kFailedPrecondition for the last
-  // member, and under a policy that cannot shrink (async, ssp:S with S > 0).
+  // iteration in progress goes on without its parts not pushed (each such
+  // chunk updated by the gradients that did arrive, scaled by their
+  // samples), and so does the next if announced with the rank; from the
+  // first iteration announced after this it is no member, and its pushes
+  // are refused (kAborted). Registering again as this rank joins at the
+  // first iteration not yet announced. Returns the chunks the drop
+  // completed (their waiting pulls can be answered). kNotFound for a rank
+  // nobody holds; kFailedPrecondition for the last member, and under a
+  // policy that cannot shrink (async, ssp:S with S > 0).
   absl::StatusOr<std::vector<ChunkId>> DropWorker(int rank);
   // The ranks taking part in iteration `iteration`, ascending: a worker's
   // part of the global batch is its index among them. Known for the
@@ -278,12 +242,11 @@ class ParameterServer {
   // an iteration not announced yet, kOutOfRange for a past one.
   absl::StatusOr<std::vector<int>> Members(int64_t iteration) const;
 
-  // The signature (empty until known) and current version.
-  std::vector<ParamSpec> signature() const;
+  std::vector<ParamSpec> signature() const;  // empty until known
   int64_t version() const;
   // Dynamic loss scaling: the scale workers multiply the loss by for
-  // iteration `version`, and the iterations skipped for an overflow so
-  // far. scale is 0 without dynamic loss scaling.
+  // iteration `version` (0 without dynamic loss scaling), and the
+  // iterations skipped for an overflow so far.
   struct LossScale {
     int64_t version = 0;
     float scale = 0;
@@ -302,97 +265,83 @@ class ParameterServer {
  private:
   ParameterServer(const ParameterServerOptions& options, CpuDevice* device);
 
-  // Takes `signature` as the job's: lays out the chunks (with the values
-  // given to Create, if any). State is unchanged on error.
+  // Lays the chunks out for the job's `signature` (with Create's values, if
+  // any); state is unchanged on error. Then the optimizer, its schedule
+  // counting epochs of `steps_per_epoch`.
   absl::Status AdoptSignatureLocked(const std::vector<ParamSpec>& signature)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The optimizer, its schedule counting epochs of `steps_per_epoch`.
   absl::Status CreateOptimizerLocked(int64_t steps_per_epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The checks of a push that need no chunk (see PushChunkBytes): of the
-  // pusher and its samples, then of the iteration.
+  // A push's checks that need no chunk (PushChunkBytes): of the pusher and
+  // its samples, then of the iteration.
   absl::Status CheckPusherLocked(int rank, int64_t num_samples) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckPushLocked(int rank, int64_t iteration, int64_t num_samples) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Steps 1 and 2 of a push (see "Locks"): sets the table, each chunk's
-  // global index and, under dynamic loss scaling, which overflowed.
-  absl::Status CheckPushMessage(int rank, int64_t iteration, int64_t num_samples,
-                                absl::Span<const ChunkBytes> chunks, const std::string& what,
-                                int64_t* start_ns, ChunkTable** table,
-                                std::vector<int64_t>* global_chunks, std::vector<bool>* overflow)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Steps 1 and 2 of a push (see "Locks").
+  struct CheckedPush {
+    int64_t start_ns = 0;
+    ChunkTable* table = nullptr;
+    std::vector<int64_t> global_chunks;
+    std::vector<bool> overflow;  // dynamic loss scaling: a non-finite chunk
+  };
+  absl::StatusOr<CheckedPush> CheckPushMessage(int rank, int64_t iteration, int64_t num_samples,
+                                               absl::Span<const ChunkBytes> chunks,
+                                               const std::string& what) ABSL_LOCKS_EXCLUDED(mu_);
   // Chunk `gc` of `iteration` has every member's part: marks it ready and
-  // applies what may be applied of it (AdvanceChunk).
+  // applies what may be applied of it.
   absl::Status CompleteChunk(ChunkTable& table, Optimizer& optimizer, int64_t iteration,
                              int64_t gc) ABSL_LOCKS_EXCLUDED(mu_);
   // Applies chunk `gc`'s ready iterations in order, as far as the captures
-  // allow: each claimed under mu_ (one thread at a time applies a chunk;
-  // another finding it busy leaves its ready iteration to that one),
+  // allow: each claimed under mu_ (one thread at a time applies a chunk),
   // updated under the chunk's lock, then published under mu_; the last
-  // chunk of an iteration finishes it (FinishIterationLocked).
-  //
-  // With `last` (a part that is the last term of its iteration's sum, not
-  // added): that update reads it in place, if it may run now; then
-  // *applied_last is set. Otherwise nothing is done, and the caller adds
-  // the part and completes the chunk as usual.
+  // chunk of an iteration finishes it. With `last` (the last term of its
+  // iteration's sum, not added) that update reads it in place if it may
+  // run now, setting *applied_last; otherwise the caller adds it and
+  // completes the chunk as usual.
   struct LastTerm {
     int64_t iteration;
     F32Pieces pieces;
   };
   absl::Status AdvanceChunk(ChunkTable& table, Optimizer& optimizer, int64_t gc,
                             const LastTerm* last, bool* applied_last) ABSL_LOCKS_EXCLUDED(mu_);
-  // Applies whatever the captures held back, once they are served or
-  // cancelled.
+  // Applies what the captures held back, once served or cancelled.
   absl::Status ReleaseHeldBack(ChunkTable& table, Optimizer& optimizer, int64_t except_gc)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The end of iteration `iteration` (== version_): the loss scale decides,
-  // the pushes reset, the version and the membership advance; at a
-  // capture's boundary the captures are taken into *captures (with *state,
-  // to run outside mu_) and *resume says whether updates were held back.
+  // The end of iteration `iteration`: the loss scale decides, the pushes
+  // reset, the version and the membership advance; at a capture's boundary
+  // the captures go to *captures with *state (run outside mu_), and
+  // *resume says whether updates were held back.
   void FinishIterationLocked(int64_t iteration, bool skipped,
                              std::vector<std::function<void(State)>>* captures, State* state,
                              bool* resume) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CopyStateLocked(State* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The ranks that have not pushed all of iteration version_.
+  // The ranks that have not pushed all of the current iteration.
   std::vector<int> RanksMissingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // At a version boundary: the next members become the current ones, and
-  // every chunk waives the ranks that take no part.
-  void AdvanceMembershipLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t NowNanos() const;         // options_.clock's reading (-1 without a clock)
-  int64_t EventStartNanos() const;  // the clock's reading with an observer, else 0
-  // Reports an event from `start_ns` to now to options_.observer, if any.
-  void ReportEvent(EventKind kind, int32_t lane, int64_t step, absl::string_view name,
-                   int64_t bytes, int64_t start_ns) const;
 
   const ParameterServerOptions options_;
   const int64_t window_;  // iterations in flight: the policy's Window()
   CpuDevice* const device_;
   const SessionIssuer sessions_;
+  const EventTimer events_;  // options_.observer on options_.clock
 
   mutable absl::Mutex mu_;
-  // Null until the first registration states the signature; from then on
-  // the table never changes, so a call that read it under mu_ uses it
-  // without mu_ (the table locks its chunks itself).
+  // Null until the first registration states the signature; then it never
+  // changes, so a call that read it under mu_ uses it without (the table
+  // locks its chunks itself).
   std::unique_ptr<ChunkTable> table_ ABSL_GUARDED_BY(mu_);
-  // Created at the first registration, when the steps per epoch are known;
-  // ApplyRange calls on different chunks run at once (disjoint ranges).
+  // Created at the first registration, once the steps per epoch are known.
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   int64_t steps_per_epoch_ ABSL_GUARDED_BY(mu_) = -1;
-  // Initial values given to Create, by name until the first registration
-  // lays them out; then the chunks rank 0 sent, when none were given.
+  // Create's values by name until the first registration lays them out;
+  // then the chunks rank 0 sent, when none were given.
   std::vector<NamedTensor> named_initial_ ABSL_GUARDED_BY(mu_);
   InitialChunks initial_chunks_ ABSL_GUARDED_BY(mu_);
   WorkerLedger workers_ ABSL_GUARDED_BY(mu_);
-  // Thread-safe on its own lock: pulls wait on it alone, and marking chunks
-  // complete or ready and async publishing need nothing more; the claims of
-  // updates and the end of an iteration read and change it under mu_ too,
-  // so that each sees one state across several calls.
+  // Its own lock: pulls wait on it alone; claims and the end of an
+  // iteration read and change it under mu_ too, to see one state.
   UpdateTracker updates_;
   Membership membership_ ABSL_GUARDED_BY(mu_);
   CaptureRequests captures_ ABSL_GUARDED_BY(mu_);
-  // Dynamic loss scaling: the scale of iteration version_, the clean
-  // iterations in a row before it, and the iterations skipped in all.
-  LossScaleState loss_scale_ ABSL_GUARDED_BY(mu_);
+  LossScaleState loss_scale_ ABSL_GUARDED_BY(mu_);  // the scale of the current iteration
 };
 
 }  // namespace ps::server

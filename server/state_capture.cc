@@ -1,5 +1,6 @@
 #include "server/state_capture.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -7,6 +8,27 @@
 #include "common/optimizer/loss_scale.h"
 
 namespace ps::server {
+
+ServerState CaptureServerState(const ChunkTable& table, const Optimizer* optimizer,
+                               const OptimizerOptions& options, int64_t version,
+                               int64_t steps_per_epoch, const LossScaleState& loss_scale) {
+  ServerState state;
+  state.version = version;
+  state.steps_per_epoch = std::max<int64_t>(0, steps_per_epoch);
+  state.loss_scale = loss_scale.scale;
+  state.loss_scale_clean_iterations = loss_scale.clean_iterations;
+  state.loss_scale_skipped_iterations = loss_scale.skipped_iterations;
+  state.signature = table.layout().signature;
+  state.parameters.resize(table.layout().num_parameters);
+  table.CopyAll(absl::MakeSpan(state.parameters));
+  if (optimizer != nullptr) {
+    const absl::Span<const float> momentum = optimizer->momentum();
+    state.momentum.assign(momentum.begin(), momentum.end());
+  } else if (options.sgd.momentum != 0) {
+    state.momentum.assign(table.layout().num_parameters, 0.f);  // no update yet
+  }
+  return state;
+}
 
 absl::Status CheckServerState(const ServerState& state, bool with_momentum,
                               bool dynamic_loss_scale) {

@@ -14,7 +14,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/optimizer/loss_scale.h"
+#include "common/optimizer/optimizer.h"
 #include "common/param_spec.h"
+#include "server/chunk_table.h"
 
 namespace ps::server {
 
@@ -41,6 +44,13 @@ struct ServerState {
 // signature are the server's to check.
 absl::Status CheckServerState(const ServerState& state, bool with_momentum,
                               bool dynamic_loss_scale);
+
+// The state of a server at `version` whose parameters `table` holds and
+// whose momentum `optimizer` holds (null: no update yet, so zeros where
+// `options` has momentum); steps per epoch -1 (not known) is saved as 0.
+ServerState CaptureServerState(const ChunkTable& table, const Optimizer* optimizer,
+                               const OptimizerOptions& options, int64_t version,
+                               int64_t steps_per_epoch, const LossScaleState& loss_scale);
 
 // The capture requests waiting for a boundary, and the updates they hold
 // back. Not thread-safe: the server calls it under its bookkeeping lock.
