@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ps::server {
 
@@ -69,6 +70,7 @@ absl::StatusOr<std::vector<float>> LayOut(const std::vector<NamedTensor>& tensor
 void InitialChunks::Expect(int64_t total_chunks) {
   received_.assign(total_chunks, false);
   count_ = 0;
+  complete_ = total_chunks == 0;
 }
 
 void InitialChunks::Restart() {
@@ -81,7 +83,25 @@ bool InitialChunks::Receive(int64_t global_chunk) {
   ++count_;
   if (count_ < static_cast<int64_t>(received_.size())) return false;
   received_.clear();
+  complete_ = true;
   return true;
+}
+
+absl::StatusOr<std::vector<int64_t>> InitialChunks::Check(
+    int rank, const ChunkLayout& layout, absl::Span<const ChunkBytes> chunks) const {
+  if (complete_) {
+    return absl::FailedPreconditionError("the initial parameters are already complete");
+  }
+  if (rank != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", rank, " sent initial parameters; only rank 0 is asked to"));
+  }
+  std::vector<int64_t> global_chunks;
+  const absl::Status shapes =
+      CheckChunkShapes(layout, chunks, received_, "sent as an initial value", &global_chunks);
+  PS_RETURN_IF_ERROR(CheckChunkValues(layout, chunks, global_chunks.size()));
+  PS_RETURN_IF_ERROR(shapes);
+  return global_chunks;
 }
 
 }  // namespace ps::server

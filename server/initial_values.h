@@ -11,7 +11,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/param_spec.h"
+#include "server/chunk_message.h"
 #include "server/parameter_table.h"
 
 namespace ps::server {
@@ -49,6 +51,12 @@ class InitialChunks {
   void Restart();
   // Per global chunk: received already.
   const std::vector<bool>& received() const { return received_; }
+  // Checks a message of initial chunks from worker `rank` before any is
+  // received: kFailedPrecondition when every chunk is in already or `rank`
+  // is not 0 (the one asked); per chunk as CheckChunkShapes (naming a chunk
+  // received already) and CheckChunkValues. Returns their global indices.
+  absl::StatusOr<std::vector<int64_t>> Check(int rank, const ChunkLayout& layout,
+                                             absl::Span<const ChunkBytes> chunks) const;
   // Counts chunk `global_chunk` in (not received yet); returns whether
   // every chunk is in now.
   bool Receive(int64_t global_chunk);
@@ -56,6 +64,7 @@ class InitialChunks {
  private:
   std::vector<bool> received_;
   int64_t count_ = 0;
+  bool complete_ = false;
 };
 
 }  // namespace ps::server

@@ -66,5 +66,31 @@ TEST(InitialChunksTest, VersionZeroExistsOnceEveryChunkIsIn) {
   EXPECT_TRUE(chunks.Receive(2));
 }
 
+TEST(InitialChunksTest, ChecksTheSenderAndEveryChunkBeforeAnyIsReceived) {
+  absl::StatusOr<ChunkLayout> layout = ChunkLayout::Make({{"w", {4}, DType::kF32}}, 2, 1 << 20);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const std::vector<float> good = {3, 4};
+  const std::vector<float> bad = {3, std::nanf("")};
+  const absl::string_view good_bytes(reinterpret_cast<const char*>(good.data()), 8);
+  const absl::string_view bad_bytes(reinterpret_cast<const char*>(bad.data()), 8);
+  const ChunkBytes chunk1{0, 1, absl::MakeConstSpan(&good_bytes, 1)};
+  const ChunkBytes bad_chunk1{0, 1, absl::MakeConstSpan(&bad_bytes, 1)};
+  InitialChunks chunks;
+  chunks.Expect(layout->total_chunks);
+  EXPECT_THAT(chunks.Check(1, *layout, {chunk1}).status().message(),
+              HasSubstr("worker rank 1 sent initial parameters; only rank 0 is asked to"));
+  EXPECT_EQ(chunks.Check(0, *layout, {bad_chunk1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::vector<int64_t>> checked = chunks.Check(0, *layout, {chunk1});
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(*checked, std::vector<int64_t>{1});
+  EXPECT_FALSE(chunks.Receive(1));
+  EXPECT_EQ(chunks.Check(0, *layout, {chunk1}).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(chunks.Receive(0));
+  EXPECT_THAT(chunks.Check(0, *layout, {}).status().message(),
+              HasSubstr("the initial parameters are already complete"));
+}
+
 }  // namespace
 }  // namespace ps::server

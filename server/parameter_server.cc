@@ -97,24 +97,12 @@ absl::Status ParameterServer::CreateOptimizerLocked(int64_t steps_per_epoch) {
 absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
     const std::string& worker_id, const std::vector<ParamSpec>& signature, int requested_rank,
     int64_t steps_per_epoch) {
-  if (worker_id.empty()) return absl::InvalidArgumentError("worker id is empty");
-  if (requested_rank >= options_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("worker '", worker_id, "' asks for rank ",
-                                                   requested_rank, " but the job has ",
-                                                   options_.num_workers, " workers"));
-  }
   absl::MutexLock lock(&mu_);
   // The model first (the most telling difference), then the data's steps
   // per epoch; the first worker's signature is adopted only once both pass.
-  if (table_ == nullptr) {
-    if (signature.empty()) return absl::InvalidArgumentError("worker sent an empty signature");
-  } else {
-    const std::string diff = SignatureDifference(table_->layout().signature, signature);
-    if (!diff.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("worker '", worker_id, "' has a different model: ", diff));
-    }
-  }
+  PS_RETURN_IF_ERROR(CheckRegistrant(worker_id, requested_rank, options_.num_workers,
+                                     table_ == nullptr ? nullptr : &table_->layout().signature,
+                                     signature));
   PS_RETURN_IF_ERROR(CheckStepsPerEpoch(worker_id, steps_per_epoch, steps_per_epoch_,
                                         options_.optimizer.schedule));
   if (table_ == nullptr) PS_RETURN_IF_ERROR(AdoptSignatureLocked(signature));
@@ -182,8 +170,9 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
   PS_RETURN_IF_ERROR(CheckPusherLocked(rank, num_samples));
   const int64_t version = updates_.version();
   if (absl::Status ahead = options_.consistency->CheckNotAhead(iteration, version); !ahead.ok()) {
+    const std::vector<int> missing = workers_.RanksMissing(version, membership_.participating());
     return absl::Status(ahead.code(), absl::StrCat(ahead.message(), ", waiting for ranks ",
-                                                   absl::StrJoin(RanksMissingLocked(), ", ")));
+                                                   absl::StrJoin(missing, ", ")));
   }
   if (iteration < version || iteration >= version + window_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -197,10 +186,6 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
   }
   return CheckSameSamples(num_samples, workers_.num_samples(rank, iteration),
                           absl::StrCat("worker rank ", rank), iteration);
-}
-
-std::vector<int> ParameterServer::RanksMissingLocked() const {
-  return workers_.RanksMissing(updates_.version(), membership_.participating());
 }
 
 absl::StatusOr<ParameterServer::CheckedPush> ParameterServer::CheckPushMessage(
@@ -296,7 +281,8 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
       if (applied) continue;
       table->AddLastTerm(done.gc, iteration, rank, last.pieces);
     }
-    PS_RETURN_IF_ERROR(CompleteChunk(*table, *optimizer, iteration, done.gc));
+    updates_.MarkReady(iteration, done.gc);  // the tracker's lock: claims take it under mu_
+    PS_RETURN_IF_ERROR(AdvanceChunk(*table, *optimizer, done.gc, nullptr, nullptr));
   }
   return absl::OkStatus();
 }
@@ -353,30 +339,13 @@ absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const Ch
     return absl::NotFoundError(
         absl::StrCat("initial parameters from unregistered worker rank ", rank));
   }
-  if (updates_.initialized()) {
-    return absl::FailedPreconditionError("the initial parameters are already complete");
-  }
-  if (rank != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker rank ", rank, " sent initial parameters; only rank 0 is asked to"));
-  }
-  std::vector<int64_t> global_chunks;
-  const absl::Status shapes = CheckChunkShapes(table_->layout(), chunks,
-                                               initial_chunks_.received(),
-                                               "sent as an initial value", &global_chunks);
-  PS_RETURN_IF_ERROR(CheckChunkValues(table_->layout(), chunks, global_chunks.size()));
-  PS_RETURN_IF_ERROR(shapes);
+  PS_ASSIGN_OR_RETURN(const std::vector<int64_t> global_chunks,
+                      initial_chunks_.Check(rank, table_->layout(), chunks));
   for (size_t c = 0; c < chunks.size(); ++c) {
     table_->Initialize(global_chunks[c], chunks[c].pieces);
     if (initial_chunks_.Receive(global_chunks[c])) updates_.SetInitialized();
   }
   return absl::OkStatus();
-}
-
-absl::Status ParameterServer::CompleteChunk(ChunkTable& table, Optimizer& optimizer,
-                                            int64_t iteration, int64_t gc) {
-  updates_.MarkReady(iteration, gc);  // the tracker's own lock: AdvanceChunk claims under both
-  return AdvanceChunk(table, optimizer, gc, nullptr, nullptr);
 }
 
 absl::Status ParameterServer::AdvanceChunk(ChunkTable& table, Optimizer& optimizer,
@@ -542,7 +511,8 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
   std::vector<ChunkId> ids;
   for (const int64_t gc : complete) {
     ids.push_back(table->layout().IdOf(gc));
-    PS_RETURN_IF_ERROR(CompleteChunk(*table, *optimizer, iteration, gc));
+    updates_.MarkReady(iteration, gc);
+    PS_RETURN_IF_ERROR(AdvanceChunk(*table, *optimizer, gc, nullptr, nullptr));
   }
   return ids;
 }

@@ -287,17 +287,13 @@ class ParameterServer {
   absl::StatusOr<CheckedPush> CheckPushMessage(int rank, int64_t iteration, int64_t num_samples,
                                                absl::Span<const ChunkBytes> chunks,
                                                const std::string& what) ABSL_LOCKS_EXCLUDED(mu_);
-  // Chunk `gc` of `iteration` has every member's part: marks it ready and
-  // applies what may be applied of it.
-  absl::Status CompleteChunk(ChunkTable& table, Optimizer& optimizer, int64_t iteration,
-                             int64_t gc) ABSL_LOCKS_EXCLUDED(mu_);
-  // Applies chunk `gc`'s ready iterations in order, as far as the captures
-  // allow: each claimed under mu_ (one thread at a time applies a chunk),
-  // updated under the chunk's lock, then published under mu_; the last
-  // chunk of an iteration finishes it. With `last` (the last term of its
-  // iteration's sum, not added) that update reads it in place if it may
-  // run now, setting *applied_last; otherwise the caller adds it and
-  // completes the chunk as usual.
+  // Applies chunk `gc`'s ready iterations (UpdateTracker::MarkReady) in
+  // order, as far as the captures allow: each claimed under mu_ (one thread
+  // at a time applies a chunk), updated under the chunk's lock, published
+  // under mu_; the last chunk of an iteration finishes it. With `last` (the
+  // last term of its iteration's sum, not added) that update reads it in
+  // place if it may run now, setting *applied_last; otherwise the caller
+  // adds it and marks the chunk ready as usual.
   struct LastTerm {
     int64_t iteration;
     F32Pieces pieces;
@@ -314,8 +310,6 @@ class ParameterServer {
   void FinishIterationLocked(int64_t iteration, bool skipped,
                              std::vector<std::function<void(State)>>* captures, State* state,
                              bool* resume) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The ranks that have not pushed all of the current iteration.
-  std::vector<int> RanksMissingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ParameterServerOptions options_;
   const int64_t window_;  // iterations in flight: the policy's Window()

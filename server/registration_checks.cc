@@ -32,6 +32,25 @@ std::string SignatureDifference(const std::vector<ParamSpec>& server,
   return "";
 }
 
+absl::Status CheckRegistrant(const std::string& worker_id, int requested_rank, int num_workers,
+                             const std::vector<ParamSpec>* job_signature,
+                             const std::vector<ParamSpec>& signature) {
+  if (worker_id.empty()) return absl::InvalidArgumentError("worker id is empty");
+  if (requested_rank >= num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("worker '", worker_id, "' asks for rank ",
+                                                   requested_rank, " but the job has ",
+                                                   num_workers, " workers"));
+  }
+  if (job_signature == nullptr) {
+    if (signature.empty()) return absl::InvalidArgumentError("worker sent an empty signature");
+    return absl::OkStatus();
+  }
+  const std::string diff = SignatureDifference(*job_signature, signature);
+  if (diff.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("worker '", worker_id, "' has a different model: ", diff));
+}
+
 absl::Status CheckStepsPerEpoch(const std::string& worker_id, int64_t steps_per_epoch,
                                 int64_t job_steps_per_epoch, const LrSchedule& schedule) {
   if (steps_per_epoch < 0) {

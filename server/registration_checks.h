@@ -22,6 +22,15 @@ namespace ps::server {
 std::string SignatureDifference(const std::vector<ParamSpec>& server,
                                 const std::vector<ParamSpec>& worker);
 
+// A registration's own fields against the job's size and model
+// (`job_signature`: null before the first registration states it):
+// kInvalidArgument for an empty worker id, a rank beyond `num_workers` or
+// an empty first signature; kFailedPrecondition for a signature unlike the
+// job's, naming the first difference.
+absl::Status CheckRegistrant(const std::string& worker_id, int requested_rank, int num_workers,
+                             const std::vector<ParamSpec>* job_signature,
+                             const std::vector<ParamSpec>& signature);
+
 // A worker's steps per epoch against the job's (`job_steps_per_epoch`, -1
 // before the first registration): kInvalidArgument when negative,
 // kFailedPrecondition when it differs from the job's or is 0 under a

@@ -26,6 +26,21 @@ TEST(SignatureDifferenceTest, NamesTheFirstDifference) {
   EXPECT_EQ(SignatureDifference(job, other), "the server's model has 2 parameters, the worker's 1");
 }
 
+TEST(CheckRegistrantTest, NamesTheWorkerAndWhatIsWrong) {
+  const std::vector<ParamSpec> job = {{"w", {2, 3}, DType::kF32}};
+  EXPECT_TRUE(CheckRegistrant("w0", -1, 2, nullptr, job).ok());
+  EXPECT_TRUE(CheckRegistrant("w0", 1, 2, &job, job).ok());
+  EXPECT_EQ(CheckRegistrant("", -1, 2, &job, job).message(), "worker id is empty");
+  EXPECT_EQ(CheckRegistrant("w0", 2, 2, &job, job).message(),
+            "worker 'w0' asks for rank 2 but the job has 2 workers");
+  EXPECT_EQ(CheckRegistrant("w0", -1, 2, nullptr, {}).code(), absl::StatusCode::kInvalidArgument);
+  auto other = job;
+  other[0].shape = {3, 2};
+  const absl::Status different = CheckRegistrant("w1", -1, 2, &job, other);
+  EXPECT_EQ(different.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(different.message(), HasSubstr("worker 'w1' has a different model: parameter 'w'"));
+}
+
 TEST(CheckStepsPerEpochTest, EveryWorkerStatesTheJobsEpoch) {
   LrSchedule steps;
   steps.unit = LrSchedule::Unit::kSteps;
