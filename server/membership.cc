@@ -62,6 +62,14 @@ absl::StatusOr<int64_t> Membership::Join(int rank, int64_t version) {
   return version + 1;
 }
 
+absl::Status Membership::CheckTakesPart(int rank, int64_t iteration) const {
+  if (participating_[rank]) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(
+      "worker rank ", rank, " takes no part in iteration ", iteration,
+      ": it was dropped from the job (lost past the grace period); register again to rejoin "
+      "at a step boundary"));
+}
+
 bool Membership::AdvanceIteration() {
   AnnounceNext();
   members_ = next_members_;

@@ -62,6 +62,11 @@ class Membership {
   bool AdvanceIteration();
   // Per rank: a member of the current iteration, not dropped.
   const std::vector<bool>& participating() const { return participating_; }
+  // Whether `rank` sits out: dropped, or no member of the current iteration.
+  bool sits_out(int rank) const { return dropped_[rank] || !participating_[rank]; }
+  // kAborted, saying how to rejoin, when `rank` takes no part in the
+  // current iteration `iteration`.
+  absl::Status CheckTakesPart(int rank, int64_t iteration) const;
 
  private:
   void FreezeNext();

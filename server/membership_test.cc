@@ -22,8 +22,14 @@ TEST(MembershipTest, EveryRankIsAMemberUntilOneIsDropped) {
 TEST(MembershipTest, ADropTakesEffectAtTheFirstIterationNotAnnounced) {
   Membership m(3);
   m.AnnounceNext();  // iteration 1's members are announced with rank 1 in them
+  EXPECT_TRUE(m.CheckTakesPart(1, 0).ok());
+  EXPECT_FALSE(m.sits_out(1));
   ASSERT_TRUE(*m.Drop(1)) << "rank 1 took part in the current iteration";
   EXPECT_FALSE(m.participating()[1]);
+  EXPECT_TRUE(m.sits_out(1));
+  EXPECT_EQ(m.CheckTakesPart(1, 0).code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(m.CheckTakesPart(1, 0).message(),
+              HasSubstr("worker rank 1 takes no part in iteration 0"));
   EXPECT_THAT(*m.MembersOf(1, 0, 1), ElementsAre(0, 1, 2)) << "announced: unchanged";
   EXPECT_TRUE(m.AdvanceIteration()) << "the drop waived parts mid-iteration";
   // Iteration 1 still has rank 1 as a member, but it does not take part.

@@ -148,9 +148,7 @@ ParameterServer::Progress ParameterServer::progress() const {
   p.version_ns = updates_.version_ns();
   p.total_chunks = table_ == nullptr ? 0 : table_->layout().total_chunks;
   p.workers = workers_.Progress(updates_.version());
-  for (WorkerProgress& w : p.workers) {
-    w.dropped = membership_.dropped(w.rank) || !membership_.participating()[w.rank];
-  }
+  for (WorkerProgress& w : p.workers) w.dropped = membership_.sits_out(w.rank);
   return p;
 }
 
@@ -178,38 +176,9 @@ absl::Status ParameterServer::CheckPushLocked(int rank, int64_t iteration,
     return absl::FailedPreconditionError(absl::StrCat(
         "push for iteration ", iteration, " but the server is at iteration ", version));
   }
-  if (!membership_.participating()[rank]) {
-    return absl::AbortedError(absl::StrCat(
-        "worker rank ", rank, " takes no part in iteration ", iteration,
-        ": it was dropped from the job (lost past the grace period); register again to rejoin "
-        "at a step boundary"));
-  }
+  PS_RETURN_IF_ERROR(membership_.CheckTakesPart(rank, iteration));
   return CheckSameSamples(num_samples, workers_.num_samples(rank, iteration),
                           absl::StrCat("worker rank ", rank), iteration);
-}
-
-absl::StatusOr<ParameterServer::CheckedPush> ParameterServer::CheckPushMessage(
-    int rank, int64_t iteration, int64_t num_samples, absl::Span<const ChunkBytes> chunks,
-    const std::string& what) {
-  CheckedPush push;
-  push.global_chunks.reserve(chunks.size());
-  absl::Status shapes;
-  {  // 1. Against the bookkeeping, under mu_: everything but the values.
-    absl::MutexLock lock(&mu_);
-    push.start_ns = events_.Start();
-    PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
-    push.table = table_.get();
-    shapes = CheckChunkShapes(push.table->layout(), chunks, workers_.pushed(rank, iteration), what,
-                              &push.global_chunks);
-  }
-  // 2. The values, under no lock (they are the message's own), of the
-  //    chunks before any that failed step 1: errors come in chunk order.
-  //    Under dynamic loss scaling a non-finite value is an overflow.
-  push.overflow.assign(chunks.size(), false);
-  PS_RETURN_IF_ERROR(CheckChunkValues(push.table->layout(), chunks, push.global_chunks.size(),
-                                      options_.loss_scale.dynamic ? &push.overflow : nullptr));
-  PS_RETURN_IF_ERROR(shapes);
-  return push;
 }
 
 absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_t num_samples,
@@ -220,10 +189,26 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   }
   const std::string what =
       absl::StrCat("pushed by worker rank ", rank, " in iteration ", iteration);
-  PS_ASSIGN_OR_RETURN(const CheckedPush push,
-                      CheckPushMessage(rank, iteration, num_samples, chunks, what));
-  ChunkTable* const table = push.table;
-  const std::vector<int64_t>& global_chunks = push.global_chunks;
+  int64_t start_ns = 0;
+  ChunkTable* table = nullptr;
+  std::vector<int64_t> global_chunks;
+  global_chunks.reserve(chunks.size());
+  absl::Status shapes;
+  {  // 1. Against the bookkeeping, under mu_: everything but the values.
+    absl::MutexLock lock(&mu_);
+    start_ns = events_.Start();
+    PS_RETURN_IF_ERROR(CheckPushLocked(rank, iteration, num_samples));
+    table = table_.get();
+    shapes = CheckChunkShapes(table->layout(), chunks, workers_.pushed(rank, iteration), what,
+                              &global_chunks);
+  }
+  // 2. The values, under no lock (they are the message's own), of the
+  //    chunks before any that failed step 1: errors come in chunk order.
+  //    Under dynamic loss scaling a non-finite value is an overflow.
+  std::vector<bool> overflow(chunks.size(), false);
+  PS_RETURN_IF_ERROR(CheckChunkValues(table->layout(), chunks, global_chunks.size(),
+                                      options_.loss_scale.dynamic ? &overflow : nullptr));
+  PS_RETURN_IF_ERROR(shapes);
   // 3. Claim the chunks, under mu_, after checking again what a concurrent
   //    message of this worker may have changed meanwhile: of two messages
   //    with a chunk in common one is refused here, having added nothing.
@@ -253,8 +238,7 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
   for (size_t c = 0; c < chunks.size(); ++c) {
     if (carried[c]) continue;
     const ChunkTable::Added added =
-        table->Add(global_chunks[c], iteration, rank, chunks[c].pieces, num_samples,
-                   push.overflow[c]);
+        table->Add(global_chunks[c], iteration, rank, chunks[c].pieces, num_samples, overflow[c]);
     if (added.completes) complete.push_back({global_chunks[c], c, added.last_term_pending});
   }
   // Counted before any is applied: a state capture from here on waits for
@@ -265,7 +249,7 @@ absl::Status ParameterServer::PushChunkBytes(int rank, int64_t iteration, int64_
     for (const ChunkBytes& chunk : chunks) bytes += PiecesBytes(chunk.pieces);
     events_.ReportSince(EventKind::kServerPush, ServerPushLane(rank), iteration,
                         chunks.empty() ? absl::string_view() : table->name(global_chunks[0]),
-                        bytes, push.start_ns);
+                        bytes, start_ns);
   }
   // 5. Apply and publish each chunk this message completed, in message
   //    order (under ssp:S once the chunk's earlier iterations are applied:
@@ -542,12 +526,6 @@ absl::StatusOr<ParameterServer::ChunkViews> ParameterServer::PullChunkViews(
   return views;
 }
 
-bool ParameterServer::HasChunks(int64_t version, absl::Span<const ChunkId> chunks) const {
-  return updates_.Has(version, chunks);
-}
-
-bool ParameterServer::HasVersion(int64_t version) const { return updates_.Has(version, {}); }
-
 absl::StatusOr<int64_t> ParameterServer::WaitForVersion(int64_t version, absl::Time deadline) {
   PS_RETURN_IF_ERROR(updates_.Await(version, deadline, {}).status());
   return updates_.version();
@@ -558,8 +536,6 @@ std::vector<ParamSpec> ParameterServer::signature() const {
   return table_ == nullptr ? std::vector<ParamSpec>() : table_->layout().signature;
 }
 
-int64_t ParameterServer::version() const { return updates_.version(); }
-
 ParameterServer::LossScale ParameterServer::loss_scale() const {
   absl::MutexLock lock(&mu_);
   return {updates_.version(), loss_scale_.scale, loss_scale_.skipped_iterations};
@@ -569,8 +545,6 @@ int64_t ParameterServer::steps_per_epoch() const {
   absl::MutexLock lock(&mu_);
   return steps_per_epoch_;
 }
-
-bool ParameterServer::initialized() const { return updates_.initialized(); }
 
 int64_t ParameterServer::held_elements() const {
   absl::MutexLock lock(&mu_);

@@ -218,8 +218,10 @@ class ParameterServer {
                                             bool exact = false, bool with_previous = false);
   // Whether PullChunkViews(version, ..., chunks) would answer at once (the
   // chunks have the version, or one does not exist).
-  bool HasChunks(int64_t version, absl::Span<const ChunkId> chunks) const;
-  bool HasVersion(int64_t version) const;
+  bool HasChunks(int64_t version, absl::Span<const ChunkId> chunks) const {
+    return updates_.Has(version, chunks);
+  }
+  bool HasVersion(int64_t version) const { return updates_.Has(version, {}); }
   // Waits until the server's version is at least `version` (every chunk
   // applied that often; kDeadlineExceeded after `deadline`); returns it.
   absl::StatusOr<int64_t> WaitForVersion(int64_t version, absl::Time deadline);
@@ -243,7 +245,7 @@ class ParameterServer {
   absl::StatusOr<std::vector<int>> Members(int64_t iteration) const;
 
   std::vector<ParamSpec> signature() const;  // empty until known
-  int64_t version() const;
+  int64_t version() const { return updates_.version(); }
   // Dynamic loss scaling: the scale workers multiply the loss by for
   // iteration `version` (0 without dynamic loss scaling), and the
   // iterations skipped for an overflow so far.
@@ -254,7 +256,7 @@ class ParameterServer {
   };
   LossScale loss_scale() const;
   int64_t steps_per_epoch() const;  // -1 before the first registration
-  bool initialized() const;         // version 0 exists
+  bool initialized() const { return updates_.initialized(); }  // version 0 exists
   // Gradient elements held for their rank's turn in the sum, this iteration.
   int64_t held_elements() const;
   int64_t num_parameters() const;
@@ -277,16 +279,6 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckPushLocked(int rank, int64_t iteration, int64_t num_samples) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Steps 1 and 2 of a push (see "Locks").
-  struct CheckedPush {
-    int64_t start_ns = 0;
-    ChunkTable* table = nullptr;
-    std::vector<int64_t> global_chunks;
-    std::vector<bool> overflow;  // dynamic loss scaling: a non-finite chunk
-  };
-  absl::StatusOr<CheckedPush> CheckPushMessage(int rank, int64_t iteration, int64_t num_samples,
-                                               absl::Span<const ChunkBytes> chunks,
-                                               const std::string& what) ABSL_LOCKS_EXCLUDED(mu_);
   // Applies chunk `gc`'s ready iterations (UpdateTracker::MarkReady) in
   // order, as far as the captures allow: each claimed under mu_ (one thread
   // at a time applies a chunk), updated under the chunk's lock, published
