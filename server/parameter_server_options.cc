@@ -27,19 +27,25 @@ absl::Status ValidateParameterServerOptions(const ParameterServerOptions& option
         "dynamic loss scaling needs sync consistency, not ", options.consistency->Name()));
   }
   if (options.optimizer.kind == kMeanGradientOptimizer) {
-    // Each version must be the mean gradient of one whole iteration.
-    if (options.consistency->AppliesEachPush()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer none cannot run under ", options.consistency->Name(),
-          " consistency: each push would be published alone, one worker's gradient instead of "
-          "the mean over the global batch"));
-    }
-    if (options.loss_scale.dynamic) {
-      return absl::InvalidArgumentError(
-          "optimizer none cannot run with dynamic loss scaling: an iteration skipped for an "
-          "overflow would publish the previous iteration's gradient again, which every worker "
-          "would apply a second time");
-    }
+    PS_RETURN_IF_ERROR(CheckSumOnlyMode(*options.consistency, options.loss_scale.dynamic));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSumOnlyMode(const Consistency& consistency, bool dynamic_loss_scale) {
+  // Each version must be the mean gradient of one whole iteration.
+  if (consistency.AppliesEachPush()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the optimizer none (--optimizer=none) cannot run under ", consistency.Name(),
+        " consistency: each push would be published alone, one worker's gradient instead of "
+        "the mean over the global batch; use --consistency=sync or ssp:S"));
+  }
+  if (dynamic_loss_scale) {
+    return absl::InvalidArgumentError(
+        "the optimizer none (--optimizer=none) cannot run with dynamic loss scaling "
+        "(--loss_scale=dynamic): an iteration skipped for an overflow would publish the previous "
+        "iteration's mean gradient again, which every worker would apply a second time; leave "
+        "loss scaling to the workers' own optimizer");
   }
   return absl::OkStatus();
 }

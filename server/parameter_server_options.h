@@ -72,6 +72,12 @@ struct ParameterServerOptions {
 // "none" under async consistency or with dynamic loss scaling.
 absl::Status ValidateParameterServerOptions(const ParameterServerOptions& options);
 
+// The optimizer "none" (a sum-only server) needs every version to be one
+// whole iteration's mean gradient: kInvalidArgument, naming the option and
+// its flag, under a policy that applies each push alone (async) or with
+// dynamic loss scaling.
+absl::Status CheckSumOnlyMode(const Consistency& consistency, bool dynamic_loss_scale);
+
 }  // namespace ps::server
 
 #endif  // PS_SERVER_PARAMETER_SERVER_OPTIONS_H_

@@ -2251,7 +2251,7 @@ TEST_F(ParameterServerTest, SumOnlyResumesWithoutMomentumAndRefusesAsyncAndLossS
   options.loss_scale.dynamic = true;
   s = ParameterServer::Create(options, &device_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("previous iteration's gradient again"));
+  EXPECT_THAT(s.message(), HasSubstr("previous iteration's mean gradient again"));
 }
 
 }  // namespace

@@ -156,18 +156,7 @@ absl::Status OptimizerFromFlags(int argc, char** argv, ParameterServerOptions& j
         " to --optimizer=sgd: drop ", given.size() == 1 ? "it" : "them",
         " (the workers' own optimizer takes its learning rate and the like)"));
   }
-  if (job.consistency->AppliesEachPush()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--optimizer=none with --consistency=", job.consistency->Name(),
-        " is not supported: each push would be published alone, one worker's gradient instead "
-        "of the mean over the global batch; use --consistency=sync or ssp:S"));
-  }
-  if (job.loss_scale.dynamic) {
-    return absl::InvalidArgumentError(
-        "--optimizer=none with --loss_scale=dynamic is not supported: an iteration skipped for "
-        "an overflow would publish the previous iteration's mean gradient again, and every "
-        "worker would apply it twice; leave loss scaling to the workers' own optimizer");
-  }
+  PS_RETURN_IF_ERROR(CheckSumOnlyMode(*job.consistency, job.loss_scale.dynamic));
   job.optimizer = OptimizerOptions();
   job.optimizer.kind = kMeanGradientOptimizer;
   return absl::OkStatus();

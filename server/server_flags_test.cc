@@ -130,8 +130,8 @@ TEST_F(ServerFlagsTest, OptimizerNoneRefusesAsyncAndDynamicLossScaling) {
   absl::SetFlag(&FLAGS_consistency, "async");
   absl::Status s = FromFlags().status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("--optimizer=none with --consistency=async is not "
-                                     "supported: each push would be published alone"));
+  EXPECT_THAT(s.message(), HasSubstr("(--optimizer=none) cannot run under async consistency: "
+                                     "each push would be published alone"));
   absl::SetFlag(&FLAGS_consistency, "ssp:2");
   EXPECT_TRUE(FromFlags().ok());
 
@@ -139,8 +139,9 @@ TEST_F(ServerFlagsTest, OptimizerNoneRefusesAsyncAndDynamicLossScaling) {
   absl::SetFlag(&FLAGS_loss_scale, "dynamic");
   s = FromFlags().status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("--optimizer=none with --loss_scale=dynamic is not "
-                                     "supported: an iteration skipped for an overflow"));
+  EXPECT_THAT(s.message(), HasSubstr("(--optimizer=none) cannot run with dynamic loss scaling "
+                                     "(--loss_scale=dynamic): an iteration skipped for an "
+                                     "overflow"));
 }
 
 }  // namespace
