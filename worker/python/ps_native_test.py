@@ -137,20 +137,12 @@ class NativeBindingTest(unittest.TestCase):
 
     def test_two_worker_processes_get_the_mean_of_their_gradients(self):
         tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-        port_file = os.path.join(tmp, "port")
+        from ps import local_server
         with open(os.path.join(tmp, "server.log"), "wb") as server_log:
-            server = subprocess.Popen(
-                [self.server_binary, "--port=0", f"--port_file={port_file}", "--num_workers=2",
-                 "--lr=1", "--chunk_bytes=64"],
-                stdout=server_log, stderr=subprocess.STDOUT)
+            server, servers = local_server.start(
+                self.server_binary, ["--num_workers=2", "--lr=1", "--chunk_bytes=64"],
+                log=server_log, timeout_s=30, tmp=tmp)
         try:
-            deadline = time.monotonic() + 30
-            while not (os.path.exists(port_file) and os.path.getsize(port_file) > 0):
-                self.assertIsNone(server.poll(), "the server exited")
-                self.assertLess(time.monotonic(), deadline, "no port file within 30 s")
-                time.sleep(0.05)
-            with open(port_file) as f:
-                servers = f"127.0.0.1:{int(f.read().strip())}"
             workers = []
             for rank in range(2):
                 workers.append(subprocess.Popen(

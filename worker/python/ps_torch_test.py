@@ -194,21 +194,14 @@ class PsTorchTest(unittest.TestCase):
 
     def start_server(self, *flags):
         tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-        port_file = os.path.join(tmp, "port")
+        from ps import local_server
+        chunk_bytes = [] if any(f.startswith("--chunk_bytes") for f in flags) else [
+            "--chunk_bytes=256"]
         with open(os.path.join(tmp, "server.log"), "wb") as server_log:
-            server = subprocess.Popen(
-                [self.server_binary, "--port=0", f"--port_file={port_file}"] +
-                ([] if any(f.startswith("--chunk_bytes") for f in flags) else
-                 ["--chunk_bytes=256"]) + list(flags),
-                stdout=server_log, stderr=subprocess.STDOUT)
+            server, address = local_server.start(self.server_binary, chunk_bytes + list(flags),
+                                                 log=server_log, timeout_s=30, tmp=tmp)
         self.addCleanup(lambda: (server.terminate(), server.wait(timeout=30)))
-        deadline = time.monotonic() + 30
-        while not (os.path.exists(port_file) and os.path.getsize(port_file) > 0):
-            self.assertIsNone(server.poll(), "the server exited")
-            self.assertLess(time.monotonic(), deadline, "no port file within 30 s")
-            time.sleep(0.05)
-        with open(port_file) as f:
-            return f"127.0.0.1:{int(f.read().strip())}", tmp
+        return address, tmp
 
     def worker(self, scenario, servers, rank, out_path, stdin=None):
         return subprocess.Popen(

@@ -23,11 +23,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from typing import List, Optional
 
+from ps import local_server
+
 _SERVER_START_TIMEOUT_S = 60
-_POLL_S = 0.05  # how often the port file is looked for while the server starts
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,21 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _start_server(binary: str, workers: int, flags: List[str], tmp: str) -> (subprocess.Popen,
                                                                               str):
-    port_file = os.path.join(tmp, "port")
-    server = subprocess.Popen([binary, "--port=0", f"--port_file={port_file}",
-                               f"--num_workers={workers}"] + flags)
-    deadline = time.monotonic() + _SERVER_START_TIMEOUT_S
-    while not (os.path.exists(port_file) and os.path.getsize(port_file) > 0):
-        if server.poll() is not None:
-            raise RuntimeError(f"the server {binary} exited with status {server.returncode} "
-                               "before serving")
-        if time.monotonic() > deadline:
-            server.terminate()
-            raise RuntimeError(f"the server {binary} wrote no port within "
-                               f"{_SERVER_START_TIMEOUT_S} s")
-        time.sleep(_POLL_S)
-    with open(port_file) as f:
-        return server, f"127.0.0.1:{int(f.read().strip())}"
+    return local_server.start(binary, [f"--num_workers={workers}"] + flags,
+                              timeout_s=_SERVER_START_TIMEOUT_S, tmp=tmp)
 
 
 def _stop(process: subprocess.Popen) -> None:
