@@ -95,7 +95,7 @@ absl::Status ParameterServer::CreateOptimizerLocked(int64_t steps_per_epoch) {
 
 absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
     const std::string& worker_id, const std::vector<ParamSpec>& signature, int requested_rank,
-    int64_t steps_per_epoch) {
+    int64_t steps_per_epoch, const WorkerIdentity& identity) {
   if (worker_id.empty()) return absl::InvalidArgumentError("worker id is empty");
   if (requested_rank >= options_.num_workers) {
     return absl::InvalidArgumentError(absl::StrCat("worker '", worker_id, "' asks for rank ",
@@ -117,6 +117,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   PS_RETURN_IF_ERROR(CheckStepsPerEpoch(worker_id, steps_per_epoch, steps_per_epoch_,
                                         options_.optimizer.schedule));
   if (table_ == nullptr) PS_RETURN_IF_ERROR(AdoptSignatureLocked(signature));
+  PS_RETURN_IF_ERROR(workers_.CheckIdentity(worker_id, identity, NowNanos()));
   PS_ASSIGN_OR_RETURN(const int rank, ChooseRank(workers_.ids(), worker_id, requested_rank));
   if (optimizer_ == nullptr) PS_RETURN_IF_ERROR(CreateOptimizerLocked(steps_per_epoch));
   // A dropped rank is back in at a step boundary.
@@ -125,7 +126,8 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   steps_per_epoch_ = steps_per_epoch;
   Registration reg;
   reg.session = sessions_.Issue();
-  workers_.Admit(rank, worker_id, reg.session, /*carry=*/updates_.initialized(), NowNanos());
+  workers_.Admit(rank, worker_id, reg.session, /*carry=*/updates_.initialized(), NowNanos(),
+                 identity.proof);
   reg.rank = rank;
   reg.num_workers = options_.num_workers;
   reg.version = joins_at;
