@@ -39,6 +39,11 @@ inline constexpr char kPullMethod[] = "/ps.proto.ParameterServer/Pull";
 // The metadata key of a worker's session credential (RegisterReply.session;
 // parameter_server.proto, "Credentials").
 inline constexpr char kSessionMetadataKey[] = "ps-session";
+// Trailing metadata of a Register refused ALREADY_EXISTS because its worker
+// id is live and the registration does not prove it is that worker: the
+// refusal ends once the server declares the holder lost, so waiting helps
+// (a rank held by another id, the other ALREADY_EXISTS, does not end).
+inline constexpr char kRetryRegisterMetadataKey[] = "ps-retry-register";
 
 // Bytes of the header-length prefix.
 inline constexpr size_t kFrameLengthBytes = 4;

@@ -16,6 +16,7 @@
 #include "proto/wire_format.h"
 #include "server/grpc_answers.h"
 #include "server/register_request.h"
+#include "server/registration_checks.h"
 #include "server/stall_report.h"
 #include "server/waiting_pull_call.h"
 
@@ -107,14 +108,38 @@ absl::Status ParameterServerService::CheckOptionalSession(
   return server_->CheckIncarnation(session);
 }
 
+absl::StatusOr<WorkerIdentity> ParameterServerService::IdentityOf(
+    const grpc::ServerContextBase& context, const proto::RegisterRequest& request) const {
+  WorkerIdentity identity;
+  if (options_.client_certificates) {
+    // The handshake checked the certificate against the client CA; which
+    // worker it is for is ours to check.
+    std::vector<std::string> names[2];
+    const char* properties[2] = {"x509_common_name", "x509_subject_alternative_name"};
+    const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+    for (int i = 0; i < 2 && auth != nullptr; ++i) {
+      for (const grpc::string_ref& name : auth->FindPropertyValues(properties[i])) {
+        names[i].emplace_back(name.data(), name.size());
+      }
+    }
+    PS_RETURN_IF_ERROR(CheckCertificateNames(request.worker_id(), names[0], names[1]));
+    return identity;
+  }
+  identity.vouched = false;
+  identity.proof = request.identity_proof();
+  identity.liveness_timeout = options_.liveness_timeout;
+  return identity;
+}
+
 absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& context,
                                                 const proto::RegisterRequest& request,
                                                 proto::RegisterReply* reply) {
   PS_RETURN_IF_ERROR(CheckCall(context));
   PS_ASSIGN_OR_RETURN(RegisterArgs args, ReadRegisterRequest(request));
+  PS_ASSIGN_OR_RETURN(const WorkerIdentity identity, IdentityOf(context, request));
   PS_ASSIGN_OR_RETURN(ParameterServer::Registration reg,
-                      server_->Register(request.worker_id(), args.signature,
-                                        args.requested_rank, request.steps_per_epoch()));
+                      server_->Register(request.worker_id(), args.signature, args.requested_rank,
+                                        request.steps_per_epoch(), identity));
   reply->set_rank(reg.rank);
   reply->set_num_workers(reg.num_workers);
   reply->set_version(reg.version);
@@ -126,6 +151,9 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   reply->set_consistency(server_->options().consistency->Name());
   reply->set_optimizer(server_->options().optimizer.kind);
   reply->set_loss_scale(server_->loss_scale().scale);
+  reply->set_identity(identity.vouched ? "certificate"
+                      : identity.proof.empty() ? "token"
+                                               : "proof");
   // Room for a push and a pull of every parameter, and a page.
   shared_memory_.Register(request, reg.rank, reg.session, 8 * server_->num_parameters() + 4096,
                           reply);
@@ -139,7 +167,11 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(grpc::CallbackServerC
   grpc::ServerUnaryReactor* reactor = AnswerAtOnce<proto::RegisterRequest, proto::RegisterReply>(
       context, *request, reply, "register request", CheckCall(*context),
       [&](const proto::RegisterRequest& message, proto::RegisterReply* answer) {
-        return DoRegister(*context, message, answer);
+        absl::Status registered = DoRegister(*context, message, answer);
+        if (registered.GetPayload(kLiveWorkerPayload).has_value()) {
+          context->AddTrailingMetadata(proto::kRetryRegisterMetadataKey, "live worker");
+        }
+        return registered;
       },
       &status);
   Answered("Register", status);

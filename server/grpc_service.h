@@ -96,6 +96,14 @@ struct ServiceOptions {
   // without a sign of life.
   absl::Duration stall_report_after = absl::Seconds(5);
   absl::Duration liveness_timeout = absl::Seconds(10);
+  // The server requires client certificates (mutual TLS): a registration
+  // for worker id X is accepted only from a certificate whose CN or a
+  // subjectAltName is X (PERMISSION_DENIED otherwise), and that certificate
+  // is its identity. Otherwise a registration naming a live worker's id
+  // must carry that worker's identity proof (ALREADY_EXISTS, with the
+  // trailing metadata proto::kRetryRegisterMetadataKey, until the holder
+  // is lost). See WorkerLedger::CheckIdentity.
+  bool client_certificates = false;
   // The job shrinks when it loses a worker (RegisterReply.shrinks).
   bool shrinks = false;
   // Told each call's method ("Push", ...) and final code as it is answered
@@ -200,6 +208,11 @@ class ParameterServerService final
                           const std::vector<ParameterServer::ChunkId>& ids,
                           const SharedMemorySegment* segment, absl::Time deadline, bool wait,
                           grpc::ByteBuffer* reply);
+  // What a registration shows of being the worker it names (a certificate
+  // under mutual TLS, else its identity proof); kPermissionDenied for a
+  // certificate that does not name it.
+  absl::StatusOr<WorkerIdentity> IdentityOf(const grpc::ServerContextBase& context,
+                                            const proto::RegisterRequest& request) const;
   absl::Status DoRegister(const grpc::ServerContextBase& context,
                           const proto::RegisterRequest& request, proto::RegisterReply* reply);
   absl::Status DoHeartbeat(const grpc::ServerContextBase& context,

@@ -220,6 +220,14 @@ struct Job {
   std::map<int64_t, std::vector<float>> params_at;  // each whole version reached
 };
 
+// A worker's identity: its secret, which no mutation knows.
+WorkerIdentity IdentityOf(const std::string& id) {
+  WorkerIdentity identity;
+  identity.vouched = false;
+  identity.proof = id + "'s secret, unguessed";
+  return identity;
+}
+
 absl::StatusOr<Job> StartJob(CpuDevice* device) {
   ParameterServerOptions options;
   options.num_workers = kNumWorkers;
@@ -236,7 +244,8 @@ absl::StatusOr<Job> StartJob(CpuDevice* device) {
   Job job;
   job.server = std::move(server).value();
   for (int r = 0; r < kNumWorkers; ++r) {
-    auto reg = job.server->Register(kWorkerIds[r], Signature(), r, kStepsPerEpoch);
+    auto reg = job.server->Register(kWorkerIds[r], Signature(), r, kStepsPerEpoch,
+                                    IdentityOf(kWorkerIds[r]));
     if (!reg.ok()) return reg.status();
     job.sessions.push_back(reg->session);
   }
@@ -672,7 +681,9 @@ Expectation JudgeHeartbeat(const Model& m, const Request& r) {
 // Register: every slot is taken, so only a re-registration of w0 or w1 with
 // the job's signature and steps is accepted; it is not sent (a worker that
 // registers again mid-iteration rejoins it: a new session, its pushes
-// carried, which is a change of state). Sessions are not looked at.
+// carried, which is a change of state), nor is one that differs only in a
+// wrong identity proof (refused while the worker is live, accepted after).
+// Sessions are not looked at.
 Expectation JudgeRegister(const Model& m, const Request& r) {
   proto::RegisterRequest request;
   if (!request.ParseFromString(r.bytes)) {
@@ -687,7 +698,8 @@ Expectation JudgeRegister(const Model& m, const Request& r) {
   const bool huge = echoed > 2048;
   if (request.worker_id().empty()) codes |= kInvalidArgument;
   // Bounds on what a refusal could quote.
-  if (request.worker_id().size() > kMaxWorkerIdBytes) {
+  if (request.worker_id().size() > kMaxWorkerIdBytes ||
+      request.identity_proof().size() > kMaxIdentityProofBytes) {
     codes |= kInvalidArgument;
   }
   for (const proto::TensorSpec& t : request.signature()) {
@@ -722,6 +734,10 @@ Expectation JudgeRegister(const Model& m, const Request& r) {
   }
   if (rank >= 0) {
     if (has_rank && Registered(requested) && requested != rank) codes |= kAlreadyExists;
+    // A faulty one may reach the identity check first: w0 and w1 are live
+    // (registered in process, heard within the liveness timeout while the
+    // campaign runs) and no mutation knows their proof.
+    if (codes != 0) codes |= kAlreadyExists;
   } else if (!request.worker_id().empty()) {
     codes |= has_rank && Registered(requested) ? kAlreadyExists : kResourceExhausted;
   }
@@ -1270,6 +1286,10 @@ void MutateRegister(proto::RegisterRequest* r, Rng& rng) {
       } else {
         r->set_worker_id(std::string(kIds[Below(rng, std::size(kIds))]));
         if (OneIn(rng, 8)) r->mutable_worker_id()->push_back('\0');
+      }
+      if (OneIn(rng, 4)) {  // an identity proof: a guess, or one over the bound
+        r->set_identity_proof(OneIn(rng, 4) ? std::string(kMaxIdentityProofBytes + 1, 'p')
+                                            : std::string("a guess"));
       }
       return;
     }
@@ -2005,8 +2025,9 @@ class GrpcServiceFuzzTest : public ::testing::Test {
     grpc::ClientContext context;
     context.AddMetadata(kJobTokenMetadataKey, kJobToken);
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    return proto::ParameterServer::NewStub(channel_)->Register(&context, MakeRegister(id, -1),
-                                                               reply);
+    proto::RegisterRequest request = MakeRegister(id, -1);
+    request.set_identity_proof(IdentityOf(id).proof);
+    return proto::ParameterServer::NewStub(channel_)->Register(&context, request, reply);
   }
 
   // One call with the job token (and `session`, when given), waited for.

@@ -10,6 +10,7 @@
 #include <limits>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -137,6 +138,7 @@ class GrpcServiceTest : public ::testing::Test {
   grpc::Status Register(const std::string& id, std::vector<int64_t> w_shape = {6}) {
     proto::RegisterRequest request;
     request.set_worker_id(id);
+    request.set_identity_proof(id + "'s secret");  // registering again is a restart
     proto::TensorSpec* w = request.add_signature();
     w->set_name("w");
     for (int64_t d : w_shape) w->add_shape(d);
@@ -396,6 +398,7 @@ TEST_F(GrpcServiceTest, SharedMemoryPushesAndPullsAndTheirHostileForms) {
                                proto::RegisterReply* reply) {
     proto::RegisterRequest request;
     request.set_worker_id("a");
+    request.set_identity_proof("a's secret");
     proto::TensorSpec* w = request.add_signature();
     w->set_name("w");
     w->add_shape(6);
@@ -955,10 +958,15 @@ class GrpcServiceCredentialsTest : public GrpcServiceTest {
     if (!c.session.empty()) context->AddMetadata(proto::kSessionMetadataKey, c.session);
   }
 
+  // Registers as `id` with its secret (`proof`; by default the id's own),
+  // the trailing metadata's retry hint in *retry_hint when given.
   grpc::Status RegisterWith(const Credentials& c, const std::string& id,
-                            proto::RegisterReply* reply) {
+                            proto::RegisterReply* reply,
+                            std::optional<std::string> proof = std::nullopt,
+                            std::string* retry_hint = nullptr) {
     proto::RegisterRequest request;
     request.set_worker_id(id);
+    request.set_identity_proof(proof.value_or(id + "'s secret"));
     for (const ParamSpec& spec : Signature()) {
       proto::TensorSpec* t = request.add_signature();
       t->set_name(spec.name);
@@ -967,7 +975,13 @@ class GrpcServiceCredentialsTest : public GrpcServiceTest {
     grpc::ClientContext context;
     AddCredentials(c, &context);
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    return stub_->Register(&context, request, reply);
+    grpc::Status status = stub_->Register(&context, request, reply);
+    if (retry_hint != nullptr) {
+      const auto& trailing = context.GetServerTrailingMetadata();
+      auto it = trailing.find(proto::kRetryRegisterMetadataKey);
+      *retry_hint = it == trailing.end() ? "" : std::string(it->second.data(), it->second.size());
+    }
+    return status;
   }
 
   grpc::Status WaitWith(const Credentials& c, int64_t version) {
@@ -1190,6 +1204,44 @@ TEST_F(GrpcServiceCredentialsTest, EachWorkerActsOnlyWithItsOwnSessionOfThisServ
   ASSERT_TRUE(PushAllWith({kToken, a.session()}, 0, 1, 1).ok());
   EXPECT_EQ(server_->version(), 2);
   EXPECT_EQ(ParametersAt(2), (std::vector<float>{-3, -2, -1, 0, 1, 2, 3, 4}));
+}
+
+// Token only: a stranger with the job token cannot take a live worker's
+// id (ALREADY_EXISTS naming it, with the retry hint); the worker itself,
+// restarted with its secret, takes its rank back at once.
+TEST_F(GrpcServiceCredentialsTest, ALiveWorkersIdNeedsItsProof) {
+  proto::RegisterReply a, b;
+  ASSERT_TRUE(RegisterWith({kToken, ""}, "a", &a).ok());
+  ASSERT_TRUE(RegisterWith({kToken, ""}, "b", &b, "").ok());
+  EXPECT_EQ(a.identity(), "proof");
+  EXPECT_EQ(b.identity(), "token");
+  for (const std::string& proof : {std::string(), std::string("a guess")}) {
+    proto::RegisterReply stolen;
+    std::string hint;
+    const grpc::Status s = RegisterWith({kToken, ""}, "a", &stolen, proof, &hint);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << proof;
+    EXPECT_THAT(s.error_message(), HasSubstr("worker 'a' is live: rank 0's holder was heard "));
+    EXPECT_THAT(s.error_message(), HasSubstr("within the liveness timeout of 10s"));
+    EXPECT_EQ(hint, "live worker");
+  }
+  // b registered without a secret: nothing proves it until it is lost.
+  proto::RegisterReply stolen;
+  EXPECT_EQ(RegisterWith({kToken, ""}, "b", &stolen, "").error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+  // A rank held by another id is refused without the hint (waiting does
+  // not help).
+  std::string hint = "unset";
+  EXPECT_EQ(RegisterWith({kToken, ""}, "c", &stolen, "", &hint).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(hint, "");
+  // Nothing changed: both sessions still push.
+  ASSERT_TRUE(PushAllWith({kToken, a.session()}, 0, 0, 1).ok());
+  ASSERT_TRUE(PushAllWith({kToken, b.session()}, 1, 0, 3).ok());
+  EXPECT_EQ(server_->version(), 1);
+  // The real a, restarted with its secret: its rank at once.
+  proto::RegisterReply a_again;
+  ASSERT_TRUE(RegisterWith({kToken, ""}, "a", &a_again).ok());
+  EXPECT_EQ(a_again.rank(), 0);
 }
 
 // Stale synchronous parallel over the wire: the registration says

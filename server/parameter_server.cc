@@ -96,7 +96,7 @@ absl::Status ParameterServer::CreateOptimizerLocked(int64_t steps_per_epoch) {
 
 absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
     const std::string& worker_id, const std::vector<ParamSpec>& signature, int requested_rank,
-    int64_t steps_per_epoch) {
+    int64_t steps_per_epoch, const WorkerIdentity& identity) {
   absl::MutexLock lock(&mu_);
   // The model first (the most telling difference), then the data's steps
   // per epoch; the first worker's signature is adopted only once both pass.
@@ -106,6 +106,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   PS_RETURN_IF_ERROR(CheckStepsPerEpoch(worker_id, steps_per_epoch, steps_per_epoch_,
                                         options_.optimizer.schedule));
   if (table_ == nullptr) PS_RETURN_IF_ERROR(AdoptSignatureLocked(signature));
+  PS_RETURN_IF_ERROR(workers_.CheckIdentity(worker_id, identity, events_.NowNanos()));
   PS_ASSIGN_OR_RETURN(const int rank, ChooseRank(workers_.ids(), worker_id, requested_rank));
   if (optimizer_ == nullptr) PS_RETURN_IF_ERROR(CreateOptimizerLocked(steps_per_epoch));
   // A dropped rank is back in at a step boundary.
@@ -115,7 +116,7 @@ absl::StatusOr<ParameterServer::Registration> ParameterServer::Register(
   Registration reg;
   reg.session = sessions_.Issue();
   workers_.Admit(rank, worker_id, reg.session, /*carry=*/updates_.initialized(),
-                 events_.NowNanos());
+                 events_.NowNanos(), identity.proof);
   reg.rank = rank;
   reg.num_workers = options_.num_workers;
   reg.version = joins_at;

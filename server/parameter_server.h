@@ -135,12 +135,15 @@ class ParameterServer {
   // disagree on a shape, or steps_per_epoch that differs or is missing for
   // an epoch schedule; kResourceExhausted when num_workers others are
   // registered or the model cannot fit in memory; kAlreadyExists for
-  // another worker's rank; kUnavailable for a dropped rank whose next
+  // another worker's rank, or a live id (heard within
+  // identity.liveness_timeout) that `identity` does not prove
+  // (WorkerLedger::CheckIdentity); kUnavailable for a dropped rank whose next
   // iteration is announced without it (try again); kInvalidArgument for an
   // empty id, a rank out of range or an empty or non-F32 signature.
   absl::StatusOr<Registration> Register(const std::string& worker_id,
                                         const std::vector<ParamSpec>& signature,
-                                        int requested_rank = -1, int64_t steps_per_epoch = 0);
+                                        int requested_rank = -1, int64_t steps_per_epoch = 0,
+                                        const WorkerIdentity& identity = {});
 
   // Whether `session` is the last registration's credential for `rank`:
   // kAborted for another incarnation's (this server restarted: register

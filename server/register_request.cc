@@ -11,6 +11,11 @@ absl::StatusOr<RegisterArgs> ReadRegisterRequest(const proto::RegisterRequest& r
     return absl::InvalidArgumentError(absl::StrCat("a worker id of ", request.worker_id().size(),
                                                    " bytes; at most ", kMaxWorkerIdBytes));
   }
+  if (request.identity_proof().size() > kMaxIdentityProofBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("an identity proof of ",
+                                                   request.identity_proof().size(),
+                                                   " bytes; at most ", kMaxIdentityProofBytes));
+  }
   RegisterArgs args;
   args.signature.reserve(request.signature_size());
   for (int i = 0; i < request.signature_size(); ++i) {

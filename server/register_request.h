@@ -19,6 +19,7 @@ namespace ps::server {
 // connection) and no request makes the server build a huge message.
 inline constexpr size_t kMaxWorkerIdBytes = 256;
 inline constexpr size_t kMaxTensorNameBytes = 1024;
+inline constexpr size_t kMaxIdentityProofBytes = 1024;
 inline constexpr int kMaxDimensions = 64;
 
 struct RegisterArgs {
@@ -26,8 +27,8 @@ struct RegisterArgs {
   int requested_rank = -1;  // -1: any free rank
 };
 
-// kInvalidArgument, naming the problem, for a worker id or a tensor name
-// over its bound, too many dimensions, a negative dimension, a dtype other
+// kInvalidArgument, naming the problem, for a worker id, an identity proof
+// or a tensor name over its bound, too many dimensions, a negative dimension, a dtype other
 // than F32 or a negative requested rank. Element counts are left to
 // ParameterServer::Register (which bounds them before allocating).
 absl::StatusOr<RegisterArgs> ReadRegisterRequest(const proto::RegisterRequest& request);

@@ -46,6 +46,9 @@ TEST(RegisterRequestTest, RefusesWhatTheWireMustNotCarryNamingIt) {
   proto::RegisterRequest long_id = Request();
   long_id.set_worker_id(std::string(kMaxWorkerIdBytes + 1, 'x'));
   EXPECT_THAT(refused(long_id), HasSubstr("a worker id of 257 bytes; at most 256"));
+  proto::RegisterRequest long_proof = Request();
+  long_proof.set_identity_proof(std::string(kMaxIdentityProofBytes + 1, 'p'));
+  EXPECT_THAT(refused(long_proof), HasSubstr("an identity proof of 1025 bytes; at most 1024"));
   proto::RegisterRequest long_name = Request();
   long_name.mutable_signature(1)->set_name(std::string(kMaxTensorNameBytes + 1, 'n'));
   EXPECT_THAT(refused(long_name), HasSubstr("parameter 1's name has 1025 bytes"));

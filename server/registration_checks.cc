@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 
 namespace ps::server {
 
@@ -98,6 +100,34 @@ absl::StatusOr<int> ChooseRank(const std::vector<std::string>& holders,
         "worker '", worker_id, "' refused: all ", ranks, " worker slots are registered"));
   }
   return rank;
+}
+
+absl::Status CheckCertificateNames(const std::string& worker_id,
+                                   const std::vector<std::string>& common_names,
+                                   const std::vector<std::string>& alt_names) {
+  constexpr size_t kNamesQuoted = 8;
+  constexpr size_t kNameBytesQuoted = 64;
+  std::vector<std::string> quoted;
+  auto quote = [&](const std::vector<std::string>& names, absl::string_view kind) {
+    for (const std::string& name : names) {
+      if (quoted.size() == kNamesQuoted) return;
+      quoted.push_back(absl::StrCat(kind, " '", name.substr(0, kNameBytesQuoted),
+                                    name.size() > kNameBytesQuoted ? "..." : "", "'"));
+    }
+  };
+  for (const std::vector<std::string>* names : {&common_names, &alt_names}) {
+    for (const std::string& name : *names) {
+      if (name == worker_id) return absl::OkStatus();
+    }
+  }
+  quote(common_names, "CN");
+  quote(alt_names, "SAN");
+  const size_t total = common_names.size() + alt_names.size();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "worker '", worker_id.substr(0, kNameBytesQuoted),
+      "' must present a client certificate whose CN or subjectAltName is its id; this one names ",
+      quoted.empty() ? "nothing" : absl::StrJoin(quoted, ", "),
+      total > quoted.size() ? absl::StrCat(" and ", total - quoted.size(), " more") : ""));
 }
 
 }  // namespace ps::server

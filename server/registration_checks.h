@@ -47,6 +47,16 @@ absl::Status CheckStepsPerEpoch(const std::string& worker_id, int64_t steps_per_
 absl::StatusOr<int> ChooseRank(const std::vector<std::string>& holders,
                                const std::string& worker_id, int requested_rank);
 
+// Under mutual TLS a worker's identity is its client certificate: whether
+// the certificate's subject common names or subjectAltName entries (as
+// gRPC's auth context gives them: "x509_common_name",
+// "x509_subject_alternative_name") include `worker_id`. kPermissionDenied
+// otherwise, naming the id and the certificate's names (at most 8, each
+// cut to 64 bytes, so the refusal stays small).
+absl::Status CheckCertificateNames(const std::string& worker_id,
+                                   const std::vector<std::string>& common_names,
+                                   const std::vector<std::string>& alt_names);
+
 }  // namespace ps::server
 
 #endif  // PS_SERVER_REGISTRATION_CHECKS_H_

@@ -72,5 +72,30 @@ TEST(ChooseRankTest, ARestartKeepsItsRankAndNewcomersTakeTheLowestFree) {
   EXPECT_THAT(full.message(), HasSubstr("all 2 worker slots are registered"));
 }
 
+TEST(CheckCertificateNamesTest, TheIdMustBeTheCommonNameOrASubjectAltName) {
+  EXPECT_TRUE(CheckCertificateNames("w0", {"w0"}, {"w0"}).ok());
+  EXPECT_TRUE(CheckCertificateNames("w0", {"host-a"}, {"w0", "w0.ps"}).ok()) << "a SAN";
+  EXPECT_TRUE(CheckCertificateNames("w0", {"w0"}, {}).ok()) << "the CN";
+  // Another worker's certificate, and the server's.
+  const absl::Status other = CheckCertificateNames("w0", {"w1"}, {"w1"});
+  EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(other.message(),
+              HasSubstr("worker 'w0' must present a client certificate whose CN or "
+                        "subjectAltName is its id; this one names CN 'w1', SAN 'w1'"));
+  EXPECT_THAT(CheckCertificateNames("w0", {"server"}, {"localhost", "127.0.0.1", "server"})
+                  .message(),
+              HasSubstr("CN 'server', SAN 'localhost', SAN '127.0.0.1', SAN 'server'"));
+  // Names are matched whole, and none is none.
+  EXPECT_EQ(CheckCertificateNames("w0", {"w01"}, {"xw0"}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(CheckCertificateNames("", {}, {}).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(CheckCertificateNames("w0", {}, {}).message(), HasSubstr("this one names nothing"));
+  // A certificate with many names is quoted in part.
+  const std::vector<std::string> many(20, std::string(100, 'n'));
+  const absl::Status long_list = CheckCertificateNames("w0", {}, many);
+  EXPECT_THAT(long_list.message(), HasSubstr("...' and 12 more"));
+  EXPECT_LT(long_list.message().size(), 1024u);
+}
+
 }  // namespace
 }  // namespace ps::server

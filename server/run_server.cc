@@ -408,6 +408,7 @@ absl::Status RunServer(const ServerOptions& options, StopRequest* stop) {
   service_options.shrinks = options.worker_loss->Shrinks();
   service_options.stall_report_after = options.stall_report_every;
   service_options.liveness_timeout = options.liveness_timeout;
+  service_options.client_certificates = !options.tls.client_ca_file.empty();
   service_options.max_push_lead_bytes = options.max_push_lead_bytes;
   service_options.push_lead_idle = options.push_lead_idle;
   service_options.push_hold_limit = options.push_hold_limit;

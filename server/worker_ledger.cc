@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "server/sessions.h"
 
 namespace ps::server {
@@ -30,8 +33,36 @@ std::vector<std::string> WorkerLedger::ids() const {
   return ids;
 }
 
+absl::Status WorkerLedger::CheckIdentity(const std::string& worker_id,
+                                         const WorkerIdentity& identity, int64_t now_ns) const {
+  if (identity.vouched) return absl::OkStatus();
+  for (int rank = 0; rank < num_workers(); ++rank) {
+    const Worker& holder = workers_[rank];
+    if (holder.id != worker_id) continue;
+    if (!identity.proof.empty() && SessionIssuer::Matches(holder.proof, identity.proof)) {
+      return absl::OkStatus();
+    }
+    const int64_t quiet_ns = now_ns - holder.heard_ns;
+    if (holder.heard_ns < 0 || quiet_ns > absl::ToInt64Nanoseconds(identity.liveness_timeout)) {
+      return absl::OkStatus();
+    }
+    absl::Status live = absl::AlreadyExistsError(absl::StrCat(
+        "worker '", worker_id, "' is live: rank ", rank, "'s holder was heard ",
+        absl::StrFormat("%.1f s", absl::ToDoubleSeconds(absl::Nanoseconds(quiet_ns))),
+        " ago, within the liveness timeout of ", absl::FormatDuration(identity.liveness_timeout),
+        ", and this registration ",
+        identity.proof.empty() ? "carries no identity proof" : "carries another identity proof",
+        holder.proof.empty() ? " (the holder registered without one)" : "",
+        ": a restarted worker gets its rank back once the server declares the old process "
+        "lost, or at once with the same --identity_file"));
+    live.SetPayload(kLiveWorkerPayload, absl::Cord(worker_id));
+    return live;
+  }
+  return absl::OkStatus();
+}
+
 void WorkerLedger::Admit(int rank, const std::string& worker_id, std::string session,
-                         bool carry, int64_t now_ns) {
+                         bool carry, int64_t now_ns, std::string proof) {
   Worker& worker = workers_[rank];
   if (worker.id == worker_id && carry) {
     for (Pushes& pushes : worker.slots) {
@@ -43,6 +74,7 @@ void WorkerLedger::Admit(int rank, const std::string& worker_id, std::string ses
   }
   worker.id = worker_id;
   worker.session = std::move(session);
+  worker.proof = std::move(proof);
   worker.heard_ns = now_ns;
 }
 

@@ -13,10 +13,28 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "server/job_progress.h"
 
 namespace ps::server {
+
+// What a registration shows of being the worker it names (Register's
+// identity rule: docs/security.md, "Worker identity").
+struct WorkerIdentity {
+  // The caller vouches that the registration is the worker it names: a
+  // client certificate that names it (mutual TLS), or a caller in this
+  // process. It takes its id's rank at once, as a restarted worker does.
+  bool vouched = true;
+  // Otherwise the worker's secret (RegisterRequest.identity_proof; may be
+  // empty), and how long after it was last heard a rank's holder is live.
+  std::string proof;
+  absl::Duration liveness_timeout = absl::Seconds(10);
+};
+
+// The payload (absl::Status::GetPayload) on CheckIdentity's refusal:
+// waiting until the holder is lost ends it.
+inline constexpr char kLiveWorkerPayload[] = "ps.server/live-worker";
 
 class WorkerLedger {
  public:
@@ -31,12 +49,22 @@ class WorkerLedger {
   // the ids holding each rank (empty: free).
   bool Held(int rank) const;
   std::vector<std::string> ids() const;
-  // Gives `rank` to `worker_id` with `session` as its credential. The same
-  // id registering again with `carry` (version 0 exists) is a restarted
-  // process: what the rank pushed of the iterations in flight is carried
-  // (Claim accepts it again without its being summed twice).
+  // Whether a registration naming `worker_id` with `identity` may take the
+  // rank that id holds: yes when it holds none, the registration is
+  // vouched for, its proof is the one the holder registered with (compared
+  // in constant time; an empty one proves nothing), or the holder was not
+  // heard within the liveness timeout (lost: a restart without proof waits
+  // for this). kAlreadyExists otherwise, naming the id and how long ago it
+  // was heard, with kLiveWorkerPayload.
+  absl::Status CheckIdentity(const std::string& worker_id, const WorkerIdentity& identity,
+                             int64_t now_ns) const;
+  // Gives `rank` to `worker_id` with `session` as its credential and
+  // `proof` (may be empty) as its identity secret. The same id registering
+  // again with `carry` (version 0 exists) is a restarted process: what the
+  // rank pushed of the iterations in flight is carried (Claim accepts it
+  // again without its being summed twice).
   void Admit(int rank, const std::string& worker_id, std::string session, bool carry,
-             int64_t now_ns);
+             int64_t now_ns, std::string proof = "");
   // kNotFound for a rank nobody holds; kPermissionDenied when `session` is
   // not the rank's credential (another worker's, or an earlier process's).
   absl::Status CheckSession(int rank, absl::string_view session) const;
@@ -76,6 +104,7 @@ class WorkerLedger {
   struct Worker {
     std::string id;
     std::string session;  // the last registration's credential
+    std::string proof;    // the last registration's identity secret ("": none)
     int64_t heard_ns = -1;
     int64_t last_push_iteration = -1;
     int64_t last_push_ns = -1;

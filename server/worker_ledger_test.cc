@@ -1,9 +1,12 @@
 #include "server/worker_ledger.h"
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/time/time.h"
 #include "server/sessions.h"
 
 namespace ps::server {
@@ -28,6 +31,58 @@ TEST(WorkerLedgerTest, RanksAreHeldByIdsWithTheirOwnSessions) {
   const absl::Status other = ledger.CheckSession(1, issuer.Issue());
   EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(other.message(), HasSubstr("not rank 1's (worker 'b'"));
+}
+
+WorkerIdentity Unvouched(std::string proof) {
+  WorkerIdentity identity;
+  identity.vouched = false;
+  identity.proof = std::move(proof);
+  identity.liveness_timeout = absl::Seconds(10);
+  return identity;
+}
+
+TEST(WorkerLedgerTest, ALiveIdIsRefusedWithItsAgeUnlessProvedOrVouched) {
+  WorkerLedger ledger(2);
+  ledger.LayOut(3, 1);
+  const int64_t heard_ns = absl::ToInt64Nanoseconds(absl::Seconds(100));
+  ledger.Admit(0, "w0", "s0", false, heard_ns, "secret-of-w0");
+  const int64_t later_ns = heard_ns + absl::ToInt64Nanoseconds(absl::Milliseconds(1300));
+  // A stranger naming w0 with the token only, or with a guess.
+  for (const std::string& proof : {std::string(), std::string("guess")}) {
+    const absl::Status refused = ledger.CheckIdentity("w0", Unvouched(proof), later_ns);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_THAT(refused.message(), HasSubstr("worker 'w0' is live: rank 0's holder was heard "
+                                             "1.3 s ago, within the liveness timeout of 10s"));
+    EXPECT_TRUE(refused.GetPayload(kLiveWorkerPayload).has_value());
+  }
+  // The same worker restarted, with its secret: at once.
+  EXPECT_TRUE(ledger.CheckIdentity("w0", Unvouched("secret-of-w0"), later_ns).ok());
+  // A certificate that names it (or a caller in this process).
+  EXPECT_TRUE(ledger.CheckIdentity("w0", WorkerIdentity(), later_ns).ok());
+  // An id that holds no rank.
+  EXPECT_TRUE(ledger.CheckIdentity("w1", Unvouched(""), later_ns).ok());
+  // Once the holder is lost (not heard for more than the timeout), anyone.
+  const int64_t lost_ns = heard_ns + absl::ToInt64Nanoseconds(absl::Seconds(10)) + 1;
+  EXPECT_TRUE(ledger.CheckIdentity("w0", Unvouched(""), lost_ns).ok());
+  // A heartbeat makes it live again.
+  ledger.Heard(0, lost_ns);
+  EXPECT_EQ(ledger.CheckIdentity("w0", Unvouched(""), lost_ns + 1).code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+TEST(WorkerLedgerTest, AnEmptyProofProvesNothing) {
+  WorkerLedger ledger(1);
+  ledger.LayOut(1, 1);
+  ledger.Admit(0, "w0", "s0", false, 0);  // registered without a secret
+  const absl::Status refused = ledger.CheckIdentity("w0", Unvouched(""), 5);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(refused.message(), HasSubstr("carries no identity proof (the holder registered "
+                                           "without one)"));
+  EXPECT_EQ(ledger.CheckIdentity("w0", Unvouched("any"), 5).code(),
+            absl::StatusCode::kAlreadyExists);
+  // Whoever registers next replaces the secret.
+  ledger.Admit(0, "w0", "s1", false, 10, "new");
+  EXPECT_TRUE(ledger.CheckIdentity("w0", Unvouched("new"), 11).ok());
 }
 
 TEST(WorkerLedgerTest, ClaimsEachChunkOncePerIteration) {

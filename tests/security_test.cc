@@ -76,8 +76,13 @@ TEST(SecurityTest, MutualTlsAndAJobTokenAdmitTheJobsWorkersAndRefuseEveryOtherCl
   unsetenv("PS_JOB_TOKEN");  // the refused workers must not find one there
   const std::string certs = MakeCerts();
   const std::string ca = certs + "/ca.pem";
-  const std::vector<std::string> client_cert = {"--tls_cert=" + certs + "/worker.pem",
-                                                "--tls_key=" + certs + "/worker.key"};
+  // Each worker's own certificate (CN = SAN = its id), and one of no
+  // worker's (CN "worker") for the calls refused before registering.
+  auto cert_of = [&](const std::string& name) {
+    return std::vector<std::string>{"--tls_cert=" + certs + "/" + name + ".pem",
+                                    "--tls_key=" + certs + "/" + name + ".key"};
+  };
+  const std::vector<std::string> client_cert = cert_of("worker");
   const std::string token_file = WriteSecret("token", absl::StrCat(kToken, "\n"));
   const std::string wrong_token_file =
       WriteSecret("wrong-token", "security-test-job-token-0123456789-not-it\n");
@@ -99,7 +104,8 @@ TEST(SecurityTest, MutualTlsAndAJobTokenAdmitTheJobsWorkersAndRefuseEveryOtherCl
     std::vector<std::string> args = WorkerArgs(address, absl::StrCat("w", r));
     args.push_back(absl::StrCat("--rank=", r));
     args.push_back("--tls_ca=" + ca);
-    args.insert(args.end(), client_cert.begin(), client_cert.end());
+    const std::vector<std::string> own = cert_of(absl::StrCat("w", r));
+    args.insert(args.end(), own.begin(), own.end());
     if (r == 0) args.push_back("--job_token_file=" + token_file);
     if (r == 1) setenv("PS_JOB_TOKEN", kToken, /*overwrite=*/1);
     workers.push_back(std::make_unique<Process>(
@@ -118,6 +124,12 @@ TEST(SecurityTest, MutualTlsAndAJobTokenAdmitTheJobsWorkersAndRefuseEveryOtherCl
       {"wrong_token", {"--tls_ca=" + ca, client_cert[0], client_cert[1],
                        "--job_token_file=" + wrong_token_file}},
       {"no_token", {"--tls_ca=" + ca, client_cert[0], client_cert[1]}},
+      // The right CA and token, but a certificate that does not name w0:
+      // w1's, and one of no worker's.
+      {"w1_cert_as_w0", {"--worker_id=w0", "--tls_ca=" + ca, cert_of("w1")[0], cert_of("w1")[1],
+                         "--job_token_file=" + token_file}},
+      {"worker_cert_as_w0", {"--worker_id=w0", "--tls_ca=" + ca, client_cert[0], client_cert[1],
+                             "--job_token_file=" + token_file}},
   };
   // Sized once: the waiters hold references into it.
   std::vector<Refused> refused(strangers.size());
@@ -170,6 +182,18 @@ TEST(SecurityTest, MutualTlsAndAJobTokenAdmitTheJobsWorkersAndRefuseEveryOtherCl
   EXPECT_THAT(refused[4].process->Log(), HasSubstr("this server needs the job token"));
   EXPECT_LT(refused[3].seconds, 30);
   EXPECT_LT(refused[4].seconds, 30);
+  // A certificate that does not name the id is refused at once, naming
+  // both (and w0, training meanwhile, is untouched: step 3 above).
+  for (int i : {5, 6}) {
+    const std::string log = refused[i].process->Log();
+    EXPECT_THAT(log, HasSubstr("PERMISSION_DENIED")) << refused[i].name;
+    EXPECT_THAT(log, HasSubstr("worker 'w0' must present a client certificate whose CN or "
+                               "subjectAltName is its id"))
+        << refused[i].name;
+    EXPECT_LT(refused[i].seconds, 30) << refused[i].name;
+  }
+  EXPECT_THAT(refused[5].process->Log(), HasSubstr("this one names CN 'w1', SAN 'w1'"));
+  EXPECT_THAT(refused[6].process->Log(), HasSubstr("this one names CN 'worker'"));
   const std::string server_log = server.Log();
   EXPECT_THAT(server_log, HasSubstr("wrong version number"));               // plaintext
   EXPECT_THAT(server_log, HasSubstr("peer did not return a certificate"));  // no client cert
@@ -178,6 +202,56 @@ TEST(SecurityTest, MutualTlsAndAJobTokenAdmitTheJobsWorkersAndRefuseEveryOtherCl
   server.Signal(SIGTERM);
   EXPECT_EQ(server.Wait(std::chrono::seconds(20)), 0) << server_log;
   EXPECT_THAT(server.Log(), HasSubstr("stopping at version 20"));
+}
+
+// Token only (no client certificates): anyone holding the token can name
+// any worker id, so a registration naming a live worker's id must prove it
+// is that worker (its --identity_file). A stranger with the token and w0's
+// id is refused ALREADY_EXISTS, waits for the liveness bound within its
+// --connect_timeout saying so, and gives up; both real workers train to
+// the end.
+TEST(SecurityTest, WithTheTokenOnlyALiveWorkersIdCannotBeTaken) {
+  unsetenv("PS_JOB_TOKEN");
+  const std::string token_file = WriteSecret("token-only", absl::StrCat(kToken, "\n"));
+  const std::string port_file = testing::TestTmpPath("token-only.port");
+  Process server(testing::RunfilePath("server/server"),
+                 {"--port=0", "--port_file=" + port_file, "--num_workers=2", "--lr=0.1",
+                  "--job_token_file=" + token_file},
+                 testing::TestTmpPath("token-only.server.log"));
+  const int port = WaitForPortFile(port_file);
+  ASSERT_GT(port, 0) << server.Log();
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> args = WorkerArgs(address, absl::StrCat("w", r));
+    args.push_back(absl::StrCat("--rank=", r));
+    args.push_back("--job_token_file=" + token_file);
+    args.push_back("--identity_file=" + testing::TestTmpPath(absl::StrCat("w", r, ".identity")));
+    args.push_back("--max_steps=200");  // still training when the stranger comes
+    args.push_back("--epochs=2");       // of 128 steps each
+    workers.push_back(std::make_unique<Process>(
+        testing::RunfilePath("worker/worker"), args,
+        testing::TestTmpPath(absl::StrCat("token-only.worker", r, ".log"))));
+  }
+  ASSERT_TRUE(WaitForLog(*workers[0], "worker 0/2: training", std::chrono::seconds(60)))
+      << workers[0]->Log();
+  std::vector<std::string> args = WorkerArgs(address, "w0");
+  args.push_back("--job_token_file=" + token_file);
+  args.push_back("--connect_timeout=2s");  // gives up before the 10 s bound
+  Process stranger(testing::RunfilePath("worker/worker"), args,
+                   testing::TestTmpPath("token-only.stranger.log"));
+  EXPECT_GT(stranger.Wait(std::chrono::seconds(60)), 0) << stranger.Log();
+  const std::string log = stranger.Log();
+  EXPECT_THAT(log, HasSubstr("to declare worker id 'w0''s holder lost"));
+  EXPECT_THAT(log, HasSubstr("worker 'w0' is live: rank 0's holder was heard "));
+  EXPECT_THAT(log, HasSubstr("ALREADY_EXISTS: worker id 'w0' stayed live"));
+  EXPECT_THAT(log, Not(HasSubstr("training")));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(workers[r]->Wait(std::chrono::seconds(120)), 0) << workers[r]->Log();
+  }
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(std::chrono::seconds(20)), 0) << server.Log();
+  EXPECT_THAT(server.Log(), HasSubstr("stopping at version 200"));
 }
 
 TEST(SecurityTest, PlaintextOnANonLoopbackAddressNeedsInsecure) {

@@ -64,7 +64,7 @@ ABSL_FLAG(std::string, security, "plaintext",
           "plaintext, tls (server certificate) or mtls (mutual TLS and the job token); a "
           "comma-separated list measures each");
 ABSL_FLAG(std::string, tls_dir, "",
-          "certificates for --security=tls/mtls: ca.pem, server.pem/.key, worker.pem/.key "
+          "certificates for --security=tls/mtls: ca.pem, server.pem/.key, w0.pem/.key "
           "(deploy/tls/make_test_certs.sh DIR)");
 
 namespace ps {
@@ -216,6 +216,9 @@ class BenchServer {
     s->server_ = std::move(server).value();
     server::ServiceOptions service_options;
     service_options.job_token = job_token;
+    // As the server daemon: under mutual TLS a worker registers as its
+    // certificate's name.
+    service_options.client_certificates = !tls.client_ca_file.empty();
     s->service_ = std::make_unique<server::ParameterServerService>(s->server_.get(),
                                                                    service_options);
     grpc::ServerBuilder builder;
@@ -282,8 +285,8 @@ int Run(int shards, const std::string& security, Figures* figures) {
   }
   if (security == "mtls") {
     server_tls.client_ca_file = dir + "ca.pem";
-    store_options.tls.cert_file = dir + "worker.pem";
-    store_options.tls.key_file = dir + "worker.key";
+    store_options.tls.cert_file = dir + "w0.pem";
+    store_options.tls.key_file = dir + "w0.key";
     job_token = "wire-benchmark-job-token";
     store_options.job_token = job_token;
   }
@@ -299,7 +302,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
   }
 
   store_options.server_address = addresses[0];
-  store_options.worker_id = "bench";
+  store_options.worker_id = security == "mtls" ? "w0" : "bench";  // w0.pem names w0
   store_options.connections = absl::GetFlag(FLAGS_connections);
   store_options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   std::unique_ptr<worker::ParameterStore> store;

@@ -84,17 +84,24 @@ class WorkerLossTest : public ::testing::Test {
     ASSERT_GT(port_, 0) << server_->Log();
   }
 
-  std::unique_ptr<Process> StartWorker(const std::string& name, int rank, int steps = kSteps) {
-    return std::make_unique<Process>(
-        testing::RunfilePath("worker/worker"),
-        std::vector<std::string>{
-            absl::StrCat("--server=127.0.0.1:", port_), absl::StrCat("--worker_id=w", rank),
-            absl::StrCat("--rank=", rank), "--model=lenet", "--batch_size=128", "--epochs=1",
-            absl::StrCat("--max_steps=", steps), "--seed=7", "--devices=cpu", "--threads=1",
-            "--evaluate=false", "--progress=false",
-            "--save_weights=" + Weights(name, rank),
-            absl::StrCat("--report=", testing::TestTmpPath(absl::StrCat(name, rank, ".json")))},
-        testing::TestTmpPath(absl::StrCat(name, ".worker", rank, ".log")));
+  // A worker of run `name`; with `identity`, it keeps its identity secret in
+  // a file of the run's, so a restart proves it is the worker the server
+  // knows and takes its rank back at once.
+  std::unique_ptr<Process> StartWorker(const std::string& name, int rank, int steps = kSteps,
+                                       bool identity = true) {
+    std::vector<std::string> args = {
+        absl::StrCat("--server=127.0.0.1:", port_), absl::StrCat("--worker_id=w", rank),
+        absl::StrCat("--rank=", rank), "--model=lenet", "--batch_size=128", "--epochs=1",
+        absl::StrCat("--max_steps=", steps), "--seed=7", "--devices=cpu", "--threads=1",
+        "--evaluate=false", "--progress=false",
+        "--save_weights=" + Weights(name, rank),
+        absl::StrCat("--report=", testing::TestTmpPath(absl::StrCat(name, rank, ".json")))};
+    if (identity) {
+      args.push_back("--identity_file=" +
+                     testing::TestTmpPath(absl::StrCat(name, ".w", rank, ".identity")));
+    }
+    return std::make_unique<Process>(testing::RunfilePath("worker/worker"), args,
+                                     testing::TestTmpPath(absl::StrCat(name, ".worker", rank, ".log")));
   }
 
   // The fault-free run, once per test binary (its files stay in the
@@ -149,6 +156,9 @@ TEST_F(WorkerLossTest, AWorkerKilledAndRestartedRejoinsBitIdentical) {
   auto again = StartWorker("rejoin", 1);
   ASSERT_EQ(w0->Wait(std::chrono::seconds(300)), 0) << w0->Log();
   ASSERT_EQ(again->Wait(std::chrono::seconds(300)), 0) << again->Log();
+  // Its identity file proved it: it took its rank back at once, not after
+  // the liveness bound.
+  EXPECT_THAT(again->Log(), Not(HasSubstr("holder lost")));
   server_->Signal(SIGTERM);
   EXPECT_EQ(server_->Wait(std::chrono::seconds(30)), 0);
 
@@ -279,9 +289,11 @@ TEST_F(WorkerLossTest, UnderShrinkALostWorkerIsDroppedAndRejoinsAtAStepBoundary)
   w1->Signal(SIGKILL);
   ASSERT_TRUE(WaitForLog(*server_, "dropped rank 1 ('w1')", std::chrono::seconds(30)))
       << server_->Log();
-  // The job goes on without it for a moment, then it comes back.
+  // The job goes on without it for a moment, then it comes back, without
+  // its identity file: the server declared its id's holder lost, so the id
+  // is free to take.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  auto again = StartWorker("shrink", 1, kShrinkSteps);
+  auto again = StartWorker("shrink", 1, kShrinkSteps, /*identity=*/false);
   ASSERT_EQ(w0->Wait(std::chrono::seconds(300)), 0) << w0->Log();
   ASSERT_EQ(again->Wait(std::chrono::seconds(300)), 0) << again->Log();
   server_->Signal(SIGTERM);

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -28,6 +30,10 @@ namespace {
 std::chrono::system_clock::time_point WallDeadlineAfter(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
 }
+
+// The payload RegisterOnce puts on a refusal the server marked with
+// proto::kRetryRegisterMetadataKey: this worker's id is live there.
+constexpr char kLiveIdPayload[] = "ps.worker/live-id";
 
 // How long ago `then_ns` was on `clock`; infinite for kNoReading.
 constexpr int64_t kNoReading = std::numeric_limits<int64_t>::min();
@@ -141,6 +147,9 @@ absl::StatusOr<std::unique_ptr<RemoteParameterStore>> RemoteParameterStore::Crea
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
     store->options_.worker_id = absl::StrCat(host, "-", getpid());
+  }
+  if (store->options_.identity_proof.empty()) {
+    PS_ASSIGN_OR_RETURN(store->options_.identity_proof, RandomHexToken(32));
   }
   // Pushes and pulls on TCP connections of their own: on one connection a
   // direction's HTTP/2 flow-control updates queue behind megabytes of the
@@ -398,6 +407,7 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetry
   const int64_t start_ns = clock.NowNanos();
   const int64_t give_up_ns = clock.DeadlineAfter(timeout);
   absl::Duration backoff = absl::Milliseconds(100);
+  std::optional<absl::Status> live_refusal;  // the last "id is live" refusal
   auto elapsed = [&] {
     return absl::FormatDuration(absl::Trunc(Since(clock, start_ns), absl::Milliseconds(100)));
   };
@@ -419,8 +429,14 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetry
         absl::Nanoseconds(give_up_ns) - absl::Nanoseconds(clock.NowNanos());
     absl::StatusOr<Registration> registration =
         RegisterOnce(signature, proposed, absl::Now() + std::min(left, absl::Seconds(10)));
+    // The server refused this worker's id as live (its previous process,
+    // or another with the same --worker_id): that ends once the server
+    // declares the holder lost.
+    const bool live_id =
+        !registration.ok() && registration.status().GetPayload(kLiveIdPayload).has_value();
+    if (live_id) live_refusal = registration.status();
     const bool retry = !registration.ok() &&
-                       (IsServerLost(registration.status()) ||
+                       (IsServerLost(registration.status()) || live_id ||
                         registration.status().code() == absl::StatusCode::kDeadlineExceeded);
     if (!retry) {
       if (registration.ok() && options_.log && (reconnecting || attempt > 1)) {
@@ -431,6 +447,16 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetry
                                   registration->version));
       }
       return registration;
+    }
+    // (The last attempt, given what little time was left, may have ended
+    // in its deadline instead.)
+    if (clock.NowNanos() >= give_up_ns && live_refusal.has_value()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker id '", options_.worker_id, "' stayed live on the parameter server at ",
+          options_.server_address, " for ", absl::FormatDuration(timeout), " (", attempt,
+          " attempts): another process runs with this --worker_id, or this one lacks the "
+          "--identity_file of the worker it replaces; the server said: ",
+          live_refusal->message()));
     }
     if (clock.NowNanos() >= give_up_ns) {
       // A TLS handshake the server refuses (a plaintext client, a missing
@@ -448,7 +474,12 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterRetry
                     "--tls_cert and --tls_key with its --tls_cert and --tls_client_ca",
           "; `worker --check` diagnoses it); last error: ", registration.status().message()));
     }
-    if (options_.log) {
+    if (options_.log && live_id) {
+      options_.log(absl::StrCat("waiting for the parameter server at ", options_.server_address,
+                                " to declare worker id '", options_.worker_id,
+                                "''s holder lost (", elapsed(), ", attempt ", attempt,
+                                "): ", registration.status().message()));
+    } else if (options_.log) {
       options_.log(absl::StrCat("waiting for the parameter server at ", options_.server_address,
                                 " (", elapsed(), ", attempt ", attempt,
                                 "): ", registration.status().message()));
@@ -476,8 +507,13 @@ absl::StatusOr<ParameterStore::Registration> RemoteParameterStore::RegisterOnce(
   context.set_deadline(absl::ToChronoTime(deadline));
   AddCredentials(&context);  // the token; no session yet (Reconnect cleared it)
   proto::RegisterReply reply;
-  PS_RETURN_IF_ERROR(FromGrpcStatus(stub_->Register(&context, request, &reply),
-                                    absl::StrCat("Register with ", options_.server_address)));
+  absl::Status registered = FromGrpcStatus(stub_->Register(&context, request, &reply),
+                                           absl::StrCat("Register with ", options_.server_address));
+  if (!registered.ok() &&
+      context.GetServerTrailingMetadata().count(proto::kRetryRegisterMetadataKey) > 0) {
+    registered.SetPayload(kLiveIdPayload, absl::Cord());
+  }
+  PS_RETURN_IF_ERROR(registered);
   // 3. The reply vetted before any of it is kept.
   PS_ASSIGN_OR_RETURN(const WorkerConsistency consistency, CheckRegisterReply(reply));
   // 4. The session: rank, shared memory, credential, heartbeats.
@@ -504,6 +540,7 @@ proto::RegisterRequest RemoteParameterStore::MakeRegisterRequest(
   const int requested_rank = options_.rank >= 0 ? options_.rank : rank_;
   if (requested_rank >= 0) request.set_requested_rank(requested_rank);
   request.set_steps_per_epoch(options_.steps_per_epoch);
+  request.set_identity_proof(options_.identity_proof);
   for (const ParamSpec& spec : signature) {
     proto::TensorSpec* t = request.add_signature();
     t->set_name(spec.name);

@@ -75,6 +75,15 @@ struct RemoteStoreOptions {
   absl::Duration stall_log_every = absl::Seconds(5);
   // The job token sent on every call (common/job_token.h); empty: none.
   std::string job_token;
+  // This worker's identity secret (worker/identity_file.h), sent at every
+  // registration: restarted, it takes back at once the rank its id holds.
+  // Without it (and without a client certificate naming worker_id under
+  // mutual TLS) a registration naming a live id is refused until the
+  // server declares the holder lost; Register and Reconnect wait for that
+  // within their timeouts, logging what they wait for. Empty: a random one
+  // of this store's own, so that its reconnects to the same server process
+  // are recognised at once (a restarted process is not).
+  std::string identity_proof;
   // TLS or mutual TLS to the server (common/tls_credentials.h); default:
   // plaintext.
   ClientTlsOptions tls;

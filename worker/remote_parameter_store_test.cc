@@ -60,6 +60,7 @@ std::unique_ptr<RemoteParameterStore> MakeStore(const std::string& address,
   RemoteStoreOptions options;
   options.server_address = address;
   options.worker_id = id;
+  options.identity_proof = id + "'s secret";  // a store made again with the id is its restart
   options.connections = connections;
   options.compression = compression;
   options.rpc_timeout = absl::Seconds(10);
@@ -451,6 +452,55 @@ TEST(RemoteParameterStoreTest, RegisterRetriesOnItsClockAndGivesUpExactlyAtTheTi
   ASSERT_EQ(lines.size(), 4u);
   EXPECT_THAT(lines[1], HasSubstr("(100ms, attempt 2)"));
   EXPECT_THAT(lines[3], HasSubstr("(700ms, attempt 4)"));
+}
+
+// Token only: a second process naming a live worker's id without its
+// secret waits (logging why) until the server, on the same fake clock,
+// declares the holder lost; with the secret it takes the rank at once.
+TEST(RemoteParameterStoreTest, ALiveIdWaitsForTheLivenessBoundUnlessItProvesItself) {
+  FakeClock clock(absl::ToInt64Nanoseconds(absl::Seconds(100)));
+  server::ParameterServerOptions server_options;
+  server_options.num_workers = 1;
+  server_options.chunk_elements = kChunkElements;
+  server_options.clock = &clock;
+  auto server = server::InProcessServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto store = [&](const std::string& proof, Lines* log) {
+    RemoteStoreOptions options;
+    options.server_address = (*server)->address();
+    options.worker_id = "w0";
+    options.identity_proof = proof;
+    options.heartbeat_interval = absl::ZeroDuration();  // heard only when it registers
+    options.clock = &clock;
+    if (log != nullptr) options.log = log->Sink();
+    auto created = RemoteParameterStore::Create(options);
+    EXPECT_TRUE(created.ok()) << created.status();
+    return std::move(created).value();
+  };
+  auto first = store("w0's secret", nullptr);
+  ASSERT_TRUE(first->Register(Signature(), Ramp(0, 1)).ok());
+  // The same worker restarted, with its secret: at once.
+  auto restarted = store("w0's secret", nullptr);
+  auto again = restarted->Register(Signature(), Ramp(0, 1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->rank, 0);
+  // Without it (a store makes a secret of its own): refused while live,
+  // and waiting for the bound (10 s).
+  Lines log;
+  auto stranger = store("", &log);
+  absl::StatusOr<ParameterStore::Registration> taken;
+  std::thread registrar([&] { taken = stranger->Register(Signature(), Ramp(0, 1)); });
+  ASSERT_TRUE(clock.WaitForWaiters(1));
+  clock.Advance(absl::Seconds(5));
+  ASSERT_TRUE(clock.WaitForWaiters(1));
+  std::vector<std::string> lines = log.get();
+  ASSERT_GE(lines.size(), 1u);
+  EXPECT_THAT(lines[0], HasSubstr("to declare worker id 'w0''s holder lost"));
+  EXPECT_THAT(lines[0], HasSubstr("worker 'w0' is live: rank 0's holder was heard 0.0 s ago"));
+  clock.Advance(absl::Seconds(6));  // 11 s since it was heard: lost
+  registrar.join();
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->rank, 0);
 }
 
 // A heartbeat every heartbeat_interval of the store's clock, exactly then.

@@ -358,7 +358,7 @@ absl::Status Summarize(const WorkerOptions& options, const Trainer& trainer,
   }
   if (report.stopped_at_step >= 0) {
     std::printf("worker %d: stopped by a signal after step %lld, its push and pull complete "
-                "(restarted with the same --worker_id it rejoins the job)\n",
+                "(restarted with the same --worker_id and --identity_file it rejoins the job)\n",
                 rank, static_cast<long long>(report.stopped_at_step));
   }
   return absl::OkStatus();

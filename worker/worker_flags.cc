@@ -13,6 +13,7 @@
 #include "common/optimizer/optimizer_flags.h"
 #include "common/precision.h"
 #include "common/status_macros.h"
+#include "worker/identity_file.h"
 #include "worker/server_store.h"
 
 ABSL_FLAG(std::string, model, "lenet",
@@ -118,6 +119,11 @@ ABSL_FLAG(std::string, tls_server_name, "",
 ABSL_FLAG(std::string, job_token_file, "",
           "file holding the job's shared token (default: $PS_JOB_TOKEN; never a flag value, "
           "which `ps` would show)");
+ABSL_FLAG(std::string, identity_file, "",
+          "file holding this worker's identity secret, made (mode 0600) at the first start: "
+          "restarted with it, the worker takes back at once the rank its --worker_id holds; "
+          "without it (and without a certificate naming the id under mutual TLS) it waits until "
+          "the server declares its previous process lost (--liveness_timeout)");
 ABSL_FLAG(int, metrics_port, -1,
           "serve this worker's Prometheus metrics at http://--metrics_address:PORT/metrics (0: any "
           "free port, printed; -1: none)");
@@ -232,6 +238,10 @@ absl::Status ServersFromFlags(WorkerOptions& options) {
     remote.tls.server_name_override = absl::GetFlag(FLAGS_tls_server_name);
     PS_ASSIGN_OR_RETURN(remote.job_token, ReadJobToken(absl::GetFlag(FLAGS_job_token_file),
                                                        std::getenv(kJobTokenEnvVar)));
+    if (const std::string identity_file = absl::GetFlag(FLAGS_identity_file);
+        !identity_file.empty()) {
+      PS_ASSIGN_OR_RETURN(remote.identity_proof, LoadOrCreateIdentity(identity_file));
+    }
   }
   options.check = absl::GetFlag(FLAGS_check);
   if (options.check && shards.empty()) {

@@ -1,6 +1,8 @@
 #include "worker/worker_flags.h"
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/flags/declare.h"
@@ -26,6 +28,7 @@ ABSL_DECLARE_FLAG(absl::Duration, connect_timeout);
 ABSL_DECLARE_FLAG(absl::Duration, reconnect_timeout);
 ABSL_DECLARE_FLAG(std::string, tls_ca);
 ABSL_DECLARE_FLAG(std::string, job_token_file);
+ABSL_DECLARE_FLAG(std::string, identity_file);
 ABSL_DECLARE_FLAG(double, lr);
 
 namespace ps::worker {
@@ -196,6 +199,25 @@ TEST_F(WorkerFlagsTest, ReadsTheJobTokenOnlyWithServers) {
   EXPECT_TRUE(FromFlags().ok());
   absl::SetFlag(&FLAGS_server, "127.0.0.1:50051");
   EXPECT_FALSE(FromFlags().ok());
+}
+
+TEST_F(WorkerFlagsTest, TheIdentityFileIsMadeOnceAndReadWithServers) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/flags.identity";
+  std::remove(path.c_str());
+  absl::SetFlag(&FLAGS_identity_file, path);
+  absl::StatusOr<WorkerOptions> alone = FromFlags();
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_TRUE(alone->remote.identity_proof.empty());  // training alone: not made
+  absl::SetFlag(&FLAGS_server, "127.0.0.1:50051");
+  absl::StatusOr<WorkerOptions> first = FromFlags();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->remote.identity_proof.size(), 64u);
+  absl::StatusOr<WorkerOptions> restarted = FromFlags();
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_EQ(restarted->remote.identity_proof, first->remote.identity_proof);
+  absl::SetFlag(&FLAGS_identity_file, "/nonexistent/dir/w0.identity");
+  EXPECT_THAT(FromFlags().status().message(), HasSubstr("/nonexistent/dir/w0.identity"));
 }
 
 }  // namespace

@@ -51,8 +51,8 @@ struct WorkerOptions {
   // same list, in the same order, on every worker); empty trains alone.
   std::string servers;
   // How to reach them: RunWorker passes on worker_id, rank, connections,
-  // compression, shared_memory, reconnect_timeout, tls and job_token (the
-  // value, not a path), and sets the rest (server_address from `servers`,
+  // compression, shared_memory, reconnect_timeout, tls, job_token and
+  // identity_proof (values, not paths), and sets the rest (server_address from `servers`,
   // observer, report, clock, should_stop, log, steps_per_epoch).
   RemoteStoreOptions remote;
   // Check each server as this worker would connect, print what to fix and

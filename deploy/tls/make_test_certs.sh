@@ -11,6 +11,11 @@
 #                                   SAN, anything else a DNS SAN)
 #   worker.pem worker.key           a client certificate (extendedKeyUsage
 #                                   clientAuth) signed by the CA
+#   w0.pem w0.key w1.pem w1.key     per-worker client certificates signed
+#                                   by the CA, CN and subjectAltName
+#                                   (DNS) = the worker id: under mutual TLS
+#                                   a worker registers only as the id its
+#                                   certificate names (docs/security.md)
 #   other-ca.pem                    a second, unrelated CA, and
 #   other-worker.pem other-worker.key  a client certificate signed by it,
 #                                   for tests that must be refused
@@ -100,14 +105,32 @@ new_leaf() {  # name common-name extensions ca
     -set_serial "0x$(openssl rand -hex 16)" -out "$tmp/$1.pem"
 }
 
+# One client extension per worker id: its subjectAltName is the id.
+readonly worker_ids=(w0 w1)
+for id in "${worker_ids[@]}"; do
+  cat >>"$tmp/openssl.cnf" <<CNF
+[client_${id}_ext]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = clientAuth
+subjectAltName = DNS:$id
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+CNF
+done
+
 new_ca ca "ps test CA"
 new_leaf server server server_ext ca
 new_leaf worker worker client_ext ca
+for id in "${worker_ids[@]}"; do
+  new_leaf "$id" "$id" "client_${id}_ext" ca
+done
 new_ca other-ca "ps other test CA"
 new_leaf other-worker other-worker client_ext other-ca
 
 written=()
 for f in ca.pem ca.key server.pem server.key worker.pem worker.key \
+         w0.pem w0.key w1.pem w1.key \
          other-ca.pem other-worker.pem other-worker.key; do
   case $f in
     *.key) chmod 600 "$tmp/$f" ;;

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/job_token.h"
+#include "worker/identity_file.h"
 #include "common/param_spec.h"
 #include "common/status_macros.h"
 #include "worker/client/client.h"
@@ -136,6 +137,9 @@ absl::StatusOr<ClientOptions> ToClientOptions(const ps_options& o) {
   PS_ASSIGN_OR_RETURN(
       r.job_token,
       ps::ReadJobToken(Text(o.job_token_file), Text(o.job_token).empty() ? nullptr : o.job_token));
+  if (!Text(o.identity_file).empty()) {
+    PS_ASSIGN_OR_RETURN(r.identity_proof, ps::worker::LoadOrCreateIdentity(Text(o.identity_file)));
+  }
   // One line at a time, whichever thread logs.
   auto serial = std::make_shared<absl::Mutex>();
   if (o.log != nullptr) {

@@ -54,7 +54,7 @@
 extern "C" {
 #endif
 
-#define PS_CLIENT_ABI_VERSION 1
+#define PS_CLIENT_ABI_VERSION 2
 
 /* absl::StatusCode's values. */
 typedef int32_t ps_status;
@@ -146,6 +146,12 @@ typedef struct ps_options {
   /* Where log lines go; NULL: stderr, each prefixed "ps_client: ". */
   ps_log_function log;
   void* log_context;
+  /* This worker's identity secret (docs/security.md, "Worker identity"):
+   * read from this file, made there (mode 0600) when missing. Restarted
+   * with it, the worker takes back at once the rank worker_id holds; "":
+   * a secret of this client's own, so a restarted process waits until the
+   * server declares the old one lost. (ABI 2) */
+  const char* identity_file;
 } ps_options;
 
 /* One tensor of the model, in the flat buffers' order. */

@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -246,6 +248,21 @@ TEST(PsClientTest, TwoClientsSumTheirGradientsInSync) {
   EXPECT_EQ(scale, 0.f);
 }
 
+// A client restarted with its identity file takes its rank back at once
+// (its id is live on the server); the file is made at the first connect.
+TEST(PsClientTest, ARestartWithTheIdentityFileTakesItsRankBack) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/a.identity";
+  std::remove(path.c_str());
+  auto server = StartServer(1);
+  ps_options options = Options(server->address(), "a");
+  options.identity_file = path.c_str();
+  ClientPtr first = Connect(options);
+  EXPECT_EQ(Register(first.get(), Ramp(0, 1)).rank, 0);
+  ClientPtr restarted = Connect(options);
+  EXPECT_EQ(Register(restarted.get(), Ramp(0, 1)).rank, 0);
+}
+
 TEST(PsClientTest, ShardedOverTwoServers) {
   auto first = StartServer(2);
   auto second = StartServer(2);
@@ -432,6 +449,10 @@ TEST(PsClientTest, CallsOutOfOrderOrWithBadArgumentsAreRefusedByName) {
   options = Options("127.0.0.1:1", "a");
   options.job_token = "short";
   EXPECT_EQ(ps_client_connect(&options, &client, &error), PS_INVALID_ARGUMENT);
+  options = Options("127.0.0.1:1", "a");
+  options.identity_file = "/nonexistent/dir/a.identity";
+  EXPECT_NE(ps_client_connect(&options, &client, &error), PS_OK);
+  EXPECT_THAT(error.message, HasSubstr("/nonexistent/dir/a.identity"));
   options = Options("127.0.0.1:1", "a");
   options.abi_version = 7;
   EXPECT_EQ(ps_client_connect(&options, &client, &error), PS_FAILED_PRECONDITION);

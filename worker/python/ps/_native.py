@@ -26,7 +26,7 @@ import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
 # The ABI this binding is written for: ps_client.h's PS_CLIENT_ABI_VERSION.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 _ERROR_MESSAGE_SIZE = 2048
 _CONSISTENCY_SIZE = 32
@@ -119,6 +119,7 @@ class _Options(ctypes.Structure):
         ("job_token_file", ctypes.c_char_p),
         ("log", _LogFunction),
         ("log_context", ctypes.c_void_p),
+        ("identity_file", ctypes.c_char_p),
     ]
 
 
@@ -380,7 +381,7 @@ class Client:
                  tls_ca: str = "", tls_cert: str = "", tls_key: str = "",
                  tls_server_name: str = "", job_token: Optional[str] = None,
                  job_token_file: str = "", log: Optional[Callable[[str], None]] = None,
-                 library: Optional[str] = None):
+                 library: Optional[str] = None, identity_file: str = ""):
         self._client = None  # first: __del__ runs after a failed __init__ too
         self._log = None
         self._lib = load(library)
@@ -395,7 +396,7 @@ class Client:
             "servers": servers, "worker_id": worker_id, "compression": compression,
             "tls_ca_file": tls_ca, "tls_cert_file": tls_cert, "tls_key_file": tls_key,
             "tls_server_name": tls_server_name, "job_token": job_token or "",
-            "job_token_file": job_token_file,
+            "job_token_file": job_token_file, "identity_file": identity_file,
         }
         encoded = {name: _text(value) for name, value in strings.items()}
         for name, value in encoded.items():

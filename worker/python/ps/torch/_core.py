@@ -45,7 +45,8 @@ from ps._native import Error
 _SETTINGS = frozenset({
     "worker_id", "connections", "compression", "shared_memory", "connect_timeout",
     "rpc_timeout", "wait_timeout", "reconnect_timeout", "heartbeat_interval", "tls_ca",
-    "tls_cert", "tls_key", "tls_server_name", "job_token", "job_token_file", "log", "library",
+    "tls_cert", "tls_key", "tls_server_name", "job_token", "job_token_file", "identity_file",
+    "log", "library",
 })
 
 
@@ -98,7 +99,8 @@ def init(servers: Optional[str] = None, rank: Optional[int] = None,
     settings: ps.Client's options (worker_id, connections, compression,
     shared_memory, connect_timeout, rpc_timeout, wait_timeout,
     reconnect_timeout, heartbeat_interval (seconds), tls_ca, tls_cert,
-    tls_key, tls_server_name, job_token, job_token_file, log, library).
+    tls_key, tls_server_name, job_token, job_token_file, identity_file, log,
+    library).
     Raises ps.Error: INVALID_ARGUMENT for a missing server list, a bad
     rank or size, an unknown setting, or an option the library refuses;
     FAILED_PRECONDITION when already initialized.
