@@ -1,14 +1,17 @@
 // Compose: deploy/compose/compose.yaml brought up by podman-compose with the
-// images deploy/images/build.sh makes (two server shards, two workers)
-// trains LeNet on Fashion-MNIST for one epoch and reaches the test accuracy
-// of the same job run as plain processes (within 0.01; synchronous training
-// makes them equal), then is torn down with its volumes.
+// images deploy/images/build.sh makes (two server shards, two workers, the
+// pki service making the job's CA, certificates and token). Its running
+// servers refuse a plaintext client and a TLS client without a certificate
+// and admit one with a certificate of the job's CA; then the job trains
+// LeNet on Fashion-MNIST for one epoch over mutual TLS and reaches the test
+// accuracy of the same job run as plain processes (within 0.01; synchronous
+// training makes them equal), and is torn down with its volumes.
 //
-// Tagged "container" (kept out of `bazel test //...`): it needs the images
-// built first and about two minutes.
+// Tagged "container": it needs the images (deploy/test.sh builds them
+// before `bazel test //...`) and about two minutes.
 //
-//   bash deploy/images/build.sh
-//   bazel test --test_tag_filters=container //tests:compose_test
+//   bash deploy/images/build.sh --no-gpu
+//   bazel test //tests:compose_test
 //
 // compose_config_test, which runs everywhere, checks the file itself.
 
@@ -128,6 +131,7 @@ double AccuracyOutsideContainers() {
         RunfilePath("worker/worker"),
         std::vector<std::string>{
             "--server=" + absl::StrJoin(addresses, ","), absl::StrCat("--worker_id=outside-", r),
+            absl::StrCat("--rank=", r),
             "--model=lenet", "--dataset=fashion_mnist",
             "--data_dir=/usr/share/datasets/fashion-mnist", "--epochs=1", "--batch_size=256",
             "--seed=0", "--devices=cpu", "--threads=1", "--progress=false",
@@ -161,9 +165,32 @@ TEST(ComposeTest, TrainsLeNetForOneEpochLikeTheSameJobOutsideContainers) {
   ComposeProject project(dir, absl::StrCat("pscompose", getpid()));
   ASSERT_EQ(project.Compose("up -d", &output), 0) << output;
   const std::string up_output = output;
-  const std::vector<std::string> workers = project.Containers("worker");
+  std::vector<std::string> workers;
+  for (int r = 0; r < kWorkers; ++r) {
+    for (const std::string& w : project.Containers(absl::StrCat("worker-", r))) workers.push_back(w);
+  }
   ASSERT_EQ(workers.size(), kWorkers) << output;
-  ASSERT_EQ(project.Containers("").size(), kWorkers + kShards);
+  // The shards, the workers and the pki service that made their identities.
+  ASSERT_EQ(project.Containers("").size(), kWorkers + kShards + 1);
+
+  // From inside shard 0's container, with its files, to shard 1 over the
+  // project's network: a client with the job CA's certificate is admitted
+  // (retried until the shard serves), one in plaintext and one over TLS
+  // without a certificate are not (ps-health: 0 serving, 2 not reached).
+  const std::vector<std::string> server0 = project.Containers("server-0");
+  ASSERT_EQ(server0.size(), 1u);
+  const std::string health = "podman exec " + server0[0] +
+                             " /usr/local/bin/ps-health --address=server-1:50051 --timeout=3s";
+  const std::string tls_ca = " --tls_ca=/etc/ps/tls/ca.crt --tls_server_name=server-1";
+  const std::string client_cert = " --tls_cert=/etc/ps/tls/tls.crt --tls_key=/etc/ps/tls/tls.key";
+  int admitted = -1;
+  for (int attempt = 0; attempt < 60 && admitted != 0; ++attempt) {
+    admitted = RunWithPodman(health + tls_ca + client_cert + " 2>&1", &output);
+    if (admitted != 0) sleep(1);
+  }
+  ASSERT_EQ(admitted, 0) << output;
+  EXPECT_EQ(RunWithPodman(health + " 2>&1", &output), 2) << "plaintext: " << output;
+  EXPECT_EQ(RunWithPodman(health + tls_ca + " 2>&1", &output), 2) << "no certificate: " << output;
   for (const std::string& w : workers) {
     ASSERT_EQ(RunWithPodman("timeout 600 podman wait " + w, &output), 0) << output;
     EXPECT_EQ(std::string(absl::StripAsciiWhitespace(output)), "0")
@@ -181,7 +208,7 @@ TEST(ComposeTest, TrainsLeNetForOneEpochLikeTheSameJobOutsideContainers) {
     }
   }
 
-  // Every worker wrote its report (named after its container), all with
+  // Every worker wrote its report (named after its id), all with
   // the same parameters and so the same accuracy.
   std::vector<double> inside;
   RunCommand("ls " + reports, &output);
