@@ -109,8 +109,9 @@ double ReportedAccuracy(const std::string& path) {
   return report.is_object() ? report.value("final_test_accuracy", -1.0) : -1.0;
 }
 
-// The same job as processes on this machine: two shards, two workers.
-double AccuracyOutsideContainers() {
+// The same job as processes on this machine: two shards, two workers; with
+// `weights` set, worker r saves its final weights to weights + "-r.safetensors".
+double AccuracyOutsideContainers(const std::string& weights = "") {
   std::vector<std::unique_ptr<Process>> servers;
   std::vector<std::string> addresses;
   for (int s = 0; s < kShards; ++s) {
@@ -135,7 +136,9 @@ double AccuracyOutsideContainers() {
             "--model=lenet", "--dataset=fashion_mnist",
             "--data_dir=/usr/share/datasets/fashion-mnist", "--epochs=1", "--batch_size=256",
             "--seed=0", "--devices=cpu", "--threads=1", "--progress=false",
-            "--report=" + TestTmpPath(absl::StrCat("outside-", r, ".json"))},
+            "--report=" + TestTmpPath(absl::StrCat("outside-", r, ".json")),
+            weights.empty() ? "--progress=false"
+                            : absl::StrCat("--save_weights=", weights, "-", r, ".safetensors")},
         TestTmpPath(absl::StrCat("outside-worker-", r, ".log"))));
   }
   for (auto& w : workers) EXPECT_EQ(w->Wait(std::chrono::seconds(600)), 0) << w->Log();
@@ -225,6 +228,69 @@ TEST(ComposeTest, TrainsLeNetForOneEpochLikeTheSameJobOutsideContainers) {
   std::cout << "compose: " << kShards << " shards, " << kWorkers << " workers, one LeNet epoch in "
             << seconds << " s; test accuracy " << inside[0] << " in containers, " << outside
             << " outside\n";
+}
+
+// A shard's container killed (SIGKILL) midway is restarted by its restart
+// policy, resumes from its checkpoint volume, the workers reconnect, and the
+// job ends with weights bit-identical to the same job outside containers.
+//
+// Needs shard failover (workers recovering from a lost shard of several),
+// which is being built: until it lands this test fails, so its target
+// //tests:compose_failover_test is tagged "manual" (not in `bazel test
+// //...`); run it by name. Drop "manual" when failover is merged.
+TEST(ComposeTest, AShardKilledMidwayIsRestartedAndTheJobEndsBitIdentical) {
+  ASSERT_TRUE(tests::ImagesBuilt({"localhost/ps-server:latest", "localhost/ps-worker:latest"}));
+  std::string output;
+  const std::string dir = TestTmpPath("failover-project");
+  const std::string reports = TestTmpPath("failover-reports");
+  ASSERT_EQ(RunCommand("mkdir -p " + dir + " " + reports + " && chmod 777 " + reports, &output), 0)
+      << output;
+  // The shipped file, each worker also saving its final weights.
+  std::string compose = testing::ReadFileBytes(RunfilePath("deploy/compose/compose.yaml"));
+  for (const char* id : {"w0", "w1"}) {
+    const std::string report = absl::StrCat("--report=/var/lib/ps/reports/", id, ".json");
+    const size_t at = compose.find(report);
+    ASSERT_NE(at, std::string::npos) << report;
+    compose.insert(at + report.size(),
+                   absl::StrCat(", --save_weights=/var/lib/ps/reports/", id, ".safetensors"));
+  }
+  std::ofstream(dir + "/compose.yaml") << compose;
+  std::ofstream(dir + "/.env") << JobFile({absl::StrCat("NUM_WORKERS=", kWorkers), "EPOCHS=1",
+                                           "THREADS=1", "CHECKPOINT_EVERY_STEPS=20",
+                                           "PS_REPORTS=" + reports});
+
+  ComposeProject project(dir, absl::StrCat("psfailover", getpid()));
+  ASSERT_EQ(project.Compose("up -d", &output), 0) << output;
+  const std::vector<std::string> shard = project.Containers("server-1");
+  ASSERT_EQ(shard.size(), 1u);
+  // Killed once it has a checkpoint to resume from.
+  bool checkpointed = false;
+  for (int i = 0; i < 300 && !checkpointed; ++i) {
+    checkpointed = RunWithPodman("podman exec " + shard[0] +
+                                     " sh -c 'ls /var/lib/ps/checkpoints | grep -q .'",
+                                 &output) == 0;
+    if (!checkpointed) sleep(1);
+  }
+  ASSERT_TRUE(checkpointed) << "server-1 wrote no checkpoint";
+  ASSERT_EQ(RunWithPodman("podman kill --signal KILL " + shard[0], &output), 0) << output;
+
+  for (int r = 0; r < kWorkers; ++r) {
+    for (const std::string& w : project.Containers(absl::StrCat("worker-", r))) {
+      ASSERT_EQ(RunWithPodman("timeout 900 podman wait " + w, &output), 0) << output;
+      EXPECT_EQ(std::string(absl::StripAsciiWhitespace(output)), "0") << w;
+    }
+  }
+  RunWithPodman("podman inspect --format '{{.RestartCount}}' " + shard[0], &output);
+  EXPECT_NE(absl::StripAsciiWhitespace(output), "0") << "server-1 was not restarted";
+
+  AccuracyOutsideContainers(TestTmpPath("failover-outside"));
+  for (int r = 0; r < kWorkers; ++r) {
+    const std::string inside = testing::ReadFileBytes(absl::StrCat(reports, "/w", r, ".safetensors"));
+    ASSERT_FALSE(inside.empty());
+    EXPECT_TRUE(inside == testing::ReadFileBytes(
+                              absl::StrCat(TestTmpPath("failover-outside"), "-", r, ".safetensors")))
+        << "worker " << r << "'s final weights differ from the job outside containers";
+  }
 }
 
 }  // namespace
