@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/testing/subprocess.h"
 #include "tests/containers.h"
@@ -37,6 +38,7 @@
 namespace ps {
 namespace {
 
+using ::testing::HasSubstr;
 using testing::RunCommand;
 using testing::RunfilePath;
 using testing::ShellQuote;
@@ -86,6 +88,7 @@ class ComposeProject {
     // podman-compose 1.0.3's down leaves the project's network behind.
     RunWithPodman("podman network rm -f " + name_ + "_default", &output);
   }
+  const std::string& name() const { return name_; }
   int Compose(const std::string& args, std::string* output) {
     return RunWithPodman(
         "cd " + ShellQuote(dir_) + " && podman-compose -p " + name_ + " " + args + " 2>&1", output);
@@ -209,6 +212,25 @@ TEST(ComposeTest, TrainsLeNetForOneEpochLikeTheSameJobOutsideContainers) {
     for (const std::string& s : project.Containers(service)) {
       EXPECT_EQ(RunWithPodman("podman healthcheck run " + s, &output), 0) << s << ": " << output;
     }
+  }
+
+  // Each daemon's identity volume holds its own certificate, named after it
+  // (a worker's CN and only SAN are its --worker_id), its key readable by
+  // the daemons' user alone, and the token.
+  for (const char* id : {"w0", "w1", "server-0", "server-1"}) {
+    const std::string volume = absl::StrCat(project.name(), "_pki-", id);
+    ASSERT_EQ(RunWithPodman("podman run --rm --entrypoint /bin/sh -v " + volume +
+                                ":/id:ro localhost/ps-server:latest -c 'openssl x509 -in "
+                                "/id/tls.crt -noout -subject -ext subjectAltName && stat -c "
+                                "\"%a %u %n\" /id/tls.key /id/token && ls /id' 2>&1",
+                            &output),
+              0)
+        << volume << ": " << output;
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("CN = ", id, "\n")));
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("DNS:", id)));
+    EXPECT_THAT(output, HasSubstr("600 10001 /id/tls.key"));
+    EXPECT_THAT(output, HasSubstr("600 10001 /id/token"));
+    EXPECT_THAT(output, HasSubstr("ca.crt\ntls.crt\ntls.key\ntoken\n")) << volume;
   }
 
   // Every worker wrote its report (named after its id), all with
