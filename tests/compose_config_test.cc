@@ -1,11 +1,13 @@
 // deploy/compose/compose.yaml is a valid Compose file as docker-compose
 // reads it (offline: `config` needs no daemon), its shards and workers
-// agree on the addresses, and the check is strict: a misspelled key and a
+// agree on the addresses, every connection is mutual TLS with the job token
+// and each worker has an identity of its own, and the check is strict: a misspelled key and a
 // value of the wrong type are refused, naming them. compose_test runs it.
 
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -15,6 +17,7 @@ namespace ps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::RunCommand;
 using testing::RunfilePath;
 using testing::ShellQuote;
@@ -47,8 +50,20 @@ TEST(ComposeConfigTest, TheShippedFileIsValidAndItsAddressesAgree) {
   EXPECT_THAT(output, HasSubstr("--advertise_address=server-1:50051"));
   EXPECT_THAT(output, HasSubstr("--server=server-0:50051,server-1:50051"));
   EXPECT_THAT(output, HasSubstr("--num_workers=2"));
-  EXPECT_THAT(output, HasSubstr("replicas: 2"));
   EXPECT_THAT(output, HasSubstr("condition: service_healthy"));
+  EXPECT_THAT(output, HasSubstr("condition: service_completed_successfully"));
+  // Secure by default: mutual TLS and the token on the servers, and each
+  // worker presents its own certificate (its volume) under its own id.
+  EXPECT_THAT(output, Not(HasSubstr("--insecure")));
+  EXPECT_THAT(output, HasSubstr("--tls_client_ca=/etc/ps/tls/ca.crt"));
+  EXPECT_THAT(output, HasSubstr("--job_token_file=/etc/ps/tls/token"));
+  EXPECT_THAT(output, HasSubstr("--tls_cert=/etc/ps/tls/tls.crt"));
+  for (const char* id : {"w0", "w1"}) {
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("--worker_id=", id)));
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("pki-", id, ":/etc/ps/tls:ro")));
+  }
+  EXPECT_THAT(output, HasSubstr("pki-server-0:/etc/ps/tls:ro"));
+  EXPECT_THAT(output, HasSubstr("pki-server-1:/etc/ps/tls:ro"));
 }
 
 TEST(ComposeConfigTest, AMisspelledKeyIsRefused) {

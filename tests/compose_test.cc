@@ -1,14 +1,17 @@
 // Compose: deploy/compose/compose.yaml brought up by podman-compose with the
-// images deploy/images/build.sh makes (two server shards, two workers)
-// trains LeNet on Fashion-MNIST for one epoch and reaches the test accuracy
-// of the same job run as plain processes (within 0.01; synchronous training
-// makes them equal), then is torn down with its volumes.
+// images deploy/images/build.sh makes (two server shards, two workers, the
+// pki service making the job's CA, certificates and token). Its running
+// servers refuse a plaintext client and a TLS client without a certificate
+// and admit one with a certificate of the job's CA; then the job trains
+// LeNet on Fashion-MNIST for one epoch over mutual TLS and reaches the test
+// accuracy of the same job run as plain processes (within 0.01; synchronous
+// training makes them equal), and is torn down with its volumes.
 //
-// Tagged "container" (kept out of `bazel test //...`): it needs the images
-// built first and about two minutes.
+// Tagged "container": it needs the images (deploy/test.sh builds them
+// before `bazel test //...`) and about two minutes.
 //
-//   bash deploy/images/build.sh
-//   bazel test --test_tag_filters=container //tests:compose_test
+//   bash deploy/images/build.sh --no-gpu
+//   bazel test //tests:compose_test
 //
 // compose_config_test, which runs everywhere, checks the file itself.
 
@@ -25,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/testing/subprocess.h"
 #include "tests/containers.h"
@@ -34,6 +38,7 @@
 namespace ps {
 namespace {
 
+using ::testing::HasSubstr;
 using testing::RunCommand;
 using testing::RunfilePath;
 using testing::ShellQuote;
@@ -83,6 +88,7 @@ class ComposeProject {
     // podman-compose 1.0.3's down leaves the project's network behind.
     RunWithPodman("podman network rm -f " + name_ + "_default", &output);
   }
+  const std::string& name() const { return name_; }
   int Compose(const std::string& args, std::string* output) {
     return RunWithPodman(
         "cd " + ShellQuote(dir_) + " && podman-compose -p " + name_ + " " + args + " 2>&1", output);
@@ -106,8 +112,9 @@ double ReportedAccuracy(const std::string& path) {
   return report.is_object() ? report.value("final_test_accuracy", -1.0) : -1.0;
 }
 
-// The same job as processes on this machine: two shards, two workers.
-double AccuracyOutsideContainers() {
+// The same job as processes on this machine: two shards, two workers; with
+// `weights` set, worker r saves its final weights to weights + "-r.safetensors".
+double AccuracyOutsideContainers(const std::string& weights = "") {
   std::vector<std::unique_ptr<Process>> servers;
   std::vector<std::string> addresses;
   for (int s = 0; s < kShards; ++s) {
@@ -128,10 +135,13 @@ double AccuracyOutsideContainers() {
         RunfilePath("worker/worker"),
         std::vector<std::string>{
             "--server=" + absl::StrJoin(addresses, ","), absl::StrCat("--worker_id=outside-", r),
+            absl::StrCat("--rank=", r),
             "--model=lenet", "--dataset=fashion_mnist",
             "--data_dir=/usr/share/datasets/fashion-mnist", "--epochs=1", "--batch_size=256",
             "--seed=0", "--devices=cpu", "--threads=1", "--progress=false",
-            "--report=" + TestTmpPath(absl::StrCat("outside-", r, ".json"))},
+            "--report=" + TestTmpPath(absl::StrCat("outside-", r, ".json")),
+            weights.empty() ? "--progress=false"
+                            : absl::StrCat("--save_weights=", weights, "-", r, ".safetensors")},
         TestTmpPath(absl::StrCat("outside-worker-", r, ".log"))));
   }
   for (auto& w : workers) EXPECT_EQ(w->Wait(std::chrono::seconds(600)), 0) << w->Log();
@@ -161,9 +171,32 @@ TEST(ComposeTest, TrainsLeNetForOneEpochLikeTheSameJobOutsideContainers) {
   ComposeProject project(dir, absl::StrCat("pscompose", getpid()));
   ASSERT_EQ(project.Compose("up -d", &output), 0) << output;
   const std::string up_output = output;
-  const std::vector<std::string> workers = project.Containers("worker");
+  std::vector<std::string> workers;
+  for (int r = 0; r < kWorkers; ++r) {
+    for (const std::string& w : project.Containers(absl::StrCat("worker-", r))) workers.push_back(w);
+  }
   ASSERT_EQ(workers.size(), kWorkers) << output;
-  ASSERT_EQ(project.Containers("").size(), kWorkers + kShards);
+  // The shards, the workers and the pki service that made their identities.
+  ASSERT_EQ(project.Containers("").size(), kWorkers + kShards + 1);
+
+  // From inside shard 0's container, with its files, to shard 1 over the
+  // project's network: a client with the job CA's certificate is admitted
+  // (retried until the shard serves), one in plaintext and one over TLS
+  // without a certificate are not (ps-health: 0 serving, 2 not reached).
+  const std::vector<std::string> server0 = project.Containers("server-0");
+  ASSERT_EQ(server0.size(), 1u);
+  const std::string health = "podman exec " + server0[0] +
+                             " /usr/local/bin/ps-health --address=server-1:50051 --timeout=3s";
+  const std::string tls_ca = " --tls_ca=/etc/ps/tls/ca.crt --tls_server_name=server-1";
+  const std::string client_cert = " --tls_cert=/etc/ps/tls/tls.crt --tls_key=/etc/ps/tls/tls.key";
+  int admitted = -1;
+  for (int attempt = 0; attempt < 60 && admitted != 0; ++attempt) {
+    admitted = RunWithPodman(health + tls_ca + client_cert + " 2>&1", &output);
+    if (admitted != 0) sleep(1);
+  }
+  ASSERT_EQ(admitted, 0) << output;
+  EXPECT_EQ(RunWithPodman(health + " 2>&1", &output), 2) << "plaintext: " << output;
+  EXPECT_EQ(RunWithPodman(health + tls_ca + " 2>&1", &output), 2) << "no certificate: " << output;
   for (const std::string& w : workers) {
     ASSERT_EQ(RunWithPodman("timeout 600 podman wait " + w, &output), 0) << output;
     EXPECT_EQ(std::string(absl::StripAsciiWhitespace(output)), "0")
@@ -181,7 +214,26 @@ TEST(ComposeTest, TrainsLeNetForOneEpochLikeTheSameJobOutsideContainers) {
     }
   }
 
-  // Every worker wrote its report (named after its container), all with
+  // Each daemon's identity volume holds its own certificate, named after it
+  // (a worker's CN and only SAN are its --worker_id), its key readable by
+  // the daemons' user alone, and the token.
+  for (const char* id : {"w0", "w1", "server-0", "server-1"}) {
+    const std::string volume = absl::StrCat(project.name(), "_pki-", id);
+    ASSERT_EQ(RunWithPodman("podman run --rm --entrypoint /bin/sh -v " + volume +
+                                ":/id:ro localhost/ps-server:latest -c 'openssl x509 -in "
+                                "/id/tls.crt -noout -subject -ext subjectAltName && stat -c "
+                                "\"%a %u %n\" /id/tls.key /id/token && ls /id' 2>&1",
+                            &output),
+              0)
+        << volume << ": " << output;
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("CN = ", id, "\n")));
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("DNS:", id)));
+    EXPECT_THAT(output, HasSubstr("600 10001 /id/tls.key"));
+    EXPECT_THAT(output, HasSubstr("600 10001 /id/token"));
+    EXPECT_THAT(output, HasSubstr("ca.crt\ntls.crt\ntls.key\ntoken\n")) << volume;
+  }
+
+  // Every worker wrote its report (named after its id), all with
   // the same parameters and so the same accuracy.
   std::vector<double> inside;
   RunCommand("ls " + reports, &output);
@@ -198,6 +250,74 @@ TEST(ComposeTest, TrainsLeNetForOneEpochLikeTheSameJobOutsideContainers) {
   std::cout << "compose: " << kShards << " shards, " << kWorkers << " workers, one LeNet epoch in "
             << seconds << " s; test accuracy " << inside[0] << " in containers, " << outside
             << " outside\n";
+}
+
+// A shard's container killed (SIGKILL) midway is restarted by its restart
+// policy, resumes from its checkpoint volume, the workers reconnect, and the
+// job ends with weights bit-identical to the same job outside containers.
+//
+// Needs shard failover (workers recovering from a lost shard of several),
+// which is being built: until it lands this test fails, so its target
+// //tests:compose_failover_test is tagged "manual" (not in `bazel test
+// //...`); run it by name. Drop "manual" when failover is merged.
+TEST(ComposeTest, AShardKilledMidwayIsRestartedAndTheJobEndsBitIdentical) {
+  ASSERT_TRUE(tests::ImagesBuilt({"localhost/ps-server:latest", "localhost/ps-worker:latest"}));
+  std::string output;
+  const std::string dir = TestTmpPath("failover-project");
+  const std::string reports = TestTmpPath("failover-reports");
+  ASSERT_EQ(RunCommand("mkdir -p " + dir + " " + reports + " && chmod 777 " + reports, &output), 0)
+      << output;
+  // The shipped file, each worker also saving its final weights.
+  std::string compose = testing::ReadFileBytes(RunfilePath("deploy/compose/compose.yaml"));
+  for (const char* id : {"w0", "w1"}) {
+    const std::string report = absl::StrCat("--report=/var/lib/ps/reports/", id, ".json");
+    const size_t at = compose.find(report);
+    ASSERT_NE(at, std::string::npos) << report;
+    compose.insert(at + report.size(),
+                   absl::StrCat(", --save_weights=/var/lib/ps/reports/", id, ".safetensors"));
+  }
+  std::ofstream(dir + "/compose.yaml") << compose;
+  std::ofstream(dir + "/.env") << JobFile({absl::StrCat("NUM_WORKERS=", kWorkers), "EPOCHS=1",
+                                           "THREADS=1", "CHECKPOINT_EVERY_STEPS=20",
+                                           "PS_REPORTS=" + reports});
+
+  ComposeProject project(dir, absl::StrCat("psfailover", getpid()));
+  ASSERT_EQ(project.Compose("up -d", &output), 0) << output;
+  const std::vector<std::string> shard = project.Containers("server-1");
+  ASSERT_EQ(shard.size(), 1u);
+  // Killed once it has a checkpoint to resume from.
+  bool checkpointed = false;
+  for (int i = 0; i < 300 && !checkpointed; ++i) {
+    checkpointed = RunWithPodman("podman exec " + shard[0] +
+                                     " sh -c 'ls /var/lib/ps/checkpoints | grep -q .'",
+                                 &output) == 0;
+    if (!checkpointed) sleep(1);
+  }
+  ASSERT_TRUE(checkpointed) << "server-1 wrote no checkpoint";
+  // SIGKILL from outside, as a crash: `podman kill` would count as stopped
+  // by the user, which no restart policy restarts.
+  ASSERT_EQ(RunWithPodman("kill -KILL $(podman inspect --format '{{.State.Pid}}' " + shard[0] + ")",
+                          &output),
+            0)
+      << output;
+
+  for (int r = 0; r < kWorkers; ++r) {
+    for (const std::string& w : project.Containers(absl::StrCat("worker-", r))) {
+      ASSERT_EQ(RunWithPodman("timeout 600 podman wait " + w, &output), 0) << output;
+      EXPECT_EQ(std::string(absl::StripAsciiWhitespace(output)), "0") << w;
+    }
+  }
+  RunWithPodman("podman inspect --format '{{.RestartCount}}' " + shard[0], &output);
+  EXPECT_NE(absl::StripAsciiWhitespace(output), "0") << "server-1 was not restarted";
+
+  AccuracyOutsideContainers(TestTmpPath("failover-outside"));
+  for (int r = 0; r < kWorkers; ++r) {
+    const std::string inside = testing::ReadFileBytes(absl::StrCat(reports, "/w", r, ".safetensors"));
+    ASSERT_FALSE(inside.empty());
+    EXPECT_TRUE(inside == testing::ReadFileBytes(
+                              absl::StrCat(TestTmpPath("failover-outside"), "-", r, ".safetensors")))
+        << "worker " << r << "'s final weights differ from the job outside containers";
+  }
 }
 
 }  // namespace

@@ -2,15 +2,18 @@
 // overlay's StatefulSets become pods (deploy/k8s/kube_play.py, which says
 // what podman cannot do as a kubelet would) that `podman kube play` runs on
 // one network: two server shards and two workers, each worker's rank from
-// its pod name, the job from the ConfigMap, the token from a file, read-only
-// root filesystems, user 10001. The workers wait for the shards' health in
-// their init container, train LeNet for one epoch, agree on the accuracy,
-// and idle; the servers stay healthy.
+// its pod name, the job from the ConfigMap, mutual TLS and the token from
+// the Secrets deploy/k8s/make_secrets.sh makes (each pod mounting only its
+// own key), read-only root filesystems, user 10001. The workers wait for the
+// shards' health over mutual TLS in their init container, train LeNet for
+// one epoch, agree on the accuracy, and idle; the servers stay healthy by
+// the probes' command and refuse a plaintext client.
 //
-// Tagged "container" (kept out of `bazel test //...`): it needs the images.
+// Tagged "container": it needs the images (deploy/test.sh builds them
+// before `bazel test //...`).
 //
-//   bash deploy/images/build.sh
-//   bazel test --test_tag_filters=container //tests:k8s_play_test
+//   bash deploy/images/build.sh --no-gpu
+//   bazel test //tests:k8s_play_test
 
 #include <unistd.h>
 
@@ -107,15 +110,18 @@ TEST(K8sPlayTest, TheCpuOverlaysContainersTrainLeNetInPods) {
   ASSERT_TRUE(tests::ImagesBuilt({"localhost/ps-server:latest", "localhost/ps-worker:latest"}));
   std::string output;
   const std::string pods = TestTmpPath("pods");
-  const std::string token_dir = TestTmpPath("token");
-  ASSERT_EQ(RunCommand("mkdir -p " + token_dir + " && chmod 755 " + token_dir, &output), 0);
-  std::ofstream(token_dir + "/token") << "k8s-play-test-token-0123456789abcdef";
-  ASSERT_EQ(RunCommand("chmod 644 " + token_dir + "/token", &output), 0);
+  const std::string pki = TestTmpPath("pki");
+  ASSERT_EQ(RunCommand(absl::StrCat("bash ", ShellQuote(RunfilePath("deploy/k8s/make_secrets.sh")),
+                                    " ", pki, " --servers=", kServers, " --workers=", kWorkers,
+                                    " 2>&1"),
+                       &output),
+            0)
+      << output;
   const std::string network = absl::StrCat("psk8s", getpid());
   ASSERT_EQ(RunCommand(absl::StrCat("python3 ", ShellQuote(RunfilePath("deploy/k8s/kube_play.py")),
                                     " ", ShellQuote(RunfilePath("deploy/k8s/overlays/cpu")), " ",
                                     pods, " --servers=", kServers, " --workers=", kWorkers,
-                                    " --token_dir=", token_dir, " --volume_prefix=", network,
+                                    " --secrets=", pki, "/secrets.yaml --volume_prefix=", network,
                                     // One epoch; the optimizer of compose_test (d2l's lr 0.9
                                     // without momentum is still at chance after one epoch).
                                     " --set EPOCHS=1 --set WORKER_THREADS=1",
@@ -150,8 +156,19 @@ TEST(K8sPlayTest, TheCpuOverlaysContainersTrainLeNetInPods) {
 
   for (int s = 0; s < kServers; ++s) {
     const std::string server = absl::StrCat("ps-server-", s, "-server");
-    EXPECT_EQ(Podman("podman exec " + server + " ps-health --address=127.0.0.1:50051", &output), 0)
+    // The probes' command (exec: ps-health over mutual TLS) says SERVING;
+    // a plaintext client is not served (2: not reached).
+    const std::string health = "podman exec " + server + " ps-health --address=127.0.0.1:50051";
+    EXPECT_EQ(Podman(health +
+                         " --tls_ca=/etc/ps/tls/ca.crt --tls_cert=/etc/ps/tls/tls.crt"
+                         " --tls_key=/etc/ps/tls/tls.key --tls_server_name=localhost",
+                     &output),
+              0)
         << output;
+    EXPECT_EQ(Podman(health, &output), 2) << output;
+    // Each shard sees only its own key.
+    Podman("podman exec " + server + " ls /etc/ps/tls", &output);
+    EXPECT_EQ(output, "ca.crt\ntls.crt\ntls.key\n");
     // The security context holds: user 10001, nothing writable outside the
     // volumes.
     Podman("podman exec " + server + " id -u", &output);

@@ -8,6 +8,14 @@
 #                                libraries (only where the toolkit is installed)
 #
 #   bash deploy/images/build.sh [--engine=podman|docker] [--tag=TAG] [--no-gpu]
+#                               [--if_changed] [--disk_cache=DIR]
+#
+# --if_changed keeps an image whose inputs are unchanged: each image carries
+# the label ps.build-key, a SHA-256 over its binaries (as Bazel built them),
+# this script, engine.sh, make_job_certs.sh and the name=version of every
+# Debian package it installs (as this machine's apt would resolve them);
+# only an image whose key differs is made again (deploy/test.sh uses this).
+# --disk_cache=DIR is passed to Bazel.
 #
 # Each image is one root filesystem made by mmdebstrap from this machine's
 # apt sources: Debian's Essential packages (no apt, no package lists inside),
@@ -30,12 +38,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 
-engine="" tag=latest gpu=auto
+engine="" tag=latest gpu=auto if_changed=0 bazel_flags=()
 for arg in "$@"; do
   case "$arg" in
     --engine=*) engine="${arg#*=}" ;;
     --tag=*) tag="${arg#*=}" ;;
     --no-gpu) gpu=no ;;
+    --if_changed) if_changed=1 ;;
+    --disk_cache=*) bazel_flags+=("$arg") ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
@@ -66,12 +76,12 @@ fi
 
 # 1. The binaries.
 echo "build.sh: building the CPU-only binaries (output base $cache/bazel)"
-bazel --output_base="$cache/bazel" build --config=cpu_only --symlink_prefix="$cache/bazel-" \
-  //server:server //server:health_check //worker:worker
+bazel --output_base="$cache/bazel" build "${bazel_flags[@]}" --config=cpu_only \
+  --symlink_prefix="$cache/bazel-" //server:server //server:health_check //worker:worker
 cpu_bin="$cache/bazel-bin"
 if [[ "$gpu" == yes ]]; then
   echo "build.sh: building the CUDA worker (the default build)"
-  bazel build //worker:worker
+  bazel build "${bazel_flags[@]}" //worker:worker
   gpu_bin=$(bazel info bazel-bin)
 fi
 
@@ -93,7 +103,13 @@ packages_for() {
 # Each COPY-IN is SOURCE=DEST, copied in as root (links followed, mode kept).
 build_image() {
   local name=$1 entry=$2 ports=$3 packages=$4 copies=$5
-  local tar="$cache/$name.tar" hooks=() copy
+  local tar="$cache/$name.tar" hooks=() copy key
+  key=$(build_key "$packages" "$copies")
+  if ((if_changed)) && [[ "$(engine_cmd image inspect --format '{{index .Labels "ps.build-key"}}' \
+                             "localhost/$name:$tag" 2>/dev/null)" == "$key" ]]; then
+    echo "build.sh: $name: unchanged (ps.build-key ${key:0:12}), kept"
+    return
+  fi
   for copy in $copies; do
     hooks+=(--customize-hook="mkdir -p \"\$1$(dirname "${copy#*=}")\" && cp -L --preserve=mode \"${copy%%=*}\" \"\$1${copy#*=}\"")
   done
@@ -124,7 +140,8 @@ build_image() {
   local changes=(--change "USER ps" --change "WORKDIR /var/lib/ps"
                  --change "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
                  --change "ENTRYPOINT [\"/usr/bin/catatonit\", \"--\", \"$entry\"]"
-                 --change "LABEL org.opencontainers.image.title=$name")
+                 --change "LABEL org.opencontainers.image.title=$name"
+                 --change "LABEL ps.build-key=$key")
   local port
   for port in $ports; do changes+=(--change "EXPOSE $port"); done
   engine_cmd rmi -f "localhost/$name:$tag" >/dev/null 2>&1 || true
@@ -132,12 +149,28 @@ build_image() {
   rm -f "$tar"
 }
 
+# The image's cache key (--if_changed): what goes into it. Package versions
+# are the candidates of this machine's apt (what mmdebstrap installs from
+# the same sources), not the versions installed here.
+build_key() {  # packages copies
+  local copy pkg
+  {
+    sha256sum deploy/images/build.sh deploy/images/engine.sh deploy/tls/make_job_certs.sh
+    for copy in $2; do echo "${copy#*=} $(sha256sum <"${copy%%=*}")"; done
+    for pkg in $1; do
+      echo "$pkg=$(apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ {print $2}')"
+    done
+  } | sha256sum | cut -c1-64
+}
+
 health="$cpu_bin/server/health_check=/usr/local/bin/ps-health"
 
-# 2. The server: gRPC on 50051, metrics on 9100.
+# 2. The server: gRPC on 50051, metrics on 9100. With openssl and
+# make_job_certs.sh (as ps-make-job-certs), so that Compose's init service
+# makes the job's certificates from this image.
 build_image ps-server /usr/local/bin/ps-server "50051 9100" \
-  "catatonit $(packages_for "$cpu_bin/server/server" | tr '\n' ' ')" \
-  "$cpu_bin/server/server=/usr/local/bin/ps-server $health"
+  "catatonit openssl $(packages_for "$cpu_bin/server/server" | tr '\n' ' ')" \
+  "$cpu_bin/server/server=/usr/local/bin/ps-server $health $repo/deploy/tls/make_job_certs.sh=/usr/local/bin/ps-make-job-certs"
 
 # 3. The CPU worker, with Debian's Fashion-MNIST at its usual path.
 build_image ps-worker /usr/local/bin/ps-worker "9101" \

@@ -47,6 +47,20 @@ KINDS = {
     ("apps/v1", "Deployment"): ("kubernetes-types/apps/v1", "Deployment"),
     ("policy/v1", "PodDisruptionBudget"): ("kubernetes-types/policy/v1", "PodDisruptionBudget"),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("kubernetes-types/networking/v1", "NetworkPolicy"),
+    ("batch/v1", "Job"): ("kubernetes-types/batch/v1", "Job"),
+    # Not in kubernetes-types: our own types of JobSet's API (types/jobset.ts,
+    # written from its Go types), copied beside the checked files.
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"): ("./jobset", "JobSet"),
+}
+LOCAL_TYPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "types")
+
+# Secrets the manifests mount that are made outside the kustomization (by
+# deploy/k8s/make_secrets.sh or cert-manager), so that no key or token is
+# in git; the keys each must hold.
+EXTERNAL_SECRETS = {
+    "ps-job-token": "token",
+    "ps-server-tls": "ca.crt, <pod name>.crt, <pod name>.key",
+    "ps-worker-tls": "ca.crt, <worker id>.crt, <worker id>.key",
 }
 
 # tsc's diagnostics: FILE(LINE,COL): error TSNNNN: MESSAGE, continued on
@@ -174,6 +188,8 @@ def typecheck(variants):
     problems = {label: [] for label in variants}
     with tempfile.TemporaryDirectory(prefix="ps-k8s-check.") as work:
         os.symlink(node_modules, os.path.join(work, "node_modules"))
+        for name in os.listdir(LOCAL_TYPES):
+            shutil.copy(os.path.join(LOCAL_TYPES, name), work)
         files, owners = {}, {}
         for number, (label, resources) in enumerate(variants.items()):
             try:
@@ -232,6 +248,21 @@ def _pod_spec(obj):
     return None, None
 
 
+def _pod_templates(r):
+    """(resource, labels, pod spec, replicated Job or None) for each pod
+    template of a workload: a StatefulSet's or Deployment's one, a JobSet's
+    one per replicated Job."""
+    if r.kind == "JobSet":
+        out = []
+        for job in (r.obj.get("spec") or {}).get("replicatedJobs") or []:
+            template = (((job.get("template") or {}).get("spec") or {}).get("template") or {})
+            out.append((r, template.get("metadata", {}).get("labels") or {},
+                        template.get("spec") or {}, job))
+        return out
+    labels, pod = _pod_spec(r.obj)
+    return [] if pod is None else [(r, labels, pod, None)]
+
+
 SHELL_VAR = re.compile(r"\$\{?([A-Z_][A-Z0-9_]*)")
 K8S_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -243,16 +274,25 @@ def semantic_problems(resources):
     for r in resources:
         by_kind.setdefault(r.kind, {})[r.name] = r
     configmaps, secrets = by_kind.get("ConfigMap", {}), by_kind.get("Secret", {})
-    pods = [(r,) + _pod_spec(r.obj) for r in resources if _pod_spec(r.obj)[1] is not None]
+    templates = [t for r in resources for t in _pod_templates(r)]
+    pods = [(r, labels, pod) for r, labels, pod, _ in templates]
+    claims_here = by_kind.get("PersistentVolumeClaim", {})
 
     def report(r, what):
         problems.append(f"{r.origin}: {r.describe()}: {what}")
 
-    for r, labels, pod in pods:
+    for r, labels, pod, job in templates:
         spec = r.obj.get("spec") or {}
-        selector = (spec.get("selector") or {}).get("matchLabels") or {}
-        if not selector or any(labels.get(k) != v for k, v in selector.items()):
-            report(r, f"spec.selector.matchLabels {selector} does not match the template's labels {labels}")
+        if job is not None:
+            who = f"replicated job {job.get('name')}: "
+            for volume in pod.get("volumes") or []:
+                claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+                if claim is not None and claim not in claims_here:
+                    report(r, f"{who}volume {volume.get('name')}: PersistentVolumeClaim {claim!r} is not defined")
+        else:
+            selector = (spec.get("selector") or {}).get("matchLabels") or {}
+            if not selector or any(labels.get(k) != v for k, v in selector.items()):
+                report(r, f"spec.selector.matchLabels {selector} does not match the template's labels {labels}")
         if r.kind == "StatefulSet":
             service = by_kind.get("Service", {}).get(spec.get("serviceName"))
             if service is None:
@@ -265,6 +305,8 @@ def semantic_problems(resources):
             for field, ref, objects, kind in (("secret", "secretName", secrets, "Secret"),
                                               ("configMap", "name", configmaps, "ConfigMap")):
                 source = volume.get(field)
+                if field == "secret" and source and source.get(ref) in EXTERNAL_SECRETS:
+                    continue
                 if source and not source.get("optional") and source.get(ref) not in objects:
                     report(r, f"volume {volume['name']}: {kind} {source.get(ref)!r} is not defined")
         containers = (pod.get("initContainers") or []) + (pod.get("containers") or [])
@@ -331,6 +373,48 @@ def semantic_problems(resources):
             if isinstance(target, str) and target not in named_ports(selected):
                 report(r, f"{what} {target!r} is no named port of its pods")
 
+    # A JobSet's job: NUM_WORKERS is the worker Job's completions, SERVERS
+    # the server pods' stable host names, and the success policy waits for
+    # the workers only.
+    for r in by_kind.get("JobSet", {}).values():
+        spec = r.obj.get("spec") or {}
+        jobs = {j.get("name"): j for j in spec.get("replicatedJobs") or []}
+        subdomain = (spec.get("network") or {}).get("subdomain") or r.name
+        if set(jobs) != {"server", "worker"}:
+            report(r, f"replicated jobs {sorted(jobs, key=str)}: expected server and worker")
+            continue
+        counts = {}
+        for name, job in jobs.items():
+            job_spec = (job.get("template") or {}).get("spec") or {}
+            counts[name] = job_spec.get("completions")
+            if job_spec.get("completionMode") != "Indexed" or job.get("replicas", 1) != 1:
+                report(r, f"replicated job {name}: one Indexed Job (replicas 1), whose completion "
+                          "index is the shard or the rank, is expected")
+            if job_spec.get("parallelism") != counts[name]:
+                report(r, f"replicated job {name}: parallelism {job_spec.get('parallelism')} differs "
+                          f"from completions {counts[name]}: every shard and rank must run at once")
+        pod_env = {}
+        for _, _, pod, job in templates:
+            if job is not None and job.get("name") in jobs:
+                for c in pod.get("containers") or []:
+                    for source in c.get("envFrom") or []:
+                        ref = (source.get("configMapRef") or {}).get("name")
+                        if ref in configmaps:
+                            pod_env = (configmaps[ref].obj.get("data") or {})
+        if not all(isinstance(n, int) for n in counts.values()):
+            continue
+        if pod_env.get("NUM_WORKERS") != str(counts["worker"]):
+            report(r, f"NUM_WORKERS={pod_env.get('NUM_WORKERS')} but the worker Job has completions "
+                      f"{counts['worker']}: the completion indexes are the ranks, so they must agree")
+        expected = ",".join(f"{r.name}-server-0-{i}.{subdomain}:50051" for i in range(counts["server"]))
+        if pod_env.get("SERVERS") != expected:
+            report(r, f"SERVERS={pod_env.get('SERVERS')} but the server Job has completions "
+                      f"{counts['server']}: expected SERVERS={expected}")
+        success = spec.get("successPolicy") or {}
+        if success.get("targetReplicatedJobs") != ["worker"]:
+            report(r, "successPolicy.targetReplicatedJobs must be [worker]: the servers never "
+                      "complete by themselves")
+
     # This job's rules: the ranks and the shard list agree with the pods.
     job = configmaps.get("ps-job")
     statefulsets = by_kind.get("StatefulSet", {})
@@ -374,7 +458,7 @@ def check(directories):
 def default_directories():
     here = os.path.dirname(os.path.abspath(__file__))
     overlays = os.path.join(here, "overlays")
-    return [os.path.join(here, "base")] + sorted(
+    return [os.path.join(here, "base"), os.path.join(here, "jobset")] + sorted(
         os.path.join(overlays, d) for d in os.listdir(overlays)
         if os.path.isdir(os.path.join(overlays, d)))
 

@@ -5,7 +5,7 @@ commands, environment, security contexts and volumes, one pod per server
 shard and per worker.
 
     python3 deploy/k8s/kube_play.py OVERLAY OUTDIR --servers=S --workers=W \\
-        --token_dir=DIR [--volume_prefix=P] [--set KEY=VALUE ...]
+        --secrets=SECRETS.yaml [--volume_prefix=P] [--set KEY=VALUE ...]
 
 writes OUTDIR/ps-server-N.yaml and OUTDIR/ps-worker-N.yaml (each a ConfigMap
 and a Pod), to be played on one podman network with the dnsname plugin:
@@ -23,8 +23,13 @@ limit, none a change of what the containers do):
     pod name (ps-server-0:50051), which podman's DNS resolves;
   - $(VAR) in command and args is expanded here, as the kubelet does
     (podman passes it through literally); $$ stands for $;
-  - Secret volumes make podman 4.3 crash: the token Secret becomes a
-    hostPath of --token_dir, which must hold the file `token`;
+  - Secret volumes make podman 4.3 crash: the Secrets of --secrets (the
+    file deploy/k8s/make_secrets.sh writes) are unpacked into
+    OUTDIR/secrets/SECRET/KEY, owned by the pods' runAsUser when run as root
+    (the kubelet's defaultMode and fsGroup, which podman ignores), each
+    Secret volume becomes a hostPath of its folder and a mount of one key
+    (subPath, or subPathExpr with $(VAR) expanded as the kubelet does) a
+    hostPath of that file;
   - podman makes an emptyDir a named volume called as the pod's volume, so
     pods would share it (two shards writing one checkpoint folder): every
     emptyDir, and each volumeClaimTemplate (one per pod, as the StatefulSet
@@ -40,6 +45,7 @@ NUM_WORKERS is --workers.
 """
 
 import argparse
+import base64
 import copy
 import os
 import re
@@ -79,7 +85,7 @@ def container_env(container, config, pod_name):
     return env
 
 
-def pod_from(statefulset, name, config, token_dir, volume_prefix):
+def pod_from(statefulset, name, config, secrets_dir, volume_prefix):
     template = copy.deepcopy(statefulset["spec"]["template"])
     spec = template["spec"]
     spec["hostname"] = name
@@ -87,19 +93,27 @@ def pod_from(statefulset, name, config, token_dir, volume_prefix):
     volumes = spec.setdefault("volumes", [])
     for claim in statefulset["spec"].get("volumeClaimTemplates", []):
         volumes.append({"name": claim["metadata"]["name"], "emptyDir": {}})
-    renamed = {}
+    renamed, secrets = {}, {}
     for v in volumes:
         if "secret" in v:
-            del v["secret"]
-            v["hostPath"] = {"path": token_dir, "type": "Directory"}
+            secrets[v["name"]] = os.path.join(secrets_dir, v.pop("secret")["secretName"])
+            v["hostPath"] = {"path": secrets[v["name"]], "type": "Directory"}
         if "emptyDir" in v:
             renamed[v["name"]] = "-".join(p for p in (volume_prefix, name, v["name"]) if p)
             v["name"] = renamed[v["name"]]
     for c in spec.get("initContainers", []) + spec["containers"]:
         c.pop("ports", None)
+        env = container_env(c, config, name)
         for mount in c.get("volumeMounts", []):
             mount["name"] = renamed.get(mount["name"], mount["name"])
-        env = container_env(c, config, name)
+            key = mount.pop("subPath", None) or expand(mount.pop("subPathExpr", ""), env)
+            if key and mount["name"] in secrets:
+                file_volume = f"{mount['name']}-{len(volumes)}"
+                volumes.append({"name": file_volume, "hostPath": {
+                    "path": os.path.join(secrets[mount["name"]], key), "type": "File"}})
+                mount["name"] = file_volume
+            elif key:
+                raise ValueError(f"{name}: a subPath on volume {mount['name']} is not supported here")
         for key in ("command", "args"):
             if key in c:
                 c[key] = [expand(a, env) for a in c[key]]
@@ -117,7 +131,7 @@ def main(argv):
     parser.add_argument("outdir")
     parser.add_argument("--servers", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--token_dir", required=True)
+    parser.add_argument("--secrets", required=True, metavar="SECRETS.yaml")
     parser.add_argument("--volume_prefix", default="")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv[1:])
@@ -141,11 +155,27 @@ def main(argv):
     config["SERVERS"] = ",".join(f"ps-server-{s}:{SERVER_PORT}" for s in range(args.servers))
 
     os.makedirs(args.outdir, exist_ok=True)
+    secrets_dir = os.path.abspath(os.path.join(args.outdir, "secrets"))
+    owner = next((s["spec"]["template"]["spec"].get("securityContext", {}).get("runAsUser")
+                  for (kind, _), s in objects.items() if kind == "StatefulSet"), None)
+    with open(args.secrets, encoding="utf-8") as f:
+        for secret in yaml.safe_load_all(f):
+            if not secret:
+                continue
+            folder = os.path.join(secrets_dir, secret["metadata"]["name"])
+            os.makedirs(folder, exist_ok=True)
+            for key, value in (secret.get("data") or {}).items():
+                path = os.path.join(folder, key)
+                with open(path, "wb") as out:
+                    out.write(base64.b64decode(value))
+                os.chmod(path, 0o400)
+                if owner is not None and os.geteuid() == 0:
+                    os.chown(path, owner, owner)
     for kind, count in (("server", args.servers), ("worker", args.workers)):
         statefulset = objects[("StatefulSet", f"ps-{kind}")]
         for i in range(count):
             name = f"ps-{kind}-{i}"
-            pod = pod_from(statefulset, name, config, os.path.abspath(args.token_dir),
+            pod = pod_from(statefulset, name, config, secrets_dir,
                            args.volume_prefix)
             with open(os.path.join(args.outdir, f"{name}.yaml"), "w") as out:
                 yaml.safe_dump_all([config_map, pod], out, sort_keys=False)

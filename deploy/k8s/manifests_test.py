@@ -8,7 +8,9 @@ worker), and, where a kubectl is installed, compares render.py's output with
 fails saying to run it.
 """
 
+import base64
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,12 +30,12 @@ except ImportError:
 import check  # noqa: E402
 import render  # noqa: E402
 
-KUSTOMIZATIONS = ("base", "overlays/cpu", "overlays/gpu")
+KUSTOMIZATIONS = ("base", "overlays/cpu", "overlays/gpu", "jobset")
 
 
 def copy_tree(destination):
     """The manifests (base/, overlays/) copied into `destination`."""
-    for part in ("base", "overlays"):
+    for part in ("base", "overlays", "jobset"):
         shutil.copytree(os.path.join(HERE, part), os.path.join(destination, part))
     return destination
 
@@ -98,6 +100,25 @@ BROKEN = [
     ("Service target port naming no container port",
      [("base/server.yaml", "targetPort: metrics", "targetPort: metric")], "base",
      ["Service/ps-server", "targetPort 'metric' is no named port of its pods"]),
+    ("misspelled JobSet field",
+     [("jobset/jobset.yaml", "  successPolicy:", "  sucessPolicy:")], "jobset",
+     ["jobset/jobset.yaml", "JobSet/ps-train at spec.sucessPolicy",
+      "'\"sucessPolicy\"' does not exist in type 'JobSetSpec'"]),
+    ("JobSet enum value misspelled",
+     [("jobset/jobset.yaml", "startupPolicyOrder: InOrder", "startupPolicyOrder: Inorder")], "jobset",
+     ["JobSet/ps-train at spec.startupPolicy.startupPolicyOrder",
+      "Type '\"Inorder\"' is not assignable to type '\"AnyOrder\" | \"InOrder\"'"]),
+    ("misspelled field in a JobSet's pod template",
+     [("jobset/jobset.yaml", "                  readinessProbe:", "                  readinesProbe:")],
+     "jobset",
+     ["JobSet/ps-train at spec.replicatedJobs[server].template.spec.template.spec.containers[server]"
+      ".readinesProbe", "does not exist in type 'Container'"]),
+    ("JobSet whose workers' count disagrees with NUM_WORKERS",
+     [("jobset/job.env", "NUM_WORKERS=2", "NUM_WORKERS=3")], "jobset",
+     ["NUM_WORKERS=3 but the worker Job has completions 2"]),
+    ("JobSet succeeding on the servers too",
+     [("jobset/jobset.yaml", "targetReplicatedJobs: [worker]", "targetReplicatedJobs: [server, worker]")],
+     "jobset", ["successPolicy.targetReplicatedJobs must be [worker]"]),
     ("duplicate key",
      [("base/worker.yaml", "  replicas: 2\n", "  replicas: 2\n  replicas: 3\n")], "base",
      ["worker.yaml", "duplicate key 'replicas'"]),
@@ -225,10 +246,11 @@ class WaitForServersTest(unittest.TestCase):
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
         with open(out + ".calls") as f:
             calls = f.read().splitlines()
+        tls = " --tls_ca=/etc/ps/tls/ca.crt --tls_cert=/etc/ps/tls/tls.crt --tls_key=/etc/ps/tls/tls.key"
         self.assertEqual(calls, [
-            "--address=ps-server-0.ps-server:50051 --timeout=2s",
-            "--address=ps-server-1.ps-server:50051 --timeout=2s",
-            "--address=ps-server-1.ps-server:50051 --timeout=2s",
+            "--address=ps-server-0.ps-server:50051 --timeout=2s" + tls,
+            "--address=ps-server-1.ps-server:50051 --timeout=2s" + tls,
+            "--address=ps-server-1.ps-server:50051 --timeout=2s" + tls,
         ])
         self.assertIn("waiting for the server shard at ps-server-1.ps-server:50051", run.stdout)
 
@@ -291,6 +313,9 @@ class WorkerWrapperTest(unittest.TestCase):
         self.assertIn("--worker_id=ps-worker-1", argv)
         self.assertIn(f"--server={self.env['SERVERS']}", argv)
         self.assertIn("--job_token_file=/etc/ps/token/token", argv)
+        self.assertIn("--tls_cert=/etc/ps/tls/tls.crt", argv)
+        self.assertIn("--tls_key=/etc/ps/tls/tls.key", argv)
+        self.assertIn("--tls_ca=/etc/ps/tls/ca.crt", argv)
         self.assertIn(f"--epochs={self.env['EPOCHS']}", argv)
 
     def test_failure_exits_with_the_workers_status(self):
@@ -304,6 +329,158 @@ class WorkerWrapperTest(unittest.TestCase):
         self.assertEqual(process.wait(timeout=10), 143)
         self.assertTrue(os.path.exists(out + ".stopped"), "the shell exited before the worker's step ended")
         self.assertNotIn(b"training finished", process.stdout.read())
+
+
+def k8s_expand(text, env):
+    """Kubernetes' $(VAR) expansion ($$ a literal $; an undefined $(VAR) stays)."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+def certificate_names(path):
+    """(CN, [subjectAltName entries]) of a PEM certificate, by openssl."""
+    run = subprocess.run(["openssl", "x509", "-in", path, "-noout", "-subject", "-ext", "subjectAltName"],
+                         capture_output=True, text=True, check=True)
+    cn = re.search(r"CN\s*=\s*([^,\n]+)", run.stdout).group(1).strip()
+    sans = re.findall(r"(?:DNS|IP Address):([^,\s]+)", run.stdout)
+    return cn, sans
+
+
+class SecretsBase(unittest.TestCase):
+    """deploy/k8s/make_secrets.sh's Secrets fit what the manifests mount and
+    pass: each pod's subPathExpr names keys that exist, each worker's
+    certificate names the --worker_id that pod passes (the server admits a
+    registration for an id only from a certificate naming it), and each
+    shard's certificate names the address the workers dial, for the
+    StatefulSets and for the JobSet. What a kubelet would do is played here:
+    $(VAR) expanded with the pod's name or its completion index."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.work = tempfile.mkdtemp(prefix="secrets_test.", dir=os.environ.get("TEST_TMPDIR"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.work, ignore_errors=True)
+
+    def make(self, name, *args):
+        out = os.path.join(self.work, name)
+        run = subprocess.run(["bash", os.path.join(HERE, "make_secrets.sh"), out, *args],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(os.path.join(out, "secrets.yaml"), encoding="utf-8") as f:
+            secrets = {d["metadata"]["name"]: d for d in yaml.safe_load_all(f) if d}
+        self.assertEqual(sorted(secrets), ["ps-job-token", "ps-server-tls", "ps-worker-tls"])
+        self.assertEqual(oct(os.stat(os.path.join(out, "secrets.yaml")).st_mode & 0o777), "0o600")
+        self.assertGreaterEqual(len(base64.b64decode(secrets["ps-job-token"]["data"]["token"]).strip()), 32)
+        files = {}
+        for secret in ("ps-server-tls", "ps-worker-tls"):
+            folder = os.path.join(out, secret)
+            os.makedirs(folder)
+            for key, value in secrets[secret]["data"].items():
+                with open(os.path.join(folder, key), "wb") as f:
+                    f.write(base64.b64decode(value))
+            files[secret] = folder
+        for name in os.listdir(out):
+            if name.endswith(".key"):
+                self.assertEqual(oct(os.stat(os.path.join(out, name)).st_mode & 0o777), "0o600", name)
+        # A second run into the same folder refuses to replace the CA.
+        again = subprocess.run(["bash", os.path.join(HERE, "make_secrets.sh"), out, *args],
+                               capture_output=True, text=True, timeout=60)
+        self.assertEqual(again.returncode, 3, again.stderr)
+        return files
+
+    def check_pod(self, files, containers, env, worker_id=None, address=None):
+        for c in containers:
+            c_env = dict(env)
+            for e in c.get("env") or []:
+                if "value" in e:
+                    c_env[e["name"]] = e["value"]
+            mounts = {m["mountPath"]: m for m in c.get("volumeMounts") or [] if m["name"] == "tls"}
+            if not mounts:
+                continue
+            secret = files["ps-worker-tls" if worker_id else "ps-server-tls"]
+            paths = {}
+            for path, m in mounts.items():
+                key = m.get("subPath") or k8s_expand(m["subPathExpr"], c_env)
+                paths[path] = os.path.join(secret, key)
+                self.assertTrue(os.path.exists(paths[path]), f"{c['name']}: no key {key} in the Secret")
+            verify = subprocess.run(["openssl", "verify", "-CAfile", paths["/etc/ps/tls/ca.crt"],
+                                     paths["/etc/ps/tls/tls.crt"]], capture_output=True, text=True)
+            self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
+            cn, sans = certificate_names(paths["/etc/ps/tls/tls.crt"])
+            if worker_id:
+                self.assertEqual((cn, sans), (worker_id, [worker_id]))
+            else:
+                self.assertIn(address.rsplit(":", 1)[0], sans)
+                self.assertIn("localhost", sans)  # the probes' --tls_server_name
+
+
+
+class StatefulSetSecretsTest(SecretsBase):
+    def test_statefulsets(self):
+        files = self.make("statefulset", "--servers=2", "--workers=2")
+        resources = render.render(os.path.join(HERE, "overlays", "cpu"))
+        job = next(r.obj for r in resources if r.kind == "ConfigMap" and r.name == "ps-job")["data"]
+        addresses = job["SERVERS"].split(",")
+        for i in range(2):
+            for kind in ("server", "worker"):
+                obj = next(r.obj for r in resources if r.kind == "StatefulSet" and r.name == f"ps-{kind}")
+                pod = obj["spec"]["template"]["spec"]
+                name = f"ps-{kind}-{i}"
+                env = dict(job, POD_NAME=name, HOSTNAME=name)
+                containers = (pod.get("initContainers") or []) + pod["containers"]
+                if kind == "worker":
+                    # The worker's script passes --worker_id="$HOSTNAME".
+                    self.assertIn('--worker_id="$HOSTNAME"', pod["containers"][0]["args"][0])
+                    self.check_pod(files, containers, env, worker_id=name)
+                else:
+                    advertised = k8s_expand(next(a for a in pod["containers"][0]["args"]
+                                                 if a.startswith("--advertise_address=")), env)
+                    self.assertEqual(advertised, f"--advertise_address={addresses[i]}")
+                    self.check_pod(files, containers, env, address=addresses[i])
+
+
+class JobSetTest(SecretsBase):
+    """The JobSet's pods as the Job controller would make them (podman cannot
+    play a JobSet): the completion index gives the worker its rank, its id
+    w<index> and that id's certificate; the shard its address (the one in
+    SERVERS), its certificate and its own checkpoint folder."""
+
+    def test_pods_by_completion_index(self):
+        resources = render.render(os.path.join(HERE, "jobset"))
+        jobset = next(r.obj for r in resources if r.kind == "JobSet")
+        job = next(r.obj for r in resources if r.kind == "ConfigMap")["data"]
+        jobs = {j["name"]: j["template"]["spec"] for j in jobset["spec"]["replicatedJobs"]}
+        self.assertEqual(jobset["spec"]["startupPolicy"], {"startupPolicyOrder": "InOrder"})
+        self.assertEqual([j["name"] for j in jobset["spec"]["replicatedJobs"]], ["server", "worker"])
+        self.assertEqual(jobset["spec"]["successPolicy"], {"operator": "All", "targetReplicatedJobs": ["worker"]})
+        self.assertGreater(jobset["spec"]["failurePolicy"]["maxRestarts"], 0)
+        self.assertIn("kueue.x-k8s.io/queue-name", jobset["metadata"]["labels"])
+        files = self.make("jobset", "--servers=2", "--workers=2", "--jobset=ps-train")
+        addresses = job["SERVERS"].split(",")
+        checkpoint_dirs = set()
+        for name in ("server", "worker"):
+            pod = jobs[name]["template"]["spec"]
+            container = pod["containers"][0]
+            index_env = next(e for e in container["env"] if e["name"] == "JOB_COMPLETION_INDEX")
+            self.assertEqual(index_env["valueFrom"]["fieldRef"]["fieldPath"],
+                             "metadata.annotations['batch.kubernetes.io/job-completion-index']")
+            for index in range(jobs[name]["completions"]):
+                env = dict(job, JOB_COMPLETION_INDEX=str(index))
+                args = [k8s_expand(a, env) for a in container["args"]]
+                self.assertFalse([a for a in args if "$(" in a], args)
+                self.assertFalse([a for a in args if "insecure" in a], "plaintext flags")
+                if name == "worker":
+                    self.assertIn(f"--rank={index}", args)
+                    self.assertIn(f"--worker_id=w{index}", args)
+                    self.assertIn(f"--server={job['SERVERS']}", args)
+                    self.check_pod(files, [container], env, worker_id=f"w{index}")
+                else:
+                    self.assertIn(f"--advertise_address={addresses[index]}", args)
+                    checkpoint_dirs.add(next(a for a in args if a.startswith("--checkpoint_dir=")))
+                    self.check_pod(files, [container], env, address=addresses[index])
+        self.assertEqual(len(checkpoint_dirs), jobs["server"]["completions"])
 
 
 if __name__ == "__main__":

@@ -332,6 +332,9 @@ def _containers(obj):
     """Every container and init container of a Pod or a workload's template."""
     spec = obj.get("spec") or {}
     pod_specs = [spec.get("template", {}).get("spec")] if "template" in spec else [spec]
+    if obj.get("kind") == "JobSet":  # each replicated Job's pod template
+        pod_specs = [(((j or {}).get("template") or {}).get("spec") or {}).get("template", {}).get("spec")
+                     for j in spec.get("replicatedJobs") or []]
     for pod in pod_specs:
         if not isinstance(pod, dict):
             continue

@@ -101,12 +101,18 @@ fi
 # NODE_EXTRA_CA_CERTS), as apt's plain-HTTP mirror needs nothing.
 ca=/etc/ssl/certs/ca-certificates.crt
 [[ -f "$ca" ]] && run_flags+=(-v "$ca:/etc/host-ca.crt:ro" -e NODE_EXTRA_CA_CERTS=/etc/host-ca.crt)
-if ((images)); then
-  # Nested podman: overlay cannot stack on the outer container's overlay,
-  # so the inner one stores images with vfs.
-  script="${script%%timed cluster*}mkdir -p /etc/containers
+# Nested podman (the image build, and deploy/test.sh, which builds the
+# images and runs the container tests): overlay cannot stack on the outer
+# container's overlay, so the inner one stores images with vfs; privileged,
+# as mmdebstrap mounts /proc in its chroot.
+nested="mkdir -p /etc/containers
 printf \"[storage]\\ndriver = \\\"vfs\\\"\\nrunroot = \\\"/run/containers/storage\\\"\\ngraphroot = \\\"/var/lib/containers/storage\\\"\\n\" > /etc/containers/storage.conf
-timed images bash deploy/images/build.sh"
+"
+if ((images)); then
+  script="${script%%timed cluster*}${nested}timed images bash deploy/images/build.sh"
+  run_flags+=(--privileged)
+elif ((!cluster_only)); then
+  script="${script/timed cluster/${nested}timed cluster}"
   run_flags+=(--privileged)
 fi
 name=ps-fresh-run
