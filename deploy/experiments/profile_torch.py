@@ -244,12 +244,24 @@ class BertBase(nn.Module):
         return self.pooler(self.encoder(self.embeddings(ids)))
 
 
-# Each model: constructor, its parameter count, a batch, a loss, what a sample is.
+# Each model: constructor and its parameter count.
 MODELS = {
     "resnet50": (ResNet50, 25_557_032),
     "vgg16": (VGG16, 138_357_544),
     "bert_base": (BertBase, 109_482_240),
 }
+
+
+def project_model(name):
+    """The C++ worker's own models (--model=lenet, --model=mlp:4096x4096 as
+    sweep.py names it), from worker/model/torch_models.py, which has their
+    exact parameter names and shapes; Fashion-MNIST's 1x28x28 inputs."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "worker", "model"))
+    import torch_models
+    base, _, hidden = name.partition(":")
+    widths = tuple(int(h) for h in hidden.split("x")) if hidden else (256,)
+    return torch_models.build(base, mlp_hidden=widths)
 
 
 def image_batch(batch_size):
@@ -362,7 +374,8 @@ def cpu_model():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, choices=sorted(MODELS))
+    p.add_argument("--model", required=True,
+                   help=f"{', '.join(sorted(MODELS))}, or the worker's lenet, mlp[:HxH...]")
     p.add_argument("--batch_size", type=int, default=2)
     p.add_argument("--seq_len", type=int, default=128, help="bert_base's tokens per sample")
     p.add_argument("--steps", type=int, default=3)
@@ -376,13 +389,21 @@ def main():
 
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
-    make, expected = MODELS[a.model]
-    model = make()
-    count = sum(t.numel() for t in model.parameters())
-    if count != expected:
-        sys.exit(f"profile_torch: {a.model} has {count:,} parameters, not the real model's "
-                 f"{expected:,}")
-    if a.model == "bert_base":
+    if a.model in MODELS:
+        make, expected = MODELS[a.model]
+        model = make()
+        count = sum(t.numel() for t in model.parameters())
+        if count != expected:
+            sys.exit(f"profile_torch: {a.model} has {count:,} parameters, not the real model's "
+                     f"{expected:,}")
+    else:
+        model = project_model(a.model)
+    if a.model.split(":")[0] in ("lenet", "lenet_relu", "mlp", "softmax"):
+        x = torch.randn(a.batch_size, 1, 28, 28)
+        y = torch.randint(0, 10, (a.batch_size,))
+        what = "1x28x28 float32 image (Fashion-MNIST), 10 classes (cross-entropy)"
+        loss_fn = nn.functional.cross_entropy
+    elif a.model == "bert_base":
         x, y, what = token_batch(a.batch_size, a.seq_len)
 
         def loss_fn(out, _):
