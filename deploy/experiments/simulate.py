@@ -727,40 +727,73 @@ CONFIG_FLAGS = ("protocol", "placement", "shard_plan", "workers", "servers", "ra
                 "profile")
 
 
+# The default sweep (--sweep with none of CONFIG_FLAGS): ResNet-50 behind
+# 10 Gbit/s with its profile's compute x 0.01 (about an accelerator's: 17 ms
+# for a batch of 4, so that the links matter), W = 2 ... 512, the ring
+# against the PS; the colocated PS only to 64 workers (its W x S
+# connections cost the simulator W^2).
+DEFAULT_SERIES = [
+    {"protocol": "ring", "workers": SWEEP_WORKERS},
+    {"protocol": "ps", "placement": "dedicated", "shard_plan": "round_robin", "servers": "W",
+     "workers": SWEEP_WORKERS},
+    {"protocol": "ps", "placement": "dedicated", "shard_plan": "range", "servers": "W/8",
+     "workers": SWEEP_WORKERS},
+    {"protocol": "ps", "placement": "colocated", "shard_plan": "range", "servers": "W",
+     "workers": "2,4,8,16,32,64"},
+]
+DEFAULT_COMPUTE_SCALE = 0.01
+DEFAULT_SWEEP = {"rate": "10gbit", "delay": "0",
+                 "profile": os.path.join(HERE, "profiles", "resnet50.json")}
+
+
+def servers_for(token, workers):
+    """--servers in a sweep: a count, W (as many as workers) or W/k."""
+    if token == "W":
+        return workers
+    if token.startswith("W/"):
+        return max(1, workers // int(token[2:]))
+    return int(token)
+
+
 def sweep(a, argv):
-    """Every combination of the comma-separated CONFIG_FLAGS, each in a
-    process of its own."""
+    """Every combination of the comma-separated CONFIG_FLAGS (or the default
+    series), each in a process of its own."""
     out = a.out or "."
     os.makedirs(out, exist_ok=True)
     path = a.csv or os.path.join(out, "sim.csv")
-    values = {k: str(getattr(a, k)).split(",") for k in CONFIG_FLAGS}
-    if a.sweep_default:
-        values["workers"] = SWEEP_WORKERS.split(",")
+    given = {x.split("=")[0].lstrip("-") for x in argv} & set(CONFIG_FLAGS)
+    if given:
+        series = [{k: str(getattr(a, k)) for k in CONFIG_FLAGS}]
+    else:
+        series = [dict({k: str(getattr(a, k)) for k in CONFIG_FLAGS}, **DEFAULT_SWEEP, **s)
+                  for s in DEFAULT_SERIES]
     passthrough = [x for x in argv if x.split("=")[0].lstrip("-") not in
                    CONFIG_FLAGS + ("sweep", "out", "csv", "json")]
-    started, n = time.monotonic(), 0
-    seen = set()
-    for combo in itertools.product(*(values[k] for k in CONFIG_FLAGS)):
-        c = dict(zip(CONFIG_FLAGS, combo))
-        if c["servers"] == "W":
-            c["servers"] = c["workers"]
-        if c["protocol"] == "ring":
-            c["servers"], c["placement"], c["shard_plan"] = "0", "dedicated", "range"
-        key = tuple(sorted(c.items()))
-        if key in seen:
-            continue
-        seen.add(key)
-        if c["protocol"] == "ps" and c["placement"] == "colocated" and \
-                int(c["servers"]) > int(c["workers"]):
-            continue
-        args = [sys.executable, os.path.abspath(__file__)] + \
-            [f"--{k}={v}" for k, v in c.items()] + passthrough + [f"--csv={path}"]
-        r = subprocess.run(args, capture_output=True, text=True)
-        sys.stdout.write(r.stdout)
-        if r.returncode:
-            sys.stderr.write(r.stderr)
-            return r.returncode
-        n += 1
+    if not given and not any(x.startswith("--compute_") for x in argv):
+        passthrough.append(f"--compute_scale={DEFAULT_COMPUTE_SCALE}")
+    started, n, seen = time.monotonic(), 0, set()
+    for values in series:
+        for combo in itertools.product(*(values[k].split(",") for k in CONFIG_FLAGS)):
+            c = dict(zip(CONFIG_FLAGS, combo))
+            c["servers"] = str(servers_for(c["servers"], int(c["workers"])))
+            if c["protocol"] == "ring":
+                c["servers"], c["placement"], c["shard_plan"] = "0", "dedicated", "range"
+            if c["protocol"] == "ps" and c["placement"] == "colocated" and \
+                    int(c["servers"]) > int(c["workers"]):
+                continue
+            key = tuple(sorted(c.items()))
+            if key in seen:
+                continue
+            seen.add(key)
+            args = [sys.executable, os.path.abspath(__file__)] + \
+                [f"--{k}={v}" for k, v in c.items()] + passthrough + [f"--csv={path}"]
+            r = subprocess.run(args, capture_output=True, text=True)
+            sys.stdout.write(r.stdout)
+            sys.stdout.flush()
+            if r.returncode:
+                sys.stderr.write(r.stderr[-3000:])
+                return r.returncode
+            n += 1
     print(f"sweep: {n} configurations in {time.monotonic() - started:.1f} s; rows in {path}")
     return 0
 
@@ -813,7 +846,6 @@ def parser():
 def main(argv):
     a = parser().parse_args(argv)
     if a.sweep:
-        a.sweep_default = not any(x.startswith("--workers") for x in argv)
         return sweep(a, argv)
     try:
         a.workers, a.servers, a.delay = int(a.workers), int(a.servers), float(a.delay)
