@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Model profiles: a model's parameter tensors and its per-layer compute
 time, measured somewhere and read elsewhere (the simulator, simulate.py).
-The format is docs/model-profiles.md's; this module reads and validates it.
+The format is described in deploy/experiments/README.md (Model profiles) and
+below; this module reads and validates it.
 
     python3 deploy/experiments/model_profile.py FILE...   # validate; a summary line each, exit 1 on the first bad one
 
