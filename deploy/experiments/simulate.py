@@ -85,6 +85,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import model_profile  # noqa: E402
 from model import UNSHAPED_BPS, WIRE, rate_bps  # noqa: E402
@@ -699,10 +700,17 @@ def simulate(a):
         "shard_plan": a.shard_plan if a.protocol == "ps" else "",
         "compute_s": compute, "bound_s": bound, "step_over_bound": step / bound if bound else None,
         "messages": len(sim.messages) if a.protocol == "ps" else len(sim.buckets),
-        "ring_hosts": sim.ring_hosts, "profile": a.profile,
+        "ring_hosts": sim.ring_hosts, "profile": shown_path(a.profile),
         "sim_time_s": sim.sim_time_s, "sim_wall_s": round(sim.wall_s, 3),
     }
     return row, hosts
+
+
+def shown_path(path):
+    """A profile's path as rows show it: from the repository's root when
+    inside it, so rows compare between checkouts."""
+    full = os.path.abspath(path)
+    return os.path.relpath(full, REPO) if full.startswith(REPO + os.sep) else path
 
 
 def write_csv(path, row):
@@ -732,11 +740,14 @@ CONFIG_FLAGS = ("protocol", "placement", "shard_plan", "workers", "servers", "ra
 # The default sweep (--sweep with none of CONFIG_FLAGS): ResNet-50 behind
 # 10 Gbit/s with its profile's compute x 0.01 (about an accelerator's: 17 ms
 # for a batch of 4, so that the links matter), W = 2 ... 512: the ring
-# against the PS on W/8 dedicated server hosts, round-robin and range
-# shards; the colocated PS only to 64 workers (its W x S connections cost
-# the simulator W^2). About 6 minutes on this 2-core VM.
+# against the PS on W dedicated server hosts (round-robin shards, BytePS's
+# setting) and on W/8 (round-robin and range shards); the colocated PS only
+# to 64 workers (its W x S connections cost the simulator W^2). About 7
+# minutes on this 2-core VM.
 DEFAULT_SERIES = [
     {"protocol": "ring", "workers": SWEEP_WORKERS},
+    {"protocol": "ps", "placement": "dedicated", "shard_plan": "round_robin", "servers": "W",
+     "workers": SWEEP_WORKERS},
     {"protocol": "ps", "placement": "dedicated", "shard_plan": "round_robin", "servers": "W/8",
      "workers": SWEEP_WORKERS},
     {"protocol": "ps", "placement": "dedicated", "shard_plan": "range", "servers": "W/8",
