@@ -10,4 +10,5 @@ EXPERIMENT_PACKAGES=(
   iperf3 iputils-ping     # run.sh --check
   python3                 # results.py, counters.py, sweep.py, model.py
   python3-matplotlib      # plot.py (Agg backend, no display)
+  python3-simgrid         # simulate.py: the flow-level simulator (SimGrid 3.32) for 64-2,048 workers
 )
