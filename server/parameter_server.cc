@@ -154,9 +154,7 @@ ParameterServer::Progress ParameterServer::progress() const {
 }
 
 absl::Status ParameterServer::CheckPusherLocked(int rank, int64_t num_samples) const {
-  if (!workers_.Held(rank)) {
-    return absl::NotFoundError(absl::StrCat("push from unregistered worker rank ", rank));
-  }
+  PS_RETURN_IF_ERROR(workers_.CheckHeld(rank, "push from"));
   if (!updates_.initialized()) {
     return absl::FailedPreconditionError(
         "push before the initial parameters are complete (version 0 does not exist yet)");
@@ -320,10 +318,7 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
 absl::Status ParameterServer::InitializeChunkBytes(int rank, absl::Span<const ChunkBytes> chunks) {
   // Once per job, and before anyone may push or pull: all of it under mu_.
   absl::MutexLock lock(&mu_);
-  if (!workers_.Held(rank)) {
-    return absl::NotFoundError(
-        absl::StrCat("initial parameters from unregistered worker rank ", rank));
-  }
+  PS_RETURN_IF_ERROR(workers_.CheckHeld(rank, "initial parameters from"));
   PS_ASSIGN_OR_RETURN(const std::vector<int64_t> global_chunks,
                       initial_chunks_.Check(rank, table_->layout(), chunks));
   for (size_t c = 0; c < chunks.size(); ++c) {
@@ -471,9 +466,7 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
   Optimizer* optimizer = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (!workers_.Held(rank)) {
-      return absl::NotFoundError(absl::StrCat("no worker holds rank ", rank));
-    }
+    PS_RETURN_IF_ERROR(workers_.CheckHeld(rank, "cannot drop"));
     if (absl::Status can = options_.consistency->CheckCanShrink(); !can.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "cannot drop rank ", rank, " under ", options_.consistency->Name(), ": ", can.message()));

@@ -27,6 +27,11 @@ bool WorkerLedger::Held(int rank) const {
   return rank >= 0 && rank < num_workers() && !workers_[rank].id.empty();
 }
 
+absl::Status WorkerLedger::CheckHeld(int rank, absl::string_view what) const {
+  if (Held(rank)) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat(what, " unregistered worker rank ", rank));
+}
+
 std::vector<std::string> WorkerLedger::ids() const {
   std::vector<std::string> ids;
   for (const Worker& w : workers_) ids.push_back(w.id);

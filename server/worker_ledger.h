@@ -48,6 +48,9 @@ class WorkerLedger {
   // Registration. Whether a worker holds `rank` (false out of range), and
   // the ids holding each rank (empty: free).
   bool Held(int rank) const;
+  // kNotFound "`what` unregistered worker rank R" unless a worker holds
+  // `rank` (`what`: "push from", say).
+  absl::Status CheckHeld(int rank, absl::string_view what) const;
   std::vector<std::string> ids() const;
   // Whether a registration naming `worker_id` with `identity` may take the
   // rank that id holds: yes when it holds none, the registration is

@@ -25,6 +25,9 @@ TEST(WorkerLedgerTest, RanksAreHeldByIdsWithTheirOwnSessions) {
   EXPECT_TRUE(ledger.Held(1));
   EXPECT_FALSE(ledger.Held(2));
   EXPECT_FALSE(ledger.Held(-1));
+  EXPECT_TRUE(ledger.CheckHeld(1, "push from").ok());
+  EXPECT_EQ(ledger.CheckHeld(0, "push from").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ledger.CheckHeld(2, "push from").message(), "push from unregistered worker rank 2");
   EXPECT_THAT(ledger.ids(), ElementsAre("", "b"));
   EXPECT_TRUE(ledger.CheckSession(1, session).ok());
   EXPECT_EQ(ledger.CheckSession(0, session).code(), absl::StatusCode::kNotFound);
