@@ -164,6 +164,9 @@ absl::Status Checkpointer::CaptureAndWrite(int64_t deadline_ns, bool background)
   contents.version = state.version;
   contents.steps_per_epoch = state.steps_per_epoch;
   contents.job = options_.job;
+  if (options_.job_run) {
+    if (std::string run = options_.job_run(); !run.empty()) contents.job[kJobRunSetting] = run;
+  }
   contents.signature = std::move(state.signature);
   contents.parameters = std::move(state.parameters);
   contents.momentum = std::move(state.momentum);
@@ -272,6 +275,7 @@ std::string JobDifferences(const std::map<std::string, std::string>& saved,
   }
   std::vector<std::string> differences;
   for (const std::string& key : keys) {
+    if (key == kJobRunSetting) continue;
     const std::string was = value_in(saved, key);
     const std::string now = value_in(current, key);
     if (!SameSetting(was, now)) {

@@ -27,6 +27,10 @@ struct CheckpointerOptions {
   absl::Duration every = absl::ZeroDuration();
   // Written into every checkpoint (CheckpointContents::job).
   std::map<std::string, std::string> job;
+  // The job run the state belongs to at the time of a write (proto
+  // RegisterReply.job_run), recorded as job[kJobRunSetting] when not
+  // empty. May be empty.
+  std::function<std::string()> job_run;
   // Told one line per checkpoint written or failed. May be empty.
   std::function<void(const std::string&)> log;
   // What `every`, WriteFinal's timeout and the times reported are measured
@@ -118,11 +122,14 @@ class Checkpointer {
 // (a learning rate that differs would not continue the same training;
 // --optimizer=none has none). Keys are the flags' names.
 std::map<std::string, std::string> JobSettings(const ParameterServerOptions& options);
+// The key of the job run in a checkpoint's job settings: which run the state
+// belongs to, not a setting, so JobDifferences leaves it out.
+inline constexpr char kJobRunSetting[] = "job_run";
 // "" when `saved` (from a checkpoint) and `current` agree, else the
 // differences, e.g. "lr 0.9 in the checkpoint, 0.5 now", or only the
 // optimizer's when it differs ("optimizer sgd in the checkpoint, none
 // now"). A checkpoint without "optimizer" (written before it was recorded)
-// is of "sgd".
+// is of "sgd". kJobRunSetting is not compared.
 std::string JobDifferences(const std::map<std::string, std::string>& saved,
                            const std::map<std::string, std::string>& current);
 
