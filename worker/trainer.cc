@@ -339,24 +339,32 @@ absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& cause) {
   const int rank = registration_.rank;
   std::vector<float> proposed = initial_parameters_;
   if (proposed.empty()) proposed.assign(num_parameters_, 0.f);  // not asked for: not rank 0
-  absl::StatusOr<ParameterStore::Registration> registration =
-      store_->Reconnect(replicas_[0]->parameters(), proposed);
-  if (!registration.ok()) {
-    // Both: what was lost, and why it could not be found again.
-    return absl::Status(registration.status().code(),
-                        absl::StrCat(registration.status().message(), " (after: ",
-                                     cause.message(), ")"));
+  // A sharded store's shards may be restored by another worker's recovery
+  // between this registration and the pull of its version (ABORTED, or
+  // UNAVAILABLE while that shard restarts): register again, a bounded
+  // number of times.
+  constexpr int kMaxRegistrations = 20;
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<ParameterStore::Registration> registration =
+        store_->Reconnect(replicas_[0]->parameters(), proposed);
+    if (!registration.ok()) {
+      // Both: what was lost, and why it could not be found again.
+      return absl::Status(registration.status().code(),
+                          absl::StrCat(registration.status().message(), " (after: ",
+                                       cause.message(), ")"));
+    }
+    registration_ = *std::move(registration);
+    PS_RETURN_IF_ERROR(CheckStoreAppliesTheUpdate(registration_));
+    if (registration_.num_workers != num_workers || registration_.rank != rank) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the parameter server came back with this worker as rank ", registration_.rank, " of ",
+          registration_.num_workers, " workers; it was rank ", rank, " of ", num_workers, " (",
+          cause.message(), ")"));
+    }
+    const absl::Status started = StartFrom(registration_.version);
+    if (started.ok()) return registration_.version;
+    if (!IsServerLost(started) || attempt == kMaxRegistrations || StopAsked()) return started;
   }
-  registration_ = *std::move(registration);
-  PS_RETURN_IF_ERROR(CheckStoreAppliesTheUpdate(registration_));
-  if (registration_.num_workers != num_workers || registration_.rank != rank) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the parameter server came back with this worker as rank ", registration_.rank, " of ",
-        registration_.num_workers, " workers; it was rank ", rank, " of ", num_workers, " (",
-        cause.message(), ")"));
-  }
-  PS_RETURN_IF_ERROR(StartFrom(registration_.version));
-  return registration_.version;
 }
 
 int64_t Trainer::steps_per_epoch() const {
