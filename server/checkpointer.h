@@ -49,6 +49,15 @@ struct CheckpointerOptions {
 // once the version has moved), never at once; training never waits for a
 // write.
 //
+// By steps alone (every_steps, no `every`) the capture of each multiple is
+// filed before the server gets there (the first when version 0 exists,
+// each next one by the push that serves the previous), so it is taken at
+// that version exactly (ParameterServer::CaptureStateAt: the update past it
+// waits for the copy), however late this thread runs, and the shards of a
+// sharded job, started alike, checkpoint at the same versions: a lost
+// shard's checkpoint is one every other shard has too (docs/sharding.md).
+// A write that fails is not retried; the next multiple is.
+//
 // Time: `every` and WriteFinal's timeout are measured on options.clock,
 // so a test drives them with a FakeClock. By time alone (every_steps 0) the
 // thread sleeps on the clock until `every` has passed since the last write
@@ -100,6 +109,17 @@ class Checkpointer {
   // `deadline_ns`; a background capture also until Stop: kCancelled) and
   // writes it.
   absl::Status CaptureAndWrite(int64_t deadline_ns, bool background);
+  // CaptureAndWrite's steps: a capture request (a background one is what
+  // Stop cancels), waiting for it, and the write.
+  std::shared_ptr<CaptureSlot> FileCapture(bool background);
+  absl::StatusOr<ParameterServer::State> AwaitCapture(const std::shared_ptr<CaptureSlot>& slot,
+                                                       int64_t deadline_ns);
+  absl::Status Write(ParameterServer::State state);
+  // Loop's by-steps-alone form: the capture of each multiple filed ahead
+  // (FileChained).
+  struct Chain;
+  static void FileChained(const std::shared_ptr<Chain>& chain, int64_t at);
+  void StepLoop();
   void Log(const std::string& line) const;
 
   ParameterServer* const server_;
@@ -114,6 +134,7 @@ class Checkpointer {
   int64_t last_time_ns_ ABSL_GUARDED_BY(mu_);
   // The background capture being waited for, which Stop gives up.
   std::shared_ptr<CaptureSlot> capture_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<Chain> chain_;
   std::thread thread_;
 };
 

@@ -504,6 +504,19 @@ void ParameterServer::CaptureState(std::function<void(State)> done) {
   for (auto& capture : captures) capture(state);
 }
 
+void ParameterServer::CaptureStateAt(int64_t version, std::function<void(State)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (updates_.initialized() && version > updates_.version() &&
+        version >= updates_.ReachableVersion()) {
+      captures_.Add(std::move(done));
+      captures_.HoldBackFrom(version);
+      return;
+    }
+  }
+  CaptureState(std::move(done));
+}
+
 int ParameterServer::CancelCaptures() {
   ChunkTable* table = nullptr;
   Optimizer* optimizer = nullptr;

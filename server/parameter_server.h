@@ -120,6 +120,9 @@ class ParameterServer {
   // `done` must not call back into the server. Requests made before one is
   // served are served together.
   void CaptureState(std::function<void(State)> done);
+  // At boundary `version` exactly while no chunk can have passed it (the
+  // updates of iteration `version` wait for it); else as CaptureState.
+  void CaptureStateAt(int64_t version, std::function<void(State)> done);
   // How many times the updates a capture held back were applied together
   // (once published): each may have published chunks no call of their own
   // sent, so a caller answering waiting pulls by the chunks a call sent
