@@ -68,7 +68,15 @@ void Checkpointer::Stop() {
     absl::MutexLock lock(&capture->mu);
     capture->cancelled = true;
   }
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+    // A capture the chain filed as the thread gave up (StepLoop): dropped,
+    // so that it holds no update back and a final capture is not served
+    // at its multiple instead of the next boundary.
+    if (options_.every_steps > 0 && options_.every == absl::ZeroDuration()) {
+      server_->CancelCaptures();
+    }
+  }
 }
 
 int64_t Checkpointer::last_version() const {

@@ -16,9 +16,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include <grpcpp/grpcpp.h>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/parameter_server.grpc.pb.h"
 #include "server/run_server.h"
+#include "worker/remote_parameter_store.h"
 #include "worker/sharded_parameter_store.h"
 
 namespace ps::worker {
@@ -47,12 +51,13 @@ std::vector<float> Initial() {
 // One shard: a whole server (RunServer) on a thread, restartable on its port.
 class Shard {
  public:
-  Shard(std::string dir, int port) : dir_(std::move(dir)), port_(port) {}
+  Shard(std::string dir, int port, int workers = kWorkers)
+      : dir_(std::move(dir)), port_(port), workers_(workers) {}
   ~Shard() { Stop().IgnoreError(); }
 
   void Start() {
     server::ServerOptions options;
-    options.job.num_workers = kWorkers;
+    options.job.num_workers = workers_;
     options.job.chunk_elements = 100;
     options.job.optimizer.sgd.lr = 0.1f;
     options.job.optimizer.sgd.momentum = 0.9f;
@@ -94,6 +99,7 @@ class Shard {
  private:
   const std::string dir_;
   int port_;
+  const int workers_;
   int starts_ = 0;
   std::unique_ptr<server::StopRequest> stop_;
   std::thread thread_;
@@ -249,6 +255,63 @@ TEST(ShardedReconnectTest, AShardBackWithAnotherRunsCheckpointsIsRefusedByName) 
   EXPECT_THAT(again.status().message(), HasSubstr("another job run"));
   EXPECT_TRUE(impostor.Stop().ok());
   EXPECT_TRUE(shards[0]->Stop().ok());
+}
+
+// Restores a worker may not make, against a whole server: without a
+// session, below 0, past the server's version, to a version it has no
+// checkpoint of. Each is refused with its code, and nothing is lost: the
+// worker's session still works, training goes on and checkpoints are
+// still written.
+TEST(ShardedReconnectTest, RefusedRestoresLoseNothing) {
+  const std::string dir = absl::StrCat(testing::TempDir(), "/hostile");
+  fs::remove_all(dir);
+  Shard shard(dir, 0, /*workers=*/1);
+  shard.Start();
+  RemoteStoreOptions options;
+  options.server_address = shard.address();
+  options.worker_id = "w0";
+  options.rpc_timeout = absl::Seconds(20);
+  auto made = RemoteParameterStore::Create(options);
+  ASSERT_TRUE(made.ok()) << made.status();
+  RemoteParameterStore& store = **made;
+  EXPECT_EQ(store.Restore(0).code(), absl::StatusCode::kFailedPrecondition);  // before Register
+  ASSERT_TRUE(store.Register(Signature(), Initial()).ok());
+  std::vector<float> params(kElements), grad(kElements, 0.5f);
+  auto step = [&](int64_t t) {
+    ASSERT_TRUE(store.Push(t, 1, grad).ok());
+    ASSERT_TRUE(store.WaitForVersion(t + 1).ok());
+    ASSERT_TRUE(store.Pull(t + 1, absl::MakeSpan(params)).ok());
+  };
+  for (int64_t t = 0; t < 5; ++t) ASSERT_NO_FATAL_FAILURE(step(t));
+
+  absl::Status s = store.Restore(-1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = store.Restore(100);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_THAT(s.message(), HasSubstr("past this server's 5"));
+  s = store.Restore(3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("no valid checkpoint of version 3"));
+  EXPECT_THAT(s.message(), HasSubstr("versions 2, 4"));
+  EXPECT_TRUE(store.Restore(5).ok());  // there already: nothing to do
+  // No session: a raw call without one.
+  {
+    auto stub = proto::ParameterServer::NewStub(
+        grpc::CreateChannel(shard.address(), grpc::InsecureChannelCredentials()));
+    proto::RestoreRequest request;
+    request.set_rank(0);
+    request.set_version(4);
+    proto::RestoreReply reply;
+    grpc::ClientContext context;
+    EXPECT_EQ(stub->Restore(&context, request, &reply).error_code(), grpc::StatusCode::ABORTED);
+  }
+  // The same session trains on, and the checkpoints go on.
+  for (int64_t t = 5; t < 8; ++t) ASSERT_NO_FATAL_FAILURE(step(t));
+  EXPECT_TRUE(store.Pull(8, absl::MakeSpan(params)).ok());
+  EXPECT_TRUE(shard.Stop().ok());
+  EXPECT_TRUE(fs::exists(absl::StrCat(dir, "/checkpoint-000000000006.json")));
+  EXPECT_TRUE(fs::exists(absl::StrCat(dir, "/checkpoint-000000000008.json")));
+  EXPECT_FALSE(fs::exists(absl::StrCat(dir, "/abandoned")));
 }
 
 }  // namespace
