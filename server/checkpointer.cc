@@ -257,10 +257,12 @@ void Checkpointer::StepLoop() {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
   }
-  // 2. The first multiple past the newest checkpoint, and each next one as
-  //    its predecessor is served.
-  FileChained(chain_, (std::max<int64_t>(last_version(), 0) / options_.every_steps + 1) *
-                          options_.every_steps);
+  // 2. Version 0 itself when there is no checkpoint yet (a shard lost
+  //    before its first multiple can then resume with the others), else the
+  //    first multiple past the newest; each next one as its predecessor is
+  //    served.
+  const int64_t last = last_version();
+  FileChained(chain_, last < 0 ? 0 : (last / options_.every_steps + 1) * options_.every_steps);
   for (;;) {
     std::shared_ptr<CaptureSlot> slot;
     {
@@ -280,6 +282,9 @@ void Checkpointer::StepLoop() {
     absl::StatusOr<ParameterServer::State> state = AwaitCapture(slot, Clock::kNever);
     if (!state.ok()) return;  // stopped
     const int64_t version = state->version;
+    // Taken later than its multiple (the server had passed it when it was
+    // filed): not one every shard has, so not written.
+    if (version % options_.every_steps != 0) continue;
     const absl::Status status = Write(*std::move(state));
     if (!status.ok()) {
       Log(absl::StrCat("checkpoint of version ", version,

@@ -49,14 +49,16 @@ struct CheckpointerOptions {
 // once the version has moved), never at once; training never waits for a
 // write.
 //
-// By steps alone (every_steps, no `every`) the capture of each multiple is
+// By steps alone (every_steps, no `every`) version 0 is written too (when
+// the directory has no checkpoint yet), and the capture of each multiple is
 // filed before the server gets there (the first when version 0 exists,
 // each next one by the push that serves the previous), so it is taken at
 // that version exactly (ParameterServer::CaptureStateAt: the update past it
 // waits for the copy), however late this thread runs, and the shards of a
 // sharded job, started alike, checkpoint at the same versions: a lost
 // shard's checkpoint is one every other shard has too (docs/sharding.md).
-// A write that fails is not retried; the next multiple is.
+// A write that fails is not retried; the next multiple is. A capture taken
+// past its multiple (filed too late) is not written.
 //
 // Time: `every` and WriteFinal's timeout are measured on options.clock,
 // so a test drives them with a FakeClock. By time alone (every_steps 0) the

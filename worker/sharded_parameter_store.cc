@@ -154,26 +154,56 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Reconnect(
     if (options_.remote.log) options_.remote.log(line);
   };
   std::vector<Registration> registrations(shards_.size());
+  // Whether registrations propose this run: not at first, so that a shard
+  // that came back without state answers none.
+  bool propose = false;
   for (int round = 1;; ++round) {
+    if (round > 1 && clock.NowNanos() >= give_up_ns) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the shards did not come to one version within ",
+          absl::FormatDuration(absl::Nanoseconds(clock.NowNanos() - start_ns))));
+    }
     // 1. Every shard again, concurrently, each store asking for the rank it
-    //    held and proposing this run (a shard started afresh adopts it).
+    //    held.
     PS_RETURN_IF_ERROR(OnEveryShard([&](Shard& shard) -> absl::Status {
       const ShardPart& part = plan_.shards[shard.index];
-      shard.store->ProposeJobRun(job_run_);
+      shard.store->ProposeJobRun(propose ? job_run_ : "");
       PS_ASSIGN_OR_RETURN(registrations[&shard - shards_.data()],
                           shard.store->Reconnect(part.signature(), PartOf(shard, proposed)));
       return absl::OkStatus();
     }));
     // 2. One job and one run (the one this store registered with, so that a
-    //    shard resumed from another run's checkpoints is named).
+    //    shard resumed from another run's checkpoints is named). A shard with
+    //    no run came back without state: fine while every shard is at
+    //    version 0 (the job starts again; the next round gives it this
+    //    run), refused once another is past it.
+    size_t furthest = 0;
+    std::vector<size_t> stateless;
     for (size_t i = 0; i < shards_.size(); ++i) {
-      if (!job_run_.empty() && registrations[i].job_run != job_run_) {
+      if (registrations[i].version > registrations[furthest].version) furthest = i;
+      if (job_run_.empty()) continue;
+      if (registrations[i].job_run.empty()) {
+        stateless.push_back(i);
+      } else if (registrations[i].job_run != job_run_) {
         return absl::FailedPreconditionError(absl::StrCat(
             "shard ", shards_[i].index, " of ", num_shards(), " (", shards_[i].address,
             ") came back with the state of another job run ('", registrations[i].job_run,
             "', this job's is '", job_run_, "'): was it restarted with another job's "
             "--checkpoint_dir? Restart it with its own"));
       }
+    }
+    if (!stateless.empty()) {
+      const size_t i = stateless[0];
+      if (registrations[furthest].version > 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "shard ", shards_[i].index, " of ", num_shards(), " (", shards_[i].address,
+            ") came back without this job's state (no checkpoint: started without its "
+            "--checkpoint_dir, or lost before its first checkpoint was written) while shard ",
+            shards_[furthest].index, " (", shards_[furthest].address, ") is at version ",
+            registrations[furthest].version, ": restart it with its own checkpoint directory"));
+      }
+      propose = true;
+      continue;
     }
     PS_RETURN_IF_ERROR(CheckAgreement(registrations, /*same_version=*/false));
     // 3. The consistent cut: the least version; done once every shard is there.
@@ -208,7 +238,7 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Reconnect(
       return absl::Status(restored.code(), absl::StrCat(
           "cannot resume every shard at version ", cut, ", the version of shard ",
           shards_[lowest].index, " of ", num_shards(), " (", shards_[lowest].address,
-          cut == 0 ? "; did it restart without its checkpoints?" : "", "): ",
+          "): ",
           restored.message()));
     }
     if (clock.NowNanos() >= give_up_ns) {

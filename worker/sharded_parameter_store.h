@@ -63,7 +63,9 @@ struct ShardedStoreOptions {
 // docs/sharding.md): registers again with every shard (each asking for the
 // rank it held and proposing this run), refuses a shard whose run is
 // another (kFailedPrecondition naming it: another job's checkpoint
-// directory), takes v* = the least version the shards answer, asks every
+// directory) and, while another is past version 0, a shard that came back
+// without any state (no run: an empty checkpoint directory; while all are at
+// 0 the job just starts again), takes v* = the least version the shards answer, asks every
 // shard above it to Restore its checkpoint of v* (concurrently), and
 // repeats until every shard answers v* (a restore drops every session, and
 // other workers restore concurrently), within the remote options'
