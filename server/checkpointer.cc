@@ -34,6 +34,11 @@ struct Checkpointer::Chain {
   absl::Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
   std::deque<std::shared_ptr<CaptureSlot>> slots ABSL_GUARDED_BY(mu);  // filed, in order
+  // Captures filed and not yet taken by the thread stay below this, so
+  // writes that lag hold at most this many copies of the state besides the
+  // one being written; a multiple not filed for it is filed by the thread
+  // when it catches up (and written if still in time).
+  static constexpr size_t kMaxQueued = 2;
 };
 
 Checkpointer::Checkpointer(ParameterServer* server, CheckpointerOptions options,
@@ -239,7 +244,7 @@ void Checkpointer::FileChained(const std::shared_ptr<Chain>& chain, int64_t at) 
   auto slot = std::make_shared<CaptureSlot>();
   {
     absl::MutexLock lock(&chain->mu);
-    if (chain->stopped) return;
+    if (chain->stopped || chain->slots.size() >= Chain::kMaxQueued) return;
     chain->slots.push_back(slot);  // before filing: a capture served at once files its next
   }
   chain->server->CaptureStateAt(at, [chain, slot](ParameterServer::State state) {
@@ -262,12 +267,23 @@ void Checkpointer::StepLoop() {
   //    first multiple past the newest; each next one as its predecessor is
   //    served.
   const int64_t last = last_version();
-  FileChained(chain_, last < 0 ? 0 : (last / options_.every_steps + 1) * options_.every_steps);
+  auto next_multiple = [this](int64_t version) {
+    return (version / options_.every_steps + 1) * options_.every_steps;
+  };
+  int64_t taken = -1;  // the version of the last capture taken
+  FileChained(chain_, last < 0 ? 0 : next_multiple(last));
   for (;;) {
     std::shared_ptr<CaptureSlot> slot;
+    bool refile = false;
     {
       absl::MutexLock lock(&chain_->mu);
-      if (chain_->slots.empty()) return;  // stopped
+      if (chain_->stopped) return;
+      refile = chain_->slots.empty();  // the chain was full when it would have filed
+    }
+    if (refile) FileChained(chain_, next_multiple(std::max<int64_t>(taken, 0)));
+    {
+      absl::MutexLock lock(&chain_->mu);
+      if (chain_->slots.empty()) return;  // stopped meanwhile
       slot = chain_->slots.front();
       chain_->slots.pop_front();
     }
@@ -282,6 +298,7 @@ void Checkpointer::StepLoop() {
     absl::StatusOr<ParameterServer::State> state = AwaitCapture(slot, Clock::kNever);
     if (!state.ok()) return;  // stopped
     const int64_t version = state->version;
+    taken = version;
     // Taken later than its multiple (the server had passed it when it was
     // filed): not one every shard has, so not written.
     if (version % options_.every_steps != 0) continue;
