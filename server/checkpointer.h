@@ -58,7 +58,10 @@ struct CheckpointerOptions {
 // sharded job, started alike, checkpoint at the same versions: a lost
 // shard's checkpoint is one every other shard has too (docs/sharding.md).
 // A write that fails is not retried; the next multiple is. A capture taken
-// past its multiple (filed too late) is not written.
+// past its multiple (filed too late) is not written. At most two captures
+// wait for the thread (each holds a copy of the state once served): with
+// writes slower than the steps, the thread files the next multiple itself
+// when it catches up.
 //
 // Time: `every` and WriteFinal's timeout are measured on options.clock,
 // so a test drives them with a FakeClock. By time alone (every_steps 0) the
