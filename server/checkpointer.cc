@@ -274,29 +274,39 @@ void Checkpointer::StepLoop() {
   FileChained(chain_, last < 0 ? 0 : next_multiple(last));
   for (;;) {
     std::shared_ptr<CaptureSlot> slot;
+    bool stopped = false;
     bool refile = false;
     {
       absl::MutexLock lock(&chain_->mu);
-      if (chain_->stopped) return;
-      refile = chain_->slots.empty();  // the chain was full when it would have filed
+      stopped = chain_->stopped;
+      refile = !stopped && chain_->slots.empty();  // the chain was full when it would have filed
     }
     if (refile) FileChained(chain_, next_multiple(std::max<int64_t>(taken, 0)));
     {
       absl::MutexLock lock(&chain_->mu);
-      if (chain_->slots.empty()) return;  // stopped meanwhile
+      if (chain_->slots.empty()) return;  // stopped, all written
       slot = chain_->slots.front();
       chain_->slots.pop_front();
     }
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) {
-        absl::MutexLock slot_lock(&slot->mu);
-        slot->cancelled = true;
+    absl::StatusOr<ParameterServer::State> state;
+    if (stopped) {
+      // Stopping: what is captured already is still written (a restore to
+      // it waits for that), nothing more is waited for.
+      absl::MutexLock lock(&slot->mu);
+      if (!slot->ready) continue;
+      state = std::move(slot->state);
+    } else {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) {
+          absl::MutexLock slot_lock(&slot->mu);
+          slot->cancelled = true;
+        }
+        capture_ = slot;
       }
-      capture_ = slot;
+      state = AwaitCapture(slot, Clock::kNever);
+      if (!state.ok()) continue;  // stopped: the captured ones are written next
     }
-    absl::StatusOr<ParameterServer::State> state = AwaitCapture(slot, Clock::kNever);
-    if (!state.ok()) return;  // stopped
     const int64_t version = state->version;
     taken = version;
     // Taken later than its multiple (the server had passed it when it was

@@ -91,8 +91,9 @@ class Checkpointer {
   // OK without writing when the newest checkpoint is already of the current
   // version.
   absl::Status WriteFinal(absl::Duration timeout);
-  // Stops the background thread (a write under way finishes first; a
-  // capture it waits for is given up). Idempotent.
+  // Stops the background thread (a write under way finishes first, and
+  // the captures already taken are written; a capture it waits for is given
+  // up). Idempotent.
   void Stop();
 
   // The newest version written (or given at construction), -1 for none.
