@@ -298,8 +298,8 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
     return absl::OkStatus();
   }));
 
-  // Step 3: one job, one run, one rank, one version.
-  PS_RETURN_IF_ERROR(CheckAgreement(registrations, /*same_version=*/true));
+  // Step 3: one job, one run, one rank.
+  PS_RETURN_IF_ERROR(CheckAgreement(registrations, /*same_version=*/false));
   job_run_ = decided.job_run;
   registration_ = decided;
   first_segment_.assign(1, 0);
@@ -308,6 +308,12 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
                              static_cast<int>(shard.store->SegmentEnds().size()));
   }
   registered_ = true;
+  // Step 4: one version. Shards that resumed from checkpoints of different
+  // versions (the whole job restarted, say) are brought to one as
+  // Reconnect does.
+  for (const Registration& r : registrations) {
+    if (r.version != decided.version) return Reconnect(signature, proposed);
+  }
   return decided;
 }
 

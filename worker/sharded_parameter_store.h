@@ -43,7 +43,9 @@ struct ShardedStoreOptions {
 // shard for the rank the first gave (so concurrent workers cannot end up
 // with different ranks on different shards); rank, number of workers,
 // version, optimizer, consistency, loss scaling and worker-loss policy must
-// then agree across shards, else kFailedPrecondition naming both shards. Rank 0 sends each shard that asks its part of `proposed`.
+// then agree across shards, else kFailedPrecondition naming both shards; shards
+// at different versions (resumed from different checkpoints) are brought to
+// one as Reconnect does. Rank 0 sends each shard that asks its part of `proposed`.
 // Shards the plan leaves empty (more shards than elements) take no part.
 //
 // Every error names the shard's index and address, and keeps the shard's

@@ -236,6 +236,46 @@ TEST(ShardedReconnectTest, AShardBackFromAnOlderCheckpointTakesEveryShardBackBit
   for (auto& shard : shards) EXPECT_TRUE(shard->Stop().ok());
 }
 
+// The whole job restarted, workers too, its shards from checkpoints of
+// different versions: the new workers' registration brings every shard to
+// the older one, and the job ends where a run without the fault ends.
+TEST(ShardedReconnectTest, AWholeJobRestartedResumesEveryShardAtOneVersion) {
+  std::vector<float> reference;
+  {
+    auto shards = StartShards("whole-reference");
+    std::vector<std::unique_ptr<ShardedParameterStore>> stores;
+    for (int w = 0; w < kWorkers; ++w) stores.push_back(MakeStore(shards, w));
+    reference = Train(stores, kIterations)[0];
+  }
+  auto shards = StartShards("whole");
+  {
+    std::vector<std::unique_ptr<ShardedParameterStore>> stores;
+    for (int w = 0; w < kWorkers; ++w) stores.push_back(MakeStore(shards, w));
+    Train(stores, 5);
+  }
+  for (auto& shard : shards) ASSERT_TRUE(shard->Stop().ok());
+  shards[0]->ForgetAfter(4);
+  shards[1]->ForgetAfter(2);
+  for (auto& shard : shards) shard->Start();
+  std::vector<std::unique_ptr<ShardedParameterStore>> stores;
+  for (int w = 0; w < kWorkers; ++w) stores.push_back(MakeStore(shards, w));
+  std::vector<std::vector<float>> results(kWorkers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      auto reg = stores[w]->Register(Signature(), Initial());
+      ASSERT_TRUE(reg.ok()) << reg.status();
+      EXPECT_EQ(reg->version, 2);
+      results[w] = TrainFrom(*stores[w], *reg, w, kIterations);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_TRUE(results[w] == reference) << "worker " << w << " differs from the fault-free run";
+  }
+  for (auto& shard : shards) EXPECT_TRUE(shard->Stop().ok());
+}
+
 TEST(ShardedReconnectTest, AShardBackWithAnotherRunsCheckpointsIsRefusedByName) {
   auto other = StartShards("other-run");
   {

@@ -192,7 +192,13 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   loss_scaling_ = registration_.loss_scale > 0;
   overlapping_ = options_.overlap && !loss_scaling_ && devices_.size() == 1 &&
                  devices_[0]->is_cpu() && devices_[0]->is_host_memory();
-  PS_RETURN_IF_ERROR(StartFrom(registration_.version));
+  // The version registered at may be gone before it is pulled: a shard
+  // another worker's registration restored (a sharded job resumed from
+  // checkpoints of different versions), or a server lost meanwhile.
+  if (const absl::Status started = StartFrom(registration_.version); !started.ok()) {
+    if (!options_.recover_from_server_loss || !IsServerLost(started)) return started;
+    PS_RETURN_IF_ERROR(Recover(started).status());
+  }
   ComputeSetup setup;
   setup.rank = registration_.rank;
   setup.stage_batch = [this](int64_t pass) { return StageCalibrationBatch(pass); };
