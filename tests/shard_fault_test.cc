@@ -114,8 +114,8 @@ class Job {
   }
 
   // Checkpoints shard s has written past version 0 (version 0's is written
-  // before the workers train: a kill then is a failed start, not recovered,
-  // as with one server).
+  // before the workers train: a kill then may fall while they register,
+  // which can fail their start, as with one server).
   int TrainedCheckpoints(int s) const {
     const std::string log = servers_[s]->Log();
     return Count(log, "checkpoint of version") - Count(log, "checkpoint of version 0 ");
