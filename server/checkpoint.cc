@@ -838,4 +838,67 @@ absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& directo
                                           " checkpoints is valid: ", absl::StrJoin(reasons, "; ")));
 }
 
+absl::StatusOr<std::vector<int64_t>> ListCheckpointVersions(const std::string& directory) {
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(directory);
+  if (absl::IsNotFound(names.status())) return std::vector<int64_t>();
+  if (!names.ok()) return names.status();
+  std::vector<int64_t> versions;
+  for (const std::string& name : *names) {
+    if (std::optional<int64_t> v = VersionInName(name, kManifestPrefix, kManifestSuffix)) {
+      versions.push_back(*v);
+    }
+  }
+  std::sort(versions.begin(), versions.end());
+  return versions;
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointOfVersion(const std::string& directory,
+                                                         int64_t version) {
+  if (version < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("no checkpoint has version ", version));
+  }
+  LoadedCheckpoint loaded;
+  loaded.manifest_path = JoinPath(directory, CheckpointManifestFileName(version));
+  absl::StatusOr<CheckpointContents> contents = LoadCheckpoint(directory, version);
+  if (!contents.ok()) {
+    std::string reason(contents.status().message());
+    if (!absl::StartsWith(reason, loaded.manifest_path)) {
+      reason = absl::StrCat(loaded.manifest_path, ": ", reason);
+    }
+    return absl::Status(contents.status().code(), reason);
+  }
+  loaded.contents = *std::move(contents);
+  return loaded;
+}
+
+absl::Status SetAsideCheckpointsAfter(const std::string& directory, int64_t version) {
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(directory));
+  std::vector<std::string> manifests, data;
+  for (const std::string& name : names) {
+    const NameInfo info = ClassifyName(name);
+    if (info.version <= version) continue;
+    if (info.kind == NameInfo::kManifest) manifests.push_back(name);
+    if (info.kind == NameInfo::kData) data.push_back(name);
+  }
+  if (manifests.empty() && data.empty()) return absl::OkStatus();
+  const std::string aside = JoinPath(directory, kAbandonedCheckpointsDirectory);
+  PS_RETURN_IF_ERROR(MakeDirectories(aside));
+  // Manifests first: a crash midway leaves every checkpoint either whole
+  // where it was or out of the scan, never a manifest without its data.
+  auto move = [&](const std::vector<std::string>& batch) -> absl::Status {
+    for (const std::string& name : batch) {
+      const std::string from = JoinPath(directory, name);
+      if (::rename(from.c_str(), JoinPath(aside, name).c_str()) != 0) {
+        return ErrnoError(errno, from, "cannot move aside");
+      }
+    }
+    return absl::OkStatus();
+  };
+  PS_RETURN_IF_ERROR(move(manifests));
+  PS_RETURN_IF_ERROR(FsyncDirectory(directory));
+  PS_RETURN_IF_ERROR(move(data));
+  PS_RETURN_IF_ERROR(FsyncDirectory(aside));
+  return FsyncDirectory(directory);
+}
+
 }  // namespace ps::server

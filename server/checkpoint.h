@@ -187,6 +187,29 @@ struct LoadedCheckpoint {
 absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& directory,
                                                       std::vector<std::string>* refused);
 
+// The versions of the manifests in `directory` (valid or not), ascending;
+// empty when it does not exist. Errors as LoadNewestCheckpoint's listing.
+absl::StatusOr<std::vector<int64_t>> ListCheckpointVersions(const std::string& directory);
+
+// Checkpoint `version` of `directory`, checked as LoadNewestCheckpoint checks
+// each; its error names the manifest and the problem (kNotFound when there
+// is no such manifest, kInvalidArgument for a version below 0).
+// Thread-safe; reads only.
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointOfVersion(const std::string& directory,
+                                                         int64_t version);
+
+// Where SetAsideCheckpointsAfter moves checkpoints, under the directory.
+inline constexpr char kAbandonedCheckpointsDirectory[] = "abandoned";
+
+// Moves every checkpoint newer than `version` (manifests first, then their
+// data files) into the subdirectory kAbandonedCheckpointsDirectory of
+// `directory`, replacing files of the same names there, so that the resume
+// scan (LoadNewestCheckpoint) finds `version` or older, and an operator can
+// still look at what a restore went back from. Not concurrent with a
+// WriteCheckpoint to the same directory. Errors from the file system,
+// naming the file; what was moved before stays moved.
+absl::Status SetAsideCheckpointsAfter(const std::string& directory, int64_t version);
+
 // The file names checkpoint `version` uses (no directory): "params-<v>.safetensors",
 // "momentum-<v>.safetensors", "checkpoint-<v>.json". version >= 0.
 std::string CheckpointParamsFileName(int64_t version);

@@ -308,6 +308,49 @@ TEST(CheckpointTest, NewerCheckpointsOfAnAbandonedHistoryAreDeleted) {
   ExpectLoads(dir, 4, 0);
 }
 
+// A restore to version 3: one version loaded exactly, the versions listed,
+// the newer ones moved aside (not deleted) so the resume scan finds 3, and
+// a later write keeps its usual clean-up without touching them.
+TEST(CheckpointTest, RestoreLoadsOneVersionAndSetsTheNewerAside) {
+  const std::string dir = FreshDir();
+  absl::StatusOr<std::vector<int64_t>> none = ListCheckpointVersions(dir);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_THAT(*none, IsEmpty());
+  WriteVersions(dir, {2, 3, 4, 5}, /*keep=*/10);
+  EXPECT_THAT(ListCheckpointVersions(dir).value(), ElementsAre(2, 3, 4, 5));
+  absl::StatusOr<LoadedCheckpoint> three = LoadCheckpointOfVersion(dir, 3);
+  ASSERT_TRUE(three.ok()) << three.status();
+  ExpectSameContents(three->contents, SmallContents(3, true));
+  EXPECT_EQ(three->manifest_path, Path(dir, CheckpointManifestFileName(3)));
+  // Absent, negative and corrupt versions are refused by name.
+  EXPECT_EQ(LoadCheckpointOfVersion(dir, 7).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(LoadCheckpointOfVersion(dir, 7).status().message(),
+              HasSubstr(CheckpointManifestFileName(7)));
+  EXPECT_EQ(LoadCheckpointOfVersion(dir, -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string params2 = Path(dir, CheckpointParamsFileName(2));
+  ASSERT_EQ(::truncate(params2.c_str(), fs::file_size(params2) - 5), 0);
+  EXPECT_THAT(LoadCheckpointOfVersion(dir, 2).status().message(), HasSubstr("truncated"));
+
+  ASSERT_TRUE(SetAsideCheckpointsAfter(dir, 3).ok());
+  EXPECT_EQ(ListDir(dir),
+            (std::set<std::string>{"checkpoint-000000000002.json", "params-000000000002.safetensors",
+                                   "momentum-000000000002.safetensors",
+                                   "checkpoint-000000000003.json", "params-000000000003.safetensors",
+                                   "momentum-000000000003.safetensors", "abandoned"}));
+  EXPECT_EQ(ListDir(Path(dir, "abandoned")),
+            (std::set<std::string>{"checkpoint-000000000004.json", "params-000000000004.safetensors",
+                                   "momentum-000000000004.safetensors",
+                                   "checkpoint-000000000005.json", "params-000000000005.safetensors",
+                                   "momentum-000000000005.safetensors"}));
+  ExpectLoads(dir, 3, 0);
+  // Nothing newer: nothing moved, no error.
+  ASSERT_TRUE(SetAsideCheckpointsAfter(dir, 3).ok());
+  WriteVersions(dir, {4}, /*keep=*/2);
+  EXPECT_TRUE(ListDir(dir).count("abandoned"));
+  ExpectLoads(dir, 4, 0);
+}
+
 TEST(CheckpointTest, RewritingAVersionReplacesIt) {
   const std::string dir = FreshDir();
   CheckpointContents first = SmallContents(4, true);

@@ -1,5 +1,6 @@
 #include "server/checkpointer.h"
 
+#include <deque>
 #include <memory>
 #include <set>
 #include <utility>
@@ -22,13 +23,34 @@ struct Checkpointer::CaptureSlot {
   ParameterServer::State state ABSL_GUARDED_BY(mu);
 };
 
+// The captures of by-steps-alone checkpointing: each one's serving files
+// the next multiple's at once, on the push thread that serves it, so the
+// next request is in before the server can pass that multiple however late
+// the checkpointer's thread runs. Shared with the callbacks, which may run
+// after the checkpointer is gone.
+struct Checkpointer::Chain {
+  ParameterServer* server;  // outlives the checkpointer, so every callback
+  int64_t every;
+  absl::Mutex mu;
+  bool stopped ABSL_GUARDED_BY(mu) = false;
+  std::deque<std::shared_ptr<CaptureSlot>> slots ABSL_GUARDED_BY(mu);  // filed, in order
+  // Captures filed and not yet taken by the thread stay below this, so
+  // writes that lag hold at most this many copies of the state besides the
+  // one being written; a multiple not filed for it is filed by the thread
+  // when it catches up (and written if still in time).
+  static constexpr size_t kMaxQueued = 2;
+};
+
 Checkpointer::Checkpointer(ParameterServer* server, CheckpointerOptions options,
                            int64_t last_version)
     : server_(server),
       options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
       last_version_(last_version),
-      last_time_ns_(clock_->NowNanos()) {
+      last_time_ns_(clock_->NowNanos()),
+      chain_(std::make_shared<Chain>()) {
+  chain_->server = server_;
+  chain_->every = std::max<int64_t>(options_.every_steps, 1);
   if (options_.every_steps > 0 || options_.every > absl::ZeroDuration()) {
     thread_ = std::thread([this] { Loop(); });
   }
@@ -37,6 +59,10 @@ Checkpointer::Checkpointer(ParameterServer* server, CheckpointerOptions options,
 Checkpointer::~Checkpointer() { Stop(); }
 
 void Checkpointer::Stop() {
+  {
+    absl::MutexLock lock(&chain_->mu);
+    chain_->stopped = true;
+  }
   std::shared_ptr<CaptureSlot> capture;
   {
     absl::MutexLock lock(&mu_);
@@ -47,7 +73,15 @@ void Checkpointer::Stop() {
     absl::MutexLock lock(&capture->mu);
     capture->cancelled = true;
   }
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+    // A capture the chain filed as the thread gave up (StepLoop): dropped,
+    // so that it holds no update back and a final capture is not served
+    // at its multiple instead of the next boundary.
+    if (options_.every_steps > 0 && options_.every == absl::ZeroDuration()) {
+      server_->CancelCaptures();
+    }
+  }
 }
 
 int64_t Checkpointer::last_version() const {
@@ -75,6 +109,7 @@ void Checkpointer::Loop() {
   // deadline and Stop cannot wake it.
   constexpr absl::Duration kStopTick = absl::Milliseconds(200);
   const int64_t every_ns = absl::ToInt64Nanoseconds(options_.every);
+  if (options_.every_steps > 0 && every_ns == 0) return StepLoop();
   for (;;) {
     int64_t last;
     int64_t last_time_ns;
@@ -119,20 +154,30 @@ void Checkpointer::Loop() {
   }
 }
 
-absl::Status Checkpointer::CaptureAndWrite(int64_t deadline_ns, bool background) {
-  // The capture may be served on a push thread after this call gives up
-  // waiting: the slot outlives both.
+std::shared_ptr<Checkpointer::CaptureSlot> Checkpointer::FileCapture(bool background) {
+  // The capture may be served on a push thread after the checkpointer
+  // gives up waiting: the slot outlives both.
   auto slot = std::make_shared<CaptureSlot>();
   if (background) {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::CancelledError("stopping");
+    if (stopping_) {
+      absl::MutexLock slot_lock(&slot->mu);
+      slot->cancelled = true;
+      return slot;
+    }
     capture_ = slot;
   }
-  server_->CaptureState([slot](ParameterServer::State state) {
+  auto served = [slot](ParameterServer::State state) {
     absl::MutexLock lock(&slot->mu);
     slot->state = std::move(state);
     slot->ready = true;
-  });
+  };
+  server_->CaptureState(std::move(served));
+  return slot;
+}
+
+absl::StatusOr<ParameterServer::State> Checkpointer::AwaitCapture(
+    const std::shared_ptr<CaptureSlot>& slot, int64_t deadline_ns) {
   ParameterServer::State state;
   absl::Status waited;
   {
@@ -151,19 +196,26 @@ absl::Status Checkpointer::CaptureAndWrite(int64_t deadline_ns, bool background)
           "version boundary to save");
     }
   }
-  if (background) {
+  {
     absl::MutexLock lock(&mu_);
-    capture_.reset();
+    if (capture_ == slot) capture_.reset();
   }
   if (!waited.ok()) {
     server_->CancelCaptures();
     return waited;
   }
+  return state;
+}
+
+absl::Status Checkpointer::Write(ParameterServer::State state) {
   const int64_t start_ns = clock_->NowNanos();
   CheckpointContents contents;
   contents.version = state.version;
   contents.steps_per_epoch = state.steps_per_epoch;
   contents.job = options_.job;
+  if (options_.job_run) {
+    if (std::string run = options_.job_run(); !run.empty()) contents.job[kJobRunSetting] = run;
+  }
   contents.signature = std::move(state.signature);
   contents.parameters = std::move(state.parameters);
   contents.momentum = std::move(state.momentum);
@@ -180,6 +232,97 @@ absl::Status Checkpointer::CaptureAndWrite(int64_t deadline_ns, bool background)
   Log(absl::StrCat("checkpoint of version ", contents.version, " written to ", manifest, " in ",
                    (end_ns - start_ns) / 1'000'000, " ms"));
   return absl::OkStatus();
+}
+
+absl::Status Checkpointer::CaptureAndWrite(int64_t deadline_ns, bool background) {
+  PS_ASSIGN_OR_RETURN(ParameterServer::State state,
+                      AwaitCapture(FileCapture(background), deadline_ns));
+  return Write(std::move(state));
+}
+
+void Checkpointer::FileChained(const std::shared_ptr<Chain>& chain, int64_t at) {
+  auto slot = std::make_shared<CaptureSlot>();
+  {
+    absl::MutexLock lock(&chain->mu);
+    if (chain->stopped || chain->slots.size() >= Chain::kMaxQueued) return;
+    chain->slots.push_back(slot);  // before filing: a capture served at once files its next
+  }
+  chain->server->CaptureState(
+      [chain, slot](ParameterServer::State state) {
+        FileChained(chain, (state.version / chain->every + 1) * chain->every);
+        absl::MutexLock lock(&slot->mu);
+        slot->state = std::move(state);
+        slot->ready = true;
+      },
+      at);
+}
+
+void Checkpointer::StepLoop() {
+  constexpr absl::Duration kStopTick = absl::Milliseconds(200);
+  // 1. Version 0 first (a server waiting for rank 0's parameters).
+  while (!server_->WaitForVersion(0, absl::Now() + kStopTick).ok()) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+  }
+  // 2. Version 0 itself when there is no checkpoint yet (a shard lost
+  //    before its first multiple can then resume with the others), else the
+  //    first multiple past the newest; each next one as its predecessor is
+  //    served.
+  const int64_t last = last_version();
+  auto next_multiple = [this](int64_t version) {
+    return (version / options_.every_steps + 1) * options_.every_steps;
+  };
+  int64_t taken = -1;  // the version of the last capture taken
+  FileChained(chain_, last < 0 ? 0 : next_multiple(last));
+  for (;;) {
+    std::shared_ptr<CaptureSlot> slot;
+    bool stopped = false;
+    bool refile = false;
+    {
+      absl::MutexLock lock(&chain_->mu);
+      stopped = chain_->stopped;
+      refile = !stopped && chain_->slots.empty();  // the chain was full when it would have filed
+    }
+    if (refile) FileChained(chain_, next_multiple(std::max<int64_t>(taken, 0)));
+    {
+      absl::MutexLock lock(&chain_->mu);
+      if (chain_->slots.empty()) return;  // stopped, all written
+      slot = chain_->slots.front();
+      chain_->slots.pop_front();
+    }
+    absl::StatusOr<ParameterServer::State> state;
+    if (stopped) {
+      // Stopping: what is captured already is still written (a restore to
+      // it waits for that), nothing more is waited for.
+      absl::MutexLock lock(&slot->mu);
+      if (!slot->ready) continue;
+      state = std::move(slot->state);
+    } else {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) {
+          absl::MutexLock slot_lock(&slot->mu);
+          slot->cancelled = true;
+        }
+        capture_ = slot;
+      }
+      state = AwaitCapture(slot, Clock::kNever);
+      if (!state.ok()) continue;  // stopped: the captured ones are written next
+    }
+    const int64_t version = state->version;
+    taken = version;
+    // Taken later than its multiple (the server had passed it when it was
+    // filed): not one every shard has, so not written.
+    if (version % options_.every_steps != 0) continue;
+    const absl::Status status = Write(*std::move(state));
+    if (!status.ok()) {
+      Log(absl::StrCat("checkpoint of version ", version,
+                       " failed (will try again when the next is due): ", status.ToString()));
+      absl::MutexLock lock(&mu_);
+      last_time_ns_ = clock_->NowNanos();
+      failed_version_ = std::max(failed_version_, version);
+    }
+  }
 }
 
 absl::Status Checkpointer::WriteFinal(absl::Duration timeout) {
@@ -272,6 +415,7 @@ std::string JobDifferences(const std::map<std::string, std::string>& saved,
   }
   std::vector<std::string> differences;
   for (const std::string& key : keys) {
+    if (key == kJobRunSetting) continue;
     const std::string was = value_in(saved, key);
     const std::string now = value_in(current, key);
     if (!SameSetting(was, now)) {

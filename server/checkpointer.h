@@ -27,6 +27,10 @@ struct CheckpointerOptions {
   absl::Duration every = absl::ZeroDuration();
   // Written into every checkpoint (CheckpointContents::job).
   std::map<std::string, std::string> job;
+  // The job run the state belongs to at the time of a write (proto
+  // RegisterReply.job_run), recorded as job[kJobRunSetting] when not
+  // empty. May be empty.
+  std::function<std::string()> job_run;
   // Told one line per checkpoint written or failed. May be empty.
   std::function<void(const std::string&)> log;
   // What `every`, WriteFinal's timeout and the times reported are measured
@@ -44,6 +48,20 @@ struct CheckpointerOptions {
 // next multiple of every_steps past the version it tried, or `every` later
 // once the version has moved), never at once; training never waits for a
 // write.
+//
+// By steps alone (every_steps, no `every`) version 0 is written too (when
+// the directory has no checkpoint yet), and the capture of each multiple is
+// filed before the server gets there (the first when version 0 exists,
+// each next one by the push that serves the previous), so it is taken at
+// that version exactly (ParameterServer::CaptureState with a version: the update past it
+// waits for the copy), however late this thread runs, and the shards of a
+// sharded job, started alike, checkpoint at the same versions: a lost
+// shard's checkpoint is one every other shard has too (docs/sharding.md).
+// A write that fails is not retried; the next multiple is. A capture taken
+// past its multiple (filed too late) is not written. At most two captures
+// wait for the thread (each holds a copy of the state once served): with
+// writes slower than the steps, the thread files the next multiple itself
+// when it catches up.
 //
 // Time: `every` and WriteFinal's timeout are measured on options.clock,
 // so a test drives them with a FakeClock. By time alone (every_steps 0) the
@@ -73,8 +91,9 @@ class Checkpointer {
   // OK without writing when the newest checkpoint is already of the current
   // version.
   absl::Status WriteFinal(absl::Duration timeout);
-  // Stops the background thread (a write under way finishes first; a
-  // capture it waits for is given up). Idempotent.
+  // Stops the background thread (a write under way finishes first, and
+  // the captures already taken are written; a capture it waits for is given
+  // up). Idempotent.
   void Stop();
 
   // The newest version written (or given at construction), -1 for none.
@@ -96,6 +115,17 @@ class Checkpointer {
   // `deadline_ns`; a background capture also until Stop: kCancelled) and
   // writes it.
   absl::Status CaptureAndWrite(int64_t deadline_ns, bool background);
+  // CaptureAndWrite's steps: a capture request (a background one is what
+  // Stop cancels), waiting for it, and the write.
+  std::shared_ptr<CaptureSlot> FileCapture(bool background);
+  absl::StatusOr<ParameterServer::State> AwaitCapture(const std::shared_ptr<CaptureSlot>& slot,
+                                                       int64_t deadline_ns);
+  absl::Status Write(ParameterServer::State state);
+  // Loop's by-steps-alone form: the capture of each multiple filed ahead
+  // (FileChained).
+  struct Chain;
+  static void FileChained(const std::shared_ptr<Chain>& chain, int64_t at);
+  void StepLoop();
   void Log(const std::string& line) const;
 
   ParameterServer* const server_;
@@ -110,6 +140,7 @@ class Checkpointer {
   int64_t last_time_ns_ ABSL_GUARDED_BY(mu_);
   // The background capture being waited for, which Stop gives up.
   std::shared_ptr<CaptureSlot> capture_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<Chain> chain_;
   std::thread thread_;
 };
 
@@ -118,11 +149,14 @@ class Checkpointer {
 // (a learning rate that differs would not continue the same training;
 // --optimizer=none has none). Keys are the flags' names.
 std::map<std::string, std::string> JobSettings(const ParameterServerOptions& options);
+// The key of the job run in a checkpoint's job settings: which run the state
+// belongs to, not a setting, so JobDifferences leaves it out.
+inline constexpr char kJobRunSetting[] = "job_run";
 // "" when `saved` (from a checkpoint) and `current` agree, else the
 // differences, e.g. "lr 0.9 in the checkpoint, 0.5 now", or only the
 // optimizer's when it differs ("optimizer sgd in the checkpoint, none
 // now"). A checkpoint without "optimizer" (written before it was recorded)
-// is of "sgd".
+// is of "sgd". kJobRunSetting is not compared.
 std::string JobDifferences(const std::map<std::string, std::string>& saved,
                            const std::map<std::string, std::string>& current);
 

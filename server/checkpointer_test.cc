@@ -139,6 +139,25 @@ TEST_F(CheckpointerTest, WritesEveryNStepsInTheBackgroundAndAFinalOne) {
   EXPECT_EQ(loaded->contents.parameters, params);
 }
 
+// The job run is read at each write: none before the server learns it,
+// then the one it learnt.
+TEST_F(CheckpointerTest, RecordsTheJobRunOnceThereIsOne) {
+  std::string run;
+  CheckpointerOptions options;
+  options.files.directory = dir_;
+  options.job = {{"num_workers", "1"}};
+  options.job_run = [&run] { return run; };
+  Checkpointer checkpointer(server_.get(), options, -1);
+  Step(0);
+  ASSERT_TRUE(checkpointer.WriteFinal(absl::Seconds(5)).ok());
+  EXPECT_EQ(LoadNewestCheckpoint(dir_, nullptr).value().contents.job.count(kJobRunSetting), 0u);
+  run = "feedface01234567";
+  Checkpointer later(server_.get(), options, 1);
+  Step(1);
+  ASSERT_TRUE(later.WriteFinal(absl::Seconds(5)).ok());
+  EXPECT_EQ(LoadNewestCheckpoint(dir_, nullptr).value().contents.job.at(kJobRunSetting), run);
+}
+
 // By time: a checkpoint once `every` of the clock has passed since the last
 // one, exactly then, and only of a version not yet written. Each
 // WaitForWaiters returns once the background thread sleeps on the clock
@@ -345,6 +364,17 @@ TEST(JobSettingsTest, DifferencesNameTheSetting) {
 
 // A sum-only server's checkpoint records its optimizer and no SGD setting;
 // resuming it under the other optimizer is refused by that one difference.
+// The job run says which run the state is of, not how the job trains: a
+// checkpoint with one and a job without (the server learns it later) are
+// the same job.
+TEST(JobSettingsTest, TheJobRunIsNotASetting) {
+  ParameterServerOptions a;
+  a.num_workers = 2;
+  std::map<std::string, std::string> saved = JobSettings(a);
+  saved[kJobRunSetting] = "0123456789abcdef";
+  EXPECT_EQ(JobDifferences(saved, JobSettings(a)), "");
+}
+
 TEST(JobSettingsTest, AnotherOptimizerIsTheOneDifference) {
   ParameterServerOptions sgd;
   sgd.num_workers = 2;

@@ -27,7 +27,7 @@ absl::Status CheckChunkShapes(const ChunkLayout& layout, absl::Span<const ChunkB
           bytes % sizeof(float) == 0 ? absl::StrCat(bytes / sizeof(float))
                                      : absl::StrCat(bytes, " bytes")));
     }
-    bool repeated = received[global_chunk];
+    bool repeated = !received.empty() && received[global_chunk];
     for (const int64_t earlier : *global_chunks) repeated |= earlier == global_chunk;
     if (repeated) return AlreadyReceivedError(layout, chunk, what);
     global_chunks->push_back(global_chunk);

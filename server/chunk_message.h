@@ -26,7 +26,8 @@ struct ChunkBytes {
 
 // Checks every chunk of a message without reading its values: it exists
 // (kOutOfRange naming the key or chunk), has 4 x its length in bytes
-// (kInvalidArgument), and is neither in `received` (by global index) nor
+// (kInvalidArgument), and is neither in `received` (by global index; empty:
+// none, as when every push is an update of its own) nor
 // repeated within the message (kAlreadyExists, "already `what`"). Appends
 // each chunk's global index to `global_chunks`, stopping at the first that
 // fails, whose error it returns.

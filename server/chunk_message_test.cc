@@ -63,6 +63,13 @@ TEST_F(ChunkMessageTest, RefusesARepeatWithinTheMessageOrOneAlreadyReceived) {
   const std::vector<ChunkBytes> again = {Chunk(1, 0, two_piece_)};
   EXPECT_EQ(CheckChunkShapes(layout_, again, received, "sent", &global).code(),
             absl::StatusCode::kAlreadyExists);
+  global.clear();
+  EXPECT_TRUE(CheckChunkShapes(layout_, again, /*received=*/{}, "sent", &global).ok())
+      << "empty: nothing received";
+  global.clear();
+  EXPECT_EQ(CheckChunkShapes(layout_, twice, /*received=*/{}, "sent", &global).code(),
+            absl::StatusCode::kAlreadyExists)
+      << "a repeat within the message still is";
 }
 
 TEST_F(ChunkMessageTest, ANonFiniteValueIsAnErrorOrUnderLossScalingAnOverflow) {

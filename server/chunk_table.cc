@@ -101,6 +101,15 @@ bool ChunkTable::Waive(int64_t gc, int64_t iteration, int rank) {
   return agg.pushes + chunk.waived_count == num_workers_;
 }
 
+std::vector<int64_t> ChunkTable::WaiveEach(absl::Span<const int64_t> gcs, int64_t iteration,
+                                           int rank) {
+  std::vector<int64_t> complete;
+  for (const int64_t gc : gcs) {
+    if (Waive(gc, iteration, rank)) complete.push_back(gc);
+  }
+  return complete;
+}
+
 void ChunkTable::WaiveAbsent(const std::vector<bool>& participating) {
   int waived = 0;
   for (bool p : participating) waived += !p;

@@ -77,6 +77,8 @@ class ChunkTable {
   // (the rank was dropped), if the chunk is at that iteration and has not
   // waived it yet; returns whether that completes the chunk.
   bool Waive(int64_t gc, int64_t iteration, int rank);
+  // Waive of each of `gcs`; returns those it completed, in order.
+  std::vector<int64_t> WaiveEach(absl::Span<const int64_t> gcs, int64_t iteration, int rank);
   // From now on every chunk waives the ranks not `participating` (at a
   // version boundary, before any part of the new iteration is added).
   void WaiveAbsent(const std::vector<bool>& participating);

@@ -113,6 +113,8 @@ TEST_F(ChunkTableTest, AWaivedRankCompletesTheChunkAndReleasesWhatWasHeldForIt) 
   EXPECT_EQ(table->held_elements(), 0);
   EXPECT_FALSE(table->Waive(1, 0, 0));  // once
   EXPECT_FALSE(table->Waive(0, 5, 0));  // not at that iteration
+  table->Add(0, 0, 1, PiecesOf(g, &p), 1, false);
+  EXPECT_THAT(table->WaiveEach({1, 0}, 0, 0), ElementsAre(0)) << "chunk 1 was waived already";
   ASSERT_TRUE(table->Apply(1, 0, 0.f, nullptr, *optimizer_).ok());
   EXPECT_THAT(Current(*table, 1), ElementsAre(1, 2));
 }

@@ -154,6 +154,7 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   reply->set_identity(identity.vouched ? "certificate"
                       : identity.proof.empty() ? "token"
                                                : "proof");
+  if (options_.job_run != nullptr) reply->set_job_run(options_.job_run->Adopt(args.job_run));
   // Room for a push and a pull of every parameter, and a page.
   shared_memory_.Register(request, reg.rank, reg.session, 8 * server_->num_parameters() + 4096,
                           reply);
@@ -429,6 +430,62 @@ grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(
                                                 std::move(answer));
   waiting_->File(waiting);
   return waiting;
+}
+
+absl::Status ParameterServerService::CheckRestore(const grpc::ServerContextBase& context,
+                                                  const proto::RestoreRequest& request,
+                                                  bool* forward) const {
+  *forward = false;
+  PS_RETURN_IF_ERROR(server_->CheckSession(request.rank(), SessionOf(context)));
+  const int64_t version = server_->version();
+  if (request.version() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("restore to version ", request.version(), "; versions start at 0"));
+  }
+  if (request.version() > version) {
+    return absl::OutOfRangeError(absl::StrCat("restore to version ", request.version(),
+                                              ", past this server's ", version,
+                                              ": a restore only goes back"));
+  }
+  if (request.version() == version) return absl::OkStatus();  // there already
+  if (!options_.restore) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no checkpoint of version ", request.version(), " to restore (this server is at ",
+        version, " and keeps no checkpoints: no --checkpoint_dir)"));
+  }
+  *forward = true;
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Restore(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* reply) {
+  proto::RestoreRequest message;
+  absl::Status status = CheckCall(*context);
+  if (status.ok()) status = proto::ParseMessage(*request, "restore request", &message);
+  bool forward = false;
+  if (status.ok()) status = CheckRestore(*context, message, &forward);
+  if (!status.ok() || !forward) {
+    proto::RestoreReply answer;
+    answer.set_version(message.version());
+    if (status.ok()) *reply = proto::SerializeMessage(answer);
+    Answered("Restore", status);
+    return FinishAtOnce(context, status);
+  }
+  // The owner decides on another thread (it waits for a checkpoint write
+  // in progress); the reactor is finished from there.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const int64_t version = message.version();
+  options_.restore(version, [this, reactor, reply, version](absl::Status decided) {
+    if (decided.ok()) {
+      proto::RestoreReply answer;
+      answer.set_version(version);
+      *reply = proto::SerializeMessage(answer);
+    }
+    Answered("Restore", decided);
+    reactor->Finish(ToGrpcStatus(decided));
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Describe(grpc::CallbackServerContext* context,

@@ -23,6 +23,7 @@
 #include "server/parameter_server.h"
 #include "server/register_request.h"
 #include "server/chunk_coding.h"
+#include "server/job_run.h"
 #include "server/paced_replies.h"
 #include "server/shared_memory_sessions.h"
 #include "server/waiting_pulls.h"
@@ -123,6 +124,16 @@ struct ServiceOptions {
   int64_t max_push_lead_bytes = 0;
   absl::Duration push_lead_idle = absl::Milliseconds(20);
   absl::Duration push_hold_limit = absl::Seconds(1);
+  // The run the server's state belongs to (RegisterReply.job_run): a
+  // registration's proposal is adopted while it has none. Null: the
+  // service keeps none (replies say ""). Must outlive the service.
+  JobRun* job_run = nullptr;
+  // Restore (proto RestoreRequest) to a version below the server's, once
+  // the service's checks have passed (token, parse, the rank's session, a
+  // version from 0 to the current one; the current one is answered OK at
+  // once): the owner decides and runs `done` with the answer, on any
+  // thread. Empty: FAILED_PRECONDITION, the server keeps no checkpoints.
+  std::function<void(int64_t version, std::function<void(absl::Status)> done)> restore;
 };
 
 class ParameterServerService final
@@ -133,7 +144,8 @@ class ParameterServerService final
                       proto::ParameterServer::WithRawCallbackMethod_Pull<
                           proto::ParameterServer::WithRawCallbackMethod_Heartbeat<
                               proto::ParameterServer::WithRawCallbackMethod_Describe<
-                                  proto::ParameterServer::Service>>>>>>> {
+                                  proto::ParameterServer::WithRawCallbackMethod_Restore<
+                                      proto::ParameterServer::Service>>>>>>>> {
  public:
   explicit ParameterServerService(ParameterServer* server, ServiceOptions options = {});
   // Calls Shutdown().
@@ -189,6 +201,11 @@ class ParameterServerService final
   grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* reply) override;
+  // Answered when ServiceOptions::restore has decided (or at once by the
+  // service's own checks), holding no thread meanwhile.
+  grpc::ServerUnaryReactor* Restore(grpc::CallbackServerContext* context,
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* reply) override;
 
 
  private:
@@ -215,6 +232,10 @@ class ParameterServerService final
                                             const proto::RegisterRequest& request) const;
   absl::Status DoRegister(const grpc::ServerContextBase& context,
                           const proto::RegisterRequest& request, proto::RegisterReply* reply);
+  // Restore's checks, in the proto's order; OK with *forward set when the
+  // owner must decide, OK alone when the server is at `version` already.
+  absl::Status CheckRestore(const grpc::ServerContextBase& context,
+                            const proto::RestoreRequest& request, bool* forward) const;
   absl::Status DoHeartbeat(const grpc::ServerContextBase& context,
                            const proto::HeartbeatRequest& request, proto::HeartbeatReply* reply);
   // A Pull or Wait past its checks: answered at once when its chunks (or

@@ -99,6 +99,7 @@ constexpr char kRegisterMethod[] = "/ps.proto.ParameterServer/Register";
 constexpr char kWaitMethod[] = "/ps.proto.ParameterServer/Wait";
 constexpr char kHeartbeatMethod[] = "/ps.proto.ParameterServer/Heartbeat";
 constexpr char kDescribeMethod[] = "/ps.proto.ParameterServer/Describe";
+constexpr char kRestoreMethod[] = "/ps.proto.ParameterServer/Restore";
 
 // gRPC's default receive limit, which the proto says no message needs raised.
 constexpr size_t kMaxMessageBytes = size_t{4} << 20;
@@ -678,6 +679,29 @@ Expectation JudgeHeartbeat(const Model& m, const Request& r) {
   return e;
 }
 
+// Restore: the rank's session first, then the version: below 0
+// INVALID_ARGUMENT, past the server's OUT_OF_RANGE, the server's own OK
+// (nothing to do), an older one FAILED_PRECONDITION (the service under test
+// keeps no checkpoints, so a restore that would restart it is never
+// accepted).
+Expectation JudgeRestore(const Model& m, const Request& r) {
+  proto::RestoreRequest request;
+  if (!request.ParseFromString(r.bytes)) {
+    Expectation e = Refused(kInvalidArgument, "unparsable restore");
+    e.unparsable_protobuf = true;
+    return e;
+  }
+  if (const Codes codes = SessionCodes(m, r.session, request.rank()); codes != 0) {
+    return Refused(codes, "restore without its rank's session");
+  }
+  if (request.version() < 0) return Refused(kInvalidArgument, "restore to a negative version");
+  if (request.version() > kVersion) return Refused(kOutOfRange, "restore to a future version");
+  if (request.version() < kVersion) {
+    return Refused(kFailedPrecondition, "restore on a server without checkpoints");
+  }
+  return Ok("restore to the current version");
+}
+
 // Register: every slot is taken, so only a re-registration of w0 or w1 with
 // the job's signature and steps is accepted; it is not sent (a worker that
 // registers again mid-iteration rejoins it: a new session, its pushes
@@ -697,6 +721,7 @@ Expectation JudgeRegister(const Model& m, const Request& r) {
     echoed += t.name().size() + 4 * t.shape_size();
   const bool huge = echoed > 2048;
   if (request.worker_id().empty()) codes |= kInvalidArgument;
+  if (request.job_run().size() > kMaxJobRunBytes) codes |= kInvalidArgument;
   // Bounds on what a refusal could quote.
   if (request.worker_id().size() > kMaxWorkerIdBytes ||
       request.identity_proof().size() > kMaxIdentityProofBytes) {
@@ -1586,6 +1611,37 @@ std::vector<Method> Methods() {
          }
          return "";
        }});
+  // Restore seeds: each worker's, to the current version, the one
+  // before, 0, one ahead, and below 0.
+  methods.push_back(
+      {kRestoreMethod, "Restore", 5, false, 10000,
+       [](const Model& m, Rng& rng) {
+         static constexpr int64_t kSeeds[] = {kVersion, kVersion - 1, 0, kVersion + 1, -1};
+         const int rank = static_cast<int>(Below(rng, kNumWorkers));
+         proto::RestoreRequest restore;
+         restore.set_rank(rank);
+         restore.set_version(kSeeds[Below(rng, std::size(kSeeds))]);
+         for (int i = StructuredMutations(rng); i > 0; --i) {
+           if (OneIn(rng, 2)) {
+             restore.set_version(Interesting64(rng, kVersion));
+           } else {
+             restore.set_rank(Interesting32(rng, rank));
+           }
+         }
+         Request r;
+         r.bytes = restore.SerializeAsString();
+         AddCredentials(m, rank, /*needs_session=*/true, &r, rng);
+         return r;
+       },
+       [](const Model& m, const Request& r, int64_t) { return JudgeRestore(m, r); },
+       [](const Model&, const Expectation&, const std::string& reply) -> std::string {
+         proto::RestoreReply parsed;
+         if (!parsed.ParseFromString(reply)) return "unparsable restore reply";
+         if (parsed.version() != kVersion) {
+           return absl::StrCat("restore reply says version ", parsed.version());
+         }
+         return "";
+       }});
   // Register seeds: the two workers again (acceptable: rejoins), a third
   // worker, a worker asking for the other's rank.
   methods.push_back(
@@ -2194,7 +2250,8 @@ TEST_F(GrpcServiceFuzzTest, HostileInputsGetDocumentedStatusesAndChangeNoState) 
 // counts.
 TEST_F(GrpcServiceFuzzTest, UnparsableProtobufRequestsAreInvalidArgument) {
   const std::string garbage("\xff\xff\xff", 3);
-  for (const char* method : {kRegisterMethod, kWaitMethod, kHeartbeatMethod, kDescribeMethod}) {
+  for (const char* method :
+       {kRegisterMethod, kWaitMethod, kHeartbeatMethod, kDescribeMethod, kRestoreMethod}) {
     const grpc::Status s = RawCall(method, garbage);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << method << " got " << CodeName(s.error_code()) << " \"" << s.error_message() << "\"";

@@ -1244,6 +1244,127 @@ TEST_F(GrpcServiceCredentialsTest, ALiveWorkersIdNeedsItsProof) {
   EXPECT_EQ(a_again.rank(), 0);
 }
 
+// Restore and the job run: the first proposal of a run is adopted and
+// told to every later registration; a Restore is refused without its
+// rank's session, for a negative version or one past the server's (each
+// with its code, changing nothing), answered OK at once at the current
+// version, and handed to the owner's hook (whose answer is the call's)
+// below it.
+class GrpcServiceRestoreTest : public GrpcServiceCredentialsTest {
+ protected:
+  void SetUp() override {
+    auto server = ParameterServer::Create(Options(), Signature(), {1, 2, 3, 4, 5, 6, 7, 8}, &device_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server).value();
+    ServiceOptions service_options;
+    service_options.job_token = kToken;
+    service_options.job_run = &job_run_;
+    service_options.restore = [this](int64_t version, std::function<void(absl::Status)> done) {
+      asked_.push_back(version);
+      done(absl::FailedPreconditionError("the hook's answer"));
+    };
+    service_ = std::make_unique<ParameterServerService>(server_.get(), service_options);
+    ASSERT_NO_FATAL_FAILURE(Serve(service_.get(), &grpc_server_, &stub_, &raw_stub_));
+  }
+
+  grpc::Status RestoreWith(const Credentials& c, int rank, int64_t version) {
+    proto::RestoreRequest request;
+    request.set_rank(rank);
+    request.set_version(version);
+    grpc::ClientContext context;
+    AddCredentials(c, &context);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    proto::RestoreReply reply;
+    grpc::Status status = stub_->Restore(&context, request, &reply);
+    if (status.ok()) {
+      EXPECT_EQ(reply.version(), version);
+    }
+    return status;
+  }
+
+  JobRun job_run_;
+  std::vector<int64_t> asked_;
+};
+
+TEST_F(GrpcServiceRestoreTest, TheJobRunIsAdoptedOnceAndHostileRestoresChangeNothing) {
+  proto::RegisterReply a, b;
+  ASSERT_TRUE(RegisterWith({kToken, ""}, "a", &a).ok());
+  EXPECT_EQ(a.job_run(), "");  // none proposed, none yet
+  proto::RegisterRequest request;
+  request.set_worker_id("b");
+  for (const ParamSpec& spec : Signature()) {
+    proto::TensorSpec* t = request.add_signature();
+    t->set_name(spec.name);
+    for (int64_t d : spec.shape) t->add_shape(d);
+  }
+  request.set_identity_proof("b's secret");  // its second registration proves it is b
+  request.set_job_run("run-1");
+  {
+    grpc::ClientContext context;
+    AddCredentials({kToken, ""}, &context);
+    ASSERT_TRUE(stub_->Register(&context, request, &b).ok());
+  }
+  EXPECT_EQ(b.job_run(), "run-1");
+  request.set_job_run("run-2");
+  {
+    grpc::ClientContext context;
+    AddCredentials({kToken, ""}, &context);
+    ASSERT_TRUE(stub_->Register(&context, request, &b).ok());
+  }
+  EXPECT_EQ(b.job_run(), "run-1");  // kept: another run is not adopted
+  EXPECT_EQ(job_run_.id(), "run-1");
+
+  ASSERT_TRUE(PushAllWith({kToken, a.session()}, 0, 0, 1).ok());
+  ASSERT_TRUE(PushAllWith({kToken, b.session()}, 1, 0, 3).ok());
+  ASSERT_EQ(server_->version(), 1);
+  const std::vector<float> before = ParametersAt(1);
+
+  EXPECT_EQ(RestoreWith({"", a.session()}, 0, 0).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(RestoreWith({kToken, ""}, 0, 0).error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_EQ(RestoreWith({kToken, b.session()}, 0, 0).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(RestoreWith({kToken, a.session()}, 7, 0).error_code(), grpc::StatusCode::NOT_FOUND);
+  grpc::Status s = RestoreWith({kToken, a.session()}, 0, -1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("versions start at 0"));
+  s = RestoreWith({kToken, a.session()}, 0, 2);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_THAT(s.error_message(), HasSubstr("past this server's 1"));
+  EXPECT_TRUE(asked_.empty());
+  // At the current version already: OK, nothing asked of the owner.
+  EXPECT_TRUE(RestoreWith({kToken, b.session()}, 1, 1).ok());
+  EXPECT_TRUE(asked_.empty());
+  // Below it: the owner decides.
+  s = RestoreWith({kToken, a.session()}, 0, 0);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(s.error_message(), "the hook's answer");
+  EXPECT_EQ(asked_, (std::vector<int64_t>{0}));
+  EXPECT_EQ(server_->version(), 1);
+  EXPECT_EQ(ParametersAt(1), before);
+}
+
+// Without a restore hook (no checkpoint directory) a restore below the
+// current version is FAILED_PRECONDITION saying so.
+TEST_F(GrpcServiceCredentialsTest, ARestoreWithoutCheckpointsIsRefusedSayingSo) {
+  proto::RegisterReply a;
+  ASSERT_TRUE(RegisterWith({kToken, ""}, "a", &a).ok());
+  EXPECT_EQ(a.job_run(), "");
+  proto::RegisterReply b;
+  ASSERT_TRUE(RegisterWith({kToken, ""}, "b", &b).ok());
+  ASSERT_TRUE(PushAllWith({kToken, a.session()}, 0, 0, 1).ok());
+  ASSERT_TRUE(PushAllWith({kToken, b.session()}, 1, 0, 3).ok());
+  proto::RestoreRequest request;
+  request.set_rank(0);
+  request.set_version(0);
+  grpc::ClientContext context;
+  AddCredentials({kToken, a.session()}, &context);
+  proto::RestoreReply reply;
+  const grpc::Status s = stub_->Restore(&context, request, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("keeps no checkpoints"));
+  EXPECT_EQ(server_->version(), 1);
+}
+
 // Stale synchronous parallel over the wire: the registration says
 // "ssp:1", a push past the bound is OUT_OF_RANGE naming it, a push reply
 // carries its staleness (iteration - based_on_version, also told to

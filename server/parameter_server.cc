@@ -18,10 +18,8 @@ ParameterServer::ParameterServer(const ParameterServerOptions& options, CpuDevic
       events_(options.observer, options.clock),
       workers_(options.num_workers),
       updates_(events_.NowNanos()),
-      membership_(options.num_workers) {
-  absl::MutexLock lock(&mu_);
-  loss_scale_ = LossScaleState::Initial(options.loss_scale);
-}
+      membership_(options.num_workers),
+      loss_scale_(LossScaleState::Initial(options.loss_scale)) {}
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     const ParameterServerOptions& options, CpuDevice* device) {
@@ -290,8 +288,7 @@ absl::StatusOr<int64_t> ParameterServer::ApplyNow(int rank, int64_t based_on_ver
     table = table_.get();
     optimizer = optimizer_.get();
     // No chunk is "already pushed" in this mode: every push is an update.
-    const std::vector<bool> none(table->layout().total_chunks, false);
-    shapes = CheckChunkShapes(table->layout(), chunks, none,
+    shapes = CheckChunkShapes(table->layout(), chunks, /*received=*/{},
                               absl::StrCat("pushed by worker rank ", rank), &global_chunks);
     if (shapes.ok()) workers_.NotePush(rank, events_.NowNanos());
   }
@@ -417,12 +414,18 @@ void ParameterServer::FinishIterationLocked(int64_t iteration, bool skipped,
   *resume = release.resume;
 }
 
-void ParameterServer::CaptureState(std::function<void(State)> done) {
+void ParameterServer::CaptureState(std::function<void(State)> done, int64_t at_version) {
   std::vector<std::function<void(State)>> captures;
   State state;
   {
     absl::MutexLock lock(&mu_);
     captures_.Add(std::move(done));
+    // A boundary ahead that no chunk can have passed yet: held for.
+    if (updates_.initialized() && at_version > updates_.version() &&
+        at_version >= updates_.ReachableVersion()) {
+      captures_.HoldBackFrom(at_version);
+      return;
+    }
     // At a boundary now (version 0 exists, no chunk of the iteration in
     // progress complete, so none is ahead of it): served here. Otherwise by
     // the push that completes the iteration at which no chunk is ahead,
@@ -480,10 +483,7 @@ absl::StatusOr<std::vector<ParameterServer::ChunkId>> ParameterServer::DropWorke
   }
   // Waive its parts not pushed: chunks that now have every other part are
   // complete (none of them can have been: they lacked this rank's).
-  std::vector<int64_t> complete;
-  for (const int64_t gc : to_waive) {
-    if (table->Waive(gc, iteration, rank)) complete.push_back(gc);
-  }
+  const std::vector<int64_t> complete = table->WaiveEach(to_waive, iteration, rank);
   // Counted before any is applied, as a push's completions are.
   updates_.AddComplete(iteration, static_cast<int64_t>(complete.size()));
   std::vector<ChunkId> ids;

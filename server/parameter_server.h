@@ -102,7 +102,9 @@ class ParameterServer {
   // their pushes are still summed). Before version 0 it waits for version
   // 1. `done` must not call back into the server. Requests made before one
   // is served are served together.
-  void CaptureState(std::function<void(State)> done);
+  // With `at_version`: at that boundary exactly while no chunk can have
+  // passed it (the updates of iteration `at_version` wait for it).
+  void CaptureState(std::function<void(State)> done, int64_t at_version = -1);
   // How many times the updates a capture held back were applied together:
   // each may publish chunks no call of their own sent, so a caller
   // answering waiting pulls by the chunks a call sent looks at them all.

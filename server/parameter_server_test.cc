@@ -1265,6 +1265,45 @@ TEST_F(ParameterServerTest, SspAppliesTheIterationsInOrderBitForBitAsSync) {
 // sync's at that version (parameters and momentum), the held updates follow,
 // and a server resumed from it goes on bit for bit. Cancelled captures
 // release what they held.
+// A capture filed ahead for version 3 is taken at 3 exactly, whatever the
+// pushes of iteration 3 that arrive meanwhile (held, then applied); one
+// for a version already passed is taken at the next boundary.
+TEST_F(ParameterServerTest, ACaptureAtAVersionIsTakenThereExactly) {
+  ParameterServerOptions options;
+  options.num_workers = 2;
+  options.chunk_elements = 4;
+  options.optimizer.sgd.lr = 0.5f;
+  auto made = ParameterServer::Create(options, Signature(), Initial(), &device_);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ParameterServer& server = **made;
+  ASSERT_TRUE(server.Register("w0", Signature(), 0).ok());
+  ASSERT_TRUE(server.Register("w1", Signature(), 1).ok());
+  const std::vector<std::pair<int, int64_t>> chunks = {{1, 0}, {0, 1}, {0, 0}};
+  auto push = [&](int64_t it, int rank) {
+    for (const auto& [key, chunk] : chunks) PushChunkOf(server, rank, it, key, chunk);
+  };
+  std::vector<ParameterServer::State> captured;
+  server.CaptureState([&](ParameterServer::State s) { captured.push_back(std::move(s)); }, 3);
+  for (int64_t it = 0; it < 3; ++it) {
+    push(it, 0);
+    push(it, 1);
+  }
+  ASSERT_EQ(captured.size(), 1u);
+  EXPECT_EQ(captured[0].version, 3);
+  push(3, 0);
+  push(3, 1);
+  EXPECT_EQ(server.version(), 4);
+  // Mid-iteration 4 with a chunk applied: 4 is passed, 5 it is.
+  for (int rank = 0; rank < 2; ++rank) PushChunkOf(server, rank, 4, 1, 0);
+  server.CaptureState([&](ParameterServer::State s) { captured.push_back(std::move(s)); }, 4);
+  EXPECT_EQ(captured.size(), 1u);
+  for (const auto& [key, chunk] : {std::pair<int, int64_t>{0, 1}, {0, 0}}) {
+    for (int rank = 0; rank < 2; ++rank) PushChunkOf(server, rank, 4, key, chunk);
+  }
+  ASSERT_EQ(captured.size(), 2u);
+  EXPECT_EQ(captured[1].version, 5);
+}
+
 TEST_F(ParameterServerTest, SspCaptureHoldsTheUpdatesAheadOfItsBoundary) {
   auto sync = MakeSspServer(-1, &device_, /*momentum=*/0.9f);
   std::vector<ParameterServer::State> reference;

@@ -16,7 +16,12 @@ absl::StatusOr<RegisterArgs> ReadRegisterRequest(const proto::RegisterRequest& r
                                                    request.identity_proof().size(),
                                                    " bytes; at most ", kMaxIdentityProofBytes));
   }
+  if (request.job_run().size() > kMaxJobRunBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a job run of ", request.job_run().size(),
+                                                   " bytes; at most ", kMaxJobRunBytes));
+  }
   RegisterArgs args;
+  args.job_run = request.job_run();
   args.signature.reserve(request.signature_size());
   for (int i = 0; i < request.signature_size(); ++i) {
     const proto::TensorSpec& t = request.signature(i);

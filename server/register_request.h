@@ -6,6 +6,7 @@
 // wire must respect before anything is built from it.
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,14 +22,16 @@ inline constexpr size_t kMaxWorkerIdBytes = 256;
 inline constexpr size_t kMaxTensorNameBytes = 1024;
 inline constexpr size_t kMaxIdentityProofBytes = 1024;
 inline constexpr int kMaxDimensions = 64;
+inline constexpr size_t kMaxJobRunBytes = 64;
 
 struct RegisterArgs {
   std::vector<ParamSpec> signature;
   int requested_rank = -1;  // -1: any free rank
+  std::string job_run;      // proposed (RegisterRequest.job_run); may be empty
 };
 
-// kInvalidArgument, naming the problem, for a worker id, an identity proof
-// or a tensor name over its bound, too many dimensions, a negative dimension, a dtype other
+// kInvalidArgument, naming the problem, for a worker id, an identity proof,
+// a job run or a tensor name over its bound, too many dimensions, a negative dimension, a dtype other
 // than F32 or a negative requested rank. Element counts are left to
 // ParameterServer::Register (which bounds them before allocating).
 absl::StatusOr<RegisterArgs> ReadRegisterRequest(const proto::RegisterRequest& request);

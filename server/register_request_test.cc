@@ -39,6 +39,16 @@ TEST(RegisterRequestTest, ReadsTheSignatureAndTheRequestedRank) {
   EXPECT_EQ(ReadRegisterRequest(request)->requested_rank, 3);
 }
 
+TEST(RegisterRequestTest, ReadsTheJobRunUpToItsBound) {
+  proto::RegisterRequest request = Request();
+  EXPECT_EQ(ReadRegisterRequest(request)->job_run, "");
+  request.set_job_run(std::string(kMaxJobRunBytes, 'a'));
+  EXPECT_EQ(ReadRegisterRequest(request)->job_run, request.job_run());
+  request.set_job_run(std::string(kMaxJobRunBytes + 1, 'a'));
+  EXPECT_EQ(ReadRegisterRequest(request).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ReadRegisterRequest(request).status().message()), HasSubstr("job run"));
+}
+
 TEST(RegisterRequestTest, RefusesWhatTheWireMustNotCarryNamingIt) {
   auto refused = [](proto::RegisterRequest request) {
     return std::string(ReadRegisterRequest(request).status().message());

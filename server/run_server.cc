@@ -18,6 +18,7 @@
 #include <grpcpp/resource_quota.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/chrome_trace.h"
@@ -32,13 +33,23 @@
 #include "server/checkpointer.h"
 #include "server/grpc_service.h"
 #include "server/job_supervisor.h"
+#include "server/job_run.h"
 #include "server/parameter_server.h"
+#include "server/serving_control.h"
 
 namespace ps::server {
 
 void StopRequest::Request(std::string reason) {
   absl::MutexLock lock(&mu_);
-  if (!reason_.has_value()) reason_ = std::move(reason);
+  if (reason_.has_value()) return;
+  reason_ = std::move(reason);
+  if (on_request_) on_request_(*reason_);
+}
+
+void StopRequest::OnRequest(std::function<void(const std::string&)> on_request) {
+  absl::MutexLock lock(&mu_);
+  on_request_ = std::move(on_request);
+  if (on_request_ && reason_.has_value()) on_request_(*reason_);
 }
 
 std::string StopRequest::Wait() {
@@ -94,6 +105,7 @@ struct StartedServer {
   std::unique_ptr<ParameterServer> server;
   std::string initial_from = "worker rank 0";  // for the start line
   int64_t resumed_version = -1;                // the checkpoint's, -1 when none
+  std::string job_run;                         // the checkpoint's, "" when none
 };
 
 // Resumed from the newest valid checkpoint in `checkpoint_dir` (of this
@@ -137,6 +149,9 @@ absl::StatusOr<StartedServer> CreateOrResume(const ParameterServerOptions& optio
       }
       started.server = *std::move(resumed);
       started.resumed_version = started.server->version();
+      if (auto run = loaded->contents.job.find(kJobRunSetting); run != loaded->contents.job.end()) {
+        started.job_run = run->second;
+      }
       started.initial_from = absl::StrCat(loaded->manifest_path, " (resumed at version ",
                                           started.resumed_version, ")");
       return started;
@@ -339,7 +354,7 @@ void Announce(const ServerOptions& options, int port, const std::string& initial
 std::unique_ptr<Checkpointer> StartCheckpointer(const ServerOptions& options,
                                                 const std::map<std::string, std::string>& job,
                                                 ParameterServer* server,
-                                                int64_t resumed_version) {
+                                                int64_t resumed_version, JobRun* job_run) {
   if (options.checkpoint_dir.empty()) return nullptr;
   CheckpointerOptions checkpoints;
   checkpoints.files.directory = options.checkpoint_dir;
@@ -348,6 +363,7 @@ std::unique_ptr<Checkpointer> StartCheckpointer(const ServerOptions& options,
   checkpoints.every = options.checkpoint_every;
   checkpoints.job = job;
   checkpoints.log = Log;
+  checkpoints.job_run = [job_run] { return job_run->id(); };
   return std::make_unique<Checkpointer>(server, checkpoints, resumed_version);
 }
 
@@ -384,6 +400,40 @@ absl::Status Shutdown(const ServerOptions& options, const std::string& reason,
   return absl::OkStatus();
 }
 
+// Whether this server can go back to its checkpoint of `version` (a
+// Restore): the checkpointer stopped first, so that a write of `version`
+// under way has finished, then the checkpoint checked whole. When it
+// cannot, FAILED_PRECONDITION naming the version, why, and the versions
+// there are, and *checkpointer restarted where it was.
+absl::Status DecideRestore(const ServerOptions& options,
+                           const std::map<std::string, std::string>& job, int64_t version,
+                           ParameterServer* server, JobRun* job_run,
+                           std::unique_ptr<Checkpointer>* checkpointer) {
+  const int64_t last = (*checkpointer)->last_version();
+  (*checkpointer)->Stop();
+  absl::StatusOr<LoadedCheckpoint> loaded =
+      LoadCheckpointOfVersion(options.checkpoint_dir, version);
+  absl::Status refused;
+  if (!loaded.ok()) {
+    absl::StatusOr<std::vector<int64_t>> versions = ListCheckpointVersions(options.checkpoint_dir);
+    refused = absl::FailedPreconditionError(absl::StrCat(
+        "no valid checkpoint of version ", version, " to restore (", loaded.status().message(),
+        "); this server is at version ", server->version(), " and has checkpoints of versions ",
+        versions.ok() ? (versions->empty() ? "none" : absl::StrJoin(*versions, ", "))
+                      : std::string(versions.status().message())));
+  } else if (auto run = loaded->contents.job.find(kJobRunSetting);
+             run != loaded->contents.job.end() && !job_run->id().empty() &&
+             run->second != job_run->id()) {
+    refused = absl::FailedPreconditionError(absl::StrCat(
+        loaded->manifest_path, " is of job run ", run->second, ", this server's is ",
+        job_run->id()));
+  }
+  if (!refused.ok()) {
+    *checkpointer = StartCheckpointer(options, job, server, last, job_run);
+  }
+  return refused;
+}
+
 }  // namespace
 
 absl::Status RunServer(const ServerOptions& options, StopRequest* stop) {
@@ -399,10 +449,16 @@ absl::Status RunServer(const ServerOptions& options, StopRequest* stop) {
   ParameterServerOptions job_options = options.job;
   job_options.observer = observers.fan_out.empty() ? nullptr : &observers.fan_out;
   const std::map<std::string, std::string> job = JobSettings(job_options);
-  PS_ASSIGN_OR_RETURN(StartedServer started,
-                      CreateOrResume(job_options, options.checkpoint_dir, options.init_weights,
-                                     job, &device));
-  ParameterServer* const server = started.server.get();
+
+  // A stop or a restore ends a serving generation; the stop forwarded here
+  // until this returns.
+  ServingControl control;
+  stop->OnRequest([&control](const std::string& reason) { control.Stop(reason); });
+  struct Unhook {
+    StopRequest* stop;
+    ~Unhook() { stop->OnRequest(nullptr); }
+  } unhook{stop};
+  JobRun job_run;
 
   ServiceOptions service_options;
   service_options.shrinks = options.worker_loss->Shrinks();
@@ -413,51 +469,99 @@ absl::Status RunServer(const ServerOptions& options, StopRequest* stop) {
   service_options.push_lead_idle = options.push_lead_idle;
   service_options.push_hold_limit = options.push_hold_limit;
   service_options.job_token = options.job_token;
+  service_options.job_run = &job_run;
+  if (!options.checkpoint_dir.empty()) {
+    service_options.restore = [&control](int64_t version, ServingControl::Done done) {
+      control.AskRestore(version, std::move(done));
+    };
+  }
   std::unique_ptr<JobMetrics> job_metrics;
   if (observers.metrics != nullptr) {
     job_metrics = std::make_unique<JobMetrics>(&observers.metrics->registry(), &service_options);
   }
-  ParameterServerService service(server, service_options);
-  PS_ASSIGN_OR_RETURN(Listening listening, Listen(options, &service));
-  Announce(options, listening.port, started.initial_from);
-  std::unique_ptr<Checkpointer> checkpointer =
-      StartCheckpointer(options, job, server, started.resumed_version);
-  PS_RETURN_IF_ERROR(WritePortFile(options.port_file, listening.port));
 
-  // The supervisor looks at the job once a second until the stop; a job it
-  // fails stops the server as a signal would.
-  JobSupervisorOptions supervision;
-  supervision.stall_report_every = options.stall_report_every;
-  supervision.liveness_timeout = options.liveness_timeout;
-  supervision.policy = options.worker_loss.get();
-  supervision.log = Log;
-  SupervisedJob supervised;
-  supervised.progress = [server] { return server->progress(); };
-  supervised.drop = [&service](int rank) { return service.DropWorker(rank); };
-  supervised.fail = [&service, stop](const absl::Status& failure) {
-    service.FailJob(failure);
-    stop->Request("the job failed");
-  };
-  JobSupervisor supervisor(supervision, supervised);
-  absl::Notification stopped;
-  std::thread ticker([&] {
-    while (!stopped.WaitForNotificationWithTimeout(absl::Seconds(1))) {
-      if (job_metrics != nullptr) {
-        job_metrics->Update(server->progress(), supervision.clock->NowNanos(),
-                            options.liveness_timeout, service, checkpointer.get());
+  // Each generation listens on the port the first one got.
+  ServerOptions generation_options = options;
+  for (bool first = true;; first = false) {
+    PS_ASSIGN_OR_RETURN(StartedServer started,
+                        CreateOrResume(job_options, options.checkpoint_dir, options.init_weights,
+                                       job, &device));
+    ParameterServer* const server = started.server.get();
+    job_run.Reset(started.job_run);
+    ParameterServerService service(server, service_options);
+    PS_ASSIGN_OR_RETURN(Listening listening, Listen(generation_options, &service));
+    generation_options.port = listening.port;
+    Announce(options, listening.port, started.initial_from);
+    std::unique_ptr<Checkpointer> checkpointer =
+        StartCheckpointer(options, job, server, started.resumed_version, &job_run);
+    if (first) PS_RETURN_IF_ERROR(WritePortFile(options.port_file, listening.port));
+    control.Reopen();
+
+    // The supervisor looks at the job once a second until the generation
+    // ends; a job it fails stops the server as a signal would.
+    JobSupervisorOptions supervision;
+    supervision.stall_report_every = options.stall_report_every;
+    supervision.liveness_timeout = options.liveness_timeout;
+    supervision.policy = options.worker_loss.get();
+    supervision.log = Log;
+    SupervisedJob supervised;
+    supervised.progress = [server] { return server->progress(); };
+    supervised.drop = [&service](int rank) { return service.DropWorker(rank); };
+    supervised.fail = [&service, stop](const absl::Status& failure) {
+      service.FailJob(failure);
+      stop->Request("the job failed");
+    };
+    JobSupervisor supervisor(supervision, supervised);
+    absl::Notification stopped;
+    std::thread ticker([&] {
+      while (!stopped.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+        if (job_metrics != nullptr) {
+          job_metrics->Update(server->progress(), supervision.clock->NowNanos(),
+                              options.liveness_timeout, service, checkpointer.get());
+        }
+        if (!supervisor.Tick()) return;
       }
-      if (!supervisor.Tick()) return;
+    });
+    // Restores are decided one at a time; a refused one leaves the
+    // generation serving.
+    ServingControl::Event event;
+    for (;;) {
+      event = control.Wait();
+      if (event.stop.has_value()) break;
+      const absl::Status decided = event.restore == server->version()
+                                       ? absl::OkStatus()
+                                       : DecideRestore(options, job, event.restore, server,
+                                                       &job_run, &checkpointer);
+      control.Answer(event.restore, decided);
+      if (decided.ok() && event.restore != server->version()) break;
+      if (!decided.ok()) Log(absl::StrCat("restore refused: ", decided.message()));
     }
-  });
-  const std::string reason = stop->Wait();
-  stopped.Notify();
-  ticker.join();
-  PS_RETURN_IF_ERROR(Shutdown(options, reason, server, checkpointer.get(), &service,
-                              listening.server.get(), observers.trace.get()));
-  if (supervisor.failed()) {
-    return absl::FailedPreconditionError("the job failed: a worker was lost");
+    stopped.Notify();
+    ticker.join();
+    if (event.stop.has_value()) {
+      PS_RETURN_IF_ERROR(Shutdown(options, *event.stop, server, checkpointer.get(), &service,
+                                  listening.server.get(), observers.trace.get()));
+      if (supervisor.failed()) {
+        return absl::FailedPreconditionError("the job failed: a worker was lost");
+      }
+      return absl::OkStatus();
+    }
+    // A restore: no final checkpoint (the state past the version restored
+    // is being thrown away); every call refused, the sessions gone with
+    // this generation's server, and the newer checkpoints out of the scan.
+    const std::string reason =
+        absl::StrCat("restoring its checkpoint of version ", event.restore);
+    std::printf("parameter server at version %lld %s (asked by a worker)\n",
+                static_cast<long long>(server->version()), reason.c_str());
+    std::fflush(stdout);
+    control.Close();
+    checkpointer.reset();
+    service.StopServing(reason);
+    service.Shutdown();
+    listening.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    listening.server.reset();
+    PS_RETURN_IF_ERROR(SetAsideCheckpointsAfter(options.checkpoint_dir, event.restore));
   }
-  return absl::OkStatus();
 }
 
 }  // namespace ps::server

@@ -5,6 +5,7 @@
 // asked to stop, so main() only parses flags and forwards signals, and a
 // test or an embedder can run a whole server in process.
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -24,10 +25,16 @@ class StopRequest {
   void Request(std::string reason);
   // Blocks until Request; returns its reason.
   std::string Wait();
+  // Calls `on_request` with the reason once Request is called (at once if
+  // it was), under the request's lock, instead of waking Wait only: for
+  // RunServer, which waits on restores too. Replaces an earlier one; an
+  // empty function removes it.
+  void OnRequest(std::function<void(const std::string&)> on_request);
 
  private:
   absl::Mutex mu_;
   std::optional<std::string> reason_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> on_request_ ABSL_GUARDED_BY(mu_);
 };
 
 // Serves the job `options` describes: resumes from the newest checkpoint in
@@ -36,7 +43,12 @@ class StopRequest {
 // checkpoints until `stop` is requested or the job fails; then writes a
 // final checkpoint at the next version boundary (within stop_timeout),
 // refuses new calls, answers the waiting ones, writes the trace and
-// returns. Errors: the setup's (kInvalidArgument, kFailedPrecondition for
+// returns. A worker's Restore to an older checkpoint (proto RestoreRequest,
+// with a checkpoint directory only) ends the serving generation instead:
+// no final checkpoint, every session dropped, the checkpoints newer than
+// the one restored moved aside (server/checkpoint.h,
+// SetAsideCheckpointsAfter), and serving starts again from it on the same
+// port. Errors: the setup's (kInvalidArgument, kFailedPrecondition for
 // plaintext off loopback without options.insecure or another job's
 // checkpoint, kUnavailable for a port it cannot listen on), and
 // kFailedPrecondition when the job failed (a worker lost under wait).

@@ -4,7 +4,8 @@
 // byte for byte, as the same job on one server. A worker that lists the
 // shards in another order is refused by the shard it reaches first, and
 // hostile calls to every shard while the job trains are refused, each with
-// its code, and change nothing (the weights still match byte for byte).
+// its code, and change nothing (the weights still match byte for byte),
+// restores without a session included.
 // Workers moving their tensor bytes through shared memory (--shared_memory)
 // end with the same weights too.
 
@@ -195,6 +196,17 @@ void SendHostileCalls(const std::vector<std::string>& addresses) {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     const grpc::Status status = stub->Register(&context, reg, &reply);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+    // Restores without a session: to version 0, to a future one, below 0.
+    for (const int64_t version : {int64_t{0}, int64_t{1} << 40, int64_t{-1}}) {
+      proto::RestoreRequest restore;
+      restore.set_rank(0);
+      restore.set_version(version);
+      proto::RestoreReply restored;
+      grpc::ClientContext restore_context;
+      restore_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      const grpc::Status refused = stub->Restore(&restore_context, restore, &restored);
+      EXPECT_EQ(refused.error_code(), grpc::StatusCode::ABORTED) << refused.error_message();
+    }
   }
 }
 

@@ -65,6 +65,10 @@ class ParameterStore {
     // worker applies with an optimizer of its own. Every shard of a sharded
     // store runs the same.
     std::string optimizer = "sgd";
+    // The run of the job the store's state belongs to (proto
+    // RegisterReply.job_run); empty for stores without a server, or a
+    // server that has none yet.
+    std::string job_run;
   };
 
   // Registers this worker's model signature. `proposed` holds this worker's

@@ -541,6 +541,7 @@ proto::RegisterRequest RemoteParameterStore::MakeRegisterRequest(
   if (requested_rank >= 0) request.set_requested_rank(requested_rank);
   request.set_steps_per_epoch(options_.steps_per_epoch);
   request.set_identity_proof(options_.identity_proof);
+  request.set_job_run(job_run_);
   for (const ParamSpec& spec : signature) {
     proto::TensorSpec* t = request.add_signature();
     t->set_name(spec.name);
@@ -668,6 +669,7 @@ ParameterStore::Registration RemoteParameterStore::AdoptRegistration(
   out.loss_scale = reply.loss_scale();
   // A server from before the field runs SGD.
   out.optimizer = reply.optimizer().empty() ? kSgdOptimizer : reply.optimizer();
+  out.job_run = reply.job_run();
   {
     absl::MutexLock lock(&loss_scale_mu_);
     loss_scale_ = reply.loss_scale();
@@ -815,6 +817,20 @@ absl::Status RemoteParameterStore::Push(int64_t iteration, int64_t num_samples,
     PushSegments(iteration, num_samples, 0, static_cast<int>(messages_.size()), gradient,
                  std::move(done));
   });
+}
+
+absl::Status RemoteParameterStore::Restore(int64_t version) {
+  if (rank_ < 0) return absl::FailedPreconditionError("Restore before Register");
+  grpc::ClientContext context;
+  context.set_deadline(WallDeadlineAfter(options_.rpc_timeout));
+  AddCredentials(&context);
+  proto::RestoreRequest request;
+  request.set_rank(rank_);
+  request.set_version(version);
+  proto::RestoreReply reply;
+  return FromGrpcStatus(stub_->Restore(&context, request, &reply),
+                        absl::StrCat("Restore version ", version, " at ",
+                                     options_.server_address));
 }
 
 absl::Status RemoteParameterStore::WaitForVersion(int64_t version) {

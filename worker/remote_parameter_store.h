@@ -161,6 +161,20 @@ class RemoteParameterStore final : public ParameterStore {
   // Waits (up to rpc_timeout) for a push reply announcing them.
   absl::StatusOr<std::vector<int>> Members(int64_t iteration, int num_workers) override;
 
+  // The job run every later registration proposes (proto
+  // RegisterRequest.job_run; "": none). A server without a run adopts it.
+  // Not thread-safe: call with no call in flight.
+  void ProposeJobRun(std::string job_run) { job_run_ = std::move(job_run); }
+  // Asks the server to go back to its checkpoint of `version` (proto
+  // RestoreRequest), as this store's rank with its session; deadline
+  // rpc_timeout. OK when the server is there already or will restart from
+  // it (every session then dropped: the next call is ABORTED or
+  // UNAVAILABLE, and Reconnect registers again). The server's errors, with
+  // its address: kFailedPrecondition (no valid checkpoint of `version`:
+  // the message lists the ones it has), kOutOfRange (past its version),
+  // kInvalidArgument (below 0), and the codes IsServerLost accepts.
+  absl::Status Restore(int64_t version);
+
   // The messages' ends. Push/PullSegments start their messages' calls at
   // once and return; done runs on a gRPC thread.
   std::vector<int64_t> SegmentEnds() const override;
@@ -391,6 +405,7 @@ class RemoteParameterStore final : public ParameterStore {
   std::atomic<int64_t> bytes_pushed_{0};
   std::atomic<int64_t> bytes_pulled_{0};
   bool sent_initial_parameters_ = false;
+  std::string job_run_;  // proposed at registration (ProposeJobRun)
 };
 
 }  // namespace ps::worker

@@ -1,9 +1,11 @@
 #include "worker/sharded_parameter_store.h"
 
 #include <algorithm>
+#include <random>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
@@ -78,6 +80,181 @@ absl::Status ShardedParameterStore::OnEveryShard(const std::function<absl::Statu
       [&](int i) { return NameShard(shards_[i], fn(shards_[i])); });
 }
 
+absl::Span<const float> ShardedParameterStore::PartOf(const Shard& shard,
+                                                      absl::Span<const float> proposed) const {
+  const ShardPart& part = plan_.shards[shard.index];
+  return static_cast<int64_t>(proposed.size()) == num_parameters_
+             ? proposed.subspan(part.flat_begin, part.elements())
+             : absl::Span<const float>();
+}
+
+absl::Status ShardedParameterStore::CheckAgreement(
+    const std::vector<Registration>& registrations, bool same_version) const {
+  const Registration& decided = registrations[0];
+  const Shard& first = shards_[0];
+  for (size_t i = 1; i < shards_.size(); ++i) {
+    const Registration& r = registrations[i];
+    if (r.optimizer != decided.optimizer) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shards_[i].index, " (", shards_[i].address, ") runs --optimizer=", r.optimizer,
+          " but shard ", first.index, " (", first.address, ") --optimizer=", decided.optimizer,
+          ": start every shard with the same --optimizer"));
+    }
+    if (r.consistency != decided.consistency ||
+        (r.loss_scale > 0) != (decided.loss_scale > 0) ||
+        r.dynamic_members != decided.dynamic_members) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shards_[i].index, " (", shards_[i].address, ") runs another consistency, ",
+          "loss scaling or policy on a lost worker than shard ", first.index, " (", first.address,
+          "): start every shard with the same --consistency, --loss_scale and --on_worker_loss"));
+    }
+    if (r.job_run != decided.job_run) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shards_[i].index, " of ", num_shards(), " (", shards_[i].address,
+          ") holds the state of job run '", r.job_run, "' but shard ", first.index, " (",
+          first.address, ") of run '", decided.job_run,
+          "': shards of different runs (one started with another job's --checkpoint_dir?)"));
+    }
+    if (r.rank != decided.rank || r.num_workers != decided.num_workers ||
+        (same_version && r.version != decided.version)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shards_[i].index, " (", shards_[i].address, ") gave rank ", r.rank, " of ",
+          r.num_workers, " workers at version ", r.version, " but shard ", first.index, " (",
+          first.address, ") gave rank ", decided.rank, " of ", decided.num_workers,
+          " at version ", decided.version, ": are the shards of one job, started alike?"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedParameterStore::RestoreAbove(const std::vector<Registration>& registrations,
+                                                 int64_t version) {
+  return OnEveryShard([&](Shard& shard) -> absl::Status {
+    if (registrations[&shard - shards_.data()].version <= version) return absl::OkStatus();
+    return shard.store->Restore(version);
+  });
+}
+
+absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Reconnect(
+    const std::vector<ParamSpec>& signature, absl::Span<const float> proposed) {
+  if (shards_.empty() || shards_[0].store == nullptr) {
+    return absl::FailedPreconditionError("Reconnect before Register");
+  }
+  if (registration_.consistency.independent_steps()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a sharded job under ", registration_.consistency.Name(),
+        " consistency cannot recover a lost shard: its versions count updates, not iterations, "
+        "so the shards have no common version to resume at (run sync or ssp, or one server)"));
+  }
+  registered_ = false;
+  const Clock& clock = *options_.remote.clock;
+  const int64_t start_ns = clock.NowNanos();
+  const int64_t give_up_ns = clock.DeadlineAfter(options_.remote.reconnect_timeout);
+  auto log = [&](const std::string& line) {
+    if (options_.remote.log) options_.remote.log(line);
+  };
+  std::vector<Registration> registrations(shards_.size());
+  // Whether registrations propose this run: not at first, so that a shard
+  // that came back without state answers none.
+  bool propose = false;
+  for (int round = 1;; ++round) {
+    if (round > 1 && clock.NowNanos() >= give_up_ns) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the shards did not come to one version within ",
+          absl::FormatDuration(absl::Nanoseconds(clock.NowNanos() - start_ns))));
+    }
+    // 1. Every shard again, concurrently, each store asking for the rank it
+    //    held.
+    PS_RETURN_IF_ERROR(OnEveryShard([&](Shard& shard) -> absl::Status {
+      const ShardPart& part = plan_.shards[shard.index];
+      shard.store->ProposeJobRun(propose ? job_run_ : "");
+      PS_ASSIGN_OR_RETURN(registrations[&shard - shards_.data()],
+                          shard.store->Reconnect(part.signature(), PartOf(shard, proposed)));
+      return absl::OkStatus();
+    }));
+    // 2. One job and one run (the one this store registered with, so that a
+    //    shard resumed from another run's checkpoints is named). A shard with
+    //    no run came back without state: fine while every shard is at
+    //    version 0 (the job starts again; the next round gives it this
+    //    run), refused once another is past it.
+    size_t furthest = 0;
+    std::vector<size_t> stateless;
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      if (registrations[i].version > registrations[furthest].version) furthest = i;
+      if (job_run_.empty()) continue;
+      if (registrations[i].job_run.empty()) {
+        stateless.push_back(i);
+      } else if (registrations[i].job_run != job_run_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "shard ", shards_[i].index, " of ", num_shards(), " (", shards_[i].address,
+            ") came back with the state of another job run ('", registrations[i].job_run,
+            "', this job's is '", job_run_, "'): was it restarted with another job's "
+            "--checkpoint_dir? Restart it with its own"));
+      }
+    }
+    if (!stateless.empty()) {
+      const size_t i = stateless[0];
+      if (registrations[furthest].version > 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "shard ", shards_[i].index, " of ", num_shards(), " (", shards_[i].address,
+            ") came back without this job's state (no checkpoint: started without its "
+            "--checkpoint_dir, or lost before its first checkpoint was written) while shard ",
+            shards_[furthest].index, " (", shards_[furthest].address, ") is at version ",
+            registrations[furthest].version, ": restart it with its own checkpoint directory"));
+      }
+      propose = true;
+      continue;
+    }
+    PS_RETURN_IF_ERROR(CheckAgreement(registrations, /*same_version=*/false));
+    // 3. The consistent cut: the least version; done once every shard is there.
+    size_t lowest = 0;
+    for (size_t i = 1; i < shards_.size(); ++i) {
+      if (registrations[i].version < registrations[lowest].version) lowest = i;
+    }
+    const int64_t cut = registrations[lowest].version;
+    std::vector<std::string> versions;
+    bool agree = true;
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      versions.push_back(absl::StrCat("shard ", shards_[i].index, " at ", registrations[i].version));
+      agree = agree && registrations[i].version == cut;
+    }
+    if (agree) {
+      registration_ = registrations[lowest];
+      registered_ = true;
+      if (round > 1) {
+        log(absl::StrCat("every shard resumes at version ", cut, " (", round - 1,
+                         " round(s) of restores)"));
+      }
+      return registration_;
+    }
+    // 4. Every shard above the cut back to its checkpoint of it.
+    log(absl::StrCat("shards disagree (", absl::StrJoin(versions, ", "),
+                     "): asking those above version ", cut, " to restore their checkpoint of it"));
+    const absl::Status restored = RestoreAbove(registrations, cut);
+    if (!restored.ok() && !IsServerLost(restored) &&
+        restored.code() != absl::StatusCode::kOutOfRange) {
+      // kOutOfRange: a shard went lower meanwhile (another worker's
+      // restore); the next round sees it. Anything else is final.
+      return absl::Status(restored.code(), absl::StrCat(
+          "cannot resume every shard at version ", cut, ", the version of shard ",
+          shards_[lowest].index, " of ", num_shards(), " (", shards_[lowest].address,
+          "): ",
+          restored.message()));
+    }
+    if (clock.NowNanos() >= give_up_ns) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the shards did not come to one version within ",
+          absl::FormatDuration(absl::Nanoseconds(clock.NowNanos() - start_ns)), " (",
+          absl::StrJoin(versions, ", "), "); last restore: ", restored.ToString()));
+    }
+  }
+}
+
+std::string ShardedParameterStore::NewJobRun() {
+  std::random_device random;
+  return absl::StrFormat("%08x%08x", random(), random());
+}
+
 absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
     const std::vector<ParamSpec>& signature, absl::Span<const float> proposed) {
   registered_ = false;
@@ -98,65 +275,45 @@ absl::StatusOr<ParameterStore::Registration> ShardedParameterStore::Register(
     shards_.push_back(std::move(shard));
   }
   threads_ = std::make_unique<DeviceThreads>(static_cast<int>(shards_.size()));
-  // Each shard's part of `proposed`; none when it is not a model's worth
-  // (a shard that asks for it then says so).
-  auto part_of = [&](const Shard& shard) {
-    const ShardPart& part = plan_.shards[shard.index];
-    return static_cast<int64_t>(proposed.size()) == num_parameters_
-               ? proposed.subspan(part.flat_begin, part.elements())
-               : absl::Span<const float>();
-  };
   auto sub_signature = [&](const Shard& shard) { return plan_.shards[shard.index].signature(); };
 
-  // Step 1: the first shard decides the rank.
+  // Step 1: the first shard decides the rank, and holds the run (its own,
+  // or the one proposed here if it has none yet).
   Shard& first = shards_[0];
   PS_ASSIGN_OR_RETURN(first.store, MakeStore(first, options_.remote.rank));
-  absl::StatusOr<Registration> got = first.store->Register(sub_signature(first), part_of(first));
+  first.store->ProposeJobRun(job_run_.empty() ? NewJobRun() : job_run_);
+  absl::StatusOr<Registration> got =
+      first.store->Register(sub_signature(first), PartOf(first, proposed));
   if (!got.ok()) return NameShard(first, got.status());
   const Registration decided = *got;
 
-  // Step 2: every other shard, concurrently, for that rank.
+  // Step 2: every other shard, concurrently, for that rank and run.
   std::vector<Registration> registrations(shards_.size(), decided);
   PS_RETURN_IF_ERROR(OnEveryShard([&](Shard& shard) -> absl::Status {
     if (&shard == &first) return absl::OkStatus();
     PS_ASSIGN_OR_RETURN(shard.store, MakeStore(shard, decided.rank));
+    shard.store->ProposeJobRun(decided.job_run);
     PS_ASSIGN_OR_RETURN(registrations[&shard - shards_.data()],
-                        shard.store->Register(sub_signature(shard), part_of(shard)));
+                        shard.store->Register(sub_signature(shard), PartOf(shard, proposed)));
     return absl::OkStatus();
   }));
 
-  // Step 3: one job, one rank, one version.
-  for (size_t i = 1; i < shards_.size(); ++i) {
-    const Registration& r = registrations[i];
-    if (r.optimizer != decided.optimizer) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", shards_[i].index, " (", shards_[i].address, ") runs --optimizer=", r.optimizer,
-          " but shard ", first.index, " (", first.address, ") --optimizer=", decided.optimizer,
-          ": start every shard with the same --optimizer"));
-    }
-    if (r.consistency != decided.consistency ||
-        (r.loss_scale > 0) != (decided.loss_scale > 0) ||
-        r.dynamic_members != decided.dynamic_members) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", shards_[i].index, " (", shards_[i].address, ") runs another consistency, ",
-          "loss scaling or policy on a lost worker than shard ", first.index, " (", first.address,
-          "): start every shard with the same --consistency, --loss_scale and --on_worker_loss"));
-    }
-    if (r.rank != decided.rank || r.num_workers != decided.num_workers ||
-        r.version != decided.version) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", shards_[i].index, " (", shards_[i].address, ") gave rank ", r.rank, " of ",
-          r.num_workers, " workers at version ", r.version, " but shard ", first.index, " (",
-          first.address, ") gave rank ", decided.rank, " of ", decided.num_workers,
-          " at version ", decided.version, ": are the shards of one job, started alike?"));
-    }
-  }
+  // Step 3: one job, one run, one rank.
+  PS_RETURN_IF_ERROR(CheckAgreement(registrations, /*same_version=*/false));
+  job_run_ = decided.job_run;
+  registration_ = decided;
   first_segment_.assign(1, 0);
   for (const Shard& shard : shards_) {
     first_segment_.push_back(first_segment_.back() +
                              static_cast<int>(shard.store->SegmentEnds().size()));
   }
   registered_ = true;
+  // Step 4: one version. Shards that resumed from checkpoints of different
+  // versions (the whole job restarted, say) are brought to one as
+  // Reconnect does.
+  for (const Registration& r : registrations) {
+    if (r.version != decided.version) return Reconnect(signature, proposed);
+  }
   return decided;
 }
 

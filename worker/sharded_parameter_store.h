@@ -43,7 +43,9 @@ struct ShardedStoreOptions {
 // shard for the rank the first gave (so concurrent workers cannot end up
 // with different ranks on different shards); rank, number of workers,
 // version, optimizer, consistency, loss scaling and worker-loss policy must
-// then agree across shards, else kFailedPrecondition naming both shards. Rank 0 sends each shard that asks its part of `proposed`.
+// then agree across shards, else kFailedPrecondition naming both shards; shards
+// at different versions (resumed from different checkpoints) are brought to
+// one as Reconnect does. Rank 0 sends each shard that asks its part of `proposed`.
 // Shards the plan leaves empty (more shards than elements) take no part.
 //
 // Every error names the shard's index and address, and keeps the shard's
@@ -53,6 +55,26 @@ struct ShardedStoreOptions {
 // kInternal when the shards replied with different versions. The blocking
 // calls are not thread-safe (one at a time); Push/PullSegments, as
 // parameter_store.h says, may come from several threads.
+//
+// Job run: Register proposes to the first shard a random run id (or the
+// one it knows), and to every other shard the run the first one holds, so
+// every shard of one run records the same id (proto RegisterReply.job_run)
+// in its checkpoints; shards of different runs are refused.
+//
+// Reconnect (a shard lost, or all of them; the consistent-cut rule of
+// docs/sharding.md): registers again with every shard (each asking for the
+// rank it held and proposing this run), refuses a shard whose run is
+// another (kFailedPrecondition naming it: another job's checkpoint
+// directory) and, while another is past version 0, a shard that came back
+// without any state (no run: an empty checkpoint directory; while all are at
+// 0 the job just starts again), takes v* = the least version the shards answer, asks every
+// shard above it to Restore its checkpoint of v* (concurrently), and
+// repeats until every shard answers v* (a restore drops every session, and
+// other workers restore concurrently), within the remote options'
+// reconnect_timeout (kDeadlineExceeded beyond). A shard that cannot go
+// back to v* fails it with kFailedPrecondition naming that shard and the
+// shard at v*. Refused under asynchronous consistency, whose versions
+// count updates, not iterations (kFailedPrecondition).
 //
 // Observer events: shard s's message m is reported on
 // RpcLane(s * kRpcLanesPerShard + m % kRpcLanesPerShard), so "rpc 1003" on
@@ -75,6 +97,8 @@ class ShardedParameterStore final : public ParameterStore {
                     absl::Span<const float> gradient) override;
   absl::Status WaitForVersion(int64_t version) override;
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override;
+  absl::StatusOr<Registration> Reconnect(const std::vector<ParamSpec>& signature,
+                                         absl::Span<const float> proposed) override;
 
   // The shards' segments one after the other (shard s's shifted by its
   // range's start). Push/PullSegments start each shard's part of the range
@@ -104,6 +128,8 @@ class ShardedParameterStore final : public ParameterStore {
   bool sent_initial_parameters() const;
   // The plan Register worked out (empty before).
   const ShardPlan& plan() const { return plan_; }
+  // The job run every shard holds ("" before Register).
+  const std::string& job_run() const { return job_run_; }
   int num_shards() const { return static_cast<int>(options_.shard_addresses.size()); }
 
  private:
@@ -121,6 +147,18 @@ class ShardedParameterStore final : public ParameterStore {
   absl::Status OnEveryShard(const std::function<absl::Status(Shard&)>& fn);
   absl::Status NameShard(const Shard& shard, const absl::Status& status) const;
   absl::StatusOr<std::unique_ptr<RemoteParameterStore>> MakeStore(Shard& shard, int rank) const;
+  // kFailedPrecondition naming both shards unless every registration
+  // agrees with the first on optimizer, consistency, loss scaling, policy,
+  // rank, job size, job run and (when `same_version`) version.
+  absl::Status CheckAgreement(const std::vector<Registration>& registrations,
+                              bool same_version) const;
+  // Each shard's part of `proposed` (empty when it is not a model's worth).
+  absl::Span<const float> PartOf(const Shard& shard, absl::Span<const float> proposed) const;
+  // Restores every shard whose version in `registrations` is above
+  // `version`; the lowest shard's error.
+  absl::Status RestoreAbove(const std::vector<Registration>& registrations, int64_t version);
+  // A random job run id: 16 hex digits.
+  static std::string NewJobRun();
   // Runs start(shard, local first, local last, done) for every shard whose
   // segments meet [first, last), and `done` once all are done.
   void OnShardSegments(
@@ -136,6 +174,8 @@ class ShardedParameterStore final : public ParameterStore {
   // and one past the last shard's last.
   std::vector<int> first_segment_;
   bool registered_ = false;
+  Registration registration_;  // the last one, as the caller got it
+  std::string job_run_;        // every shard's, once registered
 };
 
 }  // namespace ps::worker

@@ -192,7 +192,13 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
   loss_scaling_ = registration_.loss_scale > 0;
   overlapping_ = options_.overlap && !loss_scaling_ && devices_.size() == 1 &&
                  devices_[0]->is_cpu() && devices_[0]->is_host_memory();
-  PS_RETURN_IF_ERROR(StartFrom(registration_.version));
+  // The version registered at may be gone before it is pulled: a shard
+  // another worker's registration restored (a sharded job resumed from
+  // checkpoints of different versions), or a server lost meanwhile.
+  if (const absl::Status started = StartFrom(registration_.version); !started.ok()) {
+    if (!options_.recover_from_server_loss || !IsServerLost(started)) return started;
+    PS_RETURN_IF_ERROR(Recover(started).status());
+  }
   ComputeSetup setup;
   setup.rank = registration_.rank;
   setup.stage_batch = [this](int64_t pass) { return StageCalibrationBatch(pass); };
@@ -339,24 +345,32 @@ absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& cause) {
   const int rank = registration_.rank;
   std::vector<float> proposed = initial_parameters_;
   if (proposed.empty()) proposed.assign(num_parameters_, 0.f);  // not asked for: not rank 0
-  absl::StatusOr<ParameterStore::Registration> registration =
-      store_->Reconnect(replicas_[0]->parameters(), proposed);
-  if (!registration.ok()) {
-    // Both: what was lost, and why it could not be found again.
-    return absl::Status(registration.status().code(),
-                        absl::StrCat(registration.status().message(), " (after: ",
-                                     cause.message(), ")"));
+  // A sharded store's shards may be restored by another worker's recovery
+  // between this registration and the pull of its version (ABORTED, or
+  // UNAVAILABLE while that shard restarts): register again, a bounded
+  // number of times.
+  constexpr int kMaxRegistrations = 20;
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<ParameterStore::Registration> registration =
+        store_->Reconnect(replicas_[0]->parameters(), proposed);
+    if (!registration.ok()) {
+      // Both: what was lost, and why it could not be found again.
+      return absl::Status(registration.status().code(),
+                          absl::StrCat(registration.status().message(), " (after: ",
+                                       cause.message(), ")"));
+    }
+    registration_ = *std::move(registration);
+    PS_RETURN_IF_ERROR(CheckStoreAppliesTheUpdate(registration_));
+    if (registration_.num_workers != num_workers || registration_.rank != rank) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the parameter server came back with this worker as rank ", registration_.rank, " of ",
+          registration_.num_workers, " workers; it was rank ", rank, " of ", num_workers, " (",
+          cause.message(), ")"));
+    }
+    const absl::Status started = StartFrom(registration_.version);
+    if (started.ok()) return registration_.version;
+    if (!IsServerLost(started) || attempt == kMaxRegistrations || StopAsked()) return started;
   }
-  registration_ = *std::move(registration);
-  PS_RETURN_IF_ERROR(CheckStoreAppliesTheUpdate(registration_));
-  if (registration_.num_workers != num_workers || registration_.rank != rank) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the parameter server came back with this worker as rank ", registration_.rank, " of ",
-        registration_.num_workers, " workers; it was rank ", rank, " of ", num_workers, " (",
-        cause.message(), ")"));
-  }
-  PS_RETURN_IF_ERROR(StartFrom(registration_.version));
-  return registration_.version;
 }
 
 int64_t Trainer::steps_per_epoch() const {
