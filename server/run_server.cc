@@ -32,6 +32,7 @@
 #include "server/checkpoint.h"
 #include "server/checkpointer.h"
 #include "server/grpc_service.h"
+#include "server/health_listener.h"
 #include "server/job_supervisor.h"
 #include "server/job_run.h"
 #include "server/parameter_server.h"
@@ -434,6 +435,49 @@ absl::Status DecideRestore(const ServerOptions& options,
   return refused;
 }
 
+// What the gRPC service needs of the options: supervision, pacing, the
+// token, the job run and (with checkpoints) restores, answered by `control`.
+ServiceOptions MakeServiceOptions(const ServerOptions& options, JobRun* job_run,
+                                  ServingControl* control) {
+  ServiceOptions service_options;
+  service_options.shrinks = options.worker_loss->Shrinks();
+  service_options.stall_report_after = options.stall_report_every;
+  service_options.liveness_timeout = options.liveness_timeout;
+  service_options.client_certificates = !options.tls.client_ca_file.empty();
+  service_options.max_push_lead_bytes = options.max_push_lead_bytes;
+  service_options.push_lead_idle = options.push_lead_idle;
+  service_options.push_hold_limit = options.push_hold_limit;
+  service_options.job_token = options.job_token;
+  service_options.job_run = job_run;
+  if (!options.checkpoint_dir.empty()) {
+    service_options.restore = [control](int64_t version, ServingControl::Done done) {
+      control->AskRestore(version, std::move(done));
+    };
+  }
+  return service_options;
+}
+
+// The end of a generation for a restore of `version`: no final checkpoint
+// (the state past `version` is thrown away); every call refused, the
+// sessions gone with this generation's server, and the newer checkpoints
+// out of the resume scan.
+absl::Status EndGenerationForRestore(const ServerOptions& options, int64_t version,
+                                     ParameterServer* server, ServingControl* control,
+                                     std::unique_ptr<Checkpointer> checkpointer,
+                                     ParameterServerService* service, Listening listening) {
+  const std::string reason = absl::StrCat("restoring its checkpoint of version ", version);
+  std::printf("parameter server at version %lld %s (asked by a worker)\n",
+              static_cast<long long>(server->version()), reason.c_str());
+  std::fflush(stdout);
+  control->Close();
+  checkpointer.reset();
+  service->StopServing(reason);
+  service->Shutdown();
+  listening.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  listening.server.reset();
+  return SetAsideCheckpointsAfter(options.checkpoint_dir, version);
+}
+
 }  // namespace
 
 absl::Status RunServer(const ServerOptions& options, StopRequest* stop) {
@@ -459,27 +503,21 @@ absl::Status RunServer(const ServerOptions& options, StopRequest* stop) {
     ~Unhook() { stop->OnRequest(nullptr); }
   } unhook{stop};
   JobRun job_run;
-
-  ServiceOptions service_options;
-  service_options.shrinks = options.worker_loss->Shrinks();
-  service_options.stall_report_after = options.stall_report_every;
-  service_options.liveness_timeout = options.liveness_timeout;
-  service_options.client_certificates = !options.tls.client_ca_file.empty();
-  service_options.max_push_lead_bytes = options.max_push_lead_bytes;
-  service_options.push_lead_idle = options.push_lead_idle;
-  service_options.push_hold_limit = options.push_hold_limit;
-  service_options.job_token = options.job_token;
-  service_options.job_run = &job_run;
-  if (!options.checkpoint_dir.empty()) {
-    service_options.restore = [&control](int64_t version, ServingControl::Done done) {
-      control.AskRestore(version, std::move(done));
-    };
-  }
+  ServiceOptions service_options = MakeServiceOptions(options, &job_run, &control);
   std::unique_ptr<JobMetrics> job_metrics;
   if (observers.metrics != nullptr) {
     job_metrics = std::make_unique<JobMetrics>(&observers.metrics->registry(), &service_options);
   }
 
+  // Probes that cannot speak the job port's TLS ask this one; it says
+  // "serving" while a generation serves.
+  std::unique_ptr<HealthListener> health;
+  if (options.health_port >= 0) {
+    PS_ASSIGN_OR_RETURN(health, HealthListener::Start(
+                                    HostPort(options.bind_address, options.health_port)));
+    std::printf("health checks (plaintext, nothing else) at %s:%d\n",
+                options.bind_address.c_str(), health->port());
+  }
   // Each generation listens on the port the first one got.
   ServerOptions generation_options = options;
   for (bool first = true;; first = false) {
@@ -496,6 +534,7 @@ absl::Status RunServer(const ServerOptions& options, StopRequest* stop) {
         StartCheckpointer(options, job, server, started.resumed_version, &job_run);
     if (first) PS_RETURN_IF_ERROR(WritePortFile(options.port_file, listening.port));
     control.Reopen();
+    if (health != nullptr) health->SetServing(true);
 
     // The supervisor looks at the job once a second until the generation
     // ends; a job it fails stops the server as a signal would.
@@ -538,6 +577,7 @@ absl::Status RunServer(const ServerOptions& options, StopRequest* stop) {
     }
     stopped.Notify();
     ticker.join();
+    if (health != nullptr) health->SetServing(false);
     if (event.stop.has_value()) {
       PS_RETURN_IF_ERROR(Shutdown(options, *event.stop, server, checkpointer.get(), &service,
                                   listening.server.get(), observers.trace.get()));
@@ -546,21 +586,9 @@ absl::Status RunServer(const ServerOptions& options, StopRequest* stop) {
       }
       return absl::OkStatus();
     }
-    // A restore: no final checkpoint (the state past the version restored
-    // is being thrown away); every call refused, the sessions gone with
-    // this generation's server, and the newer checkpoints out of the scan.
-    const std::string reason =
-        absl::StrCat("restoring its checkpoint of version ", event.restore);
-    std::printf("parameter server at version %lld %s (asked by a worker)\n",
-                static_cast<long long>(server->version()), reason.c_str());
-    std::fflush(stdout);
-    control.Close();
-    checkpointer.reset();
-    service.StopServing(reason);
-    service.Shutdown();
-    listening.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    listening.server.reset();
-    PS_RETURN_IF_ERROR(SetAsideCheckpointsAfter(options.checkpoint_dir, event.restore));
+    PS_RETURN_IF_ERROR(EndGenerationForRestore(options, event.restore, server, &control,
+                                               std::move(checkpointer), &service,
+                                               std::move(listening)));
   }
 }
 

@@ -84,6 +84,10 @@ ABSL_FLAG(int, metrics_port, -1,
           "serve Prometheus metrics at http://--metrics_address:PORT/metrics (0: any free port, "
           "printed; -1: none)");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1", "address the metrics endpoint binds");
+ABSL_FLAG(int, health_port, -1,
+          "also answer gRPC health checks (grpc.health.v1, nothing else) in plaintext on this "
+          "port of --bind_address, for probes that cannot speak TLS such as the kubelet's gRPC "
+          "probes (0: any free port, -1: none)");
 ABSL_FLAG(std::string, trace, "",
           "write a Chrome trace-event timeline (Perfetto, chrome://tracing) of every push, "
           "update and pull here when stopped");
@@ -222,6 +226,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags(int argc, char** argv) {
 
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  options.health_port = absl::GetFlag(FLAGS_health_port);
   options.trace = absl::GetFlag(FLAGS_trace);
   options.trace_max_events = absl::GetFlag(FLAGS_trace_max_events);
   return options;

@@ -62,6 +62,10 @@ struct ServerOptions {
   // Observability: Prometheus metrics (-1: none; 0: any free port) and a
   // Chrome trace written on stop (empty: none).
   int metrics_port = -1;
+  // Also serve gRPC's health check alone, in plaintext, on this port of
+  // bind_address (0: any free one; -1: not), for probes that cannot speak
+  // the job port's TLS (the kubelet's gRPC probes).
+  int health_port = -1;
   std::string metrics_address = "127.0.0.1";
   std::string trace;
   int64_t trace_max_events = 1000000;

@@ -5,7 +5,10 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -54,6 +57,27 @@ std::string MakeCerts() {
   return dir;
 }
 
+// A loopback port free now (bound to port 0, then closed).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                     getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  close(fd);
+  return bound ? ntohs(address.sin_port) : -1;
+}
+
+// ps-health against `address` in plaintext: its exit status and output.
+int PlaintextHealthCheck(const std::string& address, std::string* output) {
+  return testing::RunCommand(
+      absl::StrCat(testing::ShellQuote(testing::RunfilePath("server/health_check")),
+                   " --address=", address, " --timeout=5s"),
+      output);
+}
+
 // Worker arguments that keep a training run to a few seconds on one core.
 std::vector<std::string> WorkerArgs(const std::string& address, const std::string& id) {
   return {"--server=" + address, "--worker_id=" + id, "--model=mlp", "--mlp_hidden=32",
@@ -87,15 +111,25 @@ TEST(SecurityTest, MutualTlsAndAJobTokenAdmitTheJobsWorkersAndRefuseEveryOtherCl
   const std::string wrong_token_file =
       WriteSecret("wrong-token", "security-test-job-token-0123456789-not-it\n");
   const std::string port_file = testing::TestTmpPath("port");
+  const int health_port = FreePort();
+  ASSERT_GT(health_port, 0);
   Process server(testing::RunfilePath("server/server"),
                  {"--port=0", "--port_file=" + port_file, "--num_workers=2", "--lr=0.1",
                   "--tls_cert=" + certs + "/server.pem", "--tls_key=" + certs + "/server.key",
-                  "--tls_client_ca=" + ca, "--job_token_file=" + token_file},
+                  "--tls_client_ca=" + ca, "--job_token_file=" + token_file,
+                  absl::StrCat("--health_port=", health_port)},
                  testing::TestTmpPath("server.log"));
   const int port = WaitForPortFile(port_file);
   ASSERT_GT(port, 0) << server.Log();
   const std::string address = absl::StrCat("127.0.0.1:", port);
   EXPECT_THAT(server.Log(), HasSubstr("mutual TLS, job token required")) << server.Log();
+
+  // 0. Probes that cannot speak TLS (the kubelet's) ask the health port in
+  //    plaintext: serving. The job port itself does not answer them.
+  std::string health;
+  EXPECT_EQ(PlaintextHealthCheck(absl::StrCat("127.0.0.1:", health_port), &health), 0) << health;
+  EXPECT_THAT(health, HasSubstr("SERVING"));
+  EXPECT_EQ(PlaintextHealthCheck(address, &health), 2) << health;
 
   // 1. The job's two workers: one reads the token from a file, the other
   //    from $PS_JOB_TOKEN.
