@@ -16,8 +16,9 @@
 #include "proto/wire_format.h"
 #include "server/grpc_answers.h"
 #include "server/register_request.h"
-#include "server/registration_checks.h"
-#include "server/stall_report.h"
+#include "server/grpc_replies.h"
+#include "server/registrant_identity.h"
+#include "server/restore_request.h"
 #include "server/waiting_pull_call.h"
 
 namespace ps::server {
@@ -108,52 +109,20 @@ absl::Status ParameterServerService::CheckOptionalSession(
   return server_->CheckIncarnation(session);
 }
 
-absl::StatusOr<WorkerIdentity> ParameterServerService::IdentityOf(
-    const grpc::ServerContextBase& context, const proto::RegisterRequest& request) const {
-  WorkerIdentity identity;
-  if (options_.client_certificates) {
-    // The handshake checked the certificate against the client CA; which
-    // worker it is for is ours to check.
-    std::vector<std::string> names[2];
-    const char* properties[2] = {"x509_common_name", "x509_subject_alternative_name"};
-    const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-    for (int i = 0; i < 2 && auth != nullptr; ++i) {
-      for (const grpc::string_ref& name : auth->FindPropertyValues(properties[i])) {
-        names[i].emplace_back(name.data(), name.size());
-      }
-    }
-    PS_RETURN_IF_ERROR(CheckCertificateNames(request.worker_id(), names[0], names[1]));
-    return identity;
-  }
-  identity.vouched = false;
-  identity.proof = request.identity_proof();
-  identity.liveness_timeout = options_.liveness_timeout;
-  return identity;
-}
-
 absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& context,
                                                 const proto::RegisterRequest& request,
                                                 proto::RegisterReply* reply) {
   PS_RETURN_IF_ERROR(CheckCall(context));
   PS_ASSIGN_OR_RETURN(RegisterArgs args, ReadRegisterRequest(request));
-  PS_ASSIGN_OR_RETURN(const WorkerIdentity identity, IdentityOf(context, request));
+  PS_ASSIGN_OR_RETURN(const WorkerIdentity identity,
+                      RegistrantIdentity(request.worker_id(), options_.client_certificates,
+                                         PeerCertificateNamesOf(context),
+                                         request.identity_proof(), options_.liveness_timeout));
   PS_ASSIGN_OR_RETURN(ParameterServer::Registration reg,
                       server_->Register(request.worker_id(), args.signature, args.requested_rank,
                                         request.steps_per_epoch(), identity));
-  reply->set_rank(reg.rank);
-  reply->set_num_workers(reg.num_workers);
-  reply->set_version(reg.version);
-  reply->set_chunk_elements(reg.chunk_elements);
-  reply->set_send_initial_parameters(reg.send_initial_parameters);
-  reply->set_session(reg.session);
-  for (int member : reg.members) reply->add_members(member);
-  reply->set_shrinks(options_.shrinks);
-  reply->set_consistency(server_->options().consistency->Name());
-  reply->set_optimizer(server_->options().optimizer.kind);
-  reply->set_loss_scale(server_->loss_scale().scale);
-  reply->set_identity(identity.vouched ? "certificate"
-                      : identity.proof.empty() ? "token"
-                                               : "proof");
+  FillRegisterReply(*server_, reg, options_.shrinks, reply);
+  reply->set_identity(IdentityKind(identity));
   if (options_.job_run != nullptr) reply->set_job_run(options_.job_run->Adopt(args.job_run));
   // Room for a push and a pull of every parameter, and a page.
   shared_memory_.Register(request, reg.rank, reg.session, 8 * server_->num_parameters() + 4096,
@@ -321,18 +290,8 @@ absl::Status ParameterServerService::DoHeartbeat(const grpc::ServerContextBase& 
     absl::MutexLock lock(&reports_mu_);
     reports_[request.rank()] = request;
   }
-  const ParameterServer::Progress progress = server_->progress();
-  reply->set_version(progress.version);
-  for (const ParameterServer::WorkerProgress& w : progress.workers) {
-    reply->add_rank_steps(w.next_iteration);
-  }
-  const Clock* clock = server_->options().clock;
-  if (clock != nullptr) {
-    const Stall stall = FindStall(progress, clock->NowNanos(), options_.stall_report_after,
-                                  options_.liveness_timeout);
-    reply->set_stall_report(stall.report);
-    for (int rank : stall.missing) reply->add_missing_ranks(rank);
-  }
+  FillHeartbeatReply(server_->progress(), server_->options().clock, options_.stall_report_after,
+                     options_.liveness_timeout, reply);
   return absl::OkStatus();
 }
 
@@ -432,31 +391,6 @@ grpc::ServerUnaryReactor* ParameterServerService::PullOrWait(
   return waiting;
 }
 
-absl::Status ParameterServerService::CheckRestore(const grpc::ServerContextBase& context,
-                                                  const proto::RestoreRequest& request,
-                                                  bool* forward) const {
-  *forward = false;
-  PS_RETURN_IF_ERROR(server_->CheckSession(request.rank(), SessionOf(context)));
-  const int64_t version = server_->version();
-  if (request.version() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("restore to version ", request.version(), "; versions start at 0"));
-  }
-  if (request.version() > version) {
-    return absl::OutOfRangeError(absl::StrCat("restore to version ", request.version(),
-                                              ", past this server's ", version,
-                                              ": a restore only goes back"));
-  }
-  if (request.version() == version) return absl::OkStatus();  // there already
-  if (!options_.restore) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no checkpoint of version ", request.version(), " to restore (this server is at ",
-        version, " and keeps no checkpoints: no --checkpoint_dir)"));
-  }
-  *forward = true;
-  return absl::OkStatus();
-}
-
 grpc::ServerUnaryReactor* ParameterServerService::Restore(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* reply) {
@@ -464,7 +398,12 @@ grpc::ServerUnaryReactor* ParameterServerService::Restore(grpc::CallbackServerCo
   absl::Status status = CheckCall(*context);
   if (status.ok()) status = proto::ParseMessage(*request, "restore request", &message);
   bool forward = false;
-  if (status.ok()) status = CheckRestore(*context, message, &forward);
+  if (status.ok()) {
+    absl::StatusOr<bool> checked = CheckRestoreRequest(*server_, SessionOf(*context), message,
+                                                       static_cast<bool>(options_.restore));
+    status = checked.status();
+    forward = checked.ok() && *checked;
+  }
   if (!status.ok() || !forward) {
     proto::RestoreReply answer;
     answer.set_version(message.version());
@@ -495,24 +434,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Describe(grpc::CallbackServerC
   grpc::ServerUnaryReactor* reactor = AnswerAtOnce<proto::DescribeRequest, proto::DescribeReply>(
       context, *request, reply, "describe request", CheckCall(*context),
       [&](const proto::DescribeRequest&, proto::DescribeReply* answer) {
-        const ParameterServer::Progress progress = server_->progress();
-        answer->set_num_workers(server_->options().num_workers);
-        int registered = 0;
-        for (const ParameterServer::WorkerProgress& w : progress.workers) {
-          registered += !w.id.empty();
-        }
-        answer->set_registered(registered);
-        answer->set_version(progress.version);
-        answer->set_initialized(progress.initialized);
-        for (const ParamSpec& spec : server_->signature()) {
-          proto::TensorSpec* t = answer->add_signature();
-          t->set_name(spec.name);
-          t->set_dtype(proto::DTYPE_F32);
-          for (int64_t d : spec.shape) t->add_shape(d);
-        }
-        answer->set_steps_per_epoch(server_->steps_per_epoch());
-        answer->set_chunk_elements(server_->options().chunk_elements);
-        answer->set_shrinks(options_.shrinks);
+        DescribeJob(*server_, options_.shrinks, answer);
         return absl::OkStatus();
       },
       &status);

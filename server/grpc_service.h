@@ -225,17 +225,8 @@ class ParameterServerService final
                           const std::vector<ParameterServer::ChunkId>& ids,
                           const SharedMemorySegment* segment, absl::Time deadline, bool wait,
                           grpc::ByteBuffer* reply);
-  // What a registration shows of being the worker it names (a certificate
-  // under mutual TLS, else its identity proof); kPermissionDenied for a
-  // certificate that does not name it.
-  absl::StatusOr<WorkerIdentity> IdentityOf(const grpc::ServerContextBase& context,
-                                            const proto::RegisterRequest& request) const;
   absl::Status DoRegister(const grpc::ServerContextBase& context,
                           const proto::RegisterRequest& request, proto::RegisterReply* reply);
-  // Restore's checks, in the proto's order; OK with *forward set when the
-  // owner must decide, OK alone when the server is at `version` already.
-  absl::Status CheckRestore(const grpc::ServerContextBase& context,
-                            const proto::RestoreRequest& request, bool* forward) const;
   absl::Status DoHeartbeat(const grpc::ServerContextBase& context,
                            const proto::HeartbeatRequest& request, proto::HeartbeatReply* reply);
   // A Pull or Wait past its checks: answered at once when its chunks (or
