@@ -42,6 +42,29 @@ TEST(ScopedEventTest, NullObserverReportsNothing) {
   SUCCEED();
 }
 
+TEST(EventTimerTest, TimesApartOnTheClockAndOnlyWhenObserved) {
+  FakeClock clock(500);
+  RecordingObserver observer;
+  const EventTimer timer(&observer, &clock);
+  EXPECT_TRUE(timer.observed());
+  const int64_t start = timer.Start();
+  EXPECT_EQ(start, 500);
+  clock.Advance(40);
+  timer.ReportSince(EventKind::kServerPull, kServerPullLane, 3, "fc1.weight", 128, start);
+  ASSERT_EQ(observer.events.size(), 1u);
+  EXPECT_EQ(observer.events[0].start_ns, 500);
+  EXPECT_EQ(observer.events[0].end_ns, 540);
+  EXPECT_EQ(observer.names[0], "fc1.weight");
+  EXPECT_EQ(timer.NowNanos(), 540);
+
+  const EventTimer unobserved(nullptr, &clock);
+  EXPECT_FALSE(unobserved.observed());
+  EXPECT_EQ(unobserved.Start(), 0) << "no clock read without an observer";
+  unobserved.ReportSince(EventKind::kServerPull, kServerPullLane, 3, "x", 1, 0);
+  EXPECT_EQ(unobserved.NowNanos(), 540) << "bookkeeping still reads the clock";
+  EXPECT_EQ(EventTimer(nullptr, nullptr).NowNanos(), -1);
+}
+
 TEST(ObserverFanOutTest, EveryObserverSeesEveryEvent) {
   RecordingObserver a, b;
   ObserverFanOut fan_out;

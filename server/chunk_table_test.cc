@@ -42,6 +42,35 @@ class ChunkTableTest : public ::testing::Test {
   std::unique_ptr<Optimizer> optimizer_;
 };
 
+TEST_F(ChunkTableTest, TakeAllViewsChunksInRequestOrderKeptAliveAcrossAnUpdate) {
+  auto table = MakeTable();
+  const std::vector<int64_t> gcs = {1, 0};
+  absl::StatusOr<ChunkTable::Views> views = table->TakeAll(gcs, 0, false, true);
+  ASSERT_TRUE(views.ok()) << views.status();
+  EXPECT_EQ(views->version, 0);
+  EXPECT_EQ(views->bytes, 6 * static_cast<int64_t>(sizeof(float)));
+  ASSERT_EQ(views->chunks.size(), 2u);
+  EXPECT_THAT(std::vector<float>(views->chunks[0].begin(), views->chunks[0].end()),
+              ElementsAre(4, 5));
+  ASSERT_EQ(views->previous.size(), 2u) << "an entry per chunk";
+  EXPECT_TRUE(views->previous[0].empty()) << "no version -1";
+  // Chunk 0 updated while viewed: the view keeps version 0's values.
+  const std::vector<float> g = {4, 4, 4, 4};
+  absl::string_view p0, p1;
+  table->Add(0, 0, 0, PiecesOf(g, &p0), 1, false);
+  table->Add(0, 0, 1, PiecesOf(g, &p1), 1, false);
+  const F32Pieces last = PiecesOf(g, &p1);
+  ASSERT_TRUE(table->Apply(0, 0, 0.f, &last, *optimizer_).ok());
+  EXPECT_THAT(std::vector<float>(views->chunks[1].begin(), views->chunks[1].end()),
+              ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(Current(*table, 0), ElementsAre(-4, -3, -2, -1));
+  // Now at versions 1 and 0: the least of them.
+  absl::StatusOr<ChunkTable::Views> mixed = table->TakeAll(gcs, 0, false, false);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_EQ(mixed->version, 0);
+  EXPECT_TRUE(mixed->previous.empty()) << "not asked for";
+}
+
 TEST_F(ChunkTableTest, SumsBothWorkersThenAppliesTheMeanOverTheirSamples) {
   auto table = MakeTable();
   const std::vector<float> g0 = {4, 4, 4, 4}, g1 = {2, 2, 2, 2};

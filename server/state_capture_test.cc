@@ -4,12 +4,14 @@
 #include <limits>
 #include <vector>
 
+#include "common/cpu_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace ps::server {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 ServerState Valid() {
@@ -20,6 +22,32 @@ ServerState Valid() {
   state.parameters = {1, 2};
   state.momentum = {0.5f, 0.25f};
   return state;
+}
+
+TEST(CaptureServerStateTest, TakesTheTablesParametersAndTheOptimizersMomentum) {
+  CpuDevice device(0, 1);
+  ChunkLayout layout = *ChunkLayout::Make({{"w", {3}, DType::kF32}}, 2, 1 << 20);
+  const ChunkTable table(std::move(layout), 2, 1, {1, 2, 3}, &device);
+  OptimizerOptions options;
+  options.sgd.momentum = 0.9f;
+  const LossScaleState scale{256.f, 3, 1};
+  // No update yet (no optimizer): zeros where the optimizer has momentum.
+  ServerState state = CaptureServerState(table, nullptr, options, 5, -1, scale);
+  EXPECT_EQ(state.version, 5);
+  EXPECT_EQ(state.steps_per_epoch, 0) << "not known yet";
+  EXPECT_THAT(state.parameters, ElementsAre(1, 2, 3));
+  EXPECT_THAT(state.momentum, ElementsAre(0, 0, 0));
+  EXPECT_EQ(state.signature.size(), 1u);
+  EXPECT_EQ(state.loss_scale, 256.f);
+  EXPECT_EQ(state.loss_scale_clean_iterations, 3);
+  EXPECT_EQ(state.loss_scale_skipped_iterations, 1);
+  std::unique_ptr<Optimizer> optimizer = *CreateOptimizer(options, 3, &device);
+  ASSERT_TRUE(optimizer->RestoreMomentum({0.5f, 0.25f, 0.125f}).ok());
+  state = CaptureServerState(table, optimizer.get(), options, 6, 10, scale);
+  EXPECT_EQ(state.steps_per_epoch, 10);
+  EXPECT_THAT(state.momentum, ElementsAre(0.5f, 0.25f, 0.125f));
+  options.sgd.momentum = 0;
+  EXPECT_TRUE(CaptureServerState(table, nullptr, options, 5, 1, scale).momentum.empty());
 }
 
 TEST(CheckServerStateTest, RefusesWhatNoServerCanResumeFromNamingIt) {
