@@ -38,18 +38,18 @@ std::string LaneName(int32_t lane) {
   return absl::StrCat("device ", lane - DeviceLane(0));
 }
 
-void ReportEventSince(EventObserver* observer, const Clock* clock, EventKind kind, int32_t lane,
-                      int64_t step, absl::string_view name, int64_t bytes, int64_t start_ns) {
-  if (observer == nullptr) return;
+void EventTimer::ReportSince(EventKind kind, int32_t lane, int64_t step, absl::string_view name,
+                             int64_t bytes, int64_t start_ns) const {
+  if (observer_ == nullptr) return;
   TimedEvent event;
   event.kind = kind;
   event.lane = lane;
   event.step = step;
   event.name = name;
   event.start_ns = start_ns;
-  event.end_ns = clock->NowNanos();
+  event.end_ns = clock_->NowNanos();
   event.bytes = bytes;
-  observer->OnEvent(event);
+  observer_->OnEvent(event);
 }
 
 }  // namespace ps

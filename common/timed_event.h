@@ -101,28 +101,20 @@ class ObserverFanOut final : public EventObserver {
 };
 
 // For events whose start and end are decided apart (say, timed from a lock
-// taken to a result published): the clock's reading when `observer` is
-// set, else 0 (no read); then the event from `start_ns` to now, reported
-// to `observer` if set. `clock` is not null when `observer` is set.
-inline int64_t EventStartNanos(const EventObserver* observer, const Clock* clock) {
-  return observer != nullptr ? clock->NowNanos() : 0;
-}
-void ReportEventSince(EventObserver* observer, const Clock* clock, EventKind kind, int32_t lane,
-                      int64_t step, absl::string_view name, int64_t bytes, int64_t start_ns);
-
-// The same, bound to one observer (which may be null) and its clock: for
-// a component that times several such events.
+// taken to a result published), bound to one observer (which may be null:
+// then nothing is read or reported) and its clock (not null when the
+// observer is set).
 class EventTimer {
  public:
   EventTimer(EventObserver* observer, const Clock* clock) : observer_(observer), clock_(clock) {}
   bool observed() const { return observer_ != nullptr; }
   // The clock's reading, or -1 without a clock (bookkeeping, not events).
   int64_t NowNanos() const { return clock_ != nullptr ? clock_->NowNanos() : -1; }
-  int64_t Start() const { return EventStartNanos(observer_, clock_); }
+  // The start of an event: the clock's reading when observed, else 0.
+  int64_t Start() const { return observer_ != nullptr ? clock_->NowNanos() : 0; }
+  // The event from `start_ns` to now, reported when observed.
   void ReportSince(EventKind kind, int32_t lane, int64_t step, absl::string_view name,
-                   int64_t bytes, int64_t start_ns) const {
-    ReportEventSince(observer_, clock_, kind, lane, step, name, bytes, start_ns);
-  }
+                   int64_t bytes, int64_t start_ns) const;
 
  private:
   EventObserver* const observer_;

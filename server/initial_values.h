@@ -49,8 +49,6 @@ class InitialChunks {
   void Expect(int64_t total_chunks);
   // A restarted rank 0 sends everything again.
   void Restart();
-  // Per global chunk: received already.
-  const std::vector<bool>& received() const { return received_; }
   // Checks a message of initial chunks from worker `rank` before any is
   // received: kFailedPrecondition when every chunk is in already or `rank`
   // is not 0 (the one asked); per chunk as CheckChunkShapes (naming a chunk

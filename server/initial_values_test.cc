@@ -53,14 +53,22 @@ TEST(InitialValuesTest, RefusesTensorsThatDoNotFillTheirShapeOrAreNotFinite) {
 }
 
 TEST(InitialChunksTest, VersionZeroExistsOnceEveryChunkIsIn) {
+  absl::StatusOr<ChunkLayout> layout = ChunkLayout::Make({{"w", {6}, DType::kF32}}, 2, 1 << 20);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const std::vector<float> two = {1, 2};
+  const absl::string_view bytes(reinterpret_cast<const char*>(two.data()), 8);
+  // Whether chunk `c` may still be sent (Check names one received already).
+  const auto receivable = [&](const InitialChunks& chunks, int64_t c) {
+    return chunks.Check(0, *layout, {ChunkBytes{0, c, absl::MakeConstSpan(&bytes, 1)}}).ok();
+  };
   InitialChunks chunks;
   chunks.Expect(3);
   EXPECT_FALSE(chunks.Receive(2));
   EXPECT_FALSE(chunks.Receive(0));
-  EXPECT_TRUE(chunks.received()[0]);
-  EXPECT_FALSE(chunks.received()[1]);
+  EXPECT_FALSE(receivable(chunks, 0));
+  EXPECT_TRUE(receivable(chunks, 1));
   chunks.Restart();  // rank 0 restarted: everything again
-  EXPECT_FALSE(chunks.received()[0]);
+  EXPECT_TRUE(receivable(chunks, 0));
   EXPECT_FALSE(chunks.Receive(0));
   EXPECT_FALSE(chunks.Receive(1));
   EXPECT_TRUE(chunks.Receive(2));

@@ -43,7 +43,6 @@ class Membership {
   // be waived); false when it was dropped already. kFailedPrecondition for
   // the last member (the job waits for it).
   absl::StatusOr<bool> Drop(int rank);
-  bool dropped(int rank) const { return dropped_[rank]; }
 
   // A rank registering, the server at `version`: the iteration it joins at.
   // `version` unless the rank was dropped; then it is back in at the first

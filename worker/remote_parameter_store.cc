@@ -53,7 +53,7 @@ proto::DType WireDType(const WireCodec& codec) {
 }  // namespace
 
 RemoteParameterStore::RemoteParameterStore(const RemoteStoreOptions& options)
-    : options_(options) {}
+    : options_(options), events_(options_.observer, options_.clock) {}
 
 RemoteParameterStore::~RemoteParameterStore() {
   {
@@ -300,7 +300,7 @@ void RemoteParameterStore::StartMessages(
     call.context.set_deadline(WallDeadlineAfter(timeout));
     AddCredentials(&call.context);
     call.request = fill(static_cast<size_t>(m), lend);
-    if (options_.observer != nullptr) call.start_ns = options_.clock->NowNanos();
+    call.start_ns = events_.Start();
     // Message m always takes the same connection of its direction.
     const auto& stubs = kind == EventKind::kPullMessage ? pull_stubs_ : push_stubs_;
     grpc::GenericStub& stub = *stubs[m % stubs.size()];
@@ -308,10 +308,9 @@ void RemoteParameterStore::StartMessages(
         &call.context, method, grpc::StubOptions(), &call.request, &call.reply,
         [this, batch, &call, m, what, kind, step, shared_check](grpc::Status status) {
           const Message& message = messages_[m];
-          ReportEventSince(options_.observer, options_.clock, kind, RpcLane(m), step,
-                           key_names_[message.front().key],
-                           message_elements_[m] * static_cast<int64_t>(sizeof(float)),
-                           call.start_ns);
+          events_.ReportSince(kind, RpcLane(m), step, key_names_[message.front().key],
+                              message_elements_[m] * static_cast<int64_t>(sizeof(float)),
+                              call.start_ns);
           absl::Status s = FromGrpcStatus(
               status, absl::StrCat(what, " of key ", message.front().key, " chunk ",
                                    message.front().index, " (and the rest of its message) at ",

@@ -325,6 +325,8 @@ class RemoteParameterStore final : public ParameterStore {
   void SendHeartbeats();
 
   RemoteStoreOptions options_;
+  // options_.observer on options_.clock, for the messages' events.
+  EventTimer events_;
   // options_.connections connections each for pushes (and Initialize) and
   // for pulls (see Create); Register and Wait use the first push one.
   std::vector<std::shared_ptr<grpc::Channel>> push_channels_, pull_channels_;
