@@ -116,7 +116,9 @@ absl::Status ParameterServerService::DoRegister(const grpc::ServerContextBase& c
   PS_ASSIGN_OR_RETURN(RegisterArgs args, ReadRegisterRequest(request));
   PS_ASSIGN_OR_RETURN(const WorkerIdentity identity,
                       RegistrantIdentity(request.worker_id(), options_.client_certificates,
-                                         PeerCertificateNamesOf(context),
+                                         options_.client_certificates
+                                             ? PeerCertificateNamesOf(context)
+                                             : PeerCertificateNames(),
                                          request.identity_proof(), options_.liveness_timeout));
   PS_ASSIGN_OR_RETURN(ParameterServer::Registration reg,
                       server_->Register(request.worker_id(), args.signature, args.requested_rank,
