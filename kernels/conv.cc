@@ -191,10 +191,10 @@ absl::Status Conv2dForward(Device& device, const Conv2dShape& shape, const float
   if (device.is_cpu()) {
     // oneDNN's convolution primitive computes in fp32: a device in half
     // precision runs every convolution on its GEMMs instead.
-    internal::DnnlLayout layout;
+    internal::DnnlMethod method;
     if (device.gemm_precision() == Precision::kFp32 &&
-        internal::PreferDnnlConvForward(shape, &layout)) {
-      return internal::Conv2dForwardDnnl(AsCpu(device), shape, layout, x, weight, bias, y);
+        internal::PreferDnnlConvForward(shape, &method)) {
+      return internal::Conv2dForwardDnnl(AsCpu(device), shape, method, x, weight, bias, y);
     }
     return internal::Conv2dForwardCpu(AsCpu(device), shape, x, weight, bias, y);
   }
@@ -212,10 +212,10 @@ absl::Status Conv2dBackward(Device& device, const Conv2dShape& shape, const floa
   PS_RETURN_IF_ERROR(CheckPointers(x, weight, dweight));
   if (dy == nullptr) return absl::InvalidArgumentError("Conv2dBackward: dy is null");
   if (device.is_cpu()) {
-    internal::DnnlLayout layout;
+    internal::DnnlMethod method;
     if (device.gemm_precision() == Precision::kFp32 &&
-        internal::PreferDnnlConvBackward(shape, dx != nullptr, &layout)) {
-      return internal::Conv2dBackwardDnnl(AsCpu(device), shape, layout, x, weight, dy, dx,
+        internal::PreferDnnlConvBackward(shape, dx != nullptr, &method)) {
+      return internal::Conv2dBackwardDnnl(AsCpu(device), shape, method, x, weight, dy, dx,
                                           dweight, dbias);
     }
     return internal::Conv2dBackwardCpu(AsCpu(device), shape, x, weight, dy, dx, dweight, dbias);

@@ -10,7 +10,7 @@
 //   ... -- --benchmark_filter='layer:(1[1-9]|2[01])/batch:64/threads:1'   (resnet18_cifar)
 //
 // Arguments: layer (index into kLayers), batch, device threads, impl (0 ours,
-// 1 oneDNN plain, 2 oneDNN blocked). BLAS runs on one thread when the device
+// 1 oneDNN plain, 2 oneDNN blocked, 3 oneDNN Winograd where it applies). BLAS runs on one thread when the device
 // has one, else on the device's threads (as the worker sets it).
 
 #include <cstdint>
@@ -27,7 +27,7 @@
 namespace ps::kernels {
 namespace {
 
-using internal::DnnlLayout;
+using internal::DnnlMethod;
 using testing::RandomVector;
 
 struct Layer {
@@ -91,19 +91,25 @@ void Run(benchmark::State& state, Pass pass) {
   const auto b = RandomVector(s.out_channels, 3);
   const auto dy = RandomVector(s.batch * s.out_channels * s.out_height() * s.out_width(), 4);
   std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(b.size());
-  const DnnlLayout layout = impl == 2 ? DnnlLayout::kBlocked : DnnlLayout::kPlain;
+  const DnnlMethod method = impl == 3   ? DnnlMethod::kWinograd
+                           : impl == 2 ? DnnlMethod::kBlocked
+                                       : DnnlMethod::kPlain;
+  if (impl == 3 && !internal::WinogradApplies(s)) {
+    state.SkipWithError("Winograd does not apply to this shape");
+    return;
+  }
   for (auto _ : state) {
     absl::Status status;
     float* dx_or_null = pass == Pass::kBackward ? dx.data() : nullptr;
     if (pass == Pass::kForward) {
       status = impl == 0 ? internal::Conv2dForwardCpu(cpu, s, x.data(), w.data(), b.data(),
                                                       y.data())
-                         : internal::Conv2dForwardDnnl(cpu, s, layout, x.data(), w.data(),
+                         : internal::Conv2dForwardDnnl(cpu, s, method, x.data(), w.data(),
                                                        b.data(), y.data());
     } else {
       status = impl == 0 ? internal::Conv2dBackwardCpu(cpu, s, x.data(), w.data(), dy.data(),
                                                        dx_or_null, dw.data(), db.data())
-                         : internal::Conv2dBackwardDnnl(cpu, s, layout, x.data(), w.data(),
+                         : internal::Conv2dBackwardDnnl(cpu, s, method, x.data(), w.data(),
                                                         dy.data(), dx_or_null, dw.data(),
                                                         db.data());
     }
@@ -127,7 +133,7 @@ void Args(benchmark::internal::Benchmark* b) {
   for (int64_t batch : {64, 256}) {
     for (int threads : {1, 2}) {
       for (int layer = 0; layer < static_cast<int>(std::size(kLayers)); ++layer) {
-        for (int impl : {0, 1, 2}) b->Args({layer, batch, threads, impl});
+        for (int impl : {0, 1, 2, 3}) b->Args({layer, batch, threads, impl});
       }
     }
   }

@@ -138,8 +138,8 @@ Grads ReferenceBackward(const Conv2dShape& s, const std::vector<float>& x,
 }
 
 // Which CPU path a check runs: conv.h's entry points (which choose per
-// shape), conv_cpu.h's kernels, or oneDNN's in either layout.
-enum class CpuPath { kDispatch, kOurs, kDnnlPlain, kDnnlBlocked };
+// shape), conv_cpu.h's kernels, or oneDNN's in either method.
+enum class CpuPath { kDispatch, kOurs, kDnnlPlain, kDnnlBlocked, kDnnlWinograd };
 
 std::string PathName(CpuPath path) {
   switch (path) {
@@ -151,13 +151,21 @@ std::string PathName(CpuPath path) {
       return "dnnl plain";
     case CpuPath::kDnnlBlocked:
       return "dnnl blocked";
+    case CpuPath::kDnnlWinograd:
+      return "dnnl winograd";
   }
   return "?";
 }
 
-internal::DnnlLayout LayoutOf(CpuPath path) {
-  return path == CpuPath::kDnnlPlain ? internal::DnnlLayout::kPlain
-                                     : internal::DnnlLayout::kBlocked;
+internal::DnnlMethod MethodOf(CpuPath path) {
+  switch (path) {
+    case CpuPath::kDnnlPlain:
+      return internal::DnnlMethod::kPlain;
+    case CpuPath::kDnnlWinograd:
+      return internal::DnnlMethod::kWinograd;
+    default:
+      return internal::DnnlMethod::kBlocked;
+  }
 }
 
 absl::Status ForwardOn(CpuPath path, CpuDevice& cpu, const Conv2dShape& s, const float* x,
@@ -168,7 +176,7 @@ absl::Status ForwardOn(CpuPath path, CpuDevice& cpu, const Conv2dShape& s, const
     case CpuPath::kOurs:
       return internal::Conv2dForwardCpu(cpu, s, x, w, b, y);
     default:
-      return internal::Conv2dForwardDnnl(cpu, s, LayoutOf(path), x, w, b, y);
+      return internal::Conv2dForwardDnnl(cpu, s, MethodOf(path), x, w, b, y);
   }
 }
 
@@ -180,7 +188,7 @@ absl::Status BackwardOn(CpuPath path, CpuDevice& cpu, const Conv2dShape& s, cons
     case CpuPath::kOurs:
       return internal::Conv2dBackwardCpu(cpu, s, x, w, dy, dx, dw, db);
     default:
-      return internal::Conv2dBackwardDnnl(cpu, s, LayoutOf(path), x, w, dy, dx, dw, db);
+      return internal::Conv2dBackwardDnnl(cpu, s, MethodOf(path), x, w, dy, dx, dw, db);
   }
 }
 
@@ -269,6 +277,37 @@ TEST(ConvDnnlTest, BlockedMatchesReference) {
   CheckCpuAgainstReference(2, 2, CpuPath::kDnnlBlocked);
 }
 
+// Winograd where oneDNN has it (3x3 stride 1, whole channel blocks: the
+// stage-1 shape); the direct primitive computes the other shapes.
+TEST(ConvDnnlTest, WinogradMatchesReference) {
+  CheckCpuAgainstReference(1, 1, CpuPath::kDnnlWinograd);
+  CheckCpuAgainstReference(2, 2, CpuPath::kDnnlWinograd);
+}
+
+// The speed chosen for ResNet comes from oneDNN's Winograd kernels: on the
+// CPUs where they were measured, the shapes sent to them are computed by
+// them, not by the direct primitive that stands in where they are missing.
+TEST(ConvDnnlTest, WinogradKernelsRunTheShapesChosenForThem) {
+  if (!internal::DnnlConvMeasuredHere()) GTEST_SKIP() << "no AVX-512: oneDNN is not chosen here";
+  for (const Conv2dShape& s : {MakeShape(64, 64, 28, 28, 64, 3, 3, 1, 1, 1, 1),
+                               MakeShape(32, 128, 14, 14, 128, 3, 3, 1, 1, 1, 1),
+                               MakeShape(32, 512, 4, 4, 512, 3, 3, 1, 1, 1, 1)}) {
+    SCOPED_TRACE(Describe(s));
+    internal::DnnlMethod method;
+    ASSERT_TRUE(internal::PreferDnnlConvForward(s, &method));
+    EXPECT_EQ(method, internal::DnnlMethod::kWinograd);
+    ASSERT_TRUE(internal::PreferDnnlConvBackward(s, true, &method));
+    EXPECT_EQ(method, internal::DnnlMethod::kWinograd);
+    for (internal::DnnlPass pass : {internal::DnnlPass::kForward, internal::DnnlPass::kBackwardData,
+                                    internal::DnnlPass::kBackwardWeights}) {
+      const absl::StatusOr<std::string> name =
+          internal::DnnlConvImplementation(s, pass, internal::DnnlMethod::kWinograd);
+      ASSERT_TRUE(name.ok()) << name.status();
+      EXPECT_NE(name->find("wino"), std::string::npos) << *name;
+    }
+  }
+}
+
 // What conv.h's entry points choose per shape and pass.
 TEST(ConvDnnlTest, DispatchMatchesReference) {
   CheckCpuAgainstReference(1, 1, CpuPath::kDispatch);
@@ -283,30 +322,39 @@ TEST(ConvDnnlTest, DispatchMatchesReference) {
 TEST(ConvDnnlTest, ChoosesThePathsMeasuredFasterPerShape) {
   struct Case {
     Conv2dShape shape;
-    bool forward, backward;
+    bool forward, backward, winograd;
   };
   const Case cases[] = {
-      {MakeShape(64, 1, 28, 28, 64, 7, 7, 2, 2, 3, 3), false, true},     // b1.conv (no dx)
-      {MakeShape(64, 64, 7, 7, 64, 3, 3, 1, 1, 1, 1), true, true},       // stage1
-      {MakeShape(64, 64, 7, 7, 128, 3, 3, 2, 2, 1, 1), true, true},      // stage2.block0.conv1
-      {MakeShape(64, 128, 4, 4, 128, 3, 3, 1, 1, 1, 1), true, true},     // stage2
-      {MakeShape(64, 64, 7, 7, 128, 1, 1, 2, 2, 0, 0), false, true},     // stage2 shortcut
-      {MakeShape(64, 128, 4, 4, 256, 3, 3, 2, 2, 1, 1), false, true},    // stage3.block0.conv1
-      {MakeShape(64, 256, 2, 2, 256, 3, 3, 1, 1, 1, 1), true, true},     // stage3
-      {MakeShape(64, 256, 2, 2, 512, 3, 3, 2, 2, 1, 1), false, true},    // stage4.block0.conv1
-      {MakeShape(64, 512, 1, 1, 512, 3, 3, 1, 1, 1, 1), false, true},    // stage4
-      {MakeShape(256, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0), false, false},   // LeNet conv2
+      {MakeShape(64, 1, 28, 28, 64, 7, 7, 2, 2, 3, 3), false, true, false},    // b1.conv (no dx)
+      {MakeShape(64, 64, 7, 7, 64, 3, 3, 1, 1, 1, 1), true, true, true},       // stage1
+      {MakeShape(64, 64, 7, 7, 128, 3, 3, 2, 2, 1, 1), true, true, false},     // stage2.block0.conv1
+      {MakeShape(64, 128, 4, 4, 128, 3, 3, 1, 1, 1, 1), true, true, true},     // stage2
+      {MakeShape(64, 64, 7, 7, 128, 1, 1, 2, 2, 0, 0), false, true, false},    // stage2 shortcut
+      {MakeShape(64, 128, 4, 4, 256, 3, 3, 2, 2, 1, 1), false, true, false},   // stage3.block0.conv1
+      {MakeShape(64, 256, 2, 2, 256, 3, 3, 1, 1, 1, 1), true, true, false},    // stage3
+      {MakeShape(64, 256, 2, 2, 512, 3, 3, 2, 2, 1, 1), false, true, false},   // stage4.block0.conv1
+      {MakeShape(64, 512, 1, 1, 512, 3, 3, 1, 1, 1, 1), false, true, false},   // stage4
+      {MakeShape(64, 64, 28, 28, 64, 3, 3, 1, 1, 1, 1), true, true, true},     // cifar stage1
+      {MakeShape(64, 256, 7, 7, 256, 3, 3, 1, 1, 1, 1), true, true, true},     // cifar stage3
+      {MakeShape(64, 1, 28, 28, 64, 3, 3, 1, 1, 1, 1), false, true, false},    // cifar b1.conv
+      {MakeShape(256, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0), false, false, false},  // LeNet conv2
   };
   // Measured on CPUs with AVX-512 only: elsewhere every shape stays ours.
   const bool measured = internal::DnnlConvMeasuredHere();
   EXPECT_EQ(measured, __builtin_cpu_supports("avx512f") != 0);
   for (const Case& c : cases) {
     SCOPED_TRACE(Describe(c.shape));
-    internal::DnnlLayout layout;
-    EXPECT_EQ(internal::PreferDnnlConvForward(c.shape, &layout), measured && c.forward);
+    internal::DnnlMethod method;
+    EXPECT_EQ(internal::PreferDnnlConvForward(c.shape, &method), measured && c.forward);
+    if (measured && c.forward) {
+      EXPECT_EQ(method == internal::DnnlMethod::kWinograd, c.winograd);
+    }
     const bool need_dx = c.shape.in_channels > 1;
-    EXPECT_EQ(internal::PreferDnnlConvBackward(c.shape, need_dx, &layout),
+    EXPECT_EQ(internal::PreferDnnlConvBackward(c.shape, need_dx, &method),
               measured && c.backward);
+    if (measured && c.backward) {
+      EXPECT_EQ(method == internal::DnnlMethod::kWinograd, c.winograd);
+    }
   }
 }
 
@@ -327,7 +375,7 @@ TEST(ConvDnnlTest, ConcurrentCallsFromTwoDevices) {
     threads.emplace_back([&, d] {
       CpuDevice cpu(d, 1);
       for (int i = 0; i < 20 && status[d].ok(); ++i) {
-        status[d] = internal::Conv2dForwardDnnl(cpu, s, internal::DnnlLayout::kBlocked,
+        status[d] = internal::Conv2dForwardDnnl(cpu, s, internal::DnnlMethod::kBlocked,
                                                 x[d].data(), w.data(), b.data(), y[d].data());
       }
     });
@@ -375,6 +423,7 @@ TEST(ConvCpuTest, BackwardMatchesNumericGradient) { CheckNumericGradient(CpuPath
 TEST(ConvDnnlTest, BackwardMatchesNumericGradient) {
   CheckNumericGradient(CpuPath::kDnnlPlain);
   CheckNumericGradient(CpuPath::kDnnlBlocked);
+  CheckNumericGradient(CpuPath::kDnnlWinograd);
 }
 
 TEST(ConvTest, ValidateNamesTheBadField) {
