@@ -100,7 +100,7 @@ TEST(TraceTest, ServerAndTwoWorkersWriteTimelinesThatMerge) {
                                  "--dataset=synthetic", "--model=mlp", "--mlp_hidden=32",
                                  "--batch_size=64", "--epochs=1",
                                  absl::StrCat("--max_steps=", kSteps), "--devices=cpu:2",
-                                 "--threads=1", "--evaluate=false", "--progress=false",
+                                 "--nooverlap", "--threads=1", "--evaluate=false", "--progress=false",
                                  "--trace=" + worker_traces[r]},
         testing::TestTmpPath(absl::StrCat("worker", r, ".log"))));
   }
@@ -113,8 +113,9 @@ TEST(TraceTest, ServerAndTwoWorkersWriteTimelinesThatMerge) {
   EXPECT_THAT(server.Log(), HasSubstr("wrote the timeline"));
 
   // 1. Each worker: its rank as the process, the lanes named.
-  // Two CPU devices: no overlap, and no copy to host (pushes read device
-  // 0's memory).
+  // Two CPU devices without overlap (--nooverlap: every phase of the step
+  // on the trainer lane), and no copy to host (pushes read device 0's
+  // memory).
   const std::vector<std::string> phases = {"data", "compute", "reduce",
                                            "push", "pull",    "copy_to_device"};
   for (int r = 0; r < 2; ++r) {

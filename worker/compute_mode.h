@@ -68,11 +68,11 @@ struct ComputeStep {
   DeviceThreads* device_threads = nullptr;
   // Receives each device's kCompute event on DeviceLane(d). May be null.
   EventObserver* observer = nullptr;
-  // Overlapping communication with compute (one device): replica 0's hooks,
-  // through which its forward waits for each layer's parameters and its
-  // backward hands over each layer's gradients. Null: no overlap (the
-  // trainer pushes the gradients once the pass has returned).
-  model::ParameterHooks* overlap = nullptr;
+  // Overlapping communication with compute: device d's hooks at d, through
+  // which its forward waits for each layer's parameters and its backward
+  // hands over each layer's gradients. Empty: no overlap (the trainer
+  // pushes the gradients once every pass has returned).
+  std::vector<model::ParameterHooks*> overlap;
   // Set with `overlap`: blocks until every layer's parameters are in, for a
   // replica that runs no pass (an empty shard) and so calls no hook.
   std::function<absl::Status()> await_all_parameters;
@@ -109,7 +109,7 @@ class ComputeMode {
 
   // Fills every replica's flat_gradients() with the gradient of its shard's
   // loss sum (or, replaying, leaves the last real ones), calling
-  // step.overlap's hooks when set. Returns the first device's error, or the
+  // each device's step.overlap hooks when set. Returns the first device's error, or the
   // hooks' (a failed wait for parameters).
   virtual absl::Status Compute(ComputeStep& step) = 0;
 

@@ -22,10 +22,10 @@ absl::Status RealCompute::Compute(ComputeStep& step) {
     if (shard.size == 0) {
       // An empty shard contributes a zero gradient (its parameters are
       // whole: the last step drained, as a replica without hooks needs).
-      if (step.overlap != nullptr) PS_RETURN_IF_ERROR(step.await_all_parameters());
+      if (!step.overlap.empty()) PS_RETURN_IF_ERROR(step.await_all_parameters());
       return model.flat_gradients().SetZero();
     }
-    if (step.overlap != nullptr) model.set_parameter_hooks(step.overlap);
+    if (!step.overlap.empty()) model.set_parameter_hooks(step.overlap[d]);
     absl::StatusOr<model::DeviceMetrics> metrics = model.ForwardBackward(shard.inputs, shard.labels);
     model.set_parameter_hooks(nullptr);
     PS_RETURN_IF_ERROR(metrics.status());

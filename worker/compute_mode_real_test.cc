@@ -78,7 +78,7 @@ TEST(RealComputeTest, OverlappingThePassCallsTheHooksLayerByLayerThenLetsThemGo)
   ComputeStep step;
   step.shards = {(*replica)->shard()};
   step.device_threads = &threads;
-  step.overlap = &hooks;
+  step.overlap = {&hooks};
   step.await_all_parameters = [] { return absl::InternalError("no pass waits for all"); };
   ASSERT_TRUE(real.Compute(step).ok());
   // Two layers forward in order, handed over in reverse: [begin of layer 1,
@@ -111,7 +111,7 @@ TEST(RealComputeTest, OverlappingAnEmptyShardWaitsForEveryParameterAndSaysWhyNot
   ComputeStep step;
   step.shards = {(*replica)->shard()};
   step.device_threads = &threads;
-  step.overlap = &hooks;
+  step.overlap = {&hooks};
   step.await_all_parameters = [&] {
     ++waits;
     return absl::OkStatus();

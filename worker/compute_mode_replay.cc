@@ -42,16 +42,18 @@ absl::Status ReplayCompute::Compute(ComputeStep& step) {
   // is on the trainer's clock, which measured the pass (real time in a
   // worker: the replay stands in for real work).
   ScopedEvent event(step.observer, clock_, EventKind::kCompute, DeviceLane(0), step.iteration);
-  model::ParameterHooks* hooks = step.overlap;
+  // Several devices: every replica reaches each point at once (one pass
+  // stands for all of them), so each device's hooks hear it in turn.
   for (const ComputeProfile::Point& point : profile_.points) {
     clock_->SleepFor(absl::Nanoseconds(point.gap_ns));
-    if (hooks == nullptr) continue;
-    if (point.kind == ComputeProfile::Point::kNeedParameters) {
-      PS_RETURN_IF_ERROR(hooks->BeforeForward(point.begin, point.end));
-    } else if (point.kind == ComputeProfile::Point::kGradientsEarly) {
-      hooks->GradientsReady(point.begin, point.end);
-    } else if (point.kind == ComputeProfile::Point::kGradientsReady) {
-      hooks->AfterBackward(point.begin, point.end);
+    for (model::ParameterHooks* hooks : step.overlap) {
+      if (point.kind == ComputeProfile::Point::kNeedParameters) {
+        PS_RETURN_IF_ERROR(hooks->BeforeForward(point.begin, point.end));
+      } else if (point.kind == ComputeProfile::Point::kGradientsEarly) {
+        hooks->GradientsReady(point.begin, point.end);
+      } else if (point.kind == ComputeProfile::Point::kGradientsReady) {
+        hooks->AfterBackward(point.begin, point.end);
+      }
     }
   }
   return absl::OkStatus();

@@ -85,7 +85,7 @@ TEST(ReplayComputeTest, AStepReplaysTheProfilesPointsAtTheirGapsWithoutComputing
     step.iteration = 7;
     step.shards = {(*replica)->shard()};
     step.observer = &observer;
-    if (overlap) step.overlap = &hooks;
+    if (overlap) step.overlap = {&hooks};
     const int64_t start = clock.NowNanos();
     const size_t sleeps_before = clock.sleeps_ns().size();
     ASSERT_TRUE(replay.Compute(step).ok());

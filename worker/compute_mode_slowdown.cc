@@ -1,5 +1,9 @@
 #include "worker/compute_mode_slowdown.h"
 
+#include <algorithm>
+#include <memory>
+#include <vector>
+
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 
@@ -59,13 +63,20 @@ double SlowdownCompute::SlowdownAt(int64_t iteration) const {
 absl::Status SlowdownCompute::Compute(ComputeStep& step) {
   const double slowdown = SlowdownAt(step.iteration);
   if (slowdown <= 1) return inner_->Compute(step);
-  StretchingHooks hooks(step.overlap, clock_, slowdown);
-  model::ParameterHooks* const overlap = step.overlap;
-  if (overlap != nullptr) step.overlap = &hooks;
+  // Each device's hooks stretch its own pass, on its own thread.
+  const std::vector<model::ParameterHooks*> overlap = step.overlap;
+  std::vector<std::unique_ptr<StretchingHooks>> hooks;
+  for (size_t d = 0; d < std::max<size_t>(1, overlap.size()); ++d) {
+    hooks.push_back(std::make_unique<StretchingHooks>(overlap.empty() ? nullptr : overlap[d],
+                                                      clock_, slowdown));
+    if (!overlap.empty()) step.overlap[d] = hooks[d].get();
+  }
   absl::Status status = inner_->Compute(step);
   step.overlap = overlap;
   PS_RETURN_IF_ERROR(status);
-  hooks.Stretch();  // the pass's tail after its last hook (without overlap: all of it)
+  // The pass's tail after its last hook (without overlap: all of it), on
+  // device 0's timeline.
+  hooks[0]->Stretch();
   return absl::OkStatus();
 }
 

@@ -33,11 +33,11 @@ class ScriptedCompute final : public ComputeMode {
     ++passes;
     if (!error.ok()) return error;
     clock_->Advance(2 * kMs);
-    if (step.overlap != nullptr) {
-      if (absl::Status s = step.overlap->BeforeForward(0, 10); !s.ok()) return s;
+    if (!step.overlap.empty()) {
+      if (absl::Status s = step.overlap[0]->BeforeForward(0, 10); !s.ok()) return s;
     }
     clock_->Advance(3 * kMs);
-    if (step.overlap != nullptr) step.overlap->AfterBackward(0, 10);
+    if (!step.overlap.empty()) step.overlap[0]->AfterBackward(0, 10);
     clock_->Advance(1 * kMs);
     return absl::OkStatus();
   }
@@ -73,7 +73,7 @@ TEST(SlowdownComputeTest, WithoutOverlapItSleepsOnceAfterThePassForTheExactExtra
   // The 6 ms pass takes 18 ms: one sleep of 2 x 6 ms after it.
   EXPECT_EQ(clock.sleeps_ns(), std::vector<int64_t>({12 * kMs}));
   EXPECT_EQ(clock.NowNanos(), 18 * kMs);
-  EXPECT_EQ(step.overlap, nullptr);
+  EXPECT_TRUE(step.overlap.empty());
 }
 
 TEST(SlowdownComputeTest, OverlappingItStretchesEachPartAndLeavesTheWaitsOut) {
@@ -82,7 +82,7 @@ TEST(SlowdownComputeTest, OverlappingItStretchesEachPartAndLeavesTheWaitsOut) {
   // The inner hooks wait 5 ms for the layer's parameters.
   RecordingHooks hooks(&clock, &clock, 5 * kMs);
   ComputeStep step;
-  step.overlap = &hooks;
+  step.overlap = {&hooks};
   ASSERT_TRUE(slowed.mode->Compute(step).ok());
   // 2 ms before the forward hook, 3 ms after the wait, 1 ms of tail: each
   // part stretched once more, the wait not at all.
@@ -93,7 +93,8 @@ TEST(SlowdownComputeTest, OverlappingItStretchesEachPartAndLeavesTheWaitsOut) {
   EXPECT_EQ(hooks.calls()[1].kind, RecordingHooks::kAfterBackward);
   EXPECT_EQ(hooks.calls()[1].at_ns, (4 + 5 + 6) * kMs);
   EXPECT_EQ(clock.NowNanos(), (4 + 5 + 6 + 2) * kMs);
-  EXPECT_EQ(step.overlap, &hooks);  // the step's hooks given back
+  // The step's hooks given back.
+  EXPECT_EQ(step.overlap, std::vector<model::ParameterHooks*>{&hooks});
 }
 
 TEST(SlowdownComputeTest, WhatASleepOvershootsIsOwedBackToTheNext) {
@@ -102,7 +103,7 @@ TEST(SlowdownComputeTest, WhatASleepOvershootsIsOwedBackToTheNext) {
   Slowed slowed = Slow(&clock, 2);
   RecordingHooks hooks(&clock);
   ComputeStep step;
-  step.overlap = &hooks;
+  step.overlap = {&hooks};
   ASSERT_TRUE(slowed.mode->Compute(step).ok());
   // Each sleep lasts 0.5 ms longer than asked: the next asks that much less.
   EXPECT_EQ(clock.sleeps_ns(),

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "common/status_macros.h"
 #include "worker/compute_mode_factory.h"
 #include "worker/compute_mode_real.h"
+#include "worker/replica_overlap.h"
 #include "worker/split_batch.h"
 #include "worker/weights.h"
 
@@ -184,14 +186,14 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
     initial_parameters_.assign(proposal.begin(), proposal.end());
   }
   // Overlap needs each layer's gradients as backward makes them, in memory
-  // the pushes can read: one CPU device (several would need a reduction per
-  // layer between their threads; a CUDA device, events per layer).
-  // Under loss scaling a step's pushes wait for the whole backward: an
-  // overflow anywhere in it must reach every chunk (see loss_scaling_).
+  // the pushes can read: CPU devices (a CUDA device would need events per
+  // layer). Under loss scaling a step's pushes wait for the whole backward:
+  // an overflow anywhere in it must reach every chunk (see loss_scaling_).
   // Known before StartFrom builds the scheduler: staging serves overlap only.
   loss_scaling_ = registration_.loss_scale > 0;
-  overlapping_ = options_.overlap && !loss_scaling_ && devices_.size() == 1 &&
-                 devices_[0]->is_cpu() && devices_[0]->is_host_memory();
+  overlapping_ = options_.overlap && !loss_scaling_ &&
+                 std::all_of(devices_.begin(), devices_.end(),
+                             [](Device* d) { return d->is_cpu() && d->is_host_memory(); });
   // The version registered at may be gone before it is pulled: a shard
   // another worker's registration restored (a sharded job resumed from
   // checkpoints of different versions), or a server lost meanwhile.
@@ -438,33 +440,31 @@ absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_
   return absl::OkStatus();
 }
 
-// Replica 0's hooks while the trainer overlaps communication with compute:
-// a layer's forward waits for its bucket's new parameters (a kWait phase on
-// the trainer lane when it has to block), and each layer's gradients are
-// handed to the scheduler as backward produces them.
-class Trainer::OverlapHooks final : public model::ParameterHooks {
+// Replica 0's hooks while the trainer overlaps communication with compute
+// (ReplicaOverlap's, see replica_overlap.h), timing its waits: where a
+// layer's forward has to block for its parameters, a kWait phase on the
+// trainer lane. (Replica 0's pass runs on the trainer's thread, or on
+// device thread 0 while the trainer's waits for it: one thread at a time
+// moves the phases.)
+class Trainer::WaitTimingHooks final : public model::ParameterHooks {
  public:
-  OverlapHooks(PushPullScheduler* scheduler, StepPhases* phases)
-      : scheduler_(scheduler), phases_(phases) {}
+  WaitTimingHooks(model::ParameterHooks* inner, const PushPullScheduler* scheduler,
+                  StepPhases* phases)
+      : inner_(inner), scheduler_(scheduler), phases_(phases) {}
 
   absl::Status BeforeForward(int64_t begin, int64_t end) override {
-    if (scheduler_->HasParameters(begin, end)) return scheduler_->AwaitParameters(begin, end);
-    // Exposed communication: the step waits for the pulls. (One device: the
-    // forward runs on the trainer's thread, so the phases still tile.)
+    if (scheduler_->HasParameters(begin, end)) return inner_->BeforeForward(begin, end);
     phases_->Begin(EventKind::kWait);
-    absl::Status status = scheduler_->AwaitParameters(begin, end);
+    absl::Status status = inner_->BeforeForward(begin, end);
     phases_->Begin(EventKind::kCompute);
     return status;
   }
-  void GradientsReady(int64_t begin, int64_t end) override {
-    scheduler_->EarlyGradientsFrom(begin);
-  }
-  void AfterBackward(int64_t begin, int64_t end) override {
-    scheduler_->GradientsReadyFrom(begin);
-  }
+  void GradientsReady(int64_t begin, int64_t end) override { inner_->GradientsReady(begin, end); }
+  void AfterBackward(int64_t begin, int64_t end) override { inner_->AfterBackward(begin, end); }
 
  private:
-  PushPullScheduler* const scheduler_;
+  model::ParameterHooks* const inner_;
+  const PushPullScheduler* const scheduler_;
   StepPhases* const phases_;
 };
 
@@ -502,16 +502,16 @@ absl::StatusOr<std::vector<DeviceShard>> Trainer::StageCalibrationBatch(int64_t 
   return shards;
 }
 
-absl::StatusOr<ComputeStep> Trainer::NewComputeStep(int64_t iteration,
-                                                    const std::vector<int64_t>& shard_sizes,
-                                                    model::ParameterHooks* overlap) {
+absl::StatusOr<ComputeStep> Trainer::NewComputeStep(
+    int64_t iteration, const std::vector<int64_t>& shard_sizes,
+    std::vector<model::ParameterHooks*> overlap) {
   ComputeStep step;
   step.iteration = iteration;
   PS_ASSIGN_OR_RETURN(step.shards, DeviceShards(shard_sizes, compute_->reads_data()));
   step.device_threads = device_threads_.get();
   step.observer = options_.observer;
-  if (overlapping_) {
-    step.overlap = overlap;
+  if (!overlap.empty()) {
+    step.overlap = std::move(overlap);
     step.await_all_parameters = [this] { return scheduler_->AwaitAll(); };
   }
   return step;
@@ -563,16 +563,33 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
     }
     for (auto& m : replicas_) m->set_loss_scale(scale);
   }
-  // Overlapping, replica 0's forward waits layer by layer for the previous
-  // iteration's pulls, and its backward pushes layer by layer.
+  // Overlapping, each replica's forward waits layer by layer for the
+  // previous iteration's pulls, and backward pushes region by region.
   phases.Begin(EventKind::kCompute);
-  OverlapHooks hooks(scheduler_.get(), &phases);
-  PS_ASSIGN_OR_RETURN(ComputeStep compute, NewComputeStep(iteration, shard_sizes, &hooks));
+  std::optional<ReplicaOverlap> overlap;
+  std::optional<WaitTimingHooks> timed_hooks;
+  std::vector<model::ParameterHooks*> hooks;
+  if (overlapping_) {
+    std::vector<float*> gradients, parameters;
+    std::vector<bool> computing;
+    for (size_t d = 0; d < replicas_.size(); ++d) {
+      gradients.push_back(replicas_[d]->flat_gradients().mutable_data<float>());
+      parameters.push_back(replicas_[d]->flat_parameters().mutable_data<float>());
+      computing.push_back(shard_sizes[d] > 0);
+    }
+    overlap.emplace(scheduler_.get(), std::move(gradients), std::move(parameters),
+                    num_parameters_);
+    PS_RETURN_IF_ERROR(overlap->BeginStep(computing));
+    timed_hooks.emplace(overlap->hooks(0), scheduler_.get(), &phases);
+    hooks.push_back(&*timed_hooks);
+    for (size_t d = 1; d < replicas_.size(); ++d) hooks.push_back(overlap->hooks(d));
+  }
+  PS_ASSIGN_OR_RETURN(ComputeStep compute, NewComputeStep(iteration, shard_sizes, hooks));
   PS_RETURN_IF_ERROR(compute_->Compute(compute));
   if (overlapping_) {
     // Whatever the layers did not hand over (none have parameters outside a
     // layer today, but the scheduler must see every bucket pushed).
-    scheduler_->GradientsReadyFrom(0);
+    overlap->FinishStep();
     phases.End();
     return absl::OkStatus();
   }
@@ -637,6 +654,13 @@ absl::Status Trainer::FinishCommunication() {
   StepPhases phases(&phase_observers_, clock_, last_iteration_);
   phases.Begin(EventKind::kWait);
   PS_RETURN_IF_ERROR(scheduler_->AwaitAll());
+  // The other replicas copy a layer's parameters before its forward: here
+  // they get all of them, so every replica holds the update.
+  if (replicas_.size() > 1) {
+    std::vector<Tensor*> params;
+    for (auto& m : replicas_) params.push_back(&m->flat_parameters());
+    PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
+  }
   phases.End();
   return absl::OkStatus();
 }

@@ -56,12 +56,14 @@ struct TrainerOptions {
 
   // Communication overlaps compute: each layer's gradients are pushed as
   // backward produces them, and the next step's forward of a layer waits
-  // only for that layer's new parameters. Takes effect with one CPU device
-  // and no loss scaling (several devices, or a CUDA device, push and pull
-  // bucket by bucket after the whole backward and reduction, without
-  // overlapping compute; under loss scaling a step's pushes wait for the
-  // whole backward, since an overflow anywhere must reach every chunk).
-  // The parameters are bit-identical either way.
+  // only for that layer's new parameters. Takes effect with CPU devices
+  // (one or several: worker/replica_overlap.h sums each region of the
+  // replicas' gradients as soon as every replica has it) and no loss
+  // scaling (a CUDA device pushes and pulls bucket by bucket after the
+  // whole backward and reduction, without overlapping compute; under loss
+  // scaling a step's pushes wait for the whole backward, since an overflow
+  // anywhere must reach every chunk). The parameters are bit-identical
+  // either way.
   bool overlap = true;
   // Buckets and bytes in flight of the push/pull scheduler.
   PushPullOptions push_pull;
@@ -157,9 +159,11 @@ struct StepProgress {
 //      memory: no copy) and push it, bucket by bucket
 //   5. pull each bucket's new parameters as soon as its push is accepted
 //   6. copy them to device 0 once (none for a CPU device) and broadcast
-// Overlapping (TrainerOptions::overlap, one CPU device), 3 is void, 4 runs
-// layer by layer inside backward, and 5 completes in the background until
-// the next step's forward needs each layer.
+// Overlapping (TrainerOptions::overlap, CPU devices), 3 and 4 run region by
+// region inside backward, as soon as every replica has a region's
+// gradients, 5 completes in the background until the next step's forward
+// needs each layer, and 6 is each replica's copy of a layer's parameters
+// before its forward.
 // With one device and a LocalParameterStore this is plain minibatch SGD.
 // The trainer owns one long-lived host thread per device (none with one
 // device: its work runs on the calling thread).
@@ -227,7 +231,7 @@ class Trainer {
  private:
   struct Replica;
   class StepPhases;
-  class OverlapHooks;
+  class WaitTimingHooks;
   Trainer(const TrainerOptions& options, std::unique_ptr<ComputeMode> compute,
           std::vector<Device*> devices, ParameterStore* store, const data::Dataset* train,
           const data::Dataset* test);
@@ -269,10 +273,10 @@ class Trainer {
   // shard with at least one sample (an empty one keeps a stale sample).
   absl::StatusOr<std::vector<DeviceShard>> StageCalibrationBatch(int64_t pass);
   // What compute_ gets for step `iteration`: the shards, and overlapping,
-  // `overlap` and the scheduler's wait for every parameter.
+  // each device's hooks and the scheduler's wait for every parameter.
   absl::StatusOr<ComputeStep> NewComputeStep(int64_t iteration,
                                              const std::vector<int64_t>& shard_sizes,
-                                             model::ParameterHooks* overlap);
+                                             std::vector<model::ParameterHooks*> overlap);
   // The samples of global batch `step` (the last of an epoch may be short),
   // and this worker's part of them.
   int64_t GlobalBatchSize(int64_t step) const;

@@ -147,6 +147,135 @@ TEST(TrainerTest, OnlyDevicesWithoutHostMemoryCopyModelBytes) {
   }
 }
 
+// Overlap on several CPU devices sums each region of the replicas'
+// gradients as soon as all have it, in the collective's order: the same
+// parameters, bit for bit, as summing after the whole backward; also with
+// uneven shards and a replica without samples (batch 2 on 3 devices).
+TEST(TrainerTest, OverlapOnSeveralDevicesIsBitIdenticalToPushingAfterBackward) {
+  const data::Dataset data = SyntheticDataset(512);
+  for (const char* model : {"mlp", "lenet"}) {
+    for (int d : {2, 3}) {
+      for (int64_t batch : {64, 37, 2}) {
+        SCOPED_TRACE(absl::StrCat(model, " on ", d, " devices, batch ", batch));
+        const auto after = TrainWithDevices(model, d, batch, 3, data, nullptr, nullptr,
+                                            /*staged=*/false, /*overlap=*/false);
+        const auto overlapped = TrainWithDevices(model, d, batch, 3, data, nullptr, nullptr,
+                                                 /*staged=*/false, /*overlap=*/true);
+        EXPECT_EQ(overlapped, after);
+      }
+    }
+  }
+}
+
+// One log, in the order things happened, of layer passes ending (events on
+// the device lanes) and pushes starting (the store's calls).
+class OrderLog final : public EventObserver {
+ public:
+  struct Entry {
+    bool push = false;
+    int64_t step = 0;  // the event's step, or the push's iteration
+    int32_t lane = 0;
+  };
+  void OnEvent(const TimedEvent& event) override {
+    if (event.kind != EventKind::kBackward) return;
+    absl::MutexLock lock(&mu_);
+    entries_.push_back({false, event.step, event.lane});
+  }
+  void Push(int64_t iteration) {
+    absl::MutexLock lock(&mu_);
+    entries_.push_back({true, iteration, kTrainerLane});
+  }
+  std::vector<Entry> entries() const {
+    absl::MutexLock lock(&mu_);
+    return entries_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+// A LocalParameterStore whose pushes are logged as they start.
+class LoggingStore final : public ParameterStore {
+ public:
+  LoggingStore(ParameterStore* inner, OrderLog* log) : inner_(inner), log_(log) {}
+  absl::StatusOr<Registration> Register(const std::vector<ParamSpec>& signature,
+                                        absl::Span<const float> initial) override {
+    return inner_->Register(signature, initial);
+  }
+  absl::Status Push(int64_t iteration, int64_t num_samples,
+                    absl::Span<const float> gradients) override {
+    return inner_->Push(iteration, num_samples, gradients);
+  }
+  absl::Status WaitForVersion(int64_t version) override { return inner_->WaitForVersion(version); }
+  absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override {
+    return inner_->Pull(version, params);
+  }
+  std::vector<int64_t> SegmentEnds() const override { return inner_->SegmentEnds(); }
+  void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
+                    absl::Span<const float> gradients, Done done) override {
+    log_->Push(iteration);
+    inner_->PushSegments(iteration, num_samples, first, last, gradients, std::move(done));
+  }
+  void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
+                    Done done) override {
+    inner_->PullSegments(version, first, last, params, std::move(done));
+  }
+  absl::Status BindBuffers(absl::Span<const float> gradients, absl::Span<float> params) override {
+    return inner_->BindBuffers(gradients, params);
+  }
+
+ private:
+  ParameterStore* const inner_;
+  OrderLog* const log_;
+};
+
+// With 2 and 3 CPU devices, a step's first push starts before its backward
+// ends (before the last layer pass of the slowest replica), in every step.
+TEST(TrainerEventsTest, OnSeveralDevicesTheFirstPushStartsBeforeBackwardEnds) {
+  const data::Dataset data = SyntheticDataset(512);
+  for (int d : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat(d, " devices"));
+    std::vector<std::unique_ptr<CpuDevice>> owned;
+    std::vector<Device*> devices;
+    for (int i = 0; i < d; ++i) {
+      owned.push_back(std::make_unique<CpuDevice>(i, 1));
+      devices.push_back(owned.back().get());
+    }
+    auto local = LocalParameterStore::Create(MomentumSgd());
+    ASSERT_TRUE(local.ok()) << local.status();
+    OrderLog log;
+    LoggingStore store(local->get(), &log);
+    TrainerOptions options;
+    options.batch_size = 96;
+    options.epochs = 1;
+    options.max_steps = 4;
+    options.evaluate = false;
+    options.observer = &log;
+    // A bucket per layer: the last layer's is pushed while the ones in
+    // front of it are still computing their gradients.
+    options.push_pull.bucket_bytes = 0;
+    model::ModelConfig model;
+    model.name = "mlp";
+    model.mlp_hidden = {256, 256, 256};
+    auto trainer = Trainer::Create(options, model, devices, &store, &data, nullptr);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    ASSERT_TRUE((*trainer)->Run().ok());
+    const std::vector<OrderLog::Entry> entries = log.entries();
+    for (int64_t step = 0; step < options.max_steps; ++step) {
+      SCOPED_TRACE(absl::StrCat("step ", step));
+      int64_t first_push = -1, last_backward = -1;
+      for (size_t i = 0; i < entries.size(); ++i) {
+        if (entries[i].step != step) continue;
+        if (entries[i].push && first_push < 0) first_push = static_cast<int64_t>(i);
+        if (!entries[i].push) last_backward = static_cast<int64_t>(i);
+      }
+      ASSERT_GE(first_push, 0);
+      EXPECT_LT(first_push, last_backward);
+    }
+  }
+}
+
 TEST(TrainerTest, CpuRunsAreBitReproducible) {
   const data::Dataset data = SyntheticDataset(256);
   const auto a = TrainWithDevices("lenet", 1, 32, 5, data, nullptr, nullptr);

@@ -7,7 +7,8 @@ Reads one worker's Chrome trace (common/chrome_trace.h; a merged timeline
 works too, with --pid to pick the worker) and prints, per step and over the
 steps after the first --skip (warm-up):
 
-  backward_end    when the step's last layer backward ended (device 0)
+  backward_end    when the step's last layer backward ended, on any device
+                  (a worker of several devices: its slowest replica)
   first_push      when its first push message started, relative to that:
                   negative means the push started while backward still ran
   comm_s          the union of its push and pull messages' intervals
@@ -91,6 +92,11 @@ def intersection(a, b):
 
 
 DEVICE0_LANE = 1  # DeviceLane(0), common/timed_event.h
+RPC0_LANE = 1 << 16  # RpcLane(0): device lanes lie below it
+
+
+def is_device_lane(lane):
+    return isinstance(lane, int) and DEVICE0_LANE <= lane < RPC0_LANE
 
 
 def layer_of(tensor):
@@ -107,17 +113,17 @@ def report(events, pid=None, skip=1):
         pid = pids[0]
     events = [e for e in events if e.get("pid") == pid]
 
-    def spans(cat, lane=None):
+    def spans(cat, on_devices=False):
         by_step = {}
         for e in events:
-            if e.get("cat") != cat or (lane is not None and e.get("tid") != lane):
+            if e.get("cat") != cat or (on_devices and not is_device_lane(e.get("tid"))):
                 continue
             step = e.get("args", {}).get("step", -1)
             by_step.setdefault(step, []).append(e)
         return by_step
 
-    backward = spans("backward", DEVICE0_LANE)
-    forward = spans("forward", DEVICE0_LANE)
+    backward = spans("backward", on_devices=True)
+    forward = spans("forward", on_devices=True)
     pushes = spans("push_message")
     pulls = spans("pull_message")
     steps = sorted(s for s in pushes if s >= 0)

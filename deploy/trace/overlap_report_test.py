@@ -73,6 +73,18 @@ class OverlapReportTest(unittest.TestCase):
         self.assertAlmostEqual(rows[0]["hidden"], 90 / 370)
         self.assertAlmostEqual(summary["hidden_fraction"], 90 / 370)
 
+    def test_several_devices_backward_ends_with_the_slowest_replica(self):
+        # Device 1 (lane DEVICE0 + 1) finishes fc1's backward at 200 us: the
+        # step's backward ends then, so the first push (10 us) is 190 us
+        # before it; compute is the union over both devices' passes.
+        events = mlp_step(fc1_pull_end_us=300, fc2_pull_end_us=380) + [
+            span("backward", "fc1", 100, 200, 0, tid=DEVICE0 + 1),
+        ]
+        rows, _ = overlap_report.report(events, skip=0)
+        self.assertAlmostEqual(rows[0]["first_push_vs_backward_end_ms"], -0.190)
+        # Communication [10, 380) under compute [0, 200) and [400, 500).
+        self.assertAlmostEqual(rows[0]["hidden"], 190 / 370)
+
     def test_layer_of(self):
         self.assertEqual(overlap_report.layer_of("fc1.weight"), "fc1")
         self.assertEqual(overlap_report.layer_of("layer1.0.conv1.weight"), "layer1.0.conv1")
