@@ -100,6 +100,15 @@ class ParameterStore {
   // tensors. Empty before Register.
   virtual std::vector<int64_t> SegmentEnds() const = 0;
 
+  // Per segment (SegmentEnds' order), the stream it travels on: segments
+  // of different streams move independently (a sharded store's shards,
+  // each over its own connections to its own host), so a scheduler keeps
+  // each stream busy, and bounds its bytes in flight, on its own. One
+  // stream, 0, by default.
+  virtual std::vector<int> SegmentStreams() const {
+    return std::vector<int>(SegmentEnds().size(), 0);
+  }
+
   // Completion of an asynchronous call: run exactly once, on any thread
   // (possibly inside the call that started it), with OK or the first error.
   using Done = std::function<void(absl::Status)>;

@@ -27,7 +27,14 @@ absl::StatusOr<std::unique_ptr<PushPullScheduler>> PushPullScheduler::Create(
         options.max_bytes_in_flight, ") must not be negative"));
   }
   const std::vector<int64_t> ends = store->SegmentEnds();
+  const std::vector<int> streams = store->SegmentStreams();
   const int64_t size = ends.empty() ? 0 : ends.back();
+  if (streams.size() != ends.size() ||
+      std::any_of(streams.begin(), streams.end(), [](int s) { return s < 0; })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the store names ", streams.size(), " segments' streams for ", ends.size(),
+        " segments, or a negative stream"));
+  }
   if (static_cast<int64_t>(gradients.size()) != size ||
       static_cast<int64_t>(params.size()) != size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -49,22 +56,27 @@ absl::StatusOr<std::unique_ptr<PushPullScheduler>> PushPullScheduler::Create(
   const auto bytes = [](int64_t from, int64_t to) {
     return (to - from) * static_cast<int64_t>(sizeof(float));
   };
-  for (int seg = 0; seg < static_cast<int>(ends.size()); ++seg) {
+  const int num_segments = static_cast<int>(ends.size());
+  for (int seg = 0; seg < num_segments; ++seg) {
     const int64_t seg_begin = seg == 0 ? 0 : ends[seg - 1];
     if (first < seg && bytes(seg_begin, ends[seg]) >= options.bucket_bytes) {
       // A full segment after small ones: they close their own bucket.
-      s->buckets_.push_back({begin, seg_begin, first, seg});
+      s->buckets_.push_back({begin, seg_begin, first, seg, streams[first]});
       begin = seg_begin;
       first = seg;
     }
-    const bool last = seg + 1 == static_cast<int>(ends.size());
+    // A bucket travels on one stream: the last segment of a stream closes it.
+    const bool last = seg + 1 == num_segments || streams[seg + 1] != streams[seg];
     if (!last && bytes(begin, ends[seg]) < options.bucket_bytes) continue;
-    s->buckets_.push_back({begin, ends[seg], first, seg + 1});
+    s->buckets_.push_back({begin, ends[seg], first, seg + 1, streams[seg]});
     begin = ends[seg];
     first = seg + 1;
   }
+  const int num_streams = streams.empty() ? 0 : *std::max_element(streams.begin(), streams.end()) + 1;
   s->OrderBuckets(layer_begins);
   absl::MutexLock lock(&s->mu_);
+  s->push_bytes_in_flight_.assign(num_streams, 0);
+  s->pull_bytes_in_flight_.assign(num_streams, 0);
   s->state_.assign(s->buckets_.size(), State::kHeld);
   // Before the first iteration every bucket counts as pushed and pulled:
   // it holds `version`.
@@ -193,16 +205,24 @@ PushPullScheduler::Operation PushPullScheduler::NextLocked() {
   auto fits = [bound](int64_t in_flight, int64_t bytes) {
     return bound == 0 || in_flight == 0 || in_flight + bytes <= bound;
   };
-  // Pushes first, then pulls; within each, in priority order.
+  // Pushes first, then pulls; within each, in priority order, each stream
+  // within its own bound.
+  std::vector<bool>& full = full_streams_;
   for (int pass = 0; pass < 2; ++pass) {
     const bool push = pass == 0;
+    full.assign(push_bytes_in_flight_.size(), false);
     for (const int b : priority_order_) {
       if (state_[b] != (push ? State::kPushQueued : State::kPullQueued)) continue;
+      const int stream = buckets_[b].stream;
+      if (full[stream]) continue;
       // A held pull waits, or with staging lands aside.
       const bool early = !push && PullHeldLocked(b);
       if (early && !options_.stage_early_pulls) continue;
-      int64_t& in_flight = push ? push_bytes_in_flight_ : pull_bytes_in_flight_;
-      if (!fits(in_flight, buckets_[b].bytes())) break;  // nothing behind it jumps the queue
+      int64_t& in_flight = push ? push_bytes_in_flight_[stream] : pull_bytes_in_flight_[stream];
+      if (!fits(in_flight, buckets_[b].bytes())) {
+        full[stream] = true;  // nothing behind it on its stream jumps the queue
+        continue;
+      }
       in_flight += buckets_[b].bytes();
       state_[b] = push ? State::kPushing : State::kPulling;
       if (early) staged_[b] = true;
@@ -247,10 +267,10 @@ void PushPullScheduler::OnDone(Operation op, absl::Status status) {
     const int b = op.bucket;
     const int64_t bytes = buckets_[b].bytes();
     if (op.push) {
-      push_bytes_in_flight_ -= bytes;
+      push_bytes_in_flight_[buckets_[b].stream] -= bytes;
       state_[b] = State::kPullQueued;
     } else {
-      pull_bytes_in_flight_ -= bytes;
+      pull_bytes_in_flight_[buckets_[b].stream] -= bytes;
       state_[b] = State::kHeld;
       if (staged_[b] && status.ok()) {
         if (PullHeldLocked(b)) {

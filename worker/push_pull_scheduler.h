@@ -30,9 +30,11 @@ struct PushPullOptions {
   // both pushes.
   int64_t bucket_bytes = 4000000;
   // Bounds the bytes of pushes in flight, and separately the bytes of pulls
-  // in flight (the link is full duplex), so a large back-layer transfer
-  // cannot hold up the front layers the next forward needs first. One bucket
-  // is always let through, however large. 0: no bound.
+  // in flight (the link is full duplex), on each stream (a sharded store's
+  // shard) on its own, so a large back-layer transfer cannot hold up the
+  // front layers the next forward needs first, and every shard is kept
+  // busy at once. One bucket is always let through, however large. 0: no
+  // bound.
   int64_t max_bytes_in_flight = 32000000;
   // A bucket whose gradients came early (EarlyGradientsFrom: its layer
   // still reads its parameters, computing its input gradient) is pulled at
@@ -54,8 +56,10 @@ struct PushPullOptions {
 // waits only for the buckets its layer needs.
 //
 // Scheduling: pending pushes go out front layers first (the next forward
-// needs them first), and so do pending pulls, each direction within
-// PushPullOptions::max_bytes_in_flight. Within a layer the buckets go from
+// needs them first), and so do pending pulls, each direction and each
+// stream (ParameterStore::SegmentStreams: a bucket never spans two) within
+// PushPullOptions::max_bytes_in_flight, the streams independently: a shard
+// whose next bucket has to wait does not hold up the others. Within a layer the buckets go from
 // the last, the order backward hands them over: every worker then sends
 // the same bucket at about the same time, whichever of them is ahead of
 // its backward, so the server can complete each bucket as its pushes
@@ -148,6 +152,7 @@ class PushPullScheduler {
   struct Bucket {
     int64_t begin = 0, end = 0;
     int first_segment = 0, last_segment = 0;
+    int stream = 0;  // its segments' (ParameterStore::SegmentStreams)
     int64_t bytes() const { return (end - begin) * static_cast<int64_t>(sizeof(float)); }
   };
   const Bucket& bucket(int b) const { return buckets_[b]; }
@@ -215,8 +220,10 @@ class PushPullScheduler {
   // caller no longer reads the parameters there).
   int64_t released_from_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t num_samples_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t push_bytes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t pull_bytes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per stream (Bucket::stream).
+  std::vector<int64_t> push_bytes_in_flight_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> pull_bytes_in_flight_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> full_streams_ ABSL_GUARDED_BY(mu_);  // NextLocked's scratch
   int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -26,7 +26,9 @@ class ManualStore final : public ParameterStore {
     absl::Span<float> params;  // a pull's destination
   };
 
-  explicit ManualStore(std::vector<int64_t> ends) : ends_(std::move(ends)) {}
+  // `streams`: each segment's (SegmentStreams); empty: all on stream 0.
+  explicit ManualStore(std::vector<int64_t> ends, std::vector<int> streams = {})
+      : ends_(std::move(ends)), streams_(std::move(streams)) {}
 
   absl::StatusOr<Registration> Register(const std::vector<ParamSpec>&,
                                         absl::Span<const float>) override {
@@ -40,6 +42,9 @@ class ManualStore final : public ParameterStore {
     return absl::UnimplementedError("blocking pull");
   }
   std::vector<int64_t> SegmentEnds() const override { return ends_; }
+  std::vector<int> SegmentStreams() const override {
+    return streams_.empty() ? ParameterStore::SegmentStreams() : streams_;
+  }
   void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
                     absl::Span<const float>, Done done) override {
     absl::MutexLock lock(&mu_);
@@ -102,6 +107,7 @@ class ManualStore final : public ParameterStore {
   }
 
   const std::vector<int64_t> ends_;
+  const std::vector<int> streams_;
   absl::Mutex mu_;
   std::deque<Call> calls_ ABSL_GUARDED_BY(mu_);
 };
@@ -110,8 +116,8 @@ using Strings = std::vector<std::string>;
 
 struct Rig {
   explicit Rig(std::vector<int64_t> ends, PushPullOptions options = {},
-               std::vector<int64_t> layer_begins = {})
-      : store(ends), gradients(ends.back()), params(ends.back()) {
+               std::vector<int64_t> layer_begins = {}, std::vector<int> streams = {})
+      : store(ends, std::move(streams)), gradients(ends.back()), params(ends.back()) {
     auto s = PushPullScheduler::Create(options, &store, gradients, absl::MakeSpan(params),
                                        /*version=*/5, layer_begins);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -306,6 +312,31 @@ TEST(PushPullSchedulerTest, BoundsBytesInFlightAndLetsFrontBucketsGoFirst) {
   rig.store.Complete("push 0-1@5");
   EXPECT_EQ(rig.store.Pending(),
             Strings({"push 3-4@5", "pull 2-3@6", "push 1-2@5", "pull 0-1@6"}));
+}
+
+// Two shards' segments (streams 0 and 1): no bucket spans both, and each
+// shard's pushes and pulls are bounded on their own, so a shard whose next
+// bucket must wait does not hold up the other's.
+TEST(PushPullSchedulerTest, EachStreamIsBucketedAndBoundedOnItsOwn) {
+  Rig whole(kEnds, Buckets(int64_t{1} << 40), {}, {0, 0, 1, 1});
+  ASSERT_EQ(whole.scheduler->num_buckets(), 2);
+  EXPECT_EQ(whole.scheduler->bucket(0).end, 200);
+  EXPECT_EQ(whole.scheduler->bucket(0).stream, 0);
+  EXPECT_EQ(whole.scheduler->bucket(1).stream, 1);
+
+  Rig rig(kEnds, Buckets(0, /*in_flight=*/400), {}, {0, 0, 1, 1});
+  PushPullScheduler& s = *rig.scheduler;
+  ASSERT_TRUE(s.BeginIteration(1).ok());
+  s.GradientsReadyFrom(0);
+  // One bucket in flight per shard, each shard's front bucket first.
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 0-1@5", "push 2-3@5"}));
+  rig.store.Complete("push 2-3@5");
+  EXPECT_EQ(rig.store.Pending(), Strings({"push 0-1@5", "push 3-4@5", "pull 2-3@6"}));
+  // With the segments on one stream, the same bound lets one bucket out.
+  Rig one(kEnds, Buckets(0, /*in_flight=*/400));
+  ASSERT_TRUE(one.scheduler->BeginIteration(1).ok());
+  one.scheduler->GradientsReadyFrom(0);
+  EXPECT_EQ(one.store.Pending(), Strings({"push 0-1@5"}));
 }
 
 TEST(PushPullSchedulerTest, FrontLayersFirstAndWithinALayerFromItsLastBucket) {

@@ -355,6 +355,15 @@ std::vector<int64_t> ShardedParameterStore::SegmentEnds() const {
   return ends;
 }
 
+std::vector<int> ShardedParameterStore::SegmentStreams() const {
+  std::vector<int> streams;
+  if (!registered_) return streams;
+  for (const Shard& shard : shards_) {
+    streams.insert(streams.end(), shard.store->SegmentEnds().size(), shard.index);
+  }
+  return streams;
+}
+
 void ShardedParameterStore::OnShardSegments(
     const char* what, int first, int last, size_t buffer_size,
     const std::function<void(Shard&, int, int, Done)>& start, Done done) {

@@ -105,6 +105,8 @@ class ShardedParameterStore final : public ParameterStore {
   // on that shard's store, no thread of their own involved, and run `done`
   // once every shard's is done, with the lowest shard's error.
   std::vector<int64_t> SegmentEnds() const override;
+  // Each segment's shard index: the shards stream independently.
+  std::vector<int> SegmentStreams() const override;
   // Shard 0's: every shard decides the same scales (each sees every
   // worker's overflows, since an overflowing worker poisons every chunk).
   float LossScale() const override;

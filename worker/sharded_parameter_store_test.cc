@@ -276,6 +276,12 @@ TEST(ShardedParameterStoreTest, ShardSegmentsFollowOneAnotherAndBadRangesAreRefu
     begin = end;
   }
   EXPECT_EQ(begin, kElements);
+  // Each segment streams on its shard's connections: shard 0's first.
+  const std::vector<int> streams = store->SegmentStreams();
+  ASSERT_EQ(streams.size(), ends.size());
+  EXPECT_TRUE(std::is_sorted(streams.begin(), streams.end()));
+  EXPECT_EQ(streams.front(), 0);
+  EXPECT_EQ(streams.back(), 1);
   std::vector<float> buffer(kElements);
   const int n = static_cast<int>(ends.size());
   for (auto [first, last] : std::vector<std::pair<int, int>>{{-1, 1}, {2, 1}, {0, n + 1}}) {

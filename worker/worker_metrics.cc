@@ -204,6 +204,9 @@ absl::StatusOr<int64_t> MeteredParameterStore::Pull(int64_t version, absl::Span<
 }
 
 std::vector<int64_t> MeteredParameterStore::SegmentEnds() const { return store_->SegmentEnds(); }
+std::vector<int> MeteredParameterStore::SegmentStreams() const {
+  return store_->SegmentStreams();
+}
 
 int64_t MeteredParameterStore::SegmentBytes(int first, int last) const {
   if (first < 0 || first > last || last > static_cast<int>(ends_.size())) return 0;

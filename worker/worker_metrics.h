@@ -131,6 +131,7 @@ class MeteredParameterStore final : public ParameterStore {
   absl::Status WaitForVersion(int64_t version) override;
   absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override;
   std::vector<int64_t> SegmentEnds() const override;
+  std::vector<int> SegmentStreams() const override;
   void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
                     absl::Span<const float> gradient, Done done) override;
   void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
