@@ -77,36 +77,49 @@ def reference(kind: str) -> dict:
     return {name: tensor.detach().clone() for name, tensor in net.named_parameters()}
 
 
-def train_worker(kind: str, servers: Optional[str], rank: Optional[int], out_path: str) -> None:
+def train_worker(kind: str, servers: Optional[str], rank: Optional[int], out_path: str,
+                 num_replicas: int = 1) -> None:
     """2 workers, each on its half of every global batch; rank 1 starts from
     other values, which registration replaces with rank 0's. servers and
-    rank None: from the environment (ps.torch.run's)."""
+    rank None: from the environment (ps.torch.run's). num_replicas > 1:
+    that many local CPU replicas (each from other values) share the
+    worker's half, each on an equal part of it, and the file holds every
+    replica's parameters."""
     import ps.torch
 
     ps.torch.init(servers, rank=rank, num_workers=None if rank is None else 2,
                   connect_timeout=20, rpc_timeout=20, wait_timeout=30)
     rank = ps.torch.rank()
-    net = model(seed=rank)
+    replicas = [model(seed=rank + 10 * r) for r in range(num_replicas)]
+    net = replicas[0]
     local = None if kind == "sgd" else torch.optim.Adam(net.parameters(), lr=ADAM_LR)
-    optimizer = ps.torch.DistributedOptimizer(local, net.named_parameters(), bucket_bytes=1024)
+    optimizer = ps.torch.DistributedOptimizer(local, net.named_parameters(), bucket_bytes=1024,
+                                              replicas=replicas if num_replicas > 1 else None)
     assert ps.torch.rank() == rank and ps.torch.size() == 2
     assert ps.torch.registration().optimizer == kind.replace("adam", "none")
-    start = torch.equal(net.conv1.weight, model(seed=0).conv1.weight)
-    assert start, "registration set every worker's parameters to rank 0's"
+    for replica in replicas:
+        start = torch.equal(replica.conv1.weight, model(seed=0).conv1.weight)
+        assert start, "registration set every worker's (and replica's) parameters to rank 0's"
     half = GLOBAL_BATCH // 2
     for x, y in batches():
         x, y = x[rank * half:(rank + 1) * half], y[rank * half:(rank + 1) * half]
+        parts = list(zip(x.chunk(num_replicas), y.chunk(num_replicas)))
+        counts = [len(part_x) for part_x, _ in parts]
         optimizer.zero_grad()
         if kind == "sgd":
-            optimizer.set_samples(len(x))  # the default (1) is as good for equal parts
-        torch.nn.functional.cross_entropy(net(x), y).backward()
+            # The default (1 per replica) is as good for equal parts.
+            optimizer.set_samples(counts if num_replicas > 1 else len(x))
+        for replica, (part_x, part_y) in zip(replicas, parts):
+            torch.nn.functional.cross_entropy(replica(part_x), part_y).backward()
         try:
             optimizer.zero_grad()
             raise AssertionError("zero_grad was allowed while pushes were in flight")
         except ps.Error as e:
             assert "step() first" in e.message, e
-        optimizer.step(num_samples=len(x) if kind == "sgd" else None)
-    torch.save({name: tensor.detach() for name, tensor in net.named_parameters()}, out_path)
+        stated = (counts if num_replicas > 1 else len(x)) if kind == "sgd" else None
+        optimizer.step(num_samples=stated)
+    torch.save({f"{r}/{name}": tensor.detach() for r, replica in enumerate(replicas)
+                for name, tensor in replica.named_parameters()}, out_path)
     ps.torch.shutdown()
 
 
@@ -145,6 +158,17 @@ def single_worker(servers: str, rank: int, out_path: str) -> None:
     ps.torch.broadcast_parameters(net)
     results["local_optimizer"] = error_of(lambda: ps.torch.DistributedOptimizer(
         torch.optim.SGD(net.parameters(), lr=0.1), net.named_parameters()))
+    wide = model(seed=0, wide=True)
+    results["replica_shape"] = error_of(lambda: ps.torch.DistributedOptimizer(
+        None, net.named_parameters(), replicas=[net, wide]))
+    results["replica_shared"] = error_of(lambda: ps.torch.DistributedOptimizer(
+        None, net.named_parameters(), replicas=[net, net]))
+    results["replica_first"] = error_of(lambda: ps.torch.DistributedOptimizer(
+        None, net.named_parameters(), replicas=[model(seed=1), net]))
+    results["replica_module"] = error_of(lambda: ps.torch.DistributedOptimizer(
+        None, net.named_parameters(), replicas=net))
+    results["meta_device"] = error_of(lambda: ps.torch.DistributedOptimizer(
+        None, torch.nn.Linear(2, 2, device="meta").named_parameters()))
     optimizer = ps.torch.DistributedOptimizer(None, net.named_parameters())
     results["second_optimizer"] = error_of(
         lambda: ps.torch.DistributedOptimizer(None, net.named_parameters()))
@@ -159,6 +183,53 @@ def single_worker(servers: str, rank: int, out_path: str) -> None:
     results["nan"] = error_of(loss.backward)
     with open(out_path, "w") as out:
         json.dump(results, out)
+    ps.torch.shutdown()
+
+
+def lost_server_worker(mode: str, servers: str, out_path: str) -> None:
+    """The only worker of an SGD job on whole batches: it trains iteration
+    0 (mode "restart": 0 and 1), prints "stepped" and waits for a line on
+    stdin while the test kills the server (and, in mode "restart", starts it
+    again from its checkpoint), then trains on to STEPS, each iteration on
+    the batch of opt.iteration. mode "norecover": recover=False; "timeout": recover on,
+    a 3 s reconnect_timeout and no server coming back. Writes how it ended."""
+    import ps
+    import ps.torch
+
+    ps.torch.init(servers, connect_timeout=20, rpc_timeout=20, wait_timeout=30,
+                  reconnect_timeout=3 if mode == "timeout" else 60)
+    net = model(seed=0)
+    events = []
+    optimizer = ps.torch.DistributedOptimizer(
+        None, net.named_parameters(), bucket_bytes=1024, recover=mode != "norecover",
+        observer=lambda event, fields: events.append([event, fields]) if event == "recovered"
+        else None)
+    data = batches()
+
+    def train_one():
+        x, y = data[optimizer.iteration]
+        optimizer.zero_grad()
+        optimizer.set_samples(len(x))
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        optimizer.step()
+
+    for _ in range(2 if mode == "restart" else 1):
+        train_one()
+    print("stepped", flush=True)
+    sys.stdin.readline()
+    started = time.monotonic()
+    result = {"code": "OK", "message": ""}
+    try:
+        while optimizer.iteration < STEPS:
+            train_one()
+    except ps.Error as e:
+        result = {"code": e.code_name, "message": e.message, "server_lost": e.server_lost}
+    result.update(seconds=time.monotonic() - started, recoveries=optimizer.recoveries,
+                  iteration=optimizer.iteration, events=events)
+    torch.save({f"0/{name}": tensor.detach() for name, tensor in net.named_parameters()},
+               out_path + ".pt")
+    with open(out_path, "w") as out:
+        json.dump(result, out)
     ps.torch.shutdown()
 
 
@@ -214,17 +285,21 @@ class PsTorchTest(unittest.TestCase):
         for rank, w in enumerate(workers):
             self.assertEqual(w.returncode, 0, f"worker {rank}:\n{outputs[rank]}")
 
-    def train_and_compare(self, kind, *server_flags):
+    def train_and_compare(self, kind, *server_flags, num_replicas=1):
         servers, tmp = self.start_server("--num_workers=2", *server_flags)
         paths = [os.path.join(tmp, f"params-{rank}.pt") for rank in range(2)]
-        self.finish([self.worker(kind, servers, rank, paths[rank]) for rank in range(2)])
+        scenario = kind if num_replicas == 1 else f"{kind}-replicas-{num_replicas}"
+        self.finish([self.worker(scenario, servers, rank, paths[rank]) for rank in range(2)])
         finals = [torch.load(path) for path in paths]
         expected = reference(kind)
         initial = dict(model(seed=0).named_parameters())
         for name, want in expected.items():
-            self.assertTrue(torch.equal(finals[0][name], finals[1][name]),
-                            f"{name}: the workers disagree")
-            got = finals[0][name]
+            for rank in range(2):
+                for r in range(num_replicas):
+                    self.assertTrue(torch.equal(finals[0][f"0/{name}"], finals[rank][f"{r}/{name}"]),
+                                    f"{name}: rank {rank}'s replica {r} disagrees with rank 0's "
+                                    "first")
+            got = finals[0][f"0/{name}"]
             error = (got - want).abs()
             worst = float((error - RTOL * want.abs()).max())
             self.assertTrue(torch.allclose(got, want, rtol=RTOL, atol=ATOL),
@@ -238,6 +313,13 @@ class PsTorchTest(unittest.TestCase):
 
     def test_adam_over_a_sum_only_server_equals_one_process(self):
         self.train_and_compare("adam", "--optimizer=none")
+
+    def test_two_workers_of_two_local_replicas_on_quarters_equal_one_process(self):
+        self.train_and_compare("sgd", f"--lr={LR}", f"--momentum={MOMENTUM}",
+                               f"--weight_decay={WEIGHT_DECAY}", num_replicas=2)
+
+    def test_local_replicas_over_a_sum_only_server_equal_one_process(self):
+        self.train_and_compare("adam", "--optimizer=none", num_replicas=2)
 
     def test_a_worker_with_another_model_is_refused_naming_the_difference(self):
         servers, tmp = self.start_server("--num_workers=2")
@@ -268,6 +350,18 @@ class PsTorchTest(unittest.TestCase):
             "unregistered": ("INVALID_ARGUMENT", "'decoder.weight' is not a registered parameter"),
             "wrong_shape": ("INVALID_ARGUMENT", "'fc2.bias' has shape [4]"),
             "float64": ("INVALID_ARGUMENT", "'fc2.bias' is torch.float64"),
+            "replica_shape": ("INVALID_ARGUMENT",
+                              "replicas[1]'s 'fc1.weight' has shape [25, 96], but replicas[0]'s "
+                              "has [24, 96]"),
+            "replica_shared": ("INVALID_ARGUMENT",
+                               "replicas[1]'s 'conv1.weight' is the same tensor as "
+                               "replicas[0]'s 'conv1.weight'"),
+            "replica_first": ("INVALID_ARGUMENT",
+                              "replicas[0]'s 'conv1.weight' is not the tensor named_parameters "
+                              "gave"),
+            "replica_module": ("INVALID_ARGUMENT", "replicas must be a non-empty list of Modules"),
+            "meta_device": ("INVALID_ARGUMENT",
+                            "parameter 'weight' is on meta; ps.torch takes CPU and CUDA tensors"),
             # The last layer's gradients arrive first: its weight's or its bias's.
             "nan": ("INVALID_ARGUMENT", "has a non-finite gradient (nan"),
         }
@@ -286,6 +380,34 @@ class PsTorchTest(unittest.TestCase):
             values[2] = bad
             values[3] = bad
             self.assertEqual(_first_non_finite(values), 2, bad)
+
+    def test_the_push_thread_waits_for_each_copy_and_keeps_the_first_error(self):
+        # The CUDA path's push thread, driven without a GPU: each bucket's
+        # wait (the copy's event) comes before its push, in order; after a
+        # failure the later buckets are dropped and step() gets that error.
+        from ps.torch._core import _PushThread
+        log = []
+
+        def start_push(bucket):
+            if bucket == "bad":
+                raise ValueError("bucket bad failed")
+            log.append(("push", bucket))
+
+        pusher = _PushThread(start_push)
+        for bucket in ("a", "b"):
+            pusher.submit(bucket, lambda bucket=bucket: log.append(("wait", bucket)))
+        self.assertIsNone(pusher.drain())
+        self.assertEqual(log, [("wait", "a"), ("push", "a"), ("wait", "b"), ("push", "b")])
+        log.clear()
+        for bucket in ("bad", "c"):
+            pusher.submit(bucket, lambda: None)
+        error = pusher.drain()
+        self.assertIsInstance(error, ValueError)
+        self.assertEqual(log, [], "the bucket after the failure was pushed")
+        pusher.submit("d", lambda: None)
+        self.assertIsNone(pusher.drain(), "drain hands an error over once")
+        self.assertEqual(log, [("push", "d")])
+        pusher.stop()
 
     def test_the_first_bucket_is_pushed_while_backward_goes_on(self):
         servers, tmp = self.start_server("--num_workers=1", "--chunk_bytes=1048576", "--lr=0.01")
@@ -308,6 +430,78 @@ class PsTorchTest(unittest.TestCase):
         self.assertLess(events[first_push][2], result["backward_end"])
         self.assertEqual(kinds[-1], "step")
 
+    def kill_server_mid_training(self, mode, *server_flags, restart_after_checkpoint=None):
+        """Runs lost_server_worker against a server killed (SIGKILL) when the
+        worker pauses and, with `restart_after_checkpoint` (a manifest's
+        path), killed once that checkpoint is written and started again on
+        its port 1 s after the worker went on. Returns the worker's result
+        and final parameters."""
+        from ps import local_server
+        tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        flags = ["--num_workers=1", "--chunk_bytes=256", f"--lr={LR}", f"--momentum={MOMENTUM}",
+                 f"--weight_decay={WEIGHT_DECAY}"] + list(server_flags)
+        servers_started = []
+
+        def start(extra, directory):
+            os.makedirs(directory, exist_ok=True)
+            with open(os.path.join(directory, "server.log"), "wb") as server_log:
+                server, address = local_server.start(self.server_binary, flags + extra,
+                                                     log=server_log, timeout_s=30, tmp=directory)
+            servers_started.append(server)
+            return address
+
+        self.addCleanup(lambda: [(s.kill(), s.wait(timeout=30)) for s in servers_started])
+        servers = start([], os.path.join(tmp, "first"))
+        path = os.path.join(tmp, "result.json")
+        worker = self.worker(f"lost-{mode}", servers, 0, path, stdin=subprocess.PIPE)
+        self.assertEqual(worker.stdout.readline().decode().strip(), "stepped")
+        if restart_after_checkpoint:
+            deadline = time.monotonic() + 30
+            while not os.path.exists(restart_after_checkpoint):  # written in the background
+                self.assertLess(time.monotonic(), deadline, "no checkpoint written")
+                time.sleep(0.05)
+        servers_started[0].kill()
+        servers_started[0].wait(timeout=30)
+        worker.stdin.write(b"go\n")
+        worker.stdin.flush()
+        if restart_after_checkpoint:
+            time.sleep(1)
+            start([f"--port={servers.rsplit(':', 1)[1]}"], os.path.join(tmp, "second"))
+        self.finish([worker])
+        with open(path) as f:
+            return json.load(f), torch.load(path + ".pt")
+
+    def test_a_killed_server_fails_the_step_with_a_server_lost_error(self):
+        result, _ = self.kill_server_mid_training("norecover")
+        self.assertTrue(result.get("server_lost"), result)
+        self.assertIn(result["code"], ("UNAVAILABLE", "CANCELLED", "ABORTED"), result)
+        self.assertLess(result["seconds"], 15, result)
+        self.assertEqual((result["iteration"], result["recoveries"]), (1, 0), result)
+
+    def test_a_server_that_does_not_come_back_fails_after_the_reconnect_timeout(self):
+        result, _ = self.kill_server_mid_training("timeout")
+        self.assertIn("reconnecting failed", result["message"], result)
+        self.assertIn("the server was lost in iteration 1", result["message"], result)
+        self.assertGreaterEqual(result["seconds"], 2.5, result)
+        self.assertLess(result["seconds"], 20, result)
+
+    def test_training_goes_on_when_the_server_restarts_from_its_checkpoint(self):
+        tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        # Killed at version 2, once version 1's checkpoint is written (2's may
+        # be too): the worker resumes at 1 (rolling back one iteration, the
+        # momentum restored) or 2, and ends as one process would.
+        result, params = self.kill_server_mid_training(
+            "restart", f"--checkpoint_dir={tmp}", "--checkpoint_every_steps=1",
+            restart_after_checkpoint=os.path.join(tmp, "checkpoint-000000000001.json"))
+        self.assertEqual(result["code"], "OK", result)
+        self.assertEqual((result["iteration"], result["recoveries"]), (STEPS, 1), result)
+        self.assertEqual(result["events"][0][1]["iteration"], 2, result)
+        self.assertIn(result["events"][0][1]["version"], (1, 2), result)
+        for name, want in reference("sgd").items():
+            got = params[f"0/{name}"]
+            self.assertTrue(torch.allclose(got, want, rtol=RTOL, atol=ATOL),
+                            f"{name}: off by up to {float((got - want).abs().max())}")
+
     def run_launcher(self, *script_args, server_flags=()):
         tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         env = dict(os.environ, PYTHONPATH=self.package_parent)
@@ -328,7 +522,7 @@ class PsTorchTest(unittest.TestCase):
         for rank in range(2):
             got = torch.load(os.path.join(tmp, f"params-{rank}.pt"))
             for name, want in expected.items():
-                self.assertTrue(torch.allclose(got[name], want, rtol=RTOL, atol=ATOL),
+                self.assertTrue(torch.allclose(got[f"0/{name}"], want, rtol=RTOL, atol=ATOL),
                                 f"rank {rank}'s {name}")
 
     def test_run_stops_the_job_when_a_worker_fails(self):
@@ -379,6 +573,11 @@ def main():
         sys.path.insert(0, package_parent)
         if scenario in ("sgd", "adam"):
             train_worker(scenario, servers, int(rank), out_path)
+        elif "-replicas-" in scenario:
+            kind, _, num_replicas = scenario.split("-")
+            train_worker(kind, servers, int(rank), out_path, num_replicas=int(num_replicas))
+        elif scenario.startswith("lost-"):
+            lost_server_worker(scenario[len("lost-"):], servers, out_path)
         elif scenario == "overlap":
             overlap_worker(servers, int(rank), out_path)
         elif scenario == "mismatch":
