@@ -11,11 +11,13 @@ batch norm) for 3 steps with 2 workers, each on half of every global batch,
 and compare with single-process PyTorch on the global batch.
 """
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from typing import Optional
@@ -30,6 +32,10 @@ WEIGHT_DECAY = 0.01
 ADAM_LR = 0.01
 RTOL = 1e-5
 ATOL = 1e-6
+CUDA_RTOL = 1e-4
+CUDA_ATOL = 1e-5
+_NO_CUDA = ("no CUDA device: torch.cuda.is_available() is False in this process, so the "
+            "CUDA path (pinned copies on a side stream, CUDA replicas) is not run")
 
 
 class Net(torch.nn.Module):
@@ -77,20 +83,30 @@ def reference(kind: str) -> dict:
     return {name: tensor.detach().clone() for name, tensor in net.named_parameters()}
 
 
+def cuda_device(replica: int) -> torch.device:
+    """Replica r's GPU: the devices in turn (all on cuda:0 with one GPU)."""
+    return torch.device("cuda", replica % torch.cuda.device_count())
+
+
 def train_worker(kind: str, servers: Optional[str], rank: Optional[int], out_path: str,
-                 num_replicas: int = 1) -> None:
+                 num_replicas: int = 1, cuda: bool = False) -> None:
     """2 workers, each on its half of every global batch; rank 1 starts from
     other values, which registration replaces with rank 0's. servers and
     rank None: from the environment (ps.torch.run's). num_replicas > 1:
     that many local CPU replicas (each from other values) share the
     worker's half, each on an equal part of it, and the file holds every
-    replica's parameters."""
+    replica's parameters. cuda: the replicas on GPUs (TF32 off, so the
+    comparison with the CPU is of float32 arithmetic)."""
     import ps.torch
 
     ps.torch.init(servers, rank=rank, num_workers=None if rank is None else 2,
                   connect_timeout=20, rpc_timeout=20, wait_timeout=30)
     rank = ps.torch.rank()
-    replicas = [model(seed=rank + 10 * r) for r in range(num_replicas)]
+    devices = [cuda_device(r) if cuda else torch.device("cpu") for r in range(num_replicas)]
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    replicas = [model(seed=rank + 10 * r).to(device) for r, device in enumerate(devices)]
     net = replicas[0]
     local = None if kind == "sgd" else torch.optim.Adam(net.parameters(), lr=ADAM_LR)
     optimizer = ps.torch.DistributedOptimizer(local, net.named_parameters(), bucket_bytes=1024,
@@ -98,7 +114,7 @@ def train_worker(kind: str, servers: Optional[str], rank: Optional[int], out_pat
     assert ps.torch.rank() == rank and ps.torch.size() == 2
     assert ps.torch.registration().optimizer == kind.replace("adam", "none")
     for replica in replicas:
-        start = torch.equal(replica.conv1.weight, model(seed=0).conv1.weight)
+        start = torch.equal(replica.conv1.weight.cpu(), model(seed=0).conv1.weight)
         assert start, "registration set every worker's (and replica's) parameters to rank 0's"
     half = GLOBAL_BATCH // 2
     for x, y in batches():
@@ -109,8 +125,9 @@ def train_worker(kind: str, servers: Optional[str], rank: Optional[int], out_pat
         if kind == "sgd":
             # The default (1 per replica) is as good for equal parts.
             optimizer.set_samples(counts if num_replicas > 1 else len(x))
-        for replica, (part_x, part_y) in zip(replicas, parts):
-            torch.nn.functional.cross_entropy(replica(part_x), part_y).backward()
+        for replica, device, (part_x, part_y) in zip(replicas, devices, parts):
+            loss = torch.nn.functional.cross_entropy(replica(part_x.to(device)), part_y.to(device))
+            loss.backward()
         try:
             optimizer.zero_grad()
             raise AssertionError("zero_grad was allowed while pushes were in flight")
@@ -118,7 +135,7 @@ def train_worker(kind: str, servers: Optional[str], rank: Optional[int], out_pat
             assert "step() first" in e.message, e
         stated = (counts if num_replicas > 1 else len(x)) if kind == "sgd" else None
         optimizer.step(num_samples=stated)
-    torch.save({f"{r}/{name}": tensor.detach() for r, replica in enumerate(replicas)
+    torch.save({f"{r}/{name}": tensor.detach().cpu() for r, replica in enumerate(replicas)
                 for name, tensor in replica.named_parameters()}, out_path)
     ps.torch.shutdown()
 
@@ -233,6 +250,104 @@ def lost_server_worker(mode: str, servers: str, out_path: str) -> None:
     ps.torch.shutdown()
 
 
+class _NoOpCuda:
+    """torch.cuda's streams and events as no-ops: on CPU tensors, where every
+    copy is done when issued, they drive _CudaPipeline's host logic."""
+
+    class Stream:
+        def __init__(self, device=None):
+            self.device = device
+
+        def wait_event(self, event):
+            pass
+
+        def wait_stream(self, stream):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class Event:
+        def record(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+    @staticmethod
+    def current_stream(device=None):
+        return _NoOpCuda.Stream(device)
+
+    @staticmethod
+    def stream(stream):
+        return contextlib.nullcontext()
+
+
+def host_side_of_cuda_worker(kind: str, servers: str, out_path: str) -> None:
+    """The only worker of a job on whole batches, with 2 CPU replicas whose
+    step runs the CUDA pipeline's path (the push thread, the sums in the
+    device buffer, the copies in) over no-op streams; then a NaN gradient,
+    which step() raises from the push thread's check."""
+    import ps.torch
+    from ps.torch import _core
+
+    ps.torch.init(servers, connect_timeout=20, rpc_timeout=20, wait_timeout=30)
+    replicas = [model(seed=r) for r in range(2)]
+    local = None if kind == "sgd" else torch.optim.Adam(replicas[0].parameters(), lr=ADAM_LR)
+    threads = set()
+    optimizer = ps.torch.DistributedOptimizer(
+        local, replicas[0].named_parameters(), bucket_bytes=1024, replicas=replicas,
+        observer=lambda event, _: threads.add(threading.current_thread().name)
+        if event == "push" else None)
+    optimizer._cuda = _core._CudaPipeline([torch.device("cpu")] * 2, optimizer._grad.numel(),
+                                          optimizer._push, cuda=_NoOpCuda)
+    for x, y in batches():
+        parts = list(zip(x.chunk(2), y.chunk(2)))
+        optimizer.zero_grad()
+        optimizer.set_samples([len(part_x) for part_x, _ in parts])
+        for replica, (part_x, part_y) in zip(replicas, parts):
+            torch.nn.functional.cross_entropy(replica(part_x), part_y).backward()
+        optimizer.step()
+    optimizer.zero_grad()
+    (torch.nn.functional.cross_entropy(replicas[0](x), y) * float("nan")).backward()
+    torch.nn.functional.cross_entropy(replicas[1](x), y).backward()
+    results = {"nan": error_of(optimizer.step), "push_threads": sorted(threads)}
+    torch.save({f"{r}/{name}": tensor.detach() for r, replica in enumerate(replicas)
+                for name, tensor in replica.named_parameters()}, out_path + ".pt")
+    with open(out_path, "w") as out:
+        json.dump(results, out)
+    ps.torch.shutdown()
+
+
+def cuda_refusals_worker(servers: str, out_path: str) -> None:
+    """One worker of a one-worker SGD server with a GPU: replicas on the CPU
+    and a GPU, a model split over two devices, then a NaN gradient on the
+    GPU (refused by step(), the host's check coming after the copy)."""
+    import ps.torch
+
+    ps.torch.init(servers, connect_timeout=20, rpc_timeout=20, wait_timeout=30)
+    results = {}
+    cpu_model, gpu_model = model(seed=0), model(seed=0).to("cuda")
+    results["mixed"] = error_of(lambda: ps.torch.DistributedOptimizer(
+        None, cpu_model.named_parameters(), replicas=[cpu_model, gpu_model]))
+    split = model(seed=0)
+    split.fc2.to("cuda")
+    results["split"] = error_of(lambda: ps.torch.DistributedOptimizer(
+        None, split.named_parameters()))
+    optimizer = ps.torch.DistributedOptimizer(None, gpu_model.named_parameters())
+    x, y = batches()[0]
+
+    def nan_step():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(gpu_model(x.cuda()), y.cuda()) * float("nan")
+        loss.backward()
+        optimizer.step()
+    results["nan"] = error_of(nan_step)
+    with open(out_path, "w") as out:
+        json.dump(results, out)
+    ps.torch.shutdown()
+
+
 def overlap_worker(servers: str, rank: int, out_path: str) -> None:
     """One step of a 21 M-parameter MLP (five 2048 x 2048 layers) with the
     default 4 MiB buckets, recording the optimizer's events in order."""
@@ -285,10 +400,12 @@ class PsTorchTest(unittest.TestCase):
         for rank, w in enumerate(workers):
             self.assertEqual(w.returncode, 0, f"worker {rank}:\n{outputs[rank]}")
 
-    def train_and_compare(self, kind, *server_flags, num_replicas=1):
+    def train_and_compare(self, kind, *server_flags, num_replicas=1, cuda=False,
+                          rtol=RTOL, atol=ATOL):
         servers, tmp = self.start_server("--num_workers=2", *server_flags)
         paths = [os.path.join(tmp, f"params-{rank}.pt") for rank in range(2)]
-        scenario = kind if num_replicas == 1 else f"{kind}-replicas-{num_replicas}"
+        scenario = kind if num_replicas == 1 and not cuda else (
+            f"{kind}-replicas-{num_replicas}" + ("-cuda" if cuda else ""))
         self.finish([self.worker(scenario, servers, rank, paths[rank]) for rank in range(2)])
         finals = [torch.load(path) for path in paths]
         expected = reference(kind)
@@ -301,8 +418,8 @@ class PsTorchTest(unittest.TestCase):
                                     "first")
             got = finals[0][f"0/{name}"]
             error = (got - want).abs()
-            worst = float((error - RTOL * want.abs()).max())
-            self.assertTrue(torch.allclose(got, want, rtol=RTOL, atol=ATOL),
+            worst = float((error - rtol * want.abs()).max())
+            self.assertTrue(torch.allclose(got, want, rtol=rtol, atol=atol),
                             f"{name}: off by up to {float(error.max())} (worst excess {worst})")
             self.assertFalse(torch.allclose(want, initial[name].detach()),
                              f"{name} did not train: the comparison would be empty")
@@ -380,6 +497,63 @@ class PsTorchTest(unittest.TestCase):
             values[2] = bad
             values[3] = bad
             self.assertEqual(_first_non_finite(values), 2, bad)
+
+    # GPU arithmetic sums in other orders than the CPU's: a looser bound.
+    @unittest.skipUnless(torch.cuda.is_available(), _NO_CUDA)
+    def test_cuda_workers_equal_one_process_on_the_cpu(self):
+        self.train_and_compare("sgd", f"--lr={LR}", f"--momentum={MOMENTUM}",
+                               f"--weight_decay={WEIGHT_DECAY}", cuda=True,
+                               rtol=CUDA_RTOL, atol=CUDA_ATOL)
+
+    @unittest.skipUnless(torch.cuda.is_available(), _NO_CUDA)
+    def test_two_cuda_replicas_per_worker_equal_one_process_on_the_cpu(self):
+        self.train_and_compare("sgd", f"--lr={LR}", f"--momentum={MOMENTUM}",
+                               f"--weight_decay={WEIGHT_DECAY}", num_replicas=2, cuda=True,
+                               rtol=CUDA_RTOL, atol=CUDA_ATOL)
+
+    @unittest.skipUnless(torch.cuda.is_available(), _NO_CUDA)
+    def test_cuda_replicas_over_a_sum_only_server_equal_one_process_on_the_cpu(self):
+        self.train_and_compare("adam", "--optimizer=none", num_replicas=2, cuda=True,
+                               rtol=CUDA_RTOL, atol=CUDA_ATOL)
+
+    @unittest.skipUnless(torch.cuda.is_available(), _NO_CUDA)
+    def test_cuda_refusals_name_the_problem(self):
+        servers, tmp = self.start_server("--num_workers=1")
+        path = os.path.join(tmp, "results.json")
+        self.finish([self.worker("cuda-refusals", servers, 0, path)])
+        with open(path) as f:
+            results = json.load(f)
+        self.assertEqual(results["mixed"]["code"], "INVALID_ARGUMENT", results)
+        self.assertIn("the replicas are all on the CPU or all on CUDA devices",
+                      results["mixed"]["message"])
+        self.assertEqual(results["split"]["code"], "INVALID_ARGUMENT", results)
+        self.assertIn("a model (each replica) lives on one device", results["split"]["message"])
+        # A GPU gradient is checked on the host once copied: step() raises it.
+        self.assertEqual(results["nan"]["code"], "INVALID_ARGUMENT", results)
+        self.assertIn("has a non-finite gradient (nan", results["nan"]["message"])
+
+    def check_the_host_side_of_the_cuda_path(self, kind, *server_flags):
+        servers, tmp = self.start_server("--num_workers=1", *server_flags)
+        path = os.path.join(tmp, "result.json")
+        self.finish([self.worker(f"host-cuda-{kind}", servers, 0, path)])
+        with open(path) as f:
+            result = json.load(f)
+        self.assertEqual(result["push_threads"], ["ps.torch push"], result)
+        self.assertEqual(result["nan"]["code"], "INVALID_ARGUMENT", result)
+        self.assertIn("has a non-finite gradient (nan", result["nan"]["message"])
+        params = torch.load(path + ".pt")
+        for name, want in reference(kind).items():
+            for r in range(2):
+                got = params[f"{r}/{name}"]
+                self.assertTrue(torch.allclose(got, want, rtol=RTOL, atol=ATOL),
+                                f"replica {r}'s {name}: off by {float((got - want).abs().max())}")
+
+    def test_the_cuda_paths_host_side_on_no_op_streams_equals_one_process(self):
+        self.check_the_host_side_of_the_cuda_path(
+            "sgd", f"--lr={LR}", f"--momentum={MOMENTUM}", f"--weight_decay={WEIGHT_DECAY}")
+
+    def test_the_cuda_paths_host_side_over_a_sum_only_server_equals_one_process(self):
+        self.check_the_host_side_of_the_cuda_path("adam", "--optimizer=none")
 
     def test_the_push_thread_waits_for_each_copy_and_keeps_the_first_error(self):
         # The CUDA path's push thread, driven without a GPU: each bucket's
@@ -573,9 +747,14 @@ def main():
         sys.path.insert(0, package_parent)
         if scenario in ("sgd", "adam"):
             train_worker(scenario, servers, int(rank), out_path)
-        elif "-replicas-" in scenario:
-            kind, _, num_replicas = scenario.split("-")
-            train_worker(kind, servers, int(rank), out_path, num_replicas=int(num_replicas))
+        elif "-replicas-" in scenario:  # KIND-replicas-N[-cuda]
+            kind, _, num_replicas, *device = scenario.split("-")
+            train_worker(kind, servers, int(rank), out_path, num_replicas=int(num_replicas),
+                         cuda=device == ["cuda"])
+        elif scenario.startswith("host-cuda-"):
+            host_side_of_cuda_worker(scenario[len("host-cuda-"):], servers, out_path)
+        elif scenario == "cuda-refusals":
+            cuda_refusals_worker(servers, out_path)
         elif scenario.startswith("lost-"):
             lost_server_worker(scenario[len("lost-"):], servers, out_path)
         elif scenario == "overlap":

@@ -455,41 +455,48 @@ class _CudaPipeline:
     (non_blocking), and the host waits for those copy streams before step()
     returns, so the next forward reads the new values.
     Called with the optimizer's lock held (reduce, submit), or from step().
+    `cuda`: torch.cuda, or a stand-in with its Stream, Event, current_stream
+    and stream (the test drives this host logic on CPU tensors with no-op
+    streams where no GPU is).
     """
 
-    def __init__(self, devices: List[torch.device], num_elements: int, start_push):
+    def __init__(self, devices: List[torch.device], num_elements: int, start_push,
+                 cuda=torch.cuda):
+        self._cuda = cuda
         self.first = devices[0]
         self.device_grad = torch.zeros(num_elements, dtype=torch.float32, device=self.first)
-        self.copy_streams = {device: torch.cuda.Stream(device=device) for device in devices}
+        self.copy_streams = {device: cuda.Stream(device=device) for device in devices}
         self.push_thread = _PushThread(start_push)
 
     def reduce(self, start: int, terms: List[Tuple[torch.Tensor, int]],
                host_out: torch.Tensor) -> None:
+        cuda = self._cuda
         summed = self.device_grad[start:start + host_out.numel()]
-        compute = torch.cuda.current_stream(self.first)
-        with torch.cuda.stream(compute):
+        compute = cuda.current_stream(self.first)
+        with cuda.stream(compute):
             _weighted_sum(summed, terms)
-            done = torch.cuda.Event()
+            done = cuda.Event()
             done.record(compute)
         copy = self.copy_streams[self.first]
         copy.wait_event(done)
-        with torch.cuda.stream(copy):
+        with cuda.stream(copy):
             host_out.copy_(summed, non_blocking=True)
 
     def submit(self, buckets: List[_Bucket]) -> None:
         """Hands buckets to the push thread behind the copies issued so far."""
-        copied = torch.cuda.Event()
+        copied = self._cuda.Event()
         copied.record(self.copy_streams[self.first])
         for bucket in buckets:
             self.push_thread.submit(bucket, copied.synchronize)
 
     def load(self, copies: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
         """copies: (device tensor, pinned host tensor of its shape) pairs."""
+        cuda = self._cuda
         for device, stream in self.copy_streams.items():
-            stream.wait_stream(torch.cuda.current_stream(device))
+            stream.wait_stream(cuda.current_stream(device))
         with torch.no_grad():
             for target, source in copies:
-                with torch.cuda.stream(self.copy_streams[target.device]):
+                with cuda.stream(self.copy_streams[target.device]):
                     target.copy_(source, non_blocking=True)
         for stream in self.copy_streams.values():
             stream.synchronize()
