@@ -11,14 +11,16 @@ Contracts (docs/pytorch.md has the walk-through):
   version 0, and every worker's parameters are then overwritten with the
   version the job is at. A worker whose model differs is refused by the
   server naming the first difference (ps.Error).
-* Parameters are CPU float32 tensors that require grad; anything else is
-  refused naming the tensor.
-* One DistributedOptimizer per process, one backward per step: a
-  parameter's gradient is copied (times this worker's sample count) into a
-  flat float32 buffer when its AccumulateGrad node has run, and a bucket of
-  the server's segments is pushed as soon as every parameter overlapping it
-  has its gradient, while backward goes on. step() pushes what is left,
-  waits for the next version and applies it.
+* Parameters are dense float32 tensors that require grad, on the CPU or on
+  CUDA (one device per model); anything else is refused naming the tensor.
+* One DistributedOptimizer per process, one backward per step and replica:
+  once a parameter's AccumulateGrad node has run in every local replica,
+  its gradients (each times its replica's sample count, summed in replica
+  order) go into a flat float32 host buffer (for CUDA, summed on the first
+  replica's device and copied into pinned memory on a side stream), and a
+  bucket of the server's segments is pushed as soon as every parameter
+  overlapping it is there, while backward goes on. step() pushes what is
+  left, waits for the next version and copies it into every replica.
 * Sample counts: pushes carry gradient sums, so each worker's mean gradient
   is multiplied by its sample count. The count is needed while backward
   pushes, so it is set before backward: set_samples(n) (it stays until set
@@ -27,9 +29,14 @@ Contracts (docs/pytorch.md has the walk-through):
   of the workers' means is the global batch's mean gradient.
   step(num_samples=n) states the count of the iteration just computed: it
   must equal the count the pushes used (ps.Error otherwise, pointing at
-  set_samples), unless nothing was pushed yet.
-* Threads: the hooks run on autograd's thread (the caller's, for CPU);
-  nothing here is meant to be called from several threads at once.
+  set_samples), unless nothing was pushed yet. With local replicas the
+  count is a list, one per replica; the push carries their sum.
+* A lost server (ps.Error.server_lost): with recover (the default) step()
+  reconnects, loads the version the server resumed at and returns; the
+  caller's loop takes `iteration` as its data position.
+* Threads: the hooks run on autograd's threads (the caller's for CPU, one
+  per device for CUDA; a lock orders them); CUDA buckets are pushed from
+  one push thread. The public calls are meant for one thread.
 """
 
 import bisect
