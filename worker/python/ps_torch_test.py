@@ -706,6 +706,13 @@ class PsTorchTest(unittest.TestCase):
         self.assertLess(time.monotonic() - started, 30, "rank 0 was not stopped")
         self.assertIn("worker 1 exited with status 3", output)
 
+    def test_run_stops_the_workers_when_its_server_dies(self):
+        started = time.monotonic()
+        code, output, _ = self.run_launcher("kill_server")
+        self.assertEqual(code, 1, output)
+        self.assertLess(time.monotonic() - started, 30, "the workers were not stopped")
+        self.assertIn("the server exited with status -9 while the workers ran", output)
+
     def test_calls_before_init_are_refused(self):
         import ps
         import ps.torch
@@ -740,6 +747,16 @@ def main():
             if rank == 0:
                 time.sleep(60)
             sys.exit(3)
+        if sys.argv[4:] == ["kill_server"]:  # rank 1 kills the launcher's server
+            if rank == 1:
+                launcher = os.getppid()
+                with open(f"/proc/{launcher}/task/{launcher}/children") as f:
+                    for pid in f.read().split():
+                        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                            if b"--port_file" in cmdline.read():  # the server's flag
+                                os.kill(int(pid), 9)
+            time.sleep(60)  # both would run a minute unless stopped
+            return
         train_worker("sgd", None, None, os.path.join(out_dir, f"params-{rank}.pt"))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
