@@ -836,9 +836,13 @@ class DistributedOptimizer:
             _weighted_sum(out, terms)
             bad = _first_non_finite(out) if self._check_finite and terms else None
             if bad is not None:
+                # The gradient's own value where one is not finite; else
+                # finite values overflowed when scaled and summed.
+                values = [float(grad.reshape(-1)[bad]) for grad, _ in terms]
+                value = next((v for v in values if not math.isfinite(v)), float(out[bad]))
                 raise Error(_native.INVALID_ARGUMENT,
                             f"parameter '{name}' has a non-finite gradient "
-                            f"({float(out[bad])} at element {bad}) in iteration "
+                            f"({value} at element {bad}) in iteration "
                             f"{self.iteration}; refused before pushing it")
         self._ready[index] = True
         if self._observer is not None:
