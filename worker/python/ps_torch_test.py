@@ -203,28 +203,31 @@ def single_worker(servers: str, rank: int, out_path: str) -> None:
     ps.torch.shutdown()
 
 
-def lost_server_worker(mode: str, servers: str, out_path: str) -> None:
-    """The only worker of an SGD job on whole batches: it trains iteration
-    0 (mode "restart": 0 and 1), prints "stepped" and waits for a line on
-    stdin while the test kills the server (and, in mode "restart", starts it
-    again from its checkpoint), then trains on to STEPS, each iteration on
-    the batch of opt.iteration. mode "norecover": recover=False; "timeout": recover on,
-    a 3 s reconnect_timeout and no server coming back. Writes how it ended."""
+def lost_server_worker(mode: str, servers: str, rank: int, out_path: str) -> None:
+    """A worker of an SGD job, on its equal part of every global batch: it
+    trains iteration 0 (mode "restart": 0 and 1), prints "stepped" and waits
+    for a line on stdin while the test kills the server (and, in mode
+    "restart", starts it again from its checkpoint), then trains on to
+    STEPS, each iteration on the batch of opt.iteration. mode "norecover":
+    recover=False; "timeout": recover on, a 3 s reconnect_timeout and no
+    server coming back. Writes how it ended."""
     import ps
     import ps.torch
 
-    ps.torch.init(servers, connect_timeout=20, rpc_timeout=20, wait_timeout=30,
+    ps.torch.init(servers, rank=rank, connect_timeout=20, rpc_timeout=20, wait_timeout=30,
                   reconnect_timeout=3 if mode == "timeout" else 60)
-    net = model(seed=0)
+    net = model(seed=rank)
     events = []
     optimizer = ps.torch.DistributedOptimizer(
         None, net.named_parameters(), bucket_bytes=1024, recover=mode != "norecover",
         observer=lambda event, fields: events.append([event, fields]) if event == "recovered"
         else None)
     data = batches()
+    part = GLOBAL_BATCH // ps.torch.size()
 
     def train_one():
         x, y = data[optimizer.iteration]
+        x, y = x[rank * part:(rank + 1) * part], y[rank * part:(rank + 1) * part]
         optimizer.zero_grad()
         optimizer.set_samples(len(x))
         torch.nn.functional.cross_entropy(net(x), y).backward()
@@ -604,16 +607,17 @@ class PsTorchTest(unittest.TestCase):
         self.assertLess(events[first_push][2], result["backward_end"])
         self.assertEqual(kinds[-1], "step")
 
-    def kill_server_mid_training(self, mode, *server_flags, restart_after_checkpoint=None):
-        """Runs lost_server_worker against a server killed (SIGKILL) when the
-        worker pauses and, with `restart_after_checkpoint` (a manifest's
-        path), killed once that checkpoint is written and started again on
-        its port 1 s after the worker went on. Returns the worker's result
-        and final parameters."""
+    def kill_server_mid_training(self, mode, *server_flags, restart_after_checkpoint=None,
+                                 workers=1):
+        """Runs `workers` lost_server_workers against a server killed
+        (SIGKILL) when they pause and, with `restart_after_checkpoint` (a
+        manifest's path), killed once that checkpoint is written and started
+        again on its port 1 s after the workers went on. Returns each
+        worker's result and final parameters."""
         from ps import local_server
         tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-        flags = ["--num_workers=1", "--chunk_bytes=256", f"--lr={LR}", f"--momentum={MOMENTUM}",
-                 f"--weight_decay={WEIGHT_DECAY}"] + list(server_flags)
+        flags = [f"--num_workers={workers}", "--chunk_bytes=256", f"--lr={LR}",
+                 f"--momentum={MOMENTUM}", f"--weight_decay={WEIGHT_DECAY}"] + list(server_flags)
         servers_started = []
 
         def start(extra, directory):
@@ -626,9 +630,11 @@ class PsTorchTest(unittest.TestCase):
 
         self.addCleanup(lambda: [(s.kill(), s.wait(timeout=30)) for s in servers_started])
         servers = start([], os.path.join(tmp, "first"))
-        path = os.path.join(tmp, "result.json")
-        worker = self.worker(f"lost-{mode}", servers, 0, path, stdin=subprocess.PIPE)
-        self.assertEqual(worker.stdout.readline().decode().strip(), "stepped")
+        paths = [os.path.join(tmp, f"result-{rank}.json") for rank in range(workers)]
+        processes = [self.worker(f"lost-{mode}", servers, rank, paths[rank],
+                                 stdin=subprocess.PIPE) for rank in range(workers)]
+        for worker in processes:
+            self.assertEqual(worker.stdout.readline().decode().strip(), "stepped")
         if restart_after_checkpoint:
             deadline = time.monotonic() + 30
             while not os.path.exists(restart_after_checkpoint):  # written in the background
@@ -636,14 +642,18 @@ class PsTorchTest(unittest.TestCase):
                 time.sleep(0.05)
         servers_started[0].kill()
         servers_started[0].wait(timeout=30)
-        worker.stdin.write(b"go\n")
-        worker.stdin.flush()
+        for worker in processes:
+            worker.stdin.write(b"go\n")
+            worker.stdin.flush()
         if restart_after_checkpoint:
             time.sleep(1)
             start([f"--port={servers.rsplit(':', 1)[1]}"], os.path.join(tmp, "second"))
-        self.finish([worker])
-        with open(path) as f:
-            return json.load(f), torch.load(path + ".pt")
+        self.finish(processes)
+        results = []
+        for path in paths:
+            with open(path) as f:
+                results.append((json.load(f), torch.load(path + ".pt")))
+        return results if workers > 1 else results[0]
 
     def test_a_killed_server_fails_the_step_with_a_server_lost_error(self):
         result, _ = self.kill_server_mid_training("norecover")
@@ -661,20 +671,24 @@ class PsTorchTest(unittest.TestCase):
 
     def test_training_goes_on_when_the_server_restarts_from_its_checkpoint(self):
         tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-        # Killed at version 2, once version 1's checkpoint is written (2's may
-        # be too): the worker resumes at 1 (rolling back one iteration, the
-        # momentum restored) or 2, and ends as one process would.
-        result, params = self.kill_server_mid_training(
+        # 2 workers, killed at version 2 once version 1's checkpoint is
+        # written (2's may be too): the workers resume at 1 (rolling back one
+        # iteration, the momentum restored) or 2, and end as one process would.
+        results = self.kill_server_mid_training(
             "restart", f"--checkpoint_dir={tmp}", "--checkpoint_every_steps=1",
-            restart_after_checkpoint=os.path.join(tmp, "checkpoint-000000000001.json"))
-        self.assertEqual(result["code"], "OK", result)
-        self.assertEqual((result["iteration"], result["recoveries"]), (STEPS, 1), result)
-        self.assertEqual(result["events"][0][1]["iteration"], 2, result)
-        self.assertIn(result["events"][0][1]["version"], (1, 2), result)
-        for name, want in reference("sgd").items():
-            got = params[f"0/{name}"]
-            self.assertTrue(torch.allclose(got, want, rtol=RTOL, atol=ATOL),
-                            f"{name}: off by up to {float((got - want).abs().max())}")
+            restart_after_checkpoint=os.path.join(tmp, "checkpoint-000000000001.json"),
+            workers=2)
+        expected = reference("sgd")
+        for rank, (result, params) in enumerate(results):
+            self.assertEqual(result["code"], "OK", result)
+            self.assertEqual((result["iteration"], result["recoveries"]), (STEPS, 1), result)
+            self.assertEqual(result["events"][0][1]["iteration"], 2, result)
+            self.assertIn(result["events"][0][1]["version"], (1, 2), result)
+            for name, want in expected.items():
+                got = params[f"0/{name}"]
+                self.assertTrue(torch.allclose(got, want, rtol=RTOL, atol=ATOL),
+                                f"rank {rank}'s {name}: off by up to "
+                                f"{float((got - want).abs().max())}")
 
     def run_launcher(self, *script_args, server_flags=()):
         tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
@@ -773,7 +787,7 @@ def main():
         elif scenario == "cuda-refusals":
             cuda_refusals_worker(servers, out_path)
         elif scenario.startswith("lost-"):
-            lost_server_worker(scenario[len("lost-"):], servers, out_path)
+            lost_server_worker(scenario[len("lost-"):], servers, int(rank), out_path)
         elif scenario == "overlap":
             overlap_worker(servers, int(rank), out_path)
         elif scenario == "mismatch":
