@@ -116,6 +116,11 @@ def train_worker(kind: str, servers: Optional[str], rank: Optional[int], out_pat
     for replica in replicas:
         start = torch.equal(replica.conv1.weight.cpu(), model(seed=0).conv1.weight)
         assert start, "registration set every worker's (and replica's) parameters to rank 0's"
+    if num_replicas > 1:
+        refused = error_of(lambda: optimizer.set_samples(4))
+        assert "give one sample count per replica" in refused["message"], refused
+        refused = error_of(lambda: optimizer.set_samples([4]))
+        assert f"1 sample counts for {num_replicas} replicas" in refused["message"], refused
     half = GLOBAL_BATCH // 2
     for x, y in batches():
         x, y = x[rank * half:(rank + 1) * half], y[rank * half:(rank + 1) * half]
