@@ -276,6 +276,9 @@ class _NoOpCuda:
             pass
 
     class Event:
+        def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+            pass
+
         def record(self, stream=None):
             pass
 

@@ -491,7 +491,9 @@ class _CudaPipeline:
 
     def submit(self, buckets: List[_Bucket]) -> None:
         """Hands buckets to the push thread behind the copies issued so far."""
-        copied = self._cuda.Event()
+        # blocking: the push thread sleeps in the driver until the copy is
+        # done, instead of spinning a core that backward's CPU side needs.
+        copied = self._cuda.Event(blocking=True)
         copied.record(self.copy_streams[self.first])
         for bucket in buckets:
             self.push_thread.submit(bucket, copied.synchronize)
