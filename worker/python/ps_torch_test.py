@@ -566,6 +566,17 @@ class PsTorchTest(unittest.TestCase):
     def test_the_cuda_paths_host_side_over_a_sum_only_server_equals_one_process(self):
         self.check_the_host_side_of_the_cuda_path("adam", "--optimizer=none")
 
+    @unittest.skipIf(torch.cuda.is_available(), "CUDA is available: nothing to refuse")
+    def test_a_cuda_device_without_cuda_is_refused_by_name(self):
+        import ps
+        from ps.torch._core import _check_device
+        with self.assertRaises(ps.Error) as caught:
+            _check_device("ps.torch.DistributedOptimizer", "parameter 'fc.weight'",
+                          torch.device("cuda", 0))
+        self.assertEqual(caught.exception.code_name, "FAILED_PRECONDITION")
+        self.assertIn("parameter 'fc.weight' is on cuda:0, but CUDA is not available",
+                      caught.exception.message)
+
     def test_the_push_thread_waits_for_each_copy_and_keeps_the_first_error(self):
         # The CUDA path's push thread, driven without a GPU: each bucket's
         # wait (the copy's event) comes before its push, in order; after a
