@@ -22,6 +22,11 @@ best validation accuracy (the split's use: choosing the epoch, since
 sigmoid LeNet at lr 0.9 swings a few points from epoch to epoch); with
 --plot it writes the curves as a PNG (matplotlib, Agg).
 The other ranks only train. Exit status 0, or 1 with the ps.Error printed.
+
+--device=cuda trains on GPUs; --replicas=K keeps K local replicas per
+worker (D2L 13.5/13.6's multi-GPU train_batch), each on an equal part of
+the worker's rows, their gradients summed locally before the one push
+(ps.torch's replicas=); rank 0 evaluates with its first replica.
 """
 
 import argparse
@@ -60,12 +65,33 @@ def parse_args(argv):
     p.add_argument("--eval_limit", type=int, default=0,
                    help="validate and test on the first N images of each split (0: all)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--device", default="cpu",
+                   help="cpu; cuda (the GPUs in turn from $LOCAL_RANK x --replicas); cuda:N")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="local model replicas per worker, each on an equal part of the "
+                        "worker's batch (D2L 13.5's train_batch); on the GPUs in turn with "
+                        "--device=cuda")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default="", help="write the per-epoch curves to this PNG")
     args = p.parse_args(argv)
-    if args.epochs < 1 or args.batch_size < 1 or args.val_size < 0:
-        p.error("--epochs and --batch_size must be positive, --val_size not negative")
+    if args.epochs < 1 or args.batch_size < 1 or args.val_size < 0 or args.replicas < 1:
+        p.error("--epochs, --batch_size and --replicas must be positive, --val_size not negative")
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        p.error(f"--device={args.device}: cpu, cuda or cuda:N")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device={args.device}: CUDA is not available to this process "
+                "(torch.cuda.is_available() is False)")
     return args
+
+
+def replica_devices(device, replicas, local_rank):
+    """One device per local replica: the CPU, cuda:N, or with "cuda" this
+    worker's run of GPUs (from local_rank x replicas, modulo the GPUs), as
+    D2L's try_all_gpus spreads replicas over devices."""
+    if device != "cuda":
+        return [torch.device(device)] * replicas
+    count = torch.cuda.device_count()
+    return [torch.device("cuda", (local_rank * replicas + r) % count) for r in range(replicas)]
 
 
 def read_idx(path):
@@ -103,9 +129,11 @@ def load_split(data_dir, prefix):
 @torch.no_grad()
 def evaluate(model, x, y, batch=1000):
     model.eval()
+    device = next(model.parameters()).device
     correct = 0
     for i in range(0, len(x), batch):
-        correct += (model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum().item()
+        out = model(x[i:i + batch].to(device))
+        correct += (out.argmax(1).cpu() == y[i:i + batch]).sum().item()
     model.train()
     return correct / len(x) if len(x) else float("nan")
 
@@ -149,10 +177,17 @@ def train(args):
     rank, workers = ps.torch.rank(), ps.torch.size()
     # D2L's init_cnn (Xavier); rank 0's values become the job's version 0.
     model = torch_models.init_like_cpp(torch_models.build(args.model))
-    opt = ps.torch.DistributedOptimizer(None, model.named_parameters())
+    devices = replica_devices(args.device, args.replicas, int(os.environ.get("LOCAL_RANK", "0")))
+    replicas = [copy.deepcopy(model).to(device) for device in devices]
+    model = replicas[0]
+    opt = ps.torch.DistributedOptimizer(None, model.named_parameters(),
+                                        replicas=replicas if len(replicas) > 1 else None)
     if rank == 0:
+        on = ", ".join(str(device) for device in devices)
         print(f"{args.model}: {len(x_train)} train, {len(x_val)} validation, {len(x_test)} test "
-              f"images; {workers} workers, global batch {args.batch_size}", flush=True)
+              f"images; {workers} workers x {len(replicas)} "
+              f"replica{'s' if len(replicas) > 1 else ''} ({on}), global batch "
+              f"{args.batch_size}", flush=True)
 
     history = []
     start = time.monotonic()
@@ -167,15 +202,23 @@ def train(args):
             if len(batch) < workers:
                 break  # a worker would have no sample of this last, short batch
             mine = batch[rank::workers]
-            x, y = x_train[mine], y_train[mine]
+            if len(mine) < len(replicas):
+                break  # a replica would have no sample
+            # D2L's split_batch: equal parts (within one sample) per replica.
+            parts = [(x_train[part].to(device), y_train[part].to(device))
+                     for part, device in zip(mine.tensor_split(len(replicas)), devices)]
+            counts = [len(y) for _, y in parts]
             opt.zero_grad()
-            opt.set_samples(len(mine))
-            out = model(x)
-            loss = F.cross_entropy(out, y)
-            loss.backward()
+            opt.set_samples(counts if len(replicas) > 1 else counts[0])
+            losses = []
+            for replica, (x, y) in zip(replicas, parts):
+                out = replica(x)
+                loss = F.cross_entropy(out, y)
+                loss.backward()
+                losses.append(loss.detach() * len(y))
+                correct += (out.argmax(1) == y).sum().item()
             opt.step()
-            loss_sum += loss.item() * len(mine)
-            correct += (out.argmax(1) == y).sum().item()
+            loss_sum += sum(loss.item() for loss in losses)
             seen += len(mine)
             samples += len(batch)
         if rank == 0:
@@ -183,7 +226,8 @@ def train(args):
                       "val_acc": evaluate(model, x_val, y_val)}
             history.append(record)
             if len(x_val) and (best is None or record["val_acc"] > best[1]):
-                best = (epoch, record["val_acc"], copy.deepcopy(model.state_dict()))
+                best = (epoch, record["val_acc"],
+                        {name: value.cpu().clone() for name, value in model.state_dict().items()})
             print(f"epoch {epoch}: train loss {record['train_loss']:.4f}, "
                   f"train acc {record['train_acc']:.4f}, val acc {record['val_acc']:.4f} "
                   f"({time.monotonic() - start:.1f} s)", flush=True)

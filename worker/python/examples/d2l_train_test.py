@@ -13,6 +13,7 @@ import tempfile
 import unittest
 
 import numpy as np
+import torch
 
 
 def write_idx(path, array):
@@ -40,20 +41,25 @@ class D2lTrainTest(unittest.TestCase):
     package_parent = ""
     script = ""
 
-    def test_one_epoch_prints_accuracies_and_writes_the_plot(self):
+    def launch(self, *flags, train=640):
+        """d2l_train.py through ps.torch.run, 2 workers; (exit status, output, data dir)."""
         tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-        write_data(tmp, train=640, test=128)
-        png = os.path.join(tmp, "curves.png")
+        write_data(tmp, train=train, test=128)
         launcher = subprocess.run(
             [sys.executable, "-m", "ps.torch.run", "--workers=2",
              f"--server={self.server_binary}", "--server_arg=--lr=0.9", "--",
-             self.script, "--model=lenet", "--epochs=2", "--batch_size=64", "--val_size=128",
-             f"--data_dir={tmp}", f"--plot={png}"],
+             self.script, "--model=lenet", "--batch_size=64", "--val_size=128",
+             f"--data_dir={tmp}"] + list(flags),
             env=dict(os.environ, PYTHONPATH=self.package_parent),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
-        output = launcher.stdout.decode()
-        self.assertEqual(launcher.returncode, 0, output)
-        self.assertIn("lenet: 512 train, 128 validation, 128 test images; 2 workers", output)
+        return launcher.returncode, launcher.stdout.decode(), tmp
+
+    def test_one_epoch_prints_accuracies_and_writes_the_plot(self):
+        png = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")), "curves.png")
+        code, output, _ = self.launch("--epochs=2", f"--plot={png}")
+        self.assertEqual(code, 0, output)
+        self.assertIn("lenet: 512 train, 128 validation, 128 test images; 2 workers x 1 replica "
+                      "(cpu)", output)
         # Rank 0 alone reports: one line per epoch, then the final line.
         self.assertEqual(len(re.findall(r"^epoch \d+: train loss ", output, re.M)), 2, output)
         final = re.search(r"^final: .* test acc ([0-9.]+);", output, re.M)
@@ -61,6 +67,29 @@ class D2lTrainTest(unittest.TestCase):
         self.assertTrue(0.0 <= float(final.group(1)) <= 1.0)
         with open(png, "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_two_local_replicas_per_worker_train(self):
+        code, output, _ = self.launch("--epochs=1", "--replicas=2", train=384)
+        self.assertEqual(code, 0, output)
+        self.assertIn("2 workers x 2 replicas (cpu, cpu), global batch 64", output)
+        self.assertIsNotNone(re.search(r"^final: .* test acc ([0-9.]+);", output, re.M), output)
+
+    @unittest.skipUnless(torch.cuda.is_available(),
+                         "no CUDA device: torch.cuda.is_available() is False in this process")
+    def test_cuda_replicas_train(self):
+        code, output, _ = self.launch("--epochs=1", "--device=cuda", "--replicas=2", train=384)
+        self.assertEqual(code, 0, output)
+        self.assertRegex(output, r"2 workers x 2 replicas \(cuda:\d+, cuda:\d+\)")
+        self.assertIsNotNone(re.search(r"^final: .* test acc ([0-9.]+);", output, re.M), output)
+
+    @unittest.skipIf(torch.cuda.is_available(), "CUDA is available: nothing to refuse")
+    def test_cuda_without_a_gpu_is_refused(self):
+        result = subprocess.run(
+            [sys.executable, self.script, "--device=cuda"],
+            env=dict(os.environ, PYTHONPATH=self.package_parent), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, timeout=60)
+        self.assertEqual(result.returncode, 2, result.stdout.decode())
+        self.assertIn("--device=cuda: CUDA is not available", result.stdout.decode())
 
     def test_bad_flag_is_refused(self):
         launcher = subprocess.run(

@@ -1,7 +1,8 @@
 """ps.torch: any PyTorch model trained data-parallel through the parameter server.
 
-CPU tensors, one process per worker, float32 parameters. docs/pytorch.md
-shows it in use:
+CPU or CUDA float32 parameters, one process per worker, optionally several
+local replicas of the model per process (replicas=). docs/pytorch.md shows
+it in use:
 
     import ps.torch
     ps.torch.init()                      # PS_SERVERS, RANK, WORLD_SIZE

@@ -11,8 +11,9 @@ $PS_SERVER_BINARY) is started on a free local port with --num_workers=W
 and each --server_arg, and stopped when the workers are done.
 
 Exit status: 0 when every worker exited 0; else the first failing worker's
-status (the others are terminated then), or 2 for bad arguments, naming
-the problem. The workers' output goes to this process's stdout and stderr.
+status (the others are terminated then), 1 when the server started here
+exits while workers run (they are terminated then), or 2 for bad
+arguments, naming the problem. The workers' output goes to this process's stdout and stderr.
 """
 
 import argparse
@@ -99,13 +100,29 @@ def main(argv: Optional[List[str]] = None) -> int:
             env["PYTHONPATH"] = os.pathsep.join(
                 [package_parent] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
             workers.append(subprocess.Popen([sys.executable, options.script] + args, env=env))
-        # One thread per worker waits for it; the first failure stops the rest.
+        # One thread per worker waits for it, and one for the server started
+        # here; the first failure stops the rest. A server that exits under
+        # running workers stops them too: they would otherwise wait up to
+        # their reconnect_timeout for a server nobody restarts.
         exits: "queue.Queue[tuple]" = queue.Queue()
         for rank, worker in enumerate(workers):
             threading.Thread(target=lambda r=rank, w=worker: exits.put((r, w.wait())),
                              daemon=True).start()
-        for _ in workers:
+        if server is not None:
+            threading.Thread(target=lambda: exits.put(("server", server.wait())),
+                             daemon=True).start()
+        running = len(workers)
+        while running:
             rank, code = exits.get()
+            if rank == "server":
+                if status == 0:
+                    print(f"ps.torch.run: the server exited with status {code} while the "
+                          "workers ran; stopping them", file=sys.stderr)
+                    status = 1
+                    for other in workers:
+                        _stop(other)
+                continue
+            running -= 1
             if code != 0 and status == 0:
                 print(f"ps.torch.run: worker {rank} exited with status {code}; stopping "
                       "the others", file=sys.stderr)
