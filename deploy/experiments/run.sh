@@ -197,7 +197,8 @@ server_address=$(netns_address 0)
 if [[ "$system" == ddp ]]; then
   where="ring all-reduce (PyTorch DDP, gloo)"
 else
-  where="server at $server_address$( ((servers > 1)) && echo " (+$((servers - 1)) shards)")"
+  where="server at $server_address"
+  ((servers == 1)) || where+=" (+$((servers - 1)) shards)"
 fi
 echo "run: $prefix: $where, $workers workers, rate $rate, delay ${delay} ms" \
      "(${NETNS_DELAY_METHOD}), TCP $congestion, out $out"
