@@ -70,8 +70,9 @@ def cell(rows):
         return "-"
     step, over = median(rows, "step_time_s"), median(rows, "step_over_payload_bound")
     return f"{step:.3f} s ({over:.2f} x)" if over is not None else f"{step:.3f} s"
-rate_order = lambda r: (len(r), r)
-keys = sorted({(rate, w) for rate, w, _ in runs}, key=lambda k: (rate_order(k[0]), k[1]))
+bps = {rate: float(rows[0].get("rate_bits_per_second") or "inf")
+       for (rate, _, _), rows in runs.items()}
+keys = sorted({(rate, w) for rate, w, _ in runs}, key=lambda k: (bps[k[0]], k[1]))
 print(f"{'rate':>8} | {'W':>2} | {'ours step (x bound)':>20} | {'ring step (x bound)':>20} | "
       f"{'ring/ours':>9} | {'prediction':>10} | rounds | CPU busy (ours, ring)")
 for rate, w in keys:
