@@ -29,6 +29,9 @@
 #   --time_limit=S [900]            per run (run.sh --time_limit)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+# Under Bazel (//tests:compare_ring_benchmark) this script runs as
+# tests/compare_ring_benchmark: the harness is in the runfiles.
+[[ -n "${TEST_SRCDIR:-}" ]] && here="$TEST_SRCDIR/${TEST_WORKSPACE:-ps}/deploy/experiments"
 rates=200mbit,1gbit workers_list=2,4 rounds=3 model=mlp mlp_hidden=4096,4096 local_batch=16
 max_steps=12 warmup_steps=1 out="" bin="" time_limit=900 table=""
 while (($#)); do
