@@ -26,6 +26,7 @@
 #   --out=DIR [a temporary directory]   every run's folder, compare_ring.csv, table.txt
 #   --bin=DIR                       prebuilt daemons (run.sh --bin); under `bazel run`/`bazel
 #                                   test` the runfiles' own
+#   --lr=X [0.01]                   SGD's step for both (run.sh's 0.9 makes this MLP diverge)
 #   --time_limit=S [900]            per run (run.sh --time_limit)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -33,7 +34,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # tests/compare_ring_benchmark: the harness is in the runfiles.
 [[ -n "${TEST_SRCDIR:-}" ]] && here="$TEST_SRCDIR/${TEST_WORKSPACE:-ps}/deploy/experiments"
 rates=200mbit,1gbit workers_list=2,4 rounds=3 model=mlp mlp_hidden=4096,4096 local_batch=16
-max_steps=12 warmup_steps=1 out="" bin="" time_limit=900 table=""
+max_steps=12 warmup_steps=1 lr=0.01 out="" bin="" time_limit=900 table=""
 while (($#)); do
   case "$1" in
     --rates=*) rates="${1#*=}" ;;
@@ -46,6 +47,7 @@ while (($#)); do
     --warmup_steps=*) warmup_steps="${1#*=}" ;;
     --out=*) out="${1#*=}" ;;
     --bin=*) bin="${1#*=}" ;;
+    --lr=*) lr="${1#*=}" ;;
     --time_limit=*) time_limit="${1#*=}" ;;
     --table=*) table="${1#*=}" ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
@@ -117,18 +119,29 @@ run_one() {  # system rate W round
   local system=$1 rate=$2 w=$3 round=$4 dir
   dir="$out/$system-$rate-w$w-r$round"
   local flags=(--system="$system" --workers="$w" --rate="$rate" --model="$model"
-               --dataset=synthetic --batch_size="$((local_batch * w))" --max_steps="$max_steps"
+               --dataset=synthetic --batch_size="$((local_batch * w))" --max_steps="$max_steps" --lr="$lr"
                --warmup_steps="$warmup_steps" --time_limit="$time_limit" --out="$dir"
                --csv="$csv" --prefix="cr$$$round$w")
   [[ "$system" == ps ]] && flags+=(--servers="$w")
   [[ -n "$bin" ]] && flags+=(--bin="$bin")
   echo "compare_ring: round $round, $system, $rate, W=$w; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-  bash "$here/run.sh" "${flags[@]}" -- --mlp_hidden="$mlp_hidden" >"$dir.log" 2>&1 ||
-    fail "run failed ($dir.log): $(tail -n 5 "$dir.log")"
+  # In the background, so a SIGTERM or Ctrl-C here reaches the run, whose
+  # own trap removes its hosts.
+  bash "$here/run.sh" "${flags[@]}" -- --mlp_hidden="$mlp_hidden" >"$dir.log" 2>&1 &
+  run_pid=$!
+  wait "$run_pid" || fail "run failed ($dir.log): $(tail -n 5 "$dir.log")"
+  run_pid=""
   grep -E "^run: (ps|ddp): step" "$dir.log" || true
 }
 
-echo "compare_ring: $model $mlp_hidden, local batch $local_batch, $max_steps steps" \
+run_pid=""
+stop() {
+  if [[ -n "$run_pid" ]]; then kill -TERM "$run_pid" 2>/dev/null || true; wait "$run_pid" 2>/dev/null || true; fi
+  echo "compare_ring: stopped; rows so far in $csv" >&2
+  exit 143
+}
+trap stop INT TERM
+echo "compare_ring: $model $mlp_hidden, local batch $local_batch, lr $lr, $max_steps steps" \
      "($warmup_steps warm-up), rates $rates, W $workers_list, $rounds round(s); out $out"
 for ((round = 0; round < rounds; round++)); do
   for rate in "${rate_list[@]}"; do
