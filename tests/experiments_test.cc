@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -306,8 +307,10 @@ TEST_F(ExperimentsTest, DdpRingBaselineWritesItsRowAndCarriesTheRingsBytes) {
   constexpr int kDdpSteps = 15;
   constexpr int kWorkers = 2;
   constexpr int64_t kMlp256Bytes = 203530 * 4;  // --mlp_hidden=256
+  // A shared CSV already holding a row of ours, with a server host's
+  // column the ring's row lacks (and none of its workers').
   const std::string csv = out_ + "-sweep.csv";
-  std::filesystem::remove(csv);
+  std::ofstream(csv) << "run,system,servers,s0_tx_bytes\nearlier,ps,1,5\n";
   const std::string root_before = RootState();
   Process run("/bin/bash",
               RunArgs({"--system=ddp", absl::StrCat("--workers=", kWorkers), "--rate=100mbit",
@@ -359,21 +362,36 @@ TEST_F(ExperimentsTest, DdpRingBaselineWritesItsRowAndCarriesTheRingsBytes) {
   EXPECT_THAT(run.Log(), HasSubstr("run: ddp: step "));
 
   // The row, in the run's results.csv and appended to --csv, says which
-  // system made it.
+  // system made it. The shared CSV now has the columns of both rows, each
+  // value under its own name (the earlier row's s0_tx_bytes kept, the
+  // ring's empty there, its w1_tx_bytes the results' figure).
   for (const std::string& path : {out_ + "/results.csv", csv}) {
     SCOPED_TRACE(path);
     const std::vector<std::string> lines =
         absl::StrSplit(testing::ReadFileBytes(path), '\n', absl::SkipEmpty());
-    ASSERT_EQ(lines.size(), 2u);
+    const bool shared = path == csv;
+    ASSERT_EQ(lines.size(), shared ? 3u : 2u);
     const std::vector<std::string> header = absl::StrSplit(lines[0], ',');
-    const std::vector<std::string> row = absl::StrSplit(lines[1], ',');
-    ASSERT_EQ(header.size(), row.size());
-    std::map<std::string, std::string> columns;
-    for (size_t i = 0; i < header.size(); ++i) columns[header[i]] = row[i];
+    std::vector<std::map<std::string, std::string>> rows;
+    for (size_t l = 1; l < lines.size(); ++l) {
+      const std::vector<std::string> row = absl::StrSplit(lines[l], ',');
+      ASSERT_EQ(header.size(), row.size()) << lines[l];
+      rows.emplace_back();
+      for (size_t i = 0; i < header.size(); ++i) rows.back()[header[i]] = row[i];
+    }
+    std::map<std::string, std::string>& columns = rows.back();
     EXPECT_EQ(columns["system"], "ddp");
     EXPECT_EQ(columns["servers"], "0");
     EXPECT_GT(std::stod(columns["step_time_s"]), 0);
-    EXPECT_TRUE(columns.count("w1_tx_bytes"));
+    EXPECT_EQ(columns["w1_tx_bytes"], r["hosts"][1]["tx_bytes"].dump());
+    if (shared) {
+      EXPECT_EQ(header[3], "s0_tx_bytes");
+      EXPECT_EQ(columns["s0_tx_bytes"], "");
+      EXPECT_EQ(rows[0]["run"], "earlier");
+      EXPECT_EQ(rows[0]["system"], "ps");
+      EXPECT_EQ(rows[0]["s0_tx_bytes"], "5");
+      EXPECT_EQ(rows[0]["w1_tx_bytes"], "");
+    }
   }
 
   EXPECT_EQ(Sh("ip netns list | grep " + prefix_), "");

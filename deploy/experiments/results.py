@@ -166,6 +166,37 @@ def busy(samples, start_ns, end_ns, index, bps):
     return busy_bytes * 8 / (busy_ns / 1e9 * bps), busy_ns / total_ns
 
 
+def append_row(path, row):
+    """Appends `row` (a dict) to the CSV file at `path`, header first when
+    the file is new. Runs with other hosts (W, S, or --system=ddp without
+    server hosts) have other per-host columns: when the row has a column the
+    header lacks, the file is rewritten with the header's columns followed
+    by the new ones, earlier rows leaving those empty, so every row stays
+    under its own names."""
+    fields = []
+    rows = []
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            fields = list(reader.fieldnames or [])
+            missing = [k for k in row if k not in fields]
+            if missing:
+                rows = list(reader)
+    else:
+        missing = list(row)
+    if fields and not missing:
+        with open(path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=fields, restval="").writerow(row)
+        return
+    fields += missing
+    with open(path + ".tmp", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, restval="")
+        w.writeheader()
+        w.writerows(rows)
+        w.writerow(row)
+    os.replace(path + ".tmp", path)
+
+
 def main():
     p = argparse.ArgumentParser()
     for name in ("out", "prefix", "rate", "delay_method", "congestion", "model", "dataset",
@@ -292,12 +323,7 @@ def main():
         w.writeheader()
         w.writerow(row)
     if a.csv:
-        new = not os.path.exists(a.csv) or os.path.getsize(a.csv) == 0
-        with open(a.csv, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(row))
-            if new:
-                w.writeheader()
-            w.writerow(row)
+        append_row(a.csv, row)
 
     util = (f"max link utilisation {results['max_link_utilisation']:.2f}"
             if bps else "unshaped links")
