@@ -2,8 +2,9 @@
 # One network-bottleneck experiment: S parameter-server shards and W workers,
 # each in its own network namespace behind an emulated link (netns.sh), trained
 # for a bounded number of steps (or, --system=ddp, the ring all-reduce
-# baseline: PyTorch DDP over gloo on the W worker hosts, no servers); writes what was measured to OUT/results.json
-# and OUT/results.csv (one row) with the merged timeline OUT/trace.json.
+# baseline: PyTorch DDP over gloo on the W worker hosts, no servers); writes
+# what was measured to OUT/results.json and OUT/results.csv (one row) with the
+# merged timeline OUT/trace.json.
 # Removes every namespace, link, qdisc, rule and process of the run when it
 # ends, fails, or gets Ctrl-C or SIGTERM. As root.
 #
