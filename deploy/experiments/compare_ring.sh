@@ -8,7 +8,7 @@
 # machine's load falls on both). Appends every run's row to OUT/compare_ring.csv
 # (results.py's columns, `system` ps or ddp), then prints, per rate and W,
 # the median over rounds of each system's step (worker 0's mean step over its
-# measured window) against its bound, the ring/ours ratio and the bandwidth
+# measured window; lowest-highest beside it) against its bound, the ring/ours ratio and the bandwidth
 # prediction: the ring moves 2 (W - 1) / W of the model through each
 # worker's link each way per step, ours with S = W servers moves the model
 # (max(M, W M / S) = M), so the prediction is 2 (W - 1) / W. As root; a
@@ -71,14 +71,17 @@ def median(rows, key):
     values = [float(r[key]) for r in rows if r.get(key) not in (None, "")]
     return statistics.median(values) if values else None
 def cell(rows):
+    """Median step (lowest-highest over the rounds) and median step / bound."""
     if not rows:
         return "-"
+    steps = [float(r["step_time_s"]) for r in rows]
     step, over = median(rows, "step_time_s"), median(rows, "step_over_payload_bound")
-    return f"{step:.3f} s ({over:.2f} x)" if over is not None else f"{step:.3f} s"
+    spread = f" ({min(steps):.2f}-{max(steps):.2f})" if len(rows) > 1 else ""
+    return f"{step:.3f} s{spread}" + (f" {over:.2f} x" if over is not None else "")
 bps = {rate: float(rows[0].get("rate_bits_per_second") or "inf")
        for (rate, _, _), rows in runs.items()}
 keys = sorted({(rate, w) for rate, w, _ in runs}, key=lambda k: (bps[k[0]], k[1]))
-print(f"{'rate':>8} | {'W':>2} | {'ours step (x bound)':>20} | {'ring step (x bound)':>20} | "
+print(f"{'rate':>8} | {'W':>2} | {'ours step (x bound)':>30} | {'ring step (x bound)':>30} | "
       f"{'ring/ours':>9} | {'prediction':>10} | rounds | CPU busy (ours, ring)")
 for rate, w in keys:
     ours, ring = runs[(rate, w, "ps")], runs[(rate, w, "ddp")]
@@ -87,7 +90,7 @@ for rate, w in keys:
     # Ours with S = W servers: max(M, W M / S) = M; the ring: 2 (W - 1) / W M.
     prediction = 2 * (w - 1) / w
     busy = f"{median(ours, 'cpu_busy') or 0:.2f}, {median(ring, 'cpu_busy') or 0:.2f}"
-    print(f"{rate:>8} | {w:>2} | {cell(ours):>20} | {cell(ring):>20} | "
+    print(f"{rate:>8} | {w:>2} | {cell(ours):>30} | {cell(ring):>30} | "
           f"{(f'{ratio:.2f}' if ratio else '-'):>9} | {prediction:>10.2f} | "
           f"{len(ours)}, {len(ring)} | {busy}")
 PY
