@@ -12,6 +12,11 @@
 // predictions and valid PNG plots; it skips when Debian's matplotlib is
 // missing.
 //
+// The *Ddp* cases (only in //tests:experiments_ddp_test) run the ring
+// all-reduce baseline, run.sh --system=ddp: PyTorch DDP over gloo on two
+// worker hosts behind 100 Mbit/s, whose row says system=ddp and whose links
+// carried the ring's bytes; they skip without Debian's python3-torch.
+//
 // The *Benchmark* cases measure the emulated link against its settings
 // (iperf3, ping); they run only in //tests:experiments_benchmark.
 
@@ -21,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -157,6 +163,7 @@ TEST_F(ExperimentsTest, TwoWorkersBehindShapedLinksWriteResults) {
 
   const Json r = ReadJsonFile(out_ + "/results.json");
   EXPECT_EQ(r["run"], prefix_);
+  EXPECT_EQ(r["system"], "ps");
   EXPECT_EQ(r["workers"], 2);
   EXPECT_EQ(r["rate"], "1gbit");
   EXPECT_EQ(r["rate_bits_per_second"], 1000000000);
@@ -278,6 +285,7 @@ TEST_F(ExperimentsTest, TwoWorkersBehindShapedLinksWriteResults) {
   std::map<std::string, std::string> columns;
   for (size_t i = 0; i < header.size(); ++i) columns[header[i]] = row[i];
   EXPECT_EQ(columns["run"], prefix_);
+  EXPECT_EQ(columns["system"], "ps");
   EXPECT_EQ(columns["steps"], std::to_string(kSteps));
   EXPECT_EQ(columns["s0_rx_bytes"], r["hosts"][0]["rx_bytes"].dump());
   EXPECT_TRUE(columns.count("samples_per_second"));
@@ -285,6 +293,122 @@ TEST_F(ExperimentsTest, TwoWorkersBehindShapedLinksWriteResults) {
 
   EXPECT_EQ(Sh("ip netns list | grep " + prefix_), "");
   EXPECT_EQ(RootState(), root_before);
+}
+
+// The ring all-reduce baseline: two DDP ranks, one per worker host behind
+// 100 Mbit/s, no server host. An MLP of 784-256-10 (814 KB of gradients,
+// one DDP bucket) makes each step's ring about 65 ms at the rate, so the
+// counters' 10 ms samples bracket the window closely.
+TEST_F(ExperimentsTest, DdpRingBaselineWritesItsRowAndCarriesTheRingsBytes) {
+  std::string output;
+  if (Sh("/usr/bin/python3 -c 'import torch.distributed'", &output) != 0) {
+    GTEST_SKIP() << "no PyTorch in Debian's /usr/bin/python3 (python3-torch): " << output;
+  }
+  constexpr int kDdpSteps = 15;
+  constexpr int kWorkers = 2;
+  constexpr int64_t kMlp256Bytes = 203530 * 4;  // --mlp_hidden=256
+  // A shared CSV already holding a row of ours, with a server host's
+  // column the ring's row lacks (and none of its workers').
+  const std::string csv = out_ + "-sweep.csv";
+  std::ofstream(csv) << "run,system,servers,s0_tx_bytes\nearlier,ps,1,5\n";
+  const std::string root_before = RootState();
+  Process run("/bin/bash",
+              RunArgs({"--system=ddp", absl::StrCat("--workers=", kWorkers), "--rate=100mbit",
+                       "--model=mlp", "--dataset=synthetic", "--batch_size=32",
+                       absl::StrCat("--max_steps=", kDdpSteps), "--lr=0.1", "--csv=" + csv, "--",
+                       "--mlp_hidden=256"}),
+              testing::TestTmpPath("run_ddp.log"));
+  ASSERT_EQ(run.Wait(std::chrono::seconds(180)), 0) << run.Log();
+  EXPECT_THAT(run.Log(), HasSubstr("ring all-reduce (PyTorch DDP, gloo), 2 workers"));
+
+  const Json r = ReadJsonFile(out_ + "/results.json");
+  EXPECT_EQ(r["system"], "ddp");
+  EXPECT_EQ(r["workers"], kWorkers);
+  EXPECT_EQ(r["servers"], 0);
+  EXPECT_EQ(r["steps"], kDdpSteps);
+  EXPECT_EQ(r["model_bytes"], kMlp256Bytes);
+  EXPECT_EQ(r["window_steps"], kDdpSteps - 2);
+  EXPECT_GT(r["step_time_s"].get<double>(), 0);
+  EXPECT_GT(r["step_time_median_s"].get<double>(), 0);
+  EXPECT_GT(r["samples_per_second"].get<double>(), 0);
+
+  // The ring's bytes: each worker sends and receives 2 (W - 1) / W of the
+  // model per step (the model itself for two). The window brackets whole
+  // steps (a step's all-reduce ends inside its backward), so each link
+  // carried at least window_steps rings' worth. However late a loaded
+  // sampler's samples, no window holds more than the whole run's: a ring
+  // per step and DDP's broadcast of rank 0's weights at its start, with 10 %
+  // for headers and the rendezvous.
+  const double ring_bytes = 2.0 * (kWorkers - 1) / kWorkers * kMlp256Bytes;
+  const int window_steps = r["window_steps"];
+  ASSERT_EQ(r["hosts"].size(), 2u);
+  for (int i = 0; i < kWorkers; ++i) {
+    const Json& h = r["hosts"][i];
+    SCOPED_TRACE(h.dump());
+    EXPECT_EQ(h["host"], absl::StrCat("w", i));
+    EXPECT_EQ(h["address"], absl::StrCat("10.213.0.", i + 2));
+    for (const char* dir : {"tx", "rx"}) {
+      const double bytes = h[absl::StrCat(dir, "_bytes")].get<double>();
+      EXPECT_GE(bytes, 0.9 * window_steps * ring_bytes) << dir;
+      EXPECT_LE(bytes, 1.1 * (kDdpSteps * ring_bytes + kMlp256Bytes)) << dir;
+    }
+  }
+  // The bound is the ring's bytes through one worker's link at the rate.
+  const double payload_bound = ring_bytes * 8 / 1e8;
+  EXPECT_NEAR(r["payload_bound_s"].get<double>(), payload_bound, 1e-12);
+  EXPECT_NEAR(r["link_bound_s"].get<double>(), payload_bound * 1514 / 1448, 1e-12);
+  EXPECT_NEAR(r["step_over_payload_bound"].get<double>(),
+              r["step_time_s"].get<double>() / payload_bound, 1e-9);
+  EXPECT_THAT(run.Log(), HasSubstr("run: ddp: step "));
+
+  // The row, in the run's results.csv and appended to --csv, says which
+  // system made it. The shared CSV now has the columns of both rows, each
+  // value under its own name (the earlier row's s0_tx_bytes kept, the
+  // ring's empty there, its w1_tx_bytes the results' figure).
+  for (const std::string& path : {out_ + "/results.csv", csv}) {
+    SCOPED_TRACE(path);
+    const std::vector<std::string> lines =
+        absl::StrSplit(testing::ReadFileBytes(path), '\n', absl::SkipEmpty());
+    const bool shared = path == csv;
+    ASSERT_EQ(lines.size(), shared ? 3u : 2u);
+    const std::vector<std::string> header = absl::StrSplit(lines[0], ',');
+    std::vector<std::map<std::string, std::string>> rows;
+    for (size_t l = 1; l < lines.size(); ++l) {
+      const std::vector<std::string> row = absl::StrSplit(lines[l], ',');
+      ASSERT_EQ(header.size(), row.size()) << lines[l];
+      rows.emplace_back();
+      for (size_t i = 0; i < header.size(); ++i) rows.back()[header[i]] = row[i];
+    }
+    std::map<std::string, std::string>& columns = rows.back();
+    EXPECT_EQ(columns["system"], "ddp");
+    EXPECT_EQ(columns["servers"], "0");
+    EXPECT_GT(std::stod(columns["step_time_s"]), 0);
+    EXPECT_EQ(columns["w1_tx_bytes"], r["hosts"][1]["tx_bytes"].dump());
+    if (shared) {
+      EXPECT_EQ(header[3], "s0_tx_bytes");
+      EXPECT_EQ(columns["s0_tx_bytes"], "");
+      EXPECT_EQ(rows[0]["run"], "earlier");
+      EXPECT_EQ(rows[0]["system"], "ps");
+      EXPECT_EQ(rows[0]["s0_tx_bytes"], "5");
+      EXPECT_EQ(rows[0]["w1_tx_bytes"], "");
+    }
+  }
+
+  EXPECT_EQ(Sh("ip netns list | grep " + prefix_), "");
+  EXPECT_EQ(RootState(), root_before);
+}
+
+// What the baseline cannot honour is refused before any host is built.
+TEST_F(ExperimentsTest, DdpRefusesServerAndReplayFlags) {
+  for (const char* flag : {"--servers=2", "--compute=replay", "--server_flags=--x=1"}) {
+    SCOPED_TRACE(flag);
+    Process run("/bin/bash",
+                RunArgs({"--system=ddp", "--workers=2", "--max_steps=5", flag}),
+                testing::TestTmpPath("run_ddp_refused.log"));
+    EXPECT_EQ(run.Wait(std::chrono::seconds(30)), 1) << run.Log();
+    EXPECT_THAT(run.Log(), HasSubstr("--system=ddp"));
+    EXPECT_EQ(Sh("ip netns list | grep " + prefix_), "");
+  }
 }
 
 // SIGTERM to run.sh while the workers train, with a delayed link so the

@@ -75,6 +75,23 @@ def busiest_link_bytes(model_bytes, workers, servers):
     return max(model_bytes, workers * model_bytes / servers)
 
 
+def ring_link_bytes(model_bytes, workers):
+    """Tensor bytes one way over each worker's link in one ring all-reduce
+    (run.sh --system=ddp): reduce-scatter and all-gather each pass W - 1 of
+    the model's W chunks, so 2 (W - 1) / W x M, sent and received by every
+    worker alike; 0 for one worker, which sends nothing."""
+    return 2 * (workers - 1) * model_bytes / workers
+
+
+def system_link_bytes(system, model_bytes, workers, servers):
+    """The busiest link end's tensor bytes one way per step: "ps" (ours, S
+    server hosts: busiest_link_bytes) or "ddp" (the ring: ring_link_bytes).
+    Full duplex: the other way carries as much, at the same time."""
+    if system == "ddp":
+        return ring_link_bytes(model_bytes, workers)
+    return busiest_link_bytes(model_bytes, workers, servers)
+
+
 def transfer_s(model_bytes, workers, servers, bps, delay_ms):
     """One push (or one pull) of every worker, with the busiest link end."""
     busiest = busiest_link_bytes(model_bytes, workers, servers)

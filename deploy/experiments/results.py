@@ -18,7 +18,11 @@ Definitions:
                         registration are outside it
   step_time_s           worker 0's seconds per step over the same steps
                         (trace: start of step W to end of the last step,
-                        divided by the steps)
+                        divided by the steps); step_time_median_s the
+                        median of those steps' periods (start to next start)
+  system                "ps" (ours: S server hosts, workers push and pull)
+                        or "ddp" (run.sh --system=ddp: PyTorch DDP's ring
+                        all-reduce among the W worker hosts, no servers)
   tx/rx_bytes           each host's bytes sent and received in the window,
                         as its veth counts them (/proc/net/dev): a GSO
                         packet's headers once per up to 64 KiB, so about the
@@ -36,9 +40,12 @@ Definitions:
   max_link_utilisation  the busiest host and direction's tx/rx_utilisation
                         (busiest_link names it, e.g. "s0 tx")
   payload_bound_s       the least step time the links allow the tensors'
-                        bytes alone: max(M, W x M / S) x 8 / rate for M
-                        model bytes (a worker sends M a step, a server
-                        receives W x M / S; the same back), null unshaped
+                        bytes alone: for "ps", max(M, W x M / S) x 8 / rate
+                        for M model bytes (a worker sends M a step, a server
+                        receives W x M / S; the same back, full duplex); for
+                        "ddp", 2 (W - 1) / W x M x 8 / rate (the ring: every
+                        worker sends and receives that much); null unshaped
+                        or where nothing crosses a link (a ring of one)
   link_bound_s          the same in the frames that carry them, as tbf
                         counts them: payload_bound_s x 1514 / 1448
                         (model.py's WIRE: Ethernet, IP and TCP headers per
@@ -62,9 +69,10 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import sys
 
-from model import WIRE, busiest_link_bytes, rate_bps
+from model import WIRE, rate_bps, system_link_bytes
 
 CPU_BOUND = 0.9
 
@@ -81,10 +89,11 @@ def read_counters(path):
 
 
 def training_span(trace_path, warmup_steps):
-    """(start_ns, end_ns, steps) of the trainer's steps >= warmup_steps in a
-    worker's trace, on CLOCK_MONOTONIC: the first such step's start to the
-    last one's, `steps` periods (one step alone: its own span); warm-up falls
-    to 0 when the run has no more steps than that."""
+    """(start_ns, end_ns, steps, periods_s) of the trainer's steps >=
+    warmup_steps in a worker's trace, on CLOCK_MONOTONIC: the first such
+    step's start to the last one's, `steps` periods (one step alone: its own
+    span), and each period in seconds; warm-up falls to 0 when the run has
+    no more steps than that."""
     with open(trace_path) as f:
         doc = json.load(f)
     origin = doc["otherData"]["clock_origin_ns"]
@@ -106,10 +115,12 @@ def training_span(trace_path, warmup_steps):
         # (overlapping, a step's events end with its backward while its pulls
         # are still in flight, and the last one ends draining them, so end to
         # end would hold a step's traffic too many).
+        periods = [(b[0] - a[0]) / 1e6 for a, b in zip(kept, kept[1:])]
         return (origin + int(kept[0][0] * 1000), origin + int(kept[-1][0] * 1000),
-                len(kept) - 1)
+                len(kept) - 1, periods)
     start_us, end_us = kept[0]
-    return origin + int(start_us * 1000), origin + int(end_us * 1000), 1
+    return (origin + int(start_us * 1000), origin + int(end_us * 1000), 1,
+            [(end_us - start_us) / 1e6])
 
 
 def read_tcp(path):
@@ -155,6 +166,37 @@ def busy(samples, start_ns, end_ns, index, bps):
     return busy_bytes * 8 / (busy_ns / 1e9 * bps), busy_ns / total_ns
 
 
+def append_row(path, row):
+    """Appends `row` (a dict) to the CSV file at `path`, header first when
+    the file is new. Runs with other hosts (W, S, or --system=ddp without
+    server hosts) have other per-host columns: when the row has a column the
+    header lacks, the file is rewritten with the header's columns followed
+    by the new ones, earlier rows leaving those empty, so every row stays
+    under its own names."""
+    fields = []
+    rows = []
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            fields = list(reader.fieldnames or [])
+            missing = [k for k in row if k not in fields]
+            if missing:
+                rows = list(reader)
+    else:
+        missing = list(row)
+    if fields and not missing:
+        with open(path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=fields, restval="").writerow(row)
+        return
+    fields += missing
+    with open(path + ".tmp", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, restval="")
+        w.writeheader()
+        w.writerows(rows)
+        w.writerow(row)
+    os.replace(path + ".tmp", path)
+
+
 def main():
     p = argparse.ArgumentParser()
     for name in ("out", "prefix", "rate", "delay_method", "congestion", "model", "dataset",
@@ -164,6 +206,7 @@ def main():
                  "max_steps", "run_window_ns"):
         p.add_argument("--" + name, required=True, type=int)
     p.add_argument("--csv", default="")
+    p.add_argument("--system", default="ps", choices=["ps", "ddp"])
     a = p.parse_args()
 
     reports = []
@@ -176,7 +219,7 @@ def main():
             sys.exit(f"results: cannot read {path}: {e}")
     bps = rate_bps(a.rate)
     try:
-        start_ns, end_ns, window_steps = training_span(os.path.join(a.out, "trace-w0.json"),
+        start_ns, end_ns, window_steps, periods = training_span(os.path.join(a.out, "trace-w0.json"),
                                                        a.warmup_steps)
         samples = read_counters(os.path.join(a.out, "counters.txt"))
         if len(samples) < 2:
@@ -214,13 +257,14 @@ def main():
     busiest_utilisation, busiest_link = max(links) if links else (None, None)
     step_time_s = (end_ns - start_ns) / 1e9 / window_steps
     model_bytes = 4 * reports[0]["model_parameters"]  # fp32 on the wire
-    payload_bound_s = (busiest_link_bytes(model_bytes, a.workers, a.servers) * 8 / bps
-                       if bps else None)
-    link_bound_s = payload_bound_s * WIRE if bps else None
+    link_bytes = system_link_bytes(a.system, model_bytes, a.workers, a.servers)
+    payload_bound_s = link_bytes * 8 / bps if bps and link_bytes else None
+    link_bound_s = payload_bound_s * WIRE if payload_bound_s else None
     split = reports[0]["time_split"]
     split_total = sum(split.values())
     results = {
         "run": a.prefix,
+        "system": a.system,
         "workers": a.workers,
         "servers": a.servers,
         "rate": a.rate,
@@ -244,6 +288,7 @@ def main():
         "warmup_steps": a.warmup_steps,
         "window_steps": window_steps,
         "step_time_s": step_time_s,
+        "step_time_median_s": statistics.median(periods),
         "model_bytes": model_bytes,
         "window_s": window_s,
         "run_window_s": a.run_window_ns / 1e9,
@@ -278,12 +323,7 @@ def main():
         w.writeheader()
         w.writerow(row)
     if a.csv:
-        new = not os.path.exists(a.csv) or os.path.getsize(a.csv) == 0
-        with open(a.csv, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(row))
-            if new:
-                w.writeheader()
-            w.writerow(row)
+        append_row(a.csv, row)
 
     util = (f"max link utilisation {results['max_link_utilisation']:.2f}"
             if bps else "unshaped links")
@@ -291,8 +331,8 @@ def main():
           f"CPU {100 * cpu_busy:.0f}% busy{' (CPU-bound)' if results['cpu_bound'] else ''}; "
           f"worker 0: " + ", ".join(f"{k[:-2]} {100 * v:.0f}%"
                                     for k, v in results["time_split_fraction"].items()))
-    if bps:
-        print(f"run: step {step_time_s:.3f} s = {results['step_over_link_bound']:.3f} x what "
+    if link_bound_s:
+        print(f"run: {a.system}: step {step_time_s:.3f} s = {results['step_over_link_bound']:.3f} x what "
               f"the busiest link needs a step in frames ({link_bound_s:.3f} s), "
               f"{results['step_over_payload_bound']:.3f} x for the tensors' bytes alone "
               f"({payload_bound_s:.3f} s)")

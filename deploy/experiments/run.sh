@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One network-bottleneck experiment: S parameter-server shards and W workers,
 # each in its own network namespace behind an emulated link (netns.sh), trained
-# for a bounded number of steps; writes what was measured to OUT/results.json
-# and OUT/results.csv (one row) with the merged timeline OUT/trace.json.
+# for a bounded number of steps (or, --system=ddp, the ring all-reduce
+# baseline: PyTorch DDP over gloo on the W worker hosts, no servers); writes
+# what was measured to OUT/results.json and OUT/results.csv (one row) with the
+# merged timeline OUT/trace.json.
 # Removes every namespace, link, qdisc, rule and process of the run when it
 # ends, fails, or gets Ctrl-C or SIGTERM. As root.
 #
@@ -11,6 +13,10 @@
 #   bash deploy/experiments/run.sh --rate=1gbit --delay=5 --check   # the link itself
 #
 # Flags (defaults in brackets):
+#   --system=ps|ddp [ps]        ps: our parameter server and workers; ddp: the
+#                               baseline, one ddp_worker.py rank (PyTorch DDP,
+#                               gloo's ring all-reduce, DDP's default buckets)
+#                               per worker host, the same job, no server hosts
 #   --workers=W [2]             worker hosts
 #   --servers=S [1]             server hosts (shards; every worker gets the list of all S)
 #   --rate=R [1gbit]            each host's link, both directions: 100mbit, 1gbit, ... or unshaped
@@ -36,7 +42,8 @@
 #   --bin=DIR                   prebuilt daemons DIR/server/server, DIR/worker/worker (no setup, no bazel)
 #   --check                     measure the link instead of training: iperf3 w0 -> s0 for
 #                               --check_seconds [5], ping RTT (--ping_count [20]); OUT/check.json
-# Anything after `--` goes to every worker unchanged.
+# Anything after `--` goes to every worker unchanged (ddp: ddp_worker.py takes
+# --mlp_hidden and --bucket_cap_mb, and refuses the rest).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # No arguments: the default sweep, its results and plots into
@@ -48,7 +55,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 # shellcheck source=netns.sh
 source "$here/netns.sh"
 
-workers=2 servers=1 warmup_steps=1 sample_ms=10 rate=1gbit delay=0 model=lenet dataset=fashion_mnist
+system=ps workers=2 servers=1 servers_given=0 warmup_steps=1 sample_ms=10 rate=1gbit delay=0 model=lenet dataset=fashion_mnist
 data_dir=/usr/share/datasets/fashion-mnist batch_size=256 epochs=1 max_steps=0 lr=0.9
 devices=cpu:1 compute=real chunk_bytes="" server_flags="" congestion=cubic threads="" out="" csv="" prefix="psx$$" time_limit=1800 bin="" check=0
 check_seconds=5 ping_count=20
@@ -56,7 +63,8 @@ extra=()
 while (($#)); do
   case "$1" in
     --workers=*) workers="${1#*=}" ;;
-    --servers=*) servers="${1#*=}" ;;
+    --system=*) system="${1#*=}" ;;
+    --servers=*) servers="${1#*=}"; servers_given=1 ;;
     --warmup_steps=*) warmup_steps="${1#*=}" ;;
     --sample_ms=*) sample_ms="${1#*=}" ;;
     --rate=*) rate="${1#*=}" ;;
@@ -89,6 +97,7 @@ while (($#)); do
   shift
 done
 fail() { echo "run: $*" >&2; exit 1; }
+[[ "$system" == ps || "$system" == ddp ]] || fail "--system is ps or ddp"
 [[ "$workers" =~ ^[1-9][0-9]*$ ]] && ((workers <= 200)) || fail "--workers must be 1..200"
 [[ "$servers" =~ ^[1-9][0-9]?$ ]] || fail "--servers must be 1..99"
 [[ "$warmup_steps" =~ ^[0-9]+$ ]] || fail "--warmup_steps is a whole number"
@@ -100,6 +109,19 @@ fail() { echo "run: $*" >&2; exit 1; }
 [[ "$check_seconds" =~ ^[1-9][0-9]?$ ]] || fail "--check_seconds is 1..99"
 [[ "$ping_count" =~ ^[1-9][0-9]{0,2}$ ]] || fail "--ping_count is 1..999"
 netns_valid_prefix "$prefix" || fail "--prefix must match [a-z][a-z0-9]{2,15}"
+# The baseline has no servers and trains on the CPU with real compute; a
+# flag it cannot honour is refused rather than ignored.
+ddp_python=/usr/bin/python3  # Debian's, with python3-torch
+if [[ "$system" == ddp ]]; then
+  ((servers_given == 0)) || fail "--system=ddp has no server hosts: leave out --servers"
+  [[ -z "$chunk_bytes" && -z "$server_flags" ]] ||
+    fail "--system=ddp has no servers: leave out --chunk_bytes and --server_flags"
+  [[ "$compute" == real ]] || fail "--system=ddp computes for real: leave out --compute=replay"
+  [[ "$devices" == cpu:1 ]] || fail "--system=ddp trains on one CPU device: leave out --devices"
+  ((check == 0)) || fail "--check measures w0 -> s0: run it without --system=ddp"
+  ((max_steps > 0)) || fail "--system=ddp trains --max_steps steps: give --max_steps"
+  servers=0
+fi
 # The emulated hosts share one kernel and PID namespace: shared memory would
 # carry the bytes past the shaped links this run measures.
 for arg in "${extra[@]}"; do
@@ -126,6 +148,10 @@ out="$(cd "$out" && pwd)"
 for tool in ip tc timeout python3; do
   command -v "$tool" >/dev/null || fail "no $tool: run deploy/experiments/setup.sh"
 done
+if [[ "$system" == ddp ]]; then
+  "$ddp_python" -c "import torch.distributed" 2>/dev/null ||
+    fail "--system=ddp needs $ddp_python with PyTorch (Debian's python3-torch)"
+fi
 if [[ -n "$(netns_namespaces "$prefix")" ]]; then
   fail "namespaces of $prefix exist already (bash deploy/experiments/netns.sh cleanup $prefix)"
 fi
@@ -169,7 +195,13 @@ for host in "${hosts[@]}"; do
     fail "cannot use TCP congestion control '$congestion' (available: $(cat /proc/sys/net/ipv4/tcp_available_congestion_control))"
 done
 server_address=$(netns_address 0)
-echo "run: $prefix: server at $server_address$( ((servers > 1)) && echo " (+$((servers - 1)) shards)"), $workers workers, rate $rate, delay ${delay} ms" \
+if [[ "$system" == ddp ]]; then
+  where="ring all-reduce (PyTorch DDP, gloo)"
+else
+  where="server at $server_address"
+  ((servers == 1)) || where+=" (+$((servers - 1)) shards)"
+fi
+echo "run: $prefix: $where, $workers workers, rate $rate, delay ${delay} ms" \
      "(${NETNS_DELAY_METHOD}), TCP $congestion, out $out"
 
 if ((check)); then
@@ -214,12 +246,15 @@ PY
   exit 0
 fi
 
-if [[ -z "$bin" ]]; then
+if [[ "$system" == ddp ]]; then
+  :  # no daemons of ours
+elif [[ -z "$bin" ]]; then
   (cd "$here/../.." && bazel build //server:server //worker:worker >"$out/build.log" 2>&1) ||
     fail "bazel build //server:server //worker:worker failed: $(tail -n 20 "$out/build.log")"
   bin=$(cd "$here/../.." && bazel info bazel-bin 2>/dev/null)
 fi
-[[ -x "$bin/server/server" && -x "$bin/worker/worker" ]] || fail "no daemons under $bin"
+[[ "$system" == ddp || ( -x "$bin/server/server" && -x "$bin/worker/worker" ) ]] ||
+  fail "no daemons under $bin"
 
 read_bytes() {  # host -> "tx rx" of its eth0
   ip netns exec "$prefix-$1" cat /sys/class/net/eth0/statistics/tx_bytes \
@@ -270,8 +305,22 @@ done
 [[ -s "$out/counters.txt" ]] || fail "the counter sampler took no sample in 30 s"
 start_ns=$(date +%s%N)
 
+# The baseline's ranks meet at rank 0's host (gloo's rendezvous, then its
+# ring over the hosts' eth0); port 29500 is free there by construction.
+ddp_master="$(netns_address "$servers"):29500"
 worker_pids=()
 for ((r = 0; r < workers; r++)); do
+  if [[ "$system" == ddp ]]; then
+    flags=(--rank="$r" --world_size="$workers" --master="$ddp_master" --interface=eth0
+           --model="$model" --dataset="$dataset" --data_dir="$data_dir"
+           --batch_size="$batch_size" --max_steps="$max_steps" --lr="$lr" --threads="$threads"
+           --timeout="$time_limit" --report="$out/report-w$r.json" --trace="$out/trace-w$r.json")
+    ip netns exec "$prefix-w$r" timeout -k 10 "$time_limit" "$ddp_python" "$here/ddp_worker.py" \
+      "${flags[@]}" "${extra[@]}" >"$out/worker-$r.log" 2>&1 &
+    worker_pids+=($!)
+    daemon_pids+=($!)
+    continue
+  fi
   flags=(--server="$server_list" --worker_id="w$r" --rank="$r" --model="$model"
          --dataset="$dataset" --data_dir="$data_dir" --batch_size="$batch_size"
          --epochs="$epochs" --max_steps="$max_steps" --devices="$devices" --threads="$threads"
@@ -302,7 +351,7 @@ while ((${#live[@]})); do
   if ((rc != 0)); then
     status=1
     echo "run: worker process $finished failed (exit $rc); stopping the run." >&2
-    tail -n 5 "$out"/worker-*.log "$out"/server-s*.log >&2
+    tail -n 5 "$out"/worker-*.log "$out"/server-s*.log >&2 2>/dev/null || true
     break
   fi
   next=()
@@ -339,4 +388,5 @@ python3 "$here/results.py" --out="$out" --prefix="$prefix" --workers="$workers" 
   --delay="$delay" --delay_method="$NETNS_DELAY_METHOD" --congestion="$congestion" \
   --model="$model" --dataset="$dataset" \
   --batch_size="$batch_size" --epochs="$epochs" --max_steps="$max_steps" --compute="$compute" \
-  --run_window_ns="$((end_ns - start_ns))" --subnet="$NETNS_SUBNET" ${csv:+--csv="$csv"}
+  --run_window_ns="$((end_ns - start_ns))" --subnet="$NETNS_SUBNET" --system="$system" \
+  ${csv:+--csv="$csv"}
