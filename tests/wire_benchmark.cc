@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/cpu_device.h"
+#include "common/page_faults.h"
 #include "common/process_tuning.h"
 #include "common/timed_event.h"
 #include "common/tls_credentials.h"
@@ -252,6 +253,20 @@ struct Figures {
   double push = 0, pull = 0, pipelined = 0;
 };
 
+// Minor page faults per round, the first (warm-up) round left out: the
+// steady state a training step sees. Client and servers share this
+// process, so each phase's count is both sides': a push's received bytes
+// land on the servers, a pull's on the worker.
+struct RoundFaults {
+  std::vector<double> push, pull, pipelined;
+  static std::string Describe(const std::vector<double>& faults) {
+    if (faults.empty()) return "-";
+    const auto [low, high] = std::minmax_element(faults.begin(), faults.end());
+    return absl::StrCat(static_cast<int64_t>(Median(faults)), " (", static_cast<int64_t>(*low),
+                        "-", static_cast<int64_t>(*high), ")");
+  }
+};
+
 // `security`: "plaintext", "tls" or "mtls" (checked by main()).
 int Run(int shards, const std::string& security, Figures* figures) {
   const int64_t elements = absl::GetFlag(FLAGS_model_mib) * (int64_t{1} << 20) / 4;
@@ -343,9 +358,11 @@ int Run(int shards, const std::string& security, Figures* figures) {
   };
   double push_s = 0, wait_s = 0, pull_s = 0;
   int64_t version = reg->version;
+  RoundFaults faults;
   for (int64_t r = 0; r <= rounds; ++r) {
     const double yardstick = stream_round();
     if (yardstick < 0) return 1;
+    const int64_t faults_before_push = ProcessMinorFaults();
     auto t = std::chrono::steady_clock::now();
     if (auto s = store->Push(version, 1, grad); !s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
@@ -358,6 +375,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
       return 1;
     }
     const double wait = Since(t);
+    const int64_t faults_before_pull = ProcessMinorFaults();
     t = std::chrono::steady_clock::now();
     auto v = store->Pull(version + 1, absl::MakeSpan(params));
     if (!v.ok()) {
@@ -365,6 +383,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
       return 1;
     }
     const double pull = Since(t);
+    const int64_t faults_after_pull = ProcessMinorFaults();
     version = *v;
     if (r == 0) server_time.Reset();
     if (r > 0) {  // round 0 warms up connections and allocations
@@ -374,6 +393,8 @@ int Run(int shards, const std::string& security, Figures* figures) {
       stream_s += yardstick;
       push_ratio.push_back(yardstick / push);
       pull_ratio.push_back(yardstick / pull);
+      faults.push.push_back(static_cast<double>(faults_before_pull - faults_before_push));
+      faults.pull.push_back(static_cast<double>(faults_after_pull - faults_before_pull));
     }
   }
   // Pipelined: one step's traffic through the push/pull scheduler, each
@@ -391,6 +412,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
   for (int64_t r = 0; r <= rounds; ++r) {
     const double yardstick = stream_round();
     if (yardstick < 0) return 1;
+    const int64_t faults_before = ProcessMinorFaults();
     const auto t = std::chrono::steady_clock::now();
     absl::Status s = (*scheduler)->BeginIteration(1);
     if (s.ok()) {
@@ -406,6 +428,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
       pipelined_s += step;
       stream_s += yardstick;
       pipelined_ratio.push_back(yardstick / step);
+      faults.pipelined.push_back(static_cast<double>(ProcessMinorFaults() - faults_before));
     }
   }
   figures->push = bytes * rounds / push_s / 1e9;
@@ -435,6 +458,12 @@ int Run(int shards, const std::string& security, Figures* figures) {
               "pull %.2f, pipelined %.2f each way\n",
               bytes * 2 * rounds / stream_s / 1e9, Median(push_ratio), Median(pull_ratio),
               Median(pipelined_ratio));
+  std::printf("minor page faults per round, median (range) of the rounds after the first, of %lld "
+              "pages moved each way:\n  push (and wait; the servers receive) %s, pull (the worker "
+              "receives) %s, pipelined %s\n",
+              static_cast<long long>(bytes / 4096), RoundFaults::Describe(faults.push).c_str(),
+              RoundFaults::Describe(faults.pull).c_str(),
+              RoundFaults::Describe(faults.pipelined).c_str());
   return 0;
 }
 
