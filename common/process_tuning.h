@@ -8,19 +8,21 @@ namespace ps {
 // Process-wide settings for the daemons and the benchmarks, which keep gigabytes
 // moving through gRPC and many threads.
 
-// Keeps glibc malloc from serving large blocks with fresh mmap()s. Every
-// gRPC message carries up to 4 MiB of tensor data, and by default glibc maps
-// (and zero-fills, page by page) each such buffer anew and unmaps it on
-// free: on loopback that page-fault traffic cost more than the copies. With
-// these settings blocks up to 256 MiB come from the heap and are reused.
-// glibc's thread arenas still fault fresh pages in: tests/wire_benchmark
-// (64 MiB model) faults 57 K pages more than with one arena before its
-// first round, then 2.6 K (10 MB) a round more, its RSS growing 3.4 MB a
-// round. One arena for all threads (M_ARENA_MAX=1) removed both, but behind
-// a shaped link the server then stalled in 3 runs of 6 (MLP-20M: 1.8 s a
-// step instead of 1.45 s; its longest pull 12 ms instead of 0.7), as if
-// its threads queued on the one malloc lock, so the arenas stay.
-// Call once at the start of main(), before threads start; process-wide.
+// The allocator of every binary that links this library is tcmalloc
+// (gperftools, Debian's libtcmalloc-minimal4), not glibc malloc: received
+// gRPC bytes land in read slices of up to 4 MiB, allocated on gRPC's
+// threads and freed on others, and glibc's per-thread arenas kept growing
+// their heaps (64 KiB at a time, 270 MB of fresh heap in 3 rounds of
+// tests/wire_benchmark's 64 MiB model) instead of reusing what was freed:
+// the servers faulted 2,700-7,300 pages a round receiving a push of 16,384
+// pages, the worker up to 11,000 receiving a pull, whatever the mallopt
+// settings (one arena, or two, or four, a large top pad, no trimming).
+// Under tcmalloc the same rounds fault 0-700 pages (median 15-670 pushing,
+// 1-70 pulling; jemalloc 5.3, even without decay, faulted 5,000-9,000).
+// TuneMallocForLargeMessages keeps freed memory in tcmalloc's page heap
+// rather than handing it back to the kernel (release rate 0), so a step's
+// buffers come back as the next step's. Call once at the start of main(),
+// before threads start; process-wide.
 void TuneMallocForLargeMessages();
 
 // Turns off abseil's mutex deadlock detection, which Debian's libabsl (built
