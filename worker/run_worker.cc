@@ -22,6 +22,7 @@
 #include "common/cpu_device.h"
 #include "common/devices.h"
 #include "common/metrics.h"
+#include "common/page_faults.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
 #include "kernels/gemm.h"
@@ -224,13 +225,27 @@ void Announce(Trainer& trainer, const TrainerOptions& options,
   std::fflush(stdout);
 }
 
-// After every step: the metrics' steps and staleness, and the progress bar
-// (when `bar`) every 5 steps and at the end of an epoch.
+// The process's minor page faults at the end of its first step and of its
+// last, for the report's faults per step in steady state.
+struct StepFaults {
+  int64_t steps = 0;
+  int64_t after_first = -1, after_last = -1;
+  // Faults per step after the first; -1 with fewer than two steps.
+  double PerStep() const {
+    if (steps < 2 || after_first < 0) return -1;
+    return static_cast<double>(after_last - after_first) / static_cast<double>(steps - 1);
+  }
+};
+
+// After every step: the faults so far, the metrics' steps and staleness,
+// and the progress bar (when `bar`) every 5 steps and at the end of an
+// epoch.
 void ShowSteps(Trainer& trainer, bool bar, int64_t epochs, WorkerMetrics* metrics,
-               const StoreReadings& readings) {
-  if (!bar && metrics == nullptr) return;
-  trainer.set_step_callback([bar, epochs, metrics,
+               const StoreReadings& readings, StepFaults* faults) {
+  trainer.set_step_callback([bar, epochs, metrics, faults,
                              staleness = readings.staleness](const StepProgress& p) {
+    faults->after_last = ProcessMinorFaults();
+    if (++faults->steps == 1) faults->after_first = faults->after_last;
     if (metrics != nullptr) {
       metrics->OnStep(p.epoch, p.step_in_epoch, p.samples);
       if (staleness) metrics->SetStaleness(staleness());
@@ -356,6 +371,12 @@ absl::Status Summarize(const WorkerOptions& options, const Trainer& trainer,
     std::printf("worker %d: peak resident memory %.1f MB\n", rank,
                 static_cast<double>(report.peak_rss_bytes) / 1e6);
   }
+  if (report.minor_faults_per_step >= 0) {
+    std::printf("worker %d: %.0f minor page faults per step after the first (fresh pages "
+                "touched; about one per 4 KiB received where received bytes land in fresh "
+                "memory)\n",
+                rank, report.minor_faults_per_step);
+  }
   if (report.stopped_at_step >= 0) {
     std::printf("worker %d: stopped by a signal after step %lld, its push and pull complete "
                 "(restarted with the same --worker_id and --identity_file it rejoins the job)\n",
@@ -445,7 +466,8 @@ absl::Status Train(const WorkerOptions& options, StopRequest* stop, ChromeTraceO
   Announce(*trainer, trainer_options, model, devices.all, data, optimizer_text);
 
   const bool bar = options.progress && isatty(STDERR_FILENO);
-  ShowSteps(*trainer, bar, trainer_options.epochs, metrics.get(), readings);
+  StepFaults faults;
+  ShowSteps(*trainer, bar, trainer_options.epochs, metrics.get(), readings, &faults);
   auto curves = std::make_shared<TrainingReport>();  // the curves so far, for options.plot
   curves->model = model.name;
   curves->num_workers = trainer->registration().num_workers;
@@ -453,6 +475,7 @@ absl::Status Train(const WorkerOptions& options, StopRequest* stop, ChromeTraceO
   ShowEpochs(*trainer, bar, trainer_options.epochs, curves, options.plot);
   ShowRecoveries(*trainer, metrics.get());
   PS_ASSIGN_OR_RETURN(TrainingReport report, trainer->Run());
+  report.minor_faults_per_step = faults.PerStep();
   PS_RETURN_IF_ERROR(Summarize(options, *trainer, *store, readings, report));
   PS_RETURN_IF_ERROR(WriteOutputs(options, *trainer, report));
   return absl::OkStatus();
