@@ -52,10 +52,10 @@ struct TrainingReport {
   // when the daemon measured it at the end; -1: not measured (the trainer
   // leaves it so: it is the process's, not the trainer's).
   int64_t peak_rss_bytes = -1;
-  // The process's minor page faults per step after its first
-  // (common/page_faults.h), counted by the daemon from step to step: near 0
-  // where received bytes land in memory reused across steps; -1: not
-  // measured, or fewer than two steps.
+  // The process's minor page faults per step over the second half of the
+  // steps (common/page_faults.h; the first half warms up), counted by the
+  // daemon: near 0 where received bytes land in memory reused across
+  // steps; -1: not measured, or fewer than two steps.
   double minor_faults_per_step = -1;
   // "real", or "replay" (TrainerOptions::replay_compute) with the pass it
   // replayed, in seconds (0 when real).
