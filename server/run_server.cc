@@ -25,8 +25,8 @@
 #include "common/clock.h"
 #include "common/cpu_device.h"
 #include "common/metrics.h"
-#include "common/page_faults.h"
 #include "common/optimizer/optimizer.h"
+#include "common/page_faults.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/tls_credentials.h"
@@ -200,11 +200,11 @@ class JobMetrics {
                                     "Times each worker went through each step phase",
                                     *registry)),
         faults_total_(RegisterFamily(prometheus::BuildCounter(), "ps_server_minor_faults_total",
-                               "Minor page faults of the server process (fresh pages touched; "
-                               "ps_server_job{what=\"minor_faults_per_step\"} is their rate per "
-                               "version)",
-                               *registry)
-                    .Add({})) {
+                                     "Minor page faults of the server process (fresh pages "
+                                     "touched; ps_server_job{what=\"minor_faults_per_step\"} "
+                                     "is their rate per version)",
+                                     *registry)
+                          .Add({})) {
     prometheus::Histogram* staleness =
         &RegisterFamily(prometheus::BuildHistogram(), "ps_server_push_staleness",
                         "Asynchronous consistency: updates a push's chunks had received since "
