@@ -6,7 +6,9 @@
 // test. Before each round a plain TCP stream on loopback moves the same
 // bytes (iperf3's one-stream yardstick, LoopbackStream), and each figure is
 // also given as the median over rounds of its ratio to that round's stream.
-// With
+// It prints minor page faults per round beside them (a push's land on the
+// servers, a pull's on the worker). The first --warmup_rounds rounds are
+// left out of every figure, as a training step's steady state would. With
 // --servers=S the model is cut over S servers (worker/shard_plan.h) and the
 // worker talks to all of them at once through ShardedParameterStore; a list
 // (--servers=1,2,4) measures each in turn. With --security=plaintext,tls,mtls
@@ -51,7 +53,10 @@
 
 ABSL_FLAG(int64_t, model_mib, 64, "model size in MiB of fp32");
 ABSL_FLAG(int64_t, tensors, 8, "tensors the model is cut into");
-ABSL_FLAG(int64_t, rounds, 10, "push/wait/pull rounds measured (after one warm-up)");
+ABSL_FLAG(int64_t, rounds, 10, "push/wait/pull rounds measured (after the warm-up rounds)");
+ABSL_FLAG(int64_t, warmup_rounds, 3,
+          "rounds run first and left out of every figure: connections and the allocator "
+          "warm up (a training step's steady state)");
 ABSL_FLAG(int64_t, chunk_bytes, ps::server::ParameterServerOptions::kDefaultChunkElements * 4,
           "chunk size in bytes");
 ABSL_FLAG(int, connections, 1, "connections per direction to each server");
@@ -253,8 +258,8 @@ struct Figures {
   double push = 0, pull = 0, pipelined = 0;
 };
 
-// Minor page faults per round, the first (warm-up) round left out: the
-// steady state a training step sees. Client and servers share this
+// Minor page faults per round, the warm-up rounds left out: the steady
+// state a training step sees. Client and servers share this
 // process, so each phase's count is both sides': a push's received bytes
 // land on the servers, a pull's on the worker.
 struct RoundFaults {
@@ -343,6 +348,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
   }
   std::vector<float> grad(n, 1e-3f), params(n);
   const int64_t rounds = absl::GetFlag(FLAGS_rounds);
+  const int64_t warmup = std::max<int64_t>(1, absl::GetFlag(FLAGS_warmup_rounds));
   const double bytes = static_cast<double>(n) * 4;
   std::unique_ptr<LoopbackStream> stream = LoopbackStream::Open();
   if (stream == nullptr) return 1;
@@ -359,7 +365,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
   double push_s = 0, wait_s = 0, pull_s = 0;
   int64_t version = reg->version;
   RoundFaults faults;
-  for (int64_t r = 0; r <= rounds; ++r) {
+  for (int64_t r = -warmup; r < rounds; ++r) {
     const double yardstick = stream_round();
     if (yardstick < 0) return 1;
     const int64_t faults_before_push = ProcessMinorFaults();
@@ -385,8 +391,8 @@ int Run(int shards, const std::string& security, Figures* figures) {
     const double pull = Since(t);
     const int64_t faults_after_pull = ProcessMinorFaults();
     version = *v;
-    if (r == 0) server_time.Reset();
-    if (r > 0) {  // round 0 warms up connections and allocations
+    if (r == -1) server_time.Reset();
+    if (r >= 0) {  // the rounds before warm up connections and allocations
       push_s += push;
       wait_s += wait;
       pull_s += pull;
@@ -409,7 +415,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
     return 1;
   }
   double pipelined_s = 0;
-  for (int64_t r = 0; r <= rounds; ++r) {
+  for (int64_t r = -warmup; r < rounds; ++r) {
     const double yardstick = stream_round();
     if (yardstick < 0) return 1;
     const int64_t faults_before = ProcessMinorFaults();
@@ -423,7 +429,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
       return 1;
     }
-    if (r > 0) {
+    if (r >= 0) {
       const double step = Since(t);
       pipelined_s += step;
       stream_s += yardstick;
@@ -458,10 +464,11 @@ int Run(int shards, const std::string& security, Figures* figures) {
               "pull %.2f, pipelined %.2f each way\n",
               bytes * 2 * rounds / stream_s / 1e9, Median(push_ratio), Median(pull_ratio),
               Median(pipelined_ratio));
-  std::printf("minor page faults per round, median (range) of the rounds after the first, of %lld "
-              "pages moved each way:\n  push (and wait; the servers receive) %s, pull (the worker "
+  std::printf("minor page faults per round, median (range) of the rounds after the %lld warm-up "
+              "rounds, of %lld pages moved each way:\n  push (and wait; the servers receive) %s, pull (the worker "
               "receives) %s, pipelined %s\n",
-              static_cast<long long>(bytes / 4096), RoundFaults::Describe(faults.push).c_str(),
+              static_cast<long long>(warmup), static_cast<long long>(bytes / 4096),
+              RoundFaults::Describe(faults.push).c_str(),
               RoundFaults::Describe(faults.pull).c_str(),
               RoundFaults::Describe(faults.pipelined).c_str());
   return 0;
