@@ -13,12 +13,14 @@ namespace ps {
 // gRPC bytes land in read slices of up to 4 MiB, allocated on gRPC's
 // threads and freed on others, and glibc's per-thread arenas kept growing
 // their heaps (64 KiB at a time, 270 MB of fresh heap in 3 rounds of
-// tests/wire_benchmark's 64 MiB model) instead of reusing what was freed:
-// the servers faulted 2,700-7,300 pages a round receiving a push of 16,384
-// pages, the worker up to 11,000 receiving a pull, whatever the mallopt
-// settings (one arena, or two, or four, a large top pad, no trimming).
-// Under tcmalloc the same rounds fault 0-700 pages (median 15-670 pushing,
-// 1-70 pulling; jemalloc 5.3, even without decay, faulted 5,000-9,000).
+// tests/wire_benchmark's 64 MiB model) instead of reusing what was freed,
+// whatever the mallopt settings (one arena, two, four, a large top pad, no
+// trimming). Medians of 5 interleaved runs of that benchmark, faults per
+// round of 16,384 pages each way: glibc 2,675-8,272 receiving pushes and
+// 0-3,907 receiving pulls; tcmalloc 0-1,638 and 0-59 (its heap grows to
+// its high-water mark in the first rounds, then faults only when more
+// bytes are in flight than before); jemalloc 5.3, even without decay,
+// 7,353-8,969 and 5,447-8,435.
 // TuneMallocForLargeMessages keeps freed memory in tcmalloc's page heap
 // rather than handing it back to the kernel (release rate 0), so a step's
 // buffers come back as the next step's. Call once at the start of main(),
