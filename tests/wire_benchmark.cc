@@ -22,6 +22,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -194,6 +195,16 @@ class LoopbackStream {
   bool failed_ = false;
 };
 
+// CPU seconds this process has used (user and system, every thread): on
+// these 2 shared cores a round's CPU says what the wire costs when the
+// load makes its GB/s noise.
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * t.tv_usec; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
 double Median(std::vector<double> values) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
@@ -264,6 +275,7 @@ struct Figures {
 // land on the servers, a pull's on the worker.
 struct RoundFaults {
   std::vector<double> push, pull, pipelined;
+  double cpu_s = 0;  // CPU seconds of the measured rounds, both phases and both loops
   static std::string Describe(const std::vector<double>& faults) {
     if (faults.empty()) return "-";
     const auto [low, high] = std::minmax_element(faults.begin(), faults.end());
@@ -369,6 +381,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
     const double yardstick = stream_round();
     if (yardstick < 0) return 1;
     const int64_t faults_before_push = ProcessMinorFaults();
+    const double cpu_before = ProcessCpuSeconds();
     auto t = std::chrono::steady_clock::now();
     if (auto s = store->Push(version, 1, grad); !s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
@@ -390,6 +403,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
     }
     const double pull = Since(t);
     const int64_t faults_after_pull = ProcessMinorFaults();
+    const double cpu_after = ProcessCpuSeconds();
     version = *v;
     if (r == -1) server_time.Reset();
     if (r >= 0) {  // the rounds before warm up connections and allocations
@@ -401,6 +415,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
       pull_ratio.push_back(yardstick / pull);
       faults.push.push_back(static_cast<double>(faults_before_pull - faults_before_push));
       faults.pull.push_back(static_cast<double>(faults_after_pull - faults_before_pull));
+      faults.cpu_s += cpu_after - cpu_before;
     }
   }
   // Pipelined: one step's traffic through the push/pull scheduler, each
@@ -419,6 +434,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
     const double yardstick = stream_round();
     if (yardstick < 0) return 1;
     const int64_t faults_before = ProcessMinorFaults();
+    const double cpu_before = ProcessCpuSeconds();
     const auto t = std::chrono::steady_clock::now();
     absl::Status s = (*scheduler)->BeginIteration(1);
     if (s.ok()) {
@@ -435,6 +451,7 @@ int Run(int shards, const std::string& security, Figures* figures) {
       stream_s += yardstick;
       pipelined_ratio.push_back(yardstick / step);
       faults.pipelined.push_back(static_cast<double>(ProcessMinorFaults() - faults_before));
+      faults.cpu_s += ProcessCpuSeconds() - cpu_before;
     }
   }
   figures->push = bytes * rounds / push_s / 1e9;
@@ -471,6 +488,11 @@ int Run(int shards, const std::string& security, Figures* figures) {
               RoundFaults::Describe(faults.push).c_str(),
               RoundFaults::Describe(faults.pull).c_str(),
               RoundFaults::Describe(faults.pipelined).c_str());
+  // Each measured round receives the model twice (a push and a pull), in
+  // both loops.
+  std::printf("CPU (user + system, client and servers) per GB of tensor payload received: "
+              "%.2f s\n",
+              faults.cpu_s / (bytes * 4 * rounds / 1e9));
   return 0;
 }
 
