@@ -15,13 +15,13 @@ namespace ps {
 // their heaps (64 KiB at a time, 270 MB of fresh heap in 3 rounds of
 // tests/wire_benchmark's 64 MiB model) instead of reusing what was freed,
 // whatever the mallopt settings (one arena, two, four, a large top pad, no
-// trimming). Medians of 10 interleaved runs of that benchmark, faults per
-// round of 16,384 pages each way: glibc 884-6,978 receiving pushes and
-// 0-5,004 receiving pulls; tcmalloc 0-2,204 (median of runs 15) and 0-26
-// (its heap grows to its high-water mark in the first rounds, then only
-// when more bytes are in flight than before); jemalloc 5.3, even without
-// decay, 7,353-8,969 and 5,447-8,435. At 1.7 us a fault here, glibc's
-// cost a push of 64 MiB about 5 ms.
+// trimming). 15 interleaved runs of that benchmark, the median of each
+// run's faults per round of 16,384 pages each way: glibc 0-6,978 (median
+// 2,882) receiving pushes and 0-5,004 (748) receiving pulls; tcmalloc
+// 0-2,204 (33) and 0-432 (2): its heap grows to its high-water mark in
+// the first rounds, then only when more bytes are in flight than before.
+// jemalloc 5.3, even without decay, faulted 7,353-8,969 and 5,447-8,435.
+// At 1.7 us a fault here, glibc's cost a 64 MiB push about 5 ms.
 // TuneMallocForLargeMessages keeps freed memory in tcmalloc's page heap
 // rather than handing it back to the kernel (release rate 0), so a step's
 // buffers come back as the next step's. Call once at the start of main(),
