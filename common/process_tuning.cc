@@ -1,15 +1,14 @@
 #include "common/process_tuning.h"
 
-#include <malloc.h>
+#include <gperftools/malloc_extension.h>
 
 #include "absl/synchronization/mutex.h"
 
 namespace ps {
 
 void TuneMallocForLargeMessages() {
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  // Do not give freed heap memory back to the OS after every large free.
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  // Freed pages stay in the page heap for the next step's messages.
+  MallocExtension::instance()->SetMemoryReleaseRate(0);
 }
 
 sigset_t BlockStopSignals() {

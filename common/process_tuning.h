@@ -8,19 +8,24 @@ namespace ps {
 // Process-wide settings for the daemons and the benchmarks, which keep gigabytes
 // moving through gRPC and many threads.
 
-// Keeps glibc malloc from serving large blocks with fresh mmap()s. Every
-// gRPC message carries up to 4 MiB of tensor data, and by default glibc maps
-// (and zero-fills, page by page) each such buffer anew and unmaps it on
-// free: on loopback that page-fault traffic cost more than the copies. With
-// these settings blocks up to 256 MiB come from the heap and are reused.
-// glibc's thread arenas still fault fresh pages in: tests/wire_benchmark
-// (64 MiB model) faults 57 K pages more than with one arena before its
-// first round, then 2.6 K (10 MB) a round more, its RSS growing 3.4 MB a
-// round. One arena for all threads (M_ARENA_MAX=1) removed both, but behind
-// a shaped link the server then stalled in 3 runs of 6 (MLP-20M: 1.8 s a
-// step instead of 1.45 s; its longest pull 12 ms instead of 0.7), as if
-// its threads queued on the one malloc lock, so the arenas stay.
-// Call once at the start of main(), before threads start; process-wide.
+// The allocator of every binary that links this library is tcmalloc
+// (gperftools, Debian's libtcmalloc-minimal4), not glibc malloc: received
+// gRPC bytes land in read slices of up to 4 MiB, allocated on gRPC's
+// threads and freed on others, and glibc's per-thread arenas kept growing
+// their heaps (64 KiB at a time, 270 MB of fresh heap in 3 rounds of
+// tests/wire_benchmark's 64 MiB model) instead of reusing what was freed,
+// whatever the mallopt settings (one arena, two, four, a large top pad, no
+// trimming). 15 interleaved runs of that benchmark, the median of each
+// run's faults per round of 16,384 pages each way: glibc 0-6,978 (median
+// 2,882) receiving pushes and 0-5,004 (748) receiving pulls; tcmalloc
+// 0-2,204 (33) and 0-432 (2): its heap grows to its high-water mark in
+// the first rounds, then only when more bytes are in flight than before.
+// jemalloc 5.3, even without decay, faulted 7,353-8,969 and 5,447-8,435.
+// At 1.7 us a fault here, glibc's cost a 64 MiB push about 5 ms.
+// TuneMallocForLargeMessages keeps freed memory in tcmalloc's page heap
+// rather than handing it back to the kernel (release rate 0), so a step's
+// buffers come back as the next step's. Call once at the start of main(),
+// before threads start; process-wide.
 void TuneMallocForLargeMessages();
 
 // Turns off abseil's mutex deadlock detection, which Debian's libabsl (built

@@ -41,6 +41,7 @@ MAIN_PACKAGES=(
   libdnnl-dev            # oneDNN 2.6: CPU GEMM and convolutions (kernels/gemm.h, conv_dnnl.h)
   zlib1g-dev
   prometheus-cpp-dev     # --metrics_port: the daemons' Prometheus metrics
+  libgoogle-perftools-dev  # tcmalloc: the daemons' allocator (common/process_tuning.h)
   dataset-fashion-mnist  # real data: /usr/share/datasets/fashion-mnist
 )
 

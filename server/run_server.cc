@@ -26,6 +26,7 @@
 #include "common/cpu_device.h"
 #include "common/metrics.h"
 #include "common/optimizer/optimizer.h"
+#include "common/page_faults.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/tls_credentials.h"
@@ -175,9 +176,10 @@ absl::StatusOr<StartedServer> CreateOrResume(const ParameterServerOptions& optio
 }
 
 // The job's state as Prometheus gauges (version, workers registered and
-// live, waiting pulls, the checkpoint's age, each worker's step phases as
-// its heartbeats report them), and the service's hooks for the calls'
-// codes and the pushes' staleness.
+// live, waiting pulls, the checkpoint's age, minor page faults per step,
+// each worker's step phases as its heartbeats report them), the process's
+// minor page faults, and the service's hooks for the calls' codes and the
+// pushes' staleness.
 class JobMetrics {
  public:
   JobMetrics(prometheus::Registry* registry, ServiceOptions* service_options)
@@ -196,7 +198,13 @@ class JobMetrics {
                                   *registry)),
         phase_count_(RegisterFamily(prometheus::BuildGauge(), "ps_worker_phase_seconds_count",
                                     "Times each worker went through each step phase",
-                                    *registry)) {
+                                    *registry)),
+        faults_total_(RegisterFamily(prometheus::BuildCounter(), "ps_server_minor_faults_total",
+                                     "Minor page faults of the server process (fresh pages "
+                                     "touched; ps_server_job{what=\"minor_faults_per_step\"} "
+                                     "is their rate per version)",
+                                     *registry)
+                          .Add({})) {
     prometheus::Histogram* staleness =
         &RegisterFamily(prometheus::BuildHistogram(), "ps_server_push_staleness",
                         "Asynchronous consistency: updates a push's chunks had received since "
@@ -227,6 +235,7 @@ class JobMetrics {
     job_.Add({{"what", "registered_workers"}}).Set(registered);
     job_.Add({{"what", "live_workers"}}).Set(live);
     job_.Add({{"what", "waiting_pulls"}}).Set(static_cast<double>(service.waiting_pulls()));
+    UpdateFaults(progress.version);
     if (checkpointer != nullptr) {
       job_.Add({{"what", "checkpoint_age_seconds"}})
           .Set(absl::ToDoubleSeconds(checkpointer->time_since_last_write()));
@@ -248,6 +257,27 @@ class JobMetrics {
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Family<prometheus::Gauge>& phase_sum_;
   prometheus::Family<prometheus::Gauge>& phase_count_;
+  prometheus::Counter& faults_total_;
+  // The process's faults and the version at the last update that saw the
+  // version move; -1 before the first.
+  int64_t last_faults_ = -1, last_version_ = -1;
+
+  // The process's faults into the counter, and per version over the last
+  // interval in which the version moved: in steady state (received bytes
+  // landing in reused memory) near 0, about one per 4 KiB received where
+  // each step's bytes land in fresh pages.
+  void UpdateFaults(int64_t version) {
+    const int64_t now = ProcessMinorFaults();
+    if (now < 0 || version == last_version_) return;
+    faults_total_.Increment(static_cast<double>(now - std::max<int64_t>(last_faults_, 0)));
+    if (last_faults_ >= 0 && version > last_version_) {
+      job_.Add({{"what", "minor_faults_per_step"}})
+          .Set(static_cast<double>(now - last_faults_) /
+               static_cast<double>(version - last_version_));
+    }
+    last_faults_ = now;
+    last_version_ = version;
+  }
 };
 
 // The trace and the metrics endpoint the options ask for, as the

@@ -6,7 +6,9 @@
 // test. Before each round a plain TCP stream on loopback moves the same
 // bytes (iperf3's one-stream yardstick, LoopbackStream), and each figure is
 // also given as the median over rounds of its ratio to that round's stream.
-// With
+// It prints minor page faults per round beside them (a push's land on the
+// servers, a pull's on the worker). The first --warmup_rounds rounds are
+// left out of every figure, as a training step's steady state would. With
 // --servers=S the model is cut over S servers (worker/shard_plan.h) and the
 // worker talks to all of them at once through ShardedParameterStore; a list
 // (--servers=1,2,4) measures each in turn. With --security=plaintext,tls,mtls
@@ -20,6 +22,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -38,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/cpu_device.h"
+#include "common/page_faults.h"
 #include "common/process_tuning.h"
 #include "common/timed_event.h"
 #include "common/tls_credentials.h"
@@ -50,7 +54,10 @@
 
 ABSL_FLAG(int64_t, model_mib, 64, "model size in MiB of fp32");
 ABSL_FLAG(int64_t, tensors, 8, "tensors the model is cut into");
-ABSL_FLAG(int64_t, rounds, 10, "push/wait/pull rounds measured (after one warm-up)");
+ABSL_FLAG(int64_t, rounds, 10, "push/wait/pull rounds measured (after the warm-up rounds)");
+ABSL_FLAG(int64_t, warmup_rounds, 3,
+          "rounds run first and left out of every figure: connections and the allocator "
+          "warm up (a training step's steady state)");
 ABSL_FLAG(int64_t, chunk_bytes, ps::server::ParameterServerOptions::kDefaultChunkElements * 4,
           "chunk size in bytes");
 ABSL_FLAG(int, connections, 1, "connections per direction to each server");
@@ -188,6 +195,16 @@ class LoopbackStream {
   bool failed_ = false;
 };
 
+// CPU seconds this process has used (user and system, every thread): on
+// these 2 shared cores a round's CPU says what the wire costs when the
+// load makes its GB/s noise.
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * t.tv_usec; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
 double Median(std::vector<double> values) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
@@ -252,6 +269,152 @@ struct Figures {
   double push = 0, pull = 0, pipelined = 0;
 };
 
+// Minor page faults per round, the warm-up rounds left out: the steady
+// state a training step sees. Client and servers share this
+// process, so each phase's count is both sides': a push's received bytes
+// land on the servers, a pull's on the worker.
+struct RoundFaults {
+  std::vector<double> push, pull, pipelined;
+  double cpu_s = 0;  // CPU seconds of the measured rounds, both phases and both loops
+  static std::string Describe(const std::vector<double>& faults) {
+    if (faults.empty()) return "-";
+    const auto [low, high] = std::minmax_element(faults.begin(), faults.end());
+    return absl::StrCat(static_cast<int64_t>(Median(faults)), " (", static_cast<int64_t>(*low),
+                        "-", static_cast<int64_t>(*high), ")");
+  }
+};
+
+// The servers of one run and the worker's store registered with them
+// (declared in that order, so the store goes first).
+struct Job {
+  std::vector<std::unique_ptr<BenchServer>> servers;
+  std::unique_ptr<worker::ParameterStore> store;
+  worker::RemoteStoreOptions store_options;
+  int64_t version = 0;  // the registration's
+};
+
+// Starts a server per shard of `signature` and registers a store with them,
+// with the credentials of `security` ("plaintext", "tls" or "mtls", checked
+// by main()); null, the reason printed, when something fails.
+std::unique_ptr<Job> StartJob(int shards, const std::string& security,
+                              const std::vector<ParamSpec>& signature,
+                              const server::ParameterServerOptions& options) {
+  auto job = std::make_unique<Job>();
+  // Each shard starts from its part of the plan, so no initial parameters
+  // travel.
+  auto plan = worker::PlanShards(signature, shards);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
+    return nullptr;
+  }
+  const std::string dir = absl::GetFlag(FLAGS_tls_dir) + "/";
+  ServerTlsOptions server_tls;
+  worker::RemoteStoreOptions& store_options = job->store_options;
+  std::string job_token;
+  if (security != "plaintext") {
+    server_tls.cert_file = dir + "server.pem";
+    server_tls.key_file = dir + "server.key";
+    store_options.tls.ca_file = dir + "ca.pem";
+  }
+  if (security == "mtls") {
+    server_tls.client_ca_file = dir + "ca.pem";
+    store_options.tls.cert_file = dir + "w0.pem";
+    store_options.tls.key_file = dir + "w0.key";
+    job_token = "wire-benchmark-job-token";
+    store_options.job_token = job_token;
+  }
+  std::vector<std::string> addresses;
+  for (const worker::ShardPart& part : plan->shards) {
+    auto server = BenchServer::Start(options, part.signature(),
+                                     std::vector<float>(part.elements(), 0.5f), server_tls,
+                                     job_token);
+    if (server == nullptr) return nullptr;
+    addresses.push_back(server->address());
+    job->servers.push_back(std::move(server));
+  }
+
+  store_options.server_address = addresses[0];
+  store_options.worker_id = security == "mtls" ? "w0" : "bench";  // w0.pem names w0
+  store_options.connections = absl::GetFlag(FLAGS_connections);
+  store_options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  if (shards == 1) {
+    auto remote = worker::RemoteParameterStore::Create(store_options);
+    if (remote.ok()) job->store = std::move(remote).value();
+    if (!remote.ok()) std::fprintf(stderr, "%s\n", remote.status().ToString().c_str());
+  } else {
+    worker::ShardedStoreOptions sharded;
+    sharded.shard_addresses = addresses;
+    sharded.remote = store_options;
+    auto remote = worker::ShardedParameterStore::Create(sharded);
+    if (remote.ok()) job->store = std::move(remote).value();
+  }
+  if (job->store == nullptr) {
+    std::fprintf(stderr, "cannot make the store\n");
+    return nullptr;
+  }
+  auto reg = job->store->Register(signature, {});
+  if (!reg.ok()) {
+    std::fprintf(stderr, "%s\n", reg.status().ToString().c_str());
+    return nullptr;
+  }
+  job->version = reg->version;
+  return job;
+}
+
+// What the measured rounds took, summed, and per round.
+struct Measured {
+  double push_s = 0, wait_s = 0, pull_s = 0, pipelined_s = 0;
+  double stream_s = 0;  // the yardstick's, before each round of both loops
+  // Per round: each store figure as a fraction of the stream's rate in
+  // that round.
+  std::vector<double> push_ratio, pull_ratio, pipelined_ratio;
+  RoundFaults faults;
+};
+
+void PrintRun(int shards, const std::string& security, const Job& job,
+              const server::ParameterServerOptions& options, double bytes, int64_t warmup,
+              int64_t rounds, ServerTime& server_time, const Measured& m) {
+  const worker::RemoteStoreOptions& store_options = job.store_options;
+  std::printf("model %.1f MiB in %lld tensors on %d server%s (%d connection%s each way), chunks "
+              "of %lld bytes, %lld rounds on loopback, %s%s\n",
+              bytes / (1 << 20), static_cast<long long>(absl::GetFlag(FLAGS_tensors)), shards,
+              shards > 1 ? "s" : "", store_options.connections,
+              store_options.connections > 1 ? "s" : "",
+              static_cast<long long>(options.chunk_elements * 4), static_cast<long long>(rounds),
+              security.c_str(),
+              store_options.shared_memory ? ", tensor bytes through shared memory" : "");
+  std::printf("push: %8.2f ms  %6.2f GB/s (includes the server summing the gradient and, in\n"
+              "                           the last chunk's call, the SGD update)\n",
+              1e3 * m.push_s / rounds, bytes * rounds / m.push_s / 1e9);
+  std::printf("      of which the server%s for %.2f ms and update%s for %.2f ms%s\n",
+              shards > 1 ? "s check and sum" : " checks and sums", 1e3 * server_time.push_s() / rounds,
+              shards > 1 ? "" : "s", 1e3 * server_time.update_s() / rounds,
+              shards > 1 ? " (summed over the shards, which run at once)" : "");
+  std::printf("wait: %8.2f ms\n", 1e3 * m.wait_s / rounds);
+  std::printf("pull: %8.2f ms  %6.2f GB/s\n", 1e3 * m.pull_s / rounds,
+              bytes * rounds / m.pull_s / 1e9);
+  std::printf("push and pull pipelined (a step's traffic, a bucket per message): %8.2f ms, "
+              "%6.2f GB/s each way\n",
+              1e3 * m.pipelined_s / rounds, bytes * rounds / m.pipelined_s / 1e9);
+  std::printf("one TCP stream on loopback (the iperf3 yardstick, a round before each): %6.2f "
+              "GB/s;\n  median over rounds of each figure / that round's stream: push %.2f, "
+              "pull %.2f, pipelined %.2f each way\n",
+              bytes * 2 * rounds / m.stream_s / 1e9, Median(m.push_ratio), Median(m.pull_ratio),
+              Median(m.pipelined_ratio));
+  std::printf("minor page faults per round, median (range) of the rounds after the %lld warm-up "
+              "rounds, of %lld pages moved each way:\n  push (and wait; the servers receive) %s, "
+              "pull (the worker receives) %s, pipelined %s\n",
+              static_cast<long long>(warmup), static_cast<long long>(bytes / 4096),
+              RoundFaults::Describe(m.faults.push).c_str(),
+              RoundFaults::Describe(m.faults.pull).c_str(),
+              RoundFaults::Describe(m.faults.pipelined).c_str());
+  // Each measured round receives the model twice (a push and a pull), in
+  // both loops.
+  std::printf("CPU (user + system, client and servers) per GB of tensor payload received: "
+              "%.2f s\n",
+              m.faults.cpu_s / (bytes * 4 * rounds / 1e9));
+}
+
 // `security`: "plaintext", "tls" or "mtls" (checked by main()).
 int Run(int shards, const std::string& security, Figures* figures) {
   const int64_t elements = absl::GetFlag(FLAGS_model_mib) * (int64_t{1} << 20) / 4;
@@ -267,113 +430,57 @@ int Run(int shards, const std::string& security, Figures* figures) {
   options.chunk_elements = absl::GetFlag(FLAGS_chunk_bytes) / 4;
   ServerTime server_time;
   options.observer = &server_time;
-  // Each shard starts from its part of the plan, so no initial parameters
-  // travel.
-  auto plan = worker::PlanShards(signature, shards);
-  if (!plan.ok()) {
-    std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
-    return 1;
-  }
-  const std::string dir = absl::GetFlag(FLAGS_tls_dir) + "/";
-  ServerTlsOptions server_tls;
-  worker::RemoteStoreOptions store_options;
-  std::string job_token;
-  if (security != "plaintext") {
-    server_tls.cert_file = dir + "server.pem";
-    server_tls.key_file = dir + "server.key";
-    store_options.tls.ca_file = dir + "ca.pem";
-  }
-  if (security == "mtls") {
-    server_tls.client_ca_file = dir + "ca.pem";
-    store_options.tls.cert_file = dir + "w0.pem";
-    store_options.tls.key_file = dir + "w0.key";
-    job_token = "wire-benchmark-job-token";
-    store_options.job_token = job_token;
-  }
-  std::vector<std::unique_ptr<BenchServer>> servers;
-  std::vector<std::string> addresses;
-  for (const worker::ShardPart& part : plan->shards) {
-    auto server = BenchServer::Start(options, part.signature(),
-                                     std::vector<float>(part.elements(), 0.5f), server_tls,
-                                     job_token);
-    if (server == nullptr) return 1;
-    addresses.push_back(server->address());
-    servers.push_back(std::move(server));
-  }
-
-  store_options.server_address = addresses[0];
-  store_options.worker_id = security == "mtls" ? "w0" : "bench";  // w0.pem names w0
-  store_options.connections = absl::GetFlag(FLAGS_connections);
-  store_options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
-  std::unique_ptr<worker::ParameterStore> store;
-  if (shards == 1) {
-    auto remote = worker::RemoteParameterStore::Create(store_options);
-    if (remote.ok()) store = std::move(remote).value();
-    if (!remote.ok()) std::fprintf(stderr, "%s\n", remote.status().ToString().c_str());
-  } else {
-    worker::ShardedStoreOptions sharded;
-    sharded.shard_addresses = addresses;
-    sharded.remote = store_options;
-    auto remote = worker::ShardedParameterStore::Create(sharded);
-    if (remote.ok()) store = std::move(remote).value();
-  }
-  if (store == nullptr) {
-    std::fprintf(stderr, "cannot make the store\n");
-    return 1;
-  }
-  auto reg = store->Register(signature, {});
-  if (!reg.ok()) {
-    std::fprintf(stderr, "%s\n", reg.status().ToString().c_str());
-    return 1;
-  }
+  std::unique_ptr<Job> job = StartJob(shards, security, signature, options);
+  if (job == nullptr) return 1;
+  worker::ParameterStore* store = job->store.get();
   std::vector<float> grad(n, 1e-3f), params(n);
   const int64_t rounds = absl::GetFlag(FLAGS_rounds);
+  const int64_t warmup = std::max<int64_t>(1, absl::GetFlag(FLAGS_warmup_rounds));
   const double bytes = static_cast<double>(n) * 4;
   std::unique_ptr<LoopbackStream> stream = LoopbackStream::Open();
   if (stream == nullptr) return 1;
-  // Per round: the stream's seconds for the model's bytes, and each
-  // store figure as a fraction of the stream's rate in that round.
-  double stream_s = 0;
-  std::vector<double> push_ratio, pull_ratio, pipelined_ratio;
   auto stream_round = [&]() -> double {
     const double s =
         stream->Send(reinterpret_cast<const char*>(grad.data()), static_cast<int64_t>(bytes));
     if (s < 0) std::fprintf(stderr, "the loopback stream failed\n");
     return s;
   };
-  double push_s = 0, wait_s = 0, pull_s = 0;
-  int64_t version = reg->version;
-  for (int64_t r = 0; r <= rounds; ++r) {
+  auto failed = [](const absl::Status& s) {
+    if (!s.ok()) std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return !s.ok();
+  };
+  Measured m;
+  int64_t version = job->version;
+  for (int64_t r = -warmup; r < rounds; ++r) {
     const double yardstick = stream_round();
     if (yardstick < 0) return 1;
+    const int64_t faults_before_push = ProcessMinorFaults();
+    const double cpu_before = ProcessCpuSeconds();
     auto t = std::chrono::steady_clock::now();
-    if (auto s = store->Push(version, 1, grad); !s.ok()) {
-      std::fprintf(stderr, "%s\n", s.ToString().c_str());
-      return 1;
-    }
+    if (failed(store->Push(version, 1, grad))) return 1;
     const double push = Since(t);
     t = std::chrono::steady_clock::now();
-    if (auto s = store->WaitForVersion(version + 1); !s.ok()) {
-      std::fprintf(stderr, "%s\n", s.ToString().c_str());
-      return 1;
-    }
+    if (failed(store->WaitForVersion(version + 1))) return 1;
     const double wait = Since(t);
+    const int64_t faults_before_pull = ProcessMinorFaults();
     t = std::chrono::steady_clock::now();
     auto v = store->Pull(version + 1, absl::MakeSpan(params));
-    if (!v.ok()) {
-      std::fprintf(stderr, "%s\n", v.status().ToString().c_str());
-      return 1;
-    }
+    if (failed(v.status())) return 1;
     const double pull = Since(t);
+    const int64_t faults_after_pull = ProcessMinorFaults();
+    const double cpu_after = ProcessCpuSeconds();
     version = *v;
-    if (r == 0) server_time.Reset();
-    if (r > 0) {  // round 0 warms up connections and allocations
-      push_s += push;
-      wait_s += wait;
-      pull_s += pull;
-      stream_s += yardstick;
-      push_ratio.push_back(yardstick / push);
-      pull_ratio.push_back(yardstick / pull);
+    if (r == -1) server_time.Reset();
+    if (r >= 0) {  // the rounds before warm up connections and allocations
+      m.push_s += push;
+      m.wait_s += wait;
+      m.pull_s += pull;
+      m.stream_s += yardstick;
+      m.push_ratio.push_back(yardstick / push);
+      m.pull_ratio.push_back(yardstick / pull);
+      m.faults.push.push_back(static_cast<double>(faults_before_pull - faults_before_push));
+      m.faults.pull.push_back(static_cast<double>(faults_after_pull - faults_before_pull));
+      m.faults.cpu_s += cpu_after - cpu_before;
     }
   }
   // Pipelined: one step's traffic through the push/pull scheduler, each
@@ -381,60 +488,34 @@ int Run(int shards, const std::string& security, Figures* figures) {
   // directions of the connection pairs carry bytes at once.
   worker::PushPullOptions pipeline;
   pipeline.bucket_bytes = 0;  // a bucket per message
-  auto scheduler = worker::PushPullScheduler::Create(pipeline, store.get(), grad,
+  auto scheduler = worker::PushPullScheduler::Create(pipeline, store, grad,
                                                      absl::MakeSpan(params), version);
-  if (!scheduler.ok()) {
-    std::fprintf(stderr, "%s\n", scheduler.status().ToString().c_str());
-    return 1;
-  }
-  double pipelined_s = 0;
-  for (int64_t r = 0; r <= rounds; ++r) {
+  if (failed(scheduler.status())) return 1;
+  for (int64_t r = -warmup; r < rounds; ++r) {
     const double yardstick = stream_round();
     if (yardstick < 0) return 1;
+    const int64_t faults_before = ProcessMinorFaults();
+    const double cpu_before = ProcessCpuSeconds();
     const auto t = std::chrono::steady_clock::now();
     absl::Status s = (*scheduler)->BeginIteration(1);
     if (s.ok()) {
       (*scheduler)->GradientsReadyFrom(0);
       s = (*scheduler)->AwaitAll();
     }
-    if (!s.ok()) {
-      std::fprintf(stderr, "%s\n", s.ToString().c_str());
-      return 1;
-    }
-    if (r > 0) {
+    if (failed(s)) return 1;
+    if (r >= 0) {
       const double step = Since(t);
-      pipelined_s += step;
-      stream_s += yardstick;
-      pipelined_ratio.push_back(yardstick / step);
+      m.pipelined_s += step;
+      m.stream_s += yardstick;
+      m.pipelined_ratio.push_back(yardstick / step);
+      m.faults.pipelined.push_back(static_cast<double>(ProcessMinorFaults() - faults_before));
+      m.faults.cpu_s += ProcessCpuSeconds() - cpu_before;
     }
   }
-  figures->push = bytes * rounds / push_s / 1e9;
-  figures->pull = bytes * rounds / pull_s / 1e9;
-  figures->pipelined = bytes * rounds / pipelined_s / 1e9;
-  std::printf("model %.1f MiB in %lld tensors on %d server%s (%d connection%s each way), chunks "
-              "of %lld bytes, %lld rounds on loopback, %s%s\n",
-              bytes / (1 << 20), static_cast<long long>(tensors), shards, shards > 1 ? "s" : "",
-              store_options.connections, store_options.connections > 1 ? "s" : "",
-              static_cast<long long>(options.chunk_elements * 4), static_cast<long long>(rounds),
-              security.c_str(),
-              store_options.shared_memory ? ", tensor bytes through shared memory" : "");
-  std::printf("push: %8.2f ms  %6.2f GB/s (includes the server summing the gradient and, in\n"
-              "                           the last chunk's call, the SGD update)\n",
-              1e3 * push_s / rounds, bytes * rounds / push_s / 1e9);
-  std::printf("      of which the server%s for %.2f ms and update%s for %.2f ms%s\n",
-              shards > 1 ? "s check and sum" : " checks and sums", 1e3 * server_time.push_s() / rounds,
-              shards > 1 ? "" : "s", 1e3 * server_time.update_s() / rounds,
-              shards > 1 ? " (summed over the shards, which run at once)" : "");
-  std::printf("wait: %8.2f ms\n", 1e3 * wait_s / rounds);
-  std::printf("pull: %8.2f ms  %6.2f GB/s\n", 1e3 * pull_s / rounds, bytes * rounds / pull_s / 1e9);
-  std::printf("push and pull pipelined (a step's traffic, a bucket per message): %8.2f ms, "
-              "%6.2f GB/s each way\n",
-              1e3 * pipelined_s / rounds, bytes * rounds / pipelined_s / 1e9);
-  std::printf("one TCP stream on loopback (the iperf3 yardstick, a round before each): %6.2f "
-              "GB/s;\n  median over rounds of each figure / that round's stream: push %.2f, "
-              "pull %.2f, pipelined %.2f each way\n",
-              bytes * 2 * rounds / stream_s / 1e9, Median(push_ratio), Median(pull_ratio),
-              Median(pipelined_ratio));
+  figures->push = bytes * rounds / m.push_s / 1e9;
+  figures->pull = bytes * rounds / m.pull_s / 1e9;
+  figures->pipelined = bytes * rounds / m.pipelined_s / 1e9;
+  PrintRun(shards, security, *job, options, bytes, warmup, rounds, server_time, m);
   return 0;
 }
 

@@ -38,6 +38,9 @@ _PKG_CONFIG_LIBS = {
     # nlohmann-json3-dev: header-only; the target documents the dependency.
     "json": ["nlohmann_json"],
     "protobuf": ["protobuf"],
+    # libgoogle-perftools-dev: tcmalloc, the daemons' allocator, linked by
+    # //common:process_tuning (see process_tuning.h for the measured reason).
+    "tcmalloc": ["libtcmalloc_minimal"],
     # prometheus-cpp-dev: the metrics registry and its HTTP exposer.
     "prometheus": ["prometheus-cpp-pull", "prometheus-cpp-core"],
     "zlib": ["zlib"],

@@ -51,7 +51,8 @@ std::string TrainingReportToJson(const TrainingReport& r) {
                    {"global_samples_per_second", r.global_samples_per_second},
                    {"model_bytes_to_host_per_step", r.model_bytes_to_host_per_step},
                    {"model_bytes_to_device_per_step", r.model_bytes_to_device_per_step},
-                   {"peak_rss_bytes", r.peak_rss_bytes}, {"compute", r.compute},
+                   {"peak_rss_bytes", r.peak_rss_bytes},
+                   {"minor_faults_per_step", r.minor_faults_per_step}, {"compute", r.compute},
                    {"replay_step_s", r.replay_step_seconds},
                    {"time_split", SplitToJson(r.split)},
                    {"stopped_at_step", r.stopped_at_step}});

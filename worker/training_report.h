@@ -52,6 +52,11 @@ struct TrainingReport {
   // when the daemon measured it at the end; -1: not measured (the trainer
   // leaves it so: it is the process's, not the trainer's).
   int64_t peak_rss_bytes = -1;
+  // The process's minor page faults per step over the second half of the
+  // steps (common/page_faults.h; the first half warms up), counted by the
+  // daemon: near 0 where received bytes land in memory reused across
+  // steps; -1: not measured, or fewer than two steps.
+  double minor_faults_per_step = -1;
   // "real", or "replay" (TrainerOptions::replay_compute) with the pass it
   // replayed, in seconds (0 when real).
   std::string compute = "real";
@@ -81,7 +86,7 @@ struct TrainingReport {
 // Keys, in this order: model, devices, rank, num_workers, global_batch_size,
 // model_parameters, steps, final_train_loss, final_test_accuracy,
 // samples_per_second, global_samples_per_second, model_bytes_to_host_per_step,
-// model_bytes_to_device_per_step, peak_rss_bytes, compute, replay_step_s, time_split, stopped_at_step, shrunk_steps
+// model_bytes_to_device_per_step, peak_rss_bytes, minor_faults_per_step, compute, replay_step_s, time_split, stopped_at_step, shrunk_steps
 // ([[first, last], ...]), staleness ({"0": messages, ...}; empty unless
 // asynchronous), recoveries
 // (each: failed_iteration, resumed_version, seconds, error), epochs. Each epoch: epoch,

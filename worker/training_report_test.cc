@@ -34,6 +34,7 @@ TrainingReport SampleReport() {
   r.model_bytes_to_host_per_step = 246824;
   r.model_bytes_to_device_per_step = 246824;
   r.peak_rss_bytes = 117383168;
+  r.minor_faults_per_step = 12.5;
   r.split = Split(10);
   r.stopped_at_step = 59;
   r.shrunk_steps = {{40, 45}, {50, 50}};
@@ -91,7 +92,8 @@ TEST(TrainingReportTest, JsonParsesBackToTheSameValuesInAFixedKeyOrder) {
                        "model_parameters", "steps", "final_train_loss", "final_test_accuracy",
                        "samples_per_second", "global_samples_per_second",
                        "model_bytes_to_host_per_step", "model_bytes_to_device_per_step",
-                       "peak_rss_bytes", "compute", "replay_step_s", "time_split", "stopped_at_step",
+                       "peak_rss_bytes", "minor_faults_per_step", "compute", "replay_step_s",
+                       "time_split", "stopped_at_step",
                        "shrunk_steps", "staleness", "recoveries", "epochs"}));
   EXPECT_EQ(j["staleness"].dump(), "{\"0\":5,\"2\":1}");
   EXPECT_EQ(j["shrunk_steps"].dump(), "[[40,45],[50,50]]");
@@ -119,6 +121,7 @@ TEST(TrainingReportTest, JsonParsesBackToTheSameValuesInAFixedKeyOrder) {
   EXPECT_DOUBLE_EQ(j["model_bytes_to_device_per_step"].get<double>(),
                    r.model_bytes_to_device_per_step);
   EXPECT_EQ(j["peak_rss_bytes"], 117383168);
+  EXPECT_DOUBLE_EQ(j["minor_faults_per_step"].get<double>(), 12.5);
   ExpectSplit(j["time_split"], r.split);
 
   ASSERT_EQ(j["epochs"].size(), 2u);
