@@ -54,8 +54,8 @@ ABSL_FLAG(int64_t, bucket_bytes, ps::worker::PushPullOptions().bucket_bytes,
           "consecutive messages grouped into push/pull buckets of at least this many bytes (0: "
           "one bucket per message); DDP buckets 25 MB, BytePS partitions 4 MB");
 ABSL_FLAG(int64_t, max_bytes_in_flight, ps::worker::PushPullOptions().max_bytes_in_flight,
-          "bound on the bytes of pushes, and separately of pulls, in flight; front layers go "
-          "first (0: no bound)");
+          "bound on the bytes of pushes, and separately of pulls, in flight to each shard; front "
+          "layers go first (0: no bound)");
 ABSL_FLAG(bool, stage_early_pulls, false,
           "with a server: pull a layer's new parameters while it still computes its input "
           "gradient, into a staging buffer copied in when it is done (one model's memory and a "
