@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "worker/compute_mode_factory.h"
 #include "worker/compute_mode_real.h"
+#include "worker/device_overlap.h"
 #include "worker/replica_overlap.h"
 #include "worker/split_batch.h"
 #include "worker/weights.h"
@@ -116,7 +117,8 @@ Trainer::Trainer(const TrainerOptions& options, std::unique_ptr<ComputeMode> com
 }
 
 Trainer::~Trainer() {
-  scheduler_.reset();  // first: its calls in flight use the buffers below
+  device_overlap_.reset();  // first: its copies in flight tell the scheduler
+  scheduler_.reset();  // then: its calls in flight use the buffers below
   if (!devices_.empty()) {
     devices_[0]->DeallocateHost(host_gradients_);
     devices_[0]->DeallocateHost(host_parameters_);
@@ -186,14 +188,24 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
     initial_parameters_.assign(proposal.begin(), proposal.end());
   }
   // Overlap needs each layer's gradients as backward makes them, in memory
-  // the pushes can read: CPU devices (a CUDA device would need events per
-  // layer). Under loss scaling a step's pushes wait for the whole backward:
-  // an overflow anywhere in it must reach every chunk (see loss_scaling_).
-  // Known before StartFrom builds the scheduler: staging serves overlap only.
+  // the pushes can read: CPU devices' own (ReplicaOverlap), or one device's
+  // copied region by region to the pinned host buffers (DeviceOverlap;
+  // several such devices keep the reduction after backward). Under loss
+  // scaling a step's pushes wait for the whole backward: an overflow
+  // anywhere in it must reach every chunk (see loss_scaling_). Known before
+  // StartFrom builds the scheduler: staging serves overlap only.
   loss_scaling_ = registration_.loss_scale > 0;
-  overlapping_ = options_.overlap && !loss_scaling_ &&
-                 std::all_of(devices_.begin(), devices_.end(),
-                             [](Device* d) { return d->is_cpu() && d->is_host_memory(); });
+  const bool host_memory = std::all_of(devices_.begin(), devices_.end(), [](Device* d) {
+    return d->is_cpu() && d->is_host_memory();
+  });
+  const bool one_staged = devices_.size() == 1 && !devices_[0]->is_host_memory();
+  overlapping_ = options_.overlap && !loss_scaling_ && (host_memory || one_staged);
+  if (overlapping_ && one_staged) {
+    device_overlap_ = std::make_unique<DeviceOverlap>(
+        devices_[0], replicas_[0]->flat_gradients().mutable_data<float>(),
+        replicas_[0]->flat_parameters().mutable_data<float>(), host_gradients_,
+        host_parameters_, num_parameters_);
+  }
   // The version registered at may be gone before it is pulled: a shard
   // another worker's registration restored (a sharded job resumed from
   // checkpoints of different versions), or a server lost meanwhile.
@@ -313,6 +325,7 @@ absl::Status Trainer::StartFrom(int64_t version) {
     PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
         replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_,
         num_parameters_ * sizeof(float), CopyKind::kModel));
+    if (device_overlap_ != nullptr) device_overlap_->ParametersCopied();
   }
   // Every replica holds the same buffers (batch-norm statistics) already; the
   // parameters come from device 0.
@@ -335,13 +348,20 @@ absl::Status Trainer::CatchUp(int64_t version) {
   PS_RETURN_IF_ERROR(store_->WaitForVersion(version));
   // Nothing is in flight (the epoch's communication has finished), and no
   // chunk can be past `version`: its next update needs this worker's push.
+  PS_RETURN_IF_ERROR(AwaitDeviceCopies());
   scheduler_.reset();
   return StartFrom(version);
 }
 
+absl::Status Trainer::AwaitDeviceCopies() {
+  return device_overlap_ == nullptr ? absl::OkStatus() : device_overlap_->AwaitCopies();
+}
+
 absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& cause) {
   // The calls in flight fail (or finish) on their own: the scheduler waits
-  // for them, since they hold the buffers.
+  // for them, since they hold the buffers. A failed step's copies may still
+  // tell the scheduler: they land first.
+  PS_RETURN_IF_ERROR(AwaitDeviceCopies());
   scheduler_.reset();
   const int num_workers = registration_.num_workers;
   const int rank = registration_.rank;
@@ -569,7 +589,11 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   std::optional<ReplicaOverlap> overlap;
   std::optional<WaitTimingHooks> timed_hooks;
   std::vector<model::ParameterHooks*> hooks;
-  if (overlapping_) {
+  if (device_overlap_ != nullptr) {
+    PS_RETURN_IF_ERROR(device_overlap_->BeginStep(scheduler_.get()));
+    timed_hooks.emplace(device_overlap_->hooks(), scheduler_.get(), &phases);
+    hooks.push_back(&*timed_hooks);
+  } else if (overlapping_) {
     std::vector<float*> gradients, parameters;
     std::vector<bool> computing;
     for (size_t d = 0; d < replicas_.size(); ++d) {
@@ -589,7 +613,11 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   if (overlapping_) {
     // Whatever the layers did not hand over (none have parameters outside a
     // layer today, but the scheduler must see every bucket pushed).
-    overlap->FinishStep();
+    if (device_overlap_ != nullptr) {
+      PS_RETURN_IF_ERROR(device_overlap_->FinishStep());
+    } else {
+      overlap->FinishStep();
+    }
     phases.End();
     return absl::OkStatus();
   }
@@ -654,6 +682,14 @@ absl::Status Trainer::FinishCommunication() {
   StepPhases phases(&phase_observers_, clock_, last_iteration_);
   phases.Begin(EventKind::kWait);
   PS_RETURN_IF_ERROR(scheduler_->AwaitAll());
+  // A device whose memory is not host memory copies a layer's parameters
+  // before its forward: here it gets all of them (and the next step none).
+  if (device_overlap_ != nullptr) {
+    PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
+        replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_,
+        num_parameters_ * static_cast<int64_t>(sizeof(float)), CopyKind::kModel));
+    device_overlap_->ParametersCopied();
+  }
   // The other replicas copy a layer's parameters before its forward: here
   // they get all of them, so every replica holds the update.
   if (replicas_.size() > 1) {
