@@ -543,6 +543,46 @@ absl::Status Trainer::CheckExchange() const {
       "no parameter exchange: the trainer is not initialised, or its last recovery failed");
 }
 
+// One overlapping step's hooks: replica 0's timed, over a DeviceOverlap's
+// or this step's ReplicaOverlap's.
+struct Trainer::OverlapStep {
+  std::optional<ReplicaOverlap> replicas;
+  std::optional<WaitTimingHooks> timed;
+  std::vector<model::ParameterHooks*> hooks;  // per device
+};
+
+absl::Status Trainer::BeginOverlap(const std::vector<int64_t>& shard_sizes, StepPhases* phases,
+                                   OverlapStep* step) {
+  if (device_overlap_ != nullptr) {
+    PS_RETURN_IF_ERROR(device_overlap_->BeginStep(scheduler_.get()));
+    step->timed.emplace(device_overlap_->hooks(), scheduler_.get(), phases);
+    step->hooks.push_back(&*step->timed);
+    return absl::OkStatus();
+  }
+  std::vector<float*> gradients, parameters;
+  std::vector<bool> computing;
+  for (size_t d = 0; d < replicas_.size(); ++d) {
+    gradients.push_back(replicas_[d]->flat_gradients().mutable_data<float>());
+    parameters.push_back(replicas_[d]->flat_parameters().mutable_data<float>());
+    computing.push_back(shard_sizes[d] > 0);
+  }
+  step->replicas.emplace(scheduler_.get(), std::move(gradients), std::move(parameters),
+                         num_parameters_);
+  PS_RETURN_IF_ERROR(step->replicas->BeginStep(computing));
+  step->timed.emplace(step->replicas->hooks(0), scheduler_.get(), phases);
+  step->hooks.push_back(&*step->timed);
+  for (size_t d = 1; d < replicas_.size(); ++d) step->hooks.push_back(step->replicas->hooks(d));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::FinishOverlap(OverlapStep& step) {
+  // Whatever the layers did not hand over (none have parameters outside a
+  // layer today, but the scheduler must see every bucket pushed).
+  if (device_overlap_ != nullptr) return device_overlap_->FinishStep();
+  step.replicas->FinishStep();
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   PS_RETURN_IF_ERROR(CheckExchange());
   const int64_t iteration = epoch * steps_per_epoch() + step;
@@ -586,38 +626,13 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   // Overlapping, each replica's forward waits layer by layer for the
   // previous iteration's pulls, and backward pushes region by region.
   phases.Begin(EventKind::kCompute);
-  std::optional<ReplicaOverlap> overlap;
-  std::optional<WaitTimingHooks> timed_hooks;
-  std::vector<model::ParameterHooks*> hooks;
-  if (device_overlap_ != nullptr) {
-    PS_RETURN_IF_ERROR(device_overlap_->BeginStep(scheduler_.get()));
-    timed_hooks.emplace(device_overlap_->hooks(), scheduler_.get(), &phases);
-    hooks.push_back(&*timed_hooks);
-  } else if (overlapping_) {
-    std::vector<float*> gradients, parameters;
-    std::vector<bool> computing;
-    for (size_t d = 0; d < replicas_.size(); ++d) {
-      gradients.push_back(replicas_[d]->flat_gradients().mutable_data<float>());
-      parameters.push_back(replicas_[d]->flat_parameters().mutable_data<float>());
-      computing.push_back(shard_sizes[d] > 0);
-    }
-    overlap.emplace(scheduler_.get(), std::move(gradients), std::move(parameters),
-                    num_parameters_);
-    PS_RETURN_IF_ERROR(overlap->BeginStep(computing));
-    timed_hooks.emplace(overlap->hooks(0), scheduler_.get(), &phases);
-    hooks.push_back(&*timed_hooks);
-    for (size_t d = 1; d < replicas_.size(); ++d) hooks.push_back(overlap->hooks(d));
-  }
-  PS_ASSIGN_OR_RETURN(ComputeStep compute, NewComputeStep(iteration, shard_sizes, hooks));
+  OverlapStep overlap;
+  if (overlapping_) PS_RETURN_IF_ERROR(BeginOverlap(shard_sizes, &phases, &overlap));
+  PS_ASSIGN_OR_RETURN(ComputeStep compute,
+                      NewComputeStep(iteration, shard_sizes, overlap.hooks));
   PS_RETURN_IF_ERROR(compute_->Compute(compute));
   if (overlapping_) {
-    // Whatever the layers did not hand over (none have parameters outside a
-    // layer today, but the scheduler must see every bucket pushed).
-    if (device_overlap_ != nullptr) {
-      PS_RETURN_IF_ERROR(device_overlap_->FinishStep());
-    } else {
-      overlap->FinishStep();
-    }
+    PS_RETURN_IF_ERROR(FinishOverlap(overlap));
     phases.End();
     return absl::OkStatus();
   }

@@ -277,6 +277,12 @@ class Trainer {
   // ComputeSetup::stage_batch: batch `pass` of epoch 0's order staged, each
   // shard with at least one sample (an empty one keeps a stale sample).
   absl::StatusOr<std::vector<DeviceShard>> StageCalibrationBatch(int64_t pass);
+  // Overlapping, a step's hooks (BeginOverlap, before the passes) and what
+  // no hook handed over (FinishOverlap, after them).
+  struct OverlapStep;
+  absl::Status BeginOverlap(const std::vector<int64_t>& shard_sizes, StepPhases* phases,
+                            OverlapStep* step);
+  absl::Status FinishOverlap(OverlapStep& step);
   // What compute_ gets for step `iteration`: the shards, and overlapping,
   // each device's hooks and the scheduler's wait for every parameter.
   absl::StatusOr<ComputeStep> NewComputeStep(int64_t iteration,
