@@ -15,8 +15,7 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int index, int gp
   std::unique_ptr<CudaDevice> device(new CudaDevice(index, gpu_id));
   PS_RETURN_IF_ERROR(device->MakeCurrent());
   PS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&device->stream_, cudaStreamNonBlocking));
-  PS_CUDA_RETURN_IF_ERROR(
-      cudaStreamCreateWithFlags(&device->copy_stream_, cudaStreamNonBlocking));
+  PS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&device->copy_stream_, cudaStreamNonBlocking));
   PS_CUDA_RETURN_IF_ERROR(
       cudaEventCreateWithFlags(&device->compute_issued_, cudaEventDisableTiming));
   PS_CUDA_RETURN_IF_ERROR(
@@ -131,8 +130,7 @@ absl::Status CudaDevice::DoCopyDeviceToHostAsync(void* dst, const void* src, int
   PS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, compute_issued_, 0));
   // 2. The copy, on the copy stream: stream() runs on meanwhile.
   if (bytes > 0) {
-    PS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, copy_stream_));
+    PS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, copy_stream_));
   }
   // 3. Once it has landed, done, on a runtime thread.
   auto owned = std::make_unique<CopyDone>(std::move(done));

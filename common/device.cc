@@ -22,15 +22,15 @@ absl::Status Device::CopyDeviceToHost(void* host_dst, const void* device_src, in
   return absl::OkStatus();
 }
 
-absl::Status Device::CopyDeviceToHostAsync(void* host_dst, const void* device_src,
-                                           int64_t bytes, CopyKind kind, CopyDone done) {
+absl::Status Device::CopyDeviceToHostAsync(void* host_dst, const void* device_src, int64_t bytes,
+                                           CopyKind kind, CopyDone done) {
   PS_RETURN_IF_ERROR(DoCopyDeviceToHostAsync(host_dst, device_src, bytes, std::move(done)));
   counters_.device_to_host_bytes[static_cast<int>(kind)] += bytes;
   return absl::OkStatus();
 }
 
-absl::Status Device::CopyHostToDeviceAsync(void* device_dst, const void* host_src,
-                                           int64_t bytes, CopyKind kind) {
+absl::Status Device::CopyHostToDeviceAsync(void* device_dst, const void* host_src, int64_t bytes,
+                                           CopyKind kind) {
   PS_RETURN_IF_ERROR(DoCopyHostToDeviceAsync(device_dst, host_src, bytes));
   counters_.host_to_device_bytes[static_cast<int>(kind)] += bytes;
   return absl::OkStatus();

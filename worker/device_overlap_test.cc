@@ -128,9 +128,9 @@ struct Rig {
                                        absl::MakeSpan(host_parameters), /*version=*/5);
     EXPECT_TRUE(s.ok()) << s.status();
     scheduler = std::move(*s);
-    overlap = std::make_unique<DeviceOverlap>(&device, device_gradients.data(),
-                                              device_parameters.data(), host_gradients.data(),
-                                              host_parameters.data(), n);
+    overlap =
+        std::make_unique<DeviceOverlap>(&device, device_gradients.data(), device_parameters.data(),
+                                        host_gradients.data(), host_parameters.data(), n);
   }
   std::vector<float> DeviceGradients(int64_t begin, int64_t end) const {
     return std::vector<float>(device_gradients.begin() + begin, device_gradients.begin() + end);
@@ -210,9 +210,8 @@ TEST(DeviceOverlapTest, AFailedCopyIsNotPushedAndFailsTheStep) {
   ASSERT_TRUE(rig.overlap->BeginStep(rig.scheduler.get()).ok());
   rig.device.FailCopies();
   rig.overlap->hooks()->AfterBackward(8, 12);
-  std::thread finish([&] {
-    EXPECT_EQ(rig.overlap->FinishStep().code(), absl::StatusCode::kDataLoss);
-  });
+  std::thread finish(
+      [&] { EXPECT_EQ(rig.overlap->FinishStep().code(), absl::StatusCode::kDataLoss); });
   rig.device.LandNext();
   rig.device.LandNext();
   finish.join();

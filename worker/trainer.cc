@@ -461,7 +461,7 @@ absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_
 }
 
 // Replica 0's hooks while the trainer overlaps communication with compute
-// (ReplicaOverlap's, see replica_overlap.h), timing its waits: where a
+// (ReplicaOverlap's or DeviceOverlap's), timing its waits: where a
 // layer's forward has to block for its parameters, a kWait phase on the
 // trainer lane. (Replica 0's pass runs on the trainer's thread, or on
 // device thread 0 while the trainer's waits for it: one thread at a time
