@@ -314,6 +314,93 @@ TEST(TrainerEventsTest, TheFirstPushStartsBeforeBackwardEnds) {
   }
 }
 
+// A LocalParameterStore whose server is lost once: the first push of
+// iteration `lose_at` fails as a lost server's would (before any of that
+// iteration's pushes reach the store), and Reconnect finds it again at
+// version `lose_at`.
+class LosingStore final : public ParameterStore {
+ public:
+  LosingStore(ParameterStore* inner, int64_t lose_at) : inner_(inner), lose_at_(lose_at) {}
+  absl::StatusOr<Registration> Register(const std::vector<ParamSpec>& signature,
+                                        absl::Span<const float> initial) override {
+    auto registration = inner_->Register(signature, initial);
+    if (registration.ok()) registration_ = *registration;
+    return registration;
+  }
+  absl::StatusOr<Registration> Reconnect(const std::vector<ParamSpec>&,
+                                         absl::Span<const float>) override {
+    Registration registration = registration_;
+    registration.version = lose_at_;
+    return registration;
+  }
+  absl::Status Push(int64_t iteration, int64_t num_samples,
+                    absl::Span<const float> gradients) override {
+    return inner_->Push(iteration, num_samples, gradients);
+  }
+  absl::Status WaitForVersion(int64_t version) override { return inner_->WaitForVersion(version); }
+  absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override {
+    return inner_->Pull(version, params);
+  }
+  std::vector<int64_t> SegmentEnds() const override { return inner_->SegmentEnds(); }
+  void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
+                    absl::Span<const float> gradients, Done done) override {
+    if (iteration == lose_at_ && !lost_) {
+      lost_ = true;
+      done(absl::UnavailableError("server lost (injected)"));
+      return;
+    }
+    inner_->PushSegments(iteration, num_samples, first, last, gradients, std::move(done));
+  }
+  void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
+                    Done done) override {
+    inner_->PullSegments(version, first, last, params, std::move(done));
+  }
+  absl::Status BindBuffers(absl::Span<const float> gradients, absl::Span<float> params) override {
+    return inner_->BindBuffers(gradients, params);
+  }
+
+ private:
+  ParameterStore* const inner_;
+  const int64_t lose_at_;
+  Registration registration_;
+  bool lost_ = false;  // pushes come one at a time, from one thread at a time
+};
+
+// One device whose memory is not host memory, overlapping: a server lost
+// mid-run is found again and the step redone from its version (its copies
+// drained before the scheduler goes, the whole model copied to the device
+// again), ending bit-identical to a run without the loss.
+TEST(TrainerTest, OverlapOnOneStagedDeviceRecoversALostServerBitForBit) {
+  const data::Dataset data = SyntheticDataset(512);
+  auto train = [&](int64_t lose_at, int64_t* recoveries) {
+    StagedCpuDevice device(0, 1);
+    auto local = LocalParameterStore::Create(MomentumSgd());
+    EXPECT_TRUE(local.ok()) << local.status();
+    LosingStore store(local->get(), lose_at);
+    TrainerOptions options;
+    options.batch_size = 64;
+    options.epochs = 1;
+    options.max_steps = 5;
+    options.seed = 7;
+    options.evaluate = false;
+    model::ModelConfig model;
+    model.name = "mlp";
+    model.mlp_hidden = {32};
+    auto trainer = Trainer::Create(options, model, {&device}, &store, &data, nullptr);
+    EXPECT_TRUE(trainer.ok()) << trainer.status();
+    auto report = (*trainer)->Run();
+    EXPECT_TRUE(report.ok()) << report.status();
+    *recoveries = static_cast<int64_t>(report->recoveries.size());
+    return *(*trainer)->model().flat_parameters().ToVector();
+  };
+  int64_t none = -1, one = -1;
+  const auto clean = train(/*lose_at=*/-1, &none);
+  const auto recovered = train(/*lose_at=*/2, &one);
+  EXPECT_EQ(none, 0);
+  EXPECT_EQ(one, 1);
+  EXPECT_EQ(recovered, clean);
+}
+
 TEST(TrainerTest, CpuRunsAreBitReproducible) {
   const data::Dataset data = SyntheticDataset(256);
   const auto a = TrainWithDevices("lenet", 1, 32, 5, data, nullptr, nullptr);
