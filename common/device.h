@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -82,6 +83,37 @@ class Device {
                                 CopyKind kind = CopyKind::kOther);
   absl::Status CopyDeviceToHost(void* host_dst, const void* device_src, int64_t bytes,
                                 CopyKind kind = CopyKind::kOther);
+  // Asynchronous copies of the model, for overlapping communication with
+  // compute (worker/device_overlap.h). Counted like the copies above.
+  //
+  // CopyDeviceToHostAsync: copies `bytes` from `device_src` to `host_dst`
+  // (from AllocateHost) once all work issued to this device so far has
+  // completed, without making the caller wait for that work, then calls
+  // done(status) with the copy's status: inline on devices whose work
+  // completes before each call returns (CPU), on a thread of the CUDA
+  // runtime on CUDA devices (after the copy has landed, on a second stream,
+  // so later kernels run on while it copies). `done` calls no Device and no
+  // CUDA API and returns soon (it holds up the done of later copies); the
+  // done of one device's copies run one at a time, in issue order. `bytes`
+  // may be 0: done then says that the work issued so far has completed. An
+  // error issuing the copy is returned and done is not called. Later work
+  // issued to this device may overwrite `device_src` only after
+  // OrderAfterCopiesToHost.
+  using CopyDone = std::function<void(absl::Status)>;
+  absl::Status CopyDeviceToHostAsync(void* host_dst, const void* device_src, int64_t bytes,
+                                     CopyKind kind, CopyDone done);
+  // Work issued from now on starts after every CopyDeviceToHostAsync issued
+  // so far has read its source. The caller does not wait (on CUDA the
+  // compute stream waits for the copy stream).
+  virtual absl::Status OrderAfterCopiesToHost() { return absl::OkStatus(); }
+  // Copies `bytes` from `host_src` (from AllocateHost) to `device_dst`,
+  // ordered after all work issued so far and before all work issued later;
+  // returns once issued (on CPU: once done). `host_src` must not change
+  // until the work issued after it has completed (the done of a later
+  // CopyDeviceToHostAsync, or Synchronize, says so).
+  absl::Status CopyHostToDeviceAsync(void* device_dst, const void* host_src, int64_t bytes,
+                                     CopyKind kind);
+
   // Copies within this device's memory, asynchronous on CUDA. Not counted.
   virtual absl::Status CopyOnDevice(void* dst, const void* src, int64_t bytes) = 0;
   // Sets `bytes` bytes at `dst` to zero, asynchronous on CUDA.
@@ -121,6 +153,13 @@ class Device {
 
   virtual absl::Status DoCopyHostToDevice(void* dst, const void* src, int64_t bytes) = 0;
   virtual absl::Status DoCopyDeviceToHost(void* dst, const void* src, int64_t bytes) = 0;
+  // The asynchronous copies. By default the synchronous ones, done called
+  // inline: right for devices whose work completes before each call returns.
+  virtual absl::Status DoCopyDeviceToHostAsync(void* dst, const void* src, int64_t bytes,
+                                               CopyDone done);
+  virtual absl::Status DoCopyHostToDeviceAsync(void* dst, const void* src, int64_t bytes) {
+    return DoCopyHostToDevice(dst, src, bytes);
+  }
 
  private:
   const DeviceType type_;

@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "worker/compute_mode_factory.h"
 #include "worker/compute_mode_real.h"
+#include "worker/device_overlap.h"
 #include "worker/replica_overlap.h"
 #include "worker/split_batch.h"
 #include "worker/weights.h"
@@ -116,7 +117,8 @@ Trainer::Trainer(const TrainerOptions& options, std::unique_ptr<ComputeMode> com
 }
 
 Trainer::~Trainer() {
-  scheduler_.reset();  // first: its calls in flight use the buffers below
+  device_overlap_.reset();  // first: its copies in flight tell the scheduler
+  scheduler_.reset();  // then: its calls in flight use the buffers below
   if (!devices_.empty()) {
     devices_[0]->DeallocateHost(host_gradients_);
     devices_[0]->DeallocateHost(host_parameters_);
@@ -186,14 +188,24 @@ absl::Status Trainer::Init(const model::ModelConfig& model_config) {
     initial_parameters_.assign(proposal.begin(), proposal.end());
   }
   // Overlap needs each layer's gradients as backward makes them, in memory
-  // the pushes can read: CPU devices (a CUDA device would need events per
-  // layer). Under loss scaling a step's pushes wait for the whole backward:
-  // an overflow anywhere in it must reach every chunk (see loss_scaling_).
-  // Known before StartFrom builds the scheduler: staging serves overlap only.
+  // the pushes can read: CPU devices' own (ReplicaOverlap), or one device's
+  // copied region by region to the pinned host buffers (DeviceOverlap;
+  // several such devices keep the reduction after backward). Under loss
+  // scaling a step's pushes wait for the whole backward: an overflow
+  // anywhere in it must reach every chunk (see loss_scaling_). Known before
+  // StartFrom builds the scheduler: staging serves overlap only.
   loss_scaling_ = registration_.loss_scale > 0;
-  overlapping_ = options_.overlap && !loss_scaling_ &&
-                 std::all_of(devices_.begin(), devices_.end(),
-                             [](Device* d) { return d->is_cpu() && d->is_host_memory(); });
+  const bool host_memory = std::all_of(devices_.begin(), devices_.end(), [](Device* d) {
+    return d->is_cpu() && d->is_host_memory();
+  });
+  const bool one_staged = devices_.size() == 1 && !devices_[0]->is_host_memory();
+  overlapping_ = options_.overlap && !loss_scaling_ && (host_memory || one_staged);
+  if (overlapping_ && one_staged) {
+    device_overlap_ = std::make_unique<DeviceOverlap>(
+        devices_[0], replicas_[0]->flat_gradients().mutable_data<float>(),
+        replicas_[0]->flat_parameters().mutable_data<float>(), host_gradients_,
+        host_parameters_, num_parameters_);
+  }
   // The version registered at may be gone before it is pulled: a shard
   // another worker's registration restored (a sharded job resumed from
   // checkpoints of different versions), or a server lost meanwhile.
@@ -313,6 +325,7 @@ absl::Status Trainer::StartFrom(int64_t version) {
     PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
         replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_,
         num_parameters_ * sizeof(float), CopyKind::kModel));
+    if (device_overlap_ != nullptr) device_overlap_->ParametersCopied();
   }
   // Every replica holds the same buffers (batch-norm statistics) already; the
   // parameters come from device 0.
@@ -335,13 +348,20 @@ absl::Status Trainer::CatchUp(int64_t version) {
   PS_RETURN_IF_ERROR(store_->WaitForVersion(version));
   // Nothing is in flight (the epoch's communication has finished), and no
   // chunk can be past `version`: its next update needs this worker's push.
+  PS_RETURN_IF_ERROR(AwaitDeviceCopies());
   scheduler_.reset();
   return StartFrom(version);
 }
 
+absl::Status Trainer::AwaitDeviceCopies() {
+  return device_overlap_ == nullptr ? absl::OkStatus() : device_overlap_->AwaitCopies();
+}
+
 absl::StatusOr<int64_t> Trainer::Recover(const absl::Status& cause) {
   // The calls in flight fail (or finish) on their own: the scheduler waits
-  // for them, since they hold the buffers.
+  // for them, since they hold the buffers. A failed step's copies may still
+  // tell the scheduler: they land first.
+  PS_RETURN_IF_ERROR(AwaitDeviceCopies());
   scheduler_.reset();
   const int num_workers = registration_.num_workers;
   const int rank = registration_.rank;
@@ -441,7 +461,7 @@ absl::Status Trainer::LoadShards(int64_t epoch, int64_t step, std::vector<int64_
 }
 
 // Replica 0's hooks while the trainer overlaps communication with compute
-// (ReplicaOverlap's, see replica_overlap.h), timing its waits: where a
+// (ReplicaOverlap's or DeviceOverlap's), timing its waits: where a
 // layer's forward has to block for its parameters, a kWait phase on the
 // trainer lane. (Replica 0's pass runs on the trainer's thread, or on
 // device thread 0 while the trainer's waits for it: one thread at a time
@@ -523,6 +543,46 @@ absl::Status Trainer::CheckExchange() const {
       "no parameter exchange: the trainer is not initialised, or its last recovery failed");
 }
 
+// One overlapping step's hooks: replica 0's timed, over a DeviceOverlap's
+// or this step's ReplicaOverlap's.
+struct Trainer::OverlapStep {
+  std::optional<ReplicaOverlap> replicas;
+  std::optional<WaitTimingHooks> timed;
+  std::vector<model::ParameterHooks*> hooks;  // per device
+};
+
+absl::Status Trainer::BeginOverlap(const std::vector<int64_t>& shard_sizes, StepPhases* phases,
+                                   OverlapStep* step) {
+  if (device_overlap_ != nullptr) {
+    PS_RETURN_IF_ERROR(device_overlap_->BeginStep(scheduler_.get()));
+    step->timed.emplace(device_overlap_->hooks(), scheduler_.get(), phases);
+    step->hooks.push_back(&*step->timed);
+    return absl::OkStatus();
+  }
+  std::vector<float*> gradients, parameters;
+  std::vector<bool> computing;
+  for (size_t d = 0; d < replicas_.size(); ++d) {
+    gradients.push_back(replicas_[d]->flat_gradients().mutable_data<float>());
+    parameters.push_back(replicas_[d]->flat_parameters().mutable_data<float>());
+    computing.push_back(shard_sizes[d] > 0);
+  }
+  step->replicas.emplace(scheduler_.get(), std::move(gradients), std::move(parameters),
+                         num_parameters_);
+  PS_RETURN_IF_ERROR(step->replicas->BeginStep(computing));
+  step->timed.emplace(step->replicas->hooks(0), scheduler_.get(), phases);
+  step->hooks.push_back(&*step->timed);
+  for (size_t d = 1; d < replicas_.size(); ++d) step->hooks.push_back(step->replicas->hooks(d));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::FinishOverlap(OverlapStep& step) {
+  // Whatever the layers did not hand over (none have parameters outside a
+  // layer today, but the scheduler must see every bucket pushed).
+  if (device_overlap_ != nullptr) return device_overlap_->FinishStep();
+  step.replicas->FinishStep();
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   PS_RETURN_IF_ERROR(CheckExchange());
   const int64_t iteration = epoch * steps_per_epoch() + step;
@@ -566,30 +626,13 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
   // Overlapping, each replica's forward waits layer by layer for the
   // previous iteration's pulls, and backward pushes region by region.
   phases.Begin(EventKind::kCompute);
-  std::optional<ReplicaOverlap> overlap;
-  std::optional<WaitTimingHooks> timed_hooks;
-  std::vector<model::ParameterHooks*> hooks;
-  if (overlapping_) {
-    std::vector<float*> gradients, parameters;
-    std::vector<bool> computing;
-    for (size_t d = 0; d < replicas_.size(); ++d) {
-      gradients.push_back(replicas_[d]->flat_gradients().mutable_data<float>());
-      parameters.push_back(replicas_[d]->flat_parameters().mutable_data<float>());
-      computing.push_back(shard_sizes[d] > 0);
-    }
-    overlap.emplace(scheduler_.get(), std::move(gradients), std::move(parameters),
-                    num_parameters_);
-    PS_RETURN_IF_ERROR(overlap->BeginStep(computing));
-    timed_hooks.emplace(overlap->hooks(0), scheduler_.get(), &phases);
-    hooks.push_back(&*timed_hooks);
-    for (size_t d = 1; d < replicas_.size(); ++d) hooks.push_back(overlap->hooks(d));
-  }
-  PS_ASSIGN_OR_RETURN(ComputeStep compute, NewComputeStep(iteration, shard_sizes, hooks));
+  OverlapStep overlap;
+  if (overlapping_) PS_RETURN_IF_ERROR(BeginOverlap(shard_sizes, &phases, &overlap));
+  PS_ASSIGN_OR_RETURN(ComputeStep compute,
+                      NewComputeStep(iteration, shard_sizes, overlap.hooks));
   PS_RETURN_IF_ERROR(compute_->Compute(compute));
   if (overlapping_) {
-    // Whatever the layers did not hand over (none have parameters outside a
-    // layer today, but the scheduler must see every bucket pushed).
-    overlap->FinishStep();
+    PS_RETURN_IF_ERROR(FinishOverlap(overlap));
     phases.End();
     return absl::OkStatus();
   }
@@ -654,6 +697,14 @@ absl::Status Trainer::FinishCommunication() {
   StepPhases phases(&phase_observers_, clock_, last_iteration_);
   phases.Begin(EventKind::kWait);
   PS_RETURN_IF_ERROR(scheduler_->AwaitAll());
+  // A device whose memory is not host memory copies a layer's parameters
+  // before its forward: here it gets all of them (and the next step none).
+  if (device_overlap_ != nullptr) {
+    PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
+        replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_,
+        num_parameters_ * static_cast<int64_t>(sizeof(float)), CopyKind::kModel));
+    device_overlap_->ParametersCopied();
+  }
   // The other replicas copy a layer's parameters before its forward: here
   // they get all of them, so every replica holds the update.
   if (replicas_.size() > 1) {

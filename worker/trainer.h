@@ -27,6 +27,8 @@
 
 namespace ps::worker {
 
+class DeviceOverlap;
+
 struct TrainerOptions {
   // The global batch: all workers and all their devices together. Global
   // batch t of an epoch's order is cut into num_workers contiguous parts (part
@@ -56,14 +58,16 @@ struct TrainerOptions {
 
   // Communication overlaps compute: each layer's gradients are pushed as
   // backward produces them, and the next step's forward of a layer waits
-  // only for that layer's new parameters. Takes effect with CPU devices
-  // (one or several: worker/replica_overlap.h sums each region of the
-  // replicas' gradients as soon as every replica has it) and no loss
-  // scaling (a CUDA device pushes and pulls bucket by bucket after the
-  // whole backward and reduction, without overlapping compute; under loss
-  // scaling a step's pushes wait for the whole backward, since an overflow
-  // anywhere must reach every chunk). The parameters are bit-identical
-  // either way.
+  // only for that layer's new parameters. Takes effect with no loss
+  // scaling and either CPU devices (one or several:
+  // worker/replica_overlap.h sums each region of the replicas' gradients as
+  // soon as every replica has it) or one device whose memory is not host
+  // memory (a CUDA device: worker/device_overlap.h copies each region of
+  // its gradients to the host once backward has issued it, and each layer's
+  // parameters to it before its forward). Several CUDA devices push and
+  // pull bucket by bucket after the whole backward and reduction, without
+  // overlapping compute; so does loss scaling, since an overflow anywhere
+  // must reach every chunk. The parameters are bit-identical either way.
   bool overlap = true;
   // Buckets and bytes in flight of the push/pull scheduler.
   PushPullOptions push_pull;
@@ -159,11 +163,12 @@ struct StepProgress {
 //      memory: no copy) and push it, bucket by bucket
 //   5. pull each bucket's new parameters as soon as its push is accepted
 //   6. copy them to device 0 once (none for a CPU device) and broadcast
-// Overlapping (TrainerOptions::overlap, CPU devices), 3 and 4 run region by
-// region inside backward, as soon as every replica has a region's
-// gradients, 5 completes in the background until the next step's forward
-// needs each layer, and 6 is each replica's copy of a layer's parameters
-// before its forward.
+// Overlapping (TrainerOptions::overlap: CPU devices, or one CUDA device), 3
+// and 4 run region by region inside backward, as soon as every replica has
+// a region's gradients (on a CUDA device: as soon as each region's copy to
+// the host lands), 5 completes in the background until the next step's
+// forward needs each layer, and 6 is each replica's copy of a layer's
+// parameters before its forward.
 // With one device and a LocalParameterStore this is plain minibatch SGD.
 // The trainer owns one long-lived host thread per device (none with one
 // device: its work runs on the calling thread).
@@ -272,6 +277,12 @@ class Trainer {
   // ComputeSetup::stage_batch: batch `pass` of epoch 0's order staged, each
   // shard with at least one sample (an empty one keeps a stale sample).
   absl::StatusOr<std::vector<DeviceShard>> StageCalibrationBatch(int64_t pass);
+  // Overlapping, a step's hooks (BeginOverlap, before the passes) and what
+  // no hook handed over (FinishOverlap, after them).
+  struct OverlapStep;
+  absl::Status BeginOverlap(const std::vector<int64_t>& shard_sizes, StepPhases* phases,
+                            OverlapStep* step);
+  absl::Status FinishOverlap(OverlapStep& step);
   // What compute_ gets for step `iteration`: the shards, and overlapping,
   // each device's hooks and the scheduler's wait for every parameter.
   absl::StatusOr<ComputeStep> NewComputeStep(int64_t iteration,
@@ -345,6 +356,12 @@ class Trainer {
   absl::Span<const float> wire_gradients_;
   absl::Span<float> wire_parameters_;
   std::unique_ptr<PushPullScheduler> scheduler_;  // over those buffers
+  // Overlapping on one device whose memory is not host memory: its copies
+  // to and from those pinned buffers, layer by layer. Null otherwise.
+  std::unique_ptr<DeviceOverlap> device_overlap_;
+  // Waits for device_overlap_'s copies (they tell scheduler_), before
+  // scheduler_ goes.
+  absl::Status AwaitDeviceCopies();
   // Rank 0's proposed initial parameters, kept for a server that restarts
   // without a checkpoint and asks for them again (recover_from_server_loss).
   std::vector<float> initial_parameters_;

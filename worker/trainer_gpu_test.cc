@@ -43,7 +43,7 @@ struct Trained {
 // parameters of replica 0. Fails the test and returns empty parameters on
 // any error.
 Trained Train(const std::string& model_name, const std::string& devices_text, int64_t batch,
-              int64_t steps, const data::Dataset& data) {
+              int64_t steps, const data::Dataset& data, bool overlap = true) {
   Trained out;
   auto spec = ParseDeviceSpec(devices_text);
   if (!spec.ok()) {
@@ -68,6 +68,7 @@ Trained Train(const std::string& model_name, const std::string& devices_text, in
   options.max_steps = steps;
   options.seed = 7;
   options.evaluate = false;
+  options.overlap = overlap;
   model::ModelConfig model;
   model.name = model_name;
   model.mlp_hidden = {32};
@@ -154,15 +155,37 @@ TEST(TrainerGpuTest, LogicalDevicesOnOneGpuTrainLikeOneDevice) {
   }
 }
 
+// With overlap, one CUDA device copies region by region (one model's worth
+// all the same); several keep the copies after backward.
 TEST(TrainerGpuTest, HostLinkCarriesOneModelEachWayPerStep) {
   PS_SKIP_WITHOUT_CUDA_GPU();
   const data::Dataset data = SyntheticDataset(256);
   for (const std::string& devices : CudaConfigs()) {
-    const Trained t = Train("lenet", devices, 60, 3, data);
-    const double model_bytes = 4.0 * t.report.model_parameters;
-    EXPECT_GT(model_bytes, 0) << devices;
-    EXPECT_EQ(t.report.model_bytes_to_host_per_step, model_bytes) << devices;
-    EXPECT_EQ(t.report.model_bytes_to_device_per_step, model_bytes) << devices;
+    for (bool overlap : {true, false}) {
+      const Trained t = Train("lenet", devices, 60, 3, data, overlap);
+      const double model_bytes = 4.0 * t.report.model_parameters;
+      EXPECT_GT(model_bytes, 0) << devices;
+      EXPECT_EQ(t.report.model_bytes_to_host_per_step, model_bytes) << devices << " " << overlap;
+      EXPECT_EQ(t.report.model_bytes_to_device_per_step, model_bytes) << devices << " " << overlap;
+    }
+  }
+}
+
+// One CUDA device overlapping its copies with compute (worker/device_overlap.h:
+// gradients copied on the copy stream as backward issues each region,
+// parameters copied ahead of each layer's forward) runs the same kernels in
+// the same order as copying the whole model after backward: the same
+// parameters, bit for bit. A difference means a copy raced a kernel.
+TEST(TrainerGpuTest, OverlapOnOneCudaDeviceIsBitIdenticalToCopyingAfterBackward) {
+  PS_SKIP_WITHOUT_CUDA_GPU();
+  const data::Dataset data = SyntheticDataset(512);
+  for (const char* model : {"mlp", "lenet"}) {
+    for (int64_t batch : {64, 37}) {
+      const Trained after = Train(model, "cuda:0", batch, 4, data, /*overlap=*/false);
+      const Trained overlapped = Train(model, "cuda:0", batch, 4, data, /*overlap=*/true);
+      ASSERT_FALSE(after.parameters.empty());
+      EXPECT_EQ(overlapped.parameters, after.parameters) << model << " batch " << batch;
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -35,7 +36,8 @@ std::vector<float> TrainWithDevices(const std::string& model_name, int d, int64_
                                     int64_t steps, const data::Dataset& data,
                                     int64_t* bytes_to_host, int64_t* bytes_to_device,
                                     bool staged = false, bool overlap = true,
-                                    int64_t* store_bytes_copied = nullptr) {
+                                    int64_t* store_bytes_copied = nullptr,
+                                    int64_t linear_block_rows = 0) {
   std::vector<std::unique_ptr<CpuDevice>> owned;
   std::vector<Device*> devices;
   for (int i = 0; i < d; ++i) {
@@ -55,6 +57,7 @@ std::vector<float> TrainWithDevices(const std::string& model_name, int d, int64_
   model::ModelConfig model;
   model.name = model_name;
   model.mlp_hidden = {32};
+  model.linear_block_rows = linear_block_rows;
   auto trainer = Trainer::Create(options, model, devices, store->get(), &data, nullptr);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   auto report = (*trainer)->Run();
@@ -167,6 +170,38 @@ TEST(TrainerTest, OverlapOnSeveralDevicesIsBitIdenticalToPushingAfterBackward) {
   }
 }
 
+// Overlap on one device whose memory is not host memory (a CUDA device's
+// path, here on CPU arithmetic: worker/device_overlap.h) copies each region
+// of gradients to the host as backward reaches it and each layer's
+// parameters to the device before its forward: the same parameters, bit for
+// bit, as copying the whole model each way after backward, and still one
+// model's worth each way per step; also with a linear layer in blocks
+// (several reports and waits per layer) and an uneven last batch.
+TEST(TrainerTest, OverlapOnOneStagedDeviceIsBitIdenticalToCopyingAfterBackward) {
+  const data::Dataset data = SyntheticDataset(512);
+  for (const char* model : {"mlp", "lenet"}) {
+    for (int64_t batch : {64, 37}) {
+      for (int64_t block_rows : {0, 8}) {
+        SCOPED_TRACE(absl::StrCat(model, " batch ", batch, " linear_block_rows ", block_rows));
+        int64_t to_host = -1, to_device = -1;
+        const auto after = TrainWithDevices(model, 1, batch, 5, data, &to_host, &to_device,
+                                            /*staged=*/true, /*overlap=*/false, nullptr,
+                                            block_rows);
+        int64_t overlap_to_host = -1, overlap_to_device = -1;
+        const auto overlapped =
+            TrainWithDevices(model, 1, batch, 5, data, &overlap_to_host, &overlap_to_device,
+                             /*staged=*/true, /*overlap=*/true, nullptr, block_rows);
+        EXPECT_EQ(overlapped, after);
+        const int64_t model_bytes = static_cast<int64_t>(after.size() * sizeof(float));
+        EXPECT_EQ(to_host, model_bytes);
+        EXPECT_EQ(to_device, model_bytes);
+        EXPECT_EQ(overlap_to_host, model_bytes);
+        EXPECT_EQ(overlap_to_device, model_bytes);
+      }
+    }
+  }
+}
+
 // One log, in the order things happened, of layer passes ending (events on
 // the device lanes) and pushes starting (the store's calls).
 class OrderLog final : public EventObserver {
@@ -230,16 +265,19 @@ class LoggingStore final : public ParameterStore {
   OrderLog* const log_;
 };
 
-// With 2 and 3 CPU devices, a step's first push starts before its backward
-// ends (before the last layer pass of the slowest replica), in every step.
-TEST(TrainerEventsTest, OnSeveralDevicesTheFirstPushStartsBeforeBackwardEnds) {
+// With 2 and 3 CPU devices, and with one device whose memory is not host
+// memory (its gradients copied to the host region by region), a step's
+// first push starts before its backward ends (before the last layer pass of
+// the slowest replica), in every step.
+TEST(TrainerEventsTest, TheFirstPushStartsBeforeBackwardEnds) {
   const data::Dataset data = SyntheticDataset(512);
-  for (int d : {2, 3}) {
-    SCOPED_TRACE(absl::StrCat(d, " devices"));
+  for (const auto& [d, staged] : {std::pair{2, false}, std::pair{3, false}, std::pair{1, true}}) {
+    SCOPED_TRACE(absl::StrCat(d, " devices", staged ? ", staged" : ""));
     std::vector<std::unique_ptr<CpuDevice>> owned;
     std::vector<Device*> devices;
     for (int i = 0; i < d; ++i) {
-      owned.push_back(std::make_unique<CpuDevice>(i, 1));
+      owned.push_back(staged ? std::make_unique<StagedCpuDevice>(i, 1)
+                             : std::make_unique<CpuDevice>(i, 1));
       devices.push_back(owned.back().get());
     }
     auto local = LocalParameterStore::Create(MomentumSgd());
@@ -274,6 +312,93 @@ TEST(TrainerEventsTest, OnSeveralDevicesTheFirstPushStartsBeforeBackwardEnds) {
       EXPECT_LT(first_push, last_backward);
     }
   }
+}
+
+// A LocalParameterStore whose server is lost once: the first push of
+// iteration `lose_at` fails as a lost server's would (before any of that
+// iteration's pushes reach the store), and Reconnect finds it again at
+// version `lose_at`.
+class LosingStore final : public ParameterStore {
+ public:
+  LosingStore(ParameterStore* inner, int64_t lose_at) : inner_(inner), lose_at_(lose_at) {}
+  absl::StatusOr<Registration> Register(const std::vector<ParamSpec>& signature,
+                                        absl::Span<const float> initial) override {
+    auto registration = inner_->Register(signature, initial);
+    if (registration.ok()) registration_ = *registration;
+    return registration;
+  }
+  absl::StatusOr<Registration> Reconnect(const std::vector<ParamSpec>&,
+                                         absl::Span<const float>) override {
+    Registration registration = registration_;
+    registration.version = lose_at_;
+    return registration;
+  }
+  absl::Status Push(int64_t iteration, int64_t num_samples,
+                    absl::Span<const float> gradients) override {
+    return inner_->Push(iteration, num_samples, gradients);
+  }
+  absl::Status WaitForVersion(int64_t version) override { return inner_->WaitForVersion(version); }
+  absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override {
+    return inner_->Pull(version, params);
+  }
+  std::vector<int64_t> SegmentEnds() const override { return inner_->SegmentEnds(); }
+  void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
+                    absl::Span<const float> gradients, Done done) override {
+    if (iteration == lose_at_ && !lost_) {
+      lost_ = true;
+      done(absl::UnavailableError("server lost (injected)"));
+      return;
+    }
+    inner_->PushSegments(iteration, num_samples, first, last, gradients, std::move(done));
+  }
+  void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
+                    Done done) override {
+    inner_->PullSegments(version, first, last, params, std::move(done));
+  }
+  absl::Status BindBuffers(absl::Span<const float> gradients, absl::Span<float> params) override {
+    return inner_->BindBuffers(gradients, params);
+  }
+
+ private:
+  ParameterStore* const inner_;
+  const int64_t lose_at_;
+  Registration registration_;
+  bool lost_ = false;  // pushes come one at a time, from one thread at a time
+};
+
+// One device whose memory is not host memory, overlapping: a server lost
+// mid-run is found again and the step redone from its version (its copies
+// drained before the scheduler goes, the whole model copied to the device
+// again), ending bit-identical to a run without the loss.
+TEST(TrainerTest, OverlapOnOneStagedDeviceRecoversALostServerBitForBit) {
+  const data::Dataset data = SyntheticDataset(512);
+  auto train = [&](int64_t lose_at, int64_t* recoveries) {
+    StagedCpuDevice device(0, 1);
+    auto local = LocalParameterStore::Create(MomentumSgd());
+    EXPECT_TRUE(local.ok()) << local.status();
+    LosingStore store(local->get(), lose_at);
+    TrainerOptions options;
+    options.batch_size = 64;
+    options.epochs = 1;
+    options.max_steps = 5;
+    options.seed = 7;
+    options.evaluate = false;
+    model::ModelConfig model;
+    model.name = "mlp";
+    model.mlp_hidden = {32};
+    auto trainer = Trainer::Create(options, model, {&device}, &store, &data, nullptr);
+    EXPECT_TRUE(trainer.ok()) << trainer.status();
+    auto report = (*trainer)->Run();
+    EXPECT_TRUE(report.ok()) << report.status();
+    *recoveries = static_cast<int64_t>(report->recoveries.size());
+    return *(*trainer)->model().flat_parameters().ToVector();
+  };
+  int64_t none = -1, one = -1;
+  const auto clean = train(/*lose_at=*/-1, &none);
+  const auto recovered = train(/*lose_at=*/2, &one);
+  EXPECT_EQ(none, 0);
+  EXPECT_EQ(one, 1);
+  EXPECT_EQ(recovered, clean);
 }
 
 TEST(TrainerTest, CpuRunsAreBitReproducible) {

@@ -47,8 +47,9 @@ ABSL_FLAG(bool, evaluate, true, "evaluate on the test set after each epoch");
 ABSL_FLAG(bool, progress, true, "show a live progress bar when stderr is a terminal");
 ABSL_FLAG(bool, overlap, true,
           "push each layer's gradients as backward produces them and let the next forward wait "
-          "only for each layer's new parameters (CPU devices, one or several; a CUDA device pushes "
-          "and pulls bucket by bucket after backward); --nooverlap: the same after the whole "
+          "only for each layer's new parameters (CPU devices, one or several, or one CUDA device, "
+          "whose copies to and from the host then go region by region; several CUDA devices push "
+          "and pull bucket by bucket after backward); --nooverlap: the same after the whole "
           "backward, so compute and communication take turns. Bit-identical results either way");
 ABSL_FLAG(int64_t, bucket_bytes, ps::worker::PushPullOptions().bucket_bytes,
           "consecutive messages grouped into push/pull buckets of at least this many bytes (0: "
