@@ -74,8 +74,8 @@ void ReplayThroughServer(const ModelProfile& profile, int64_t steps) {
   const absl::Time start = absl::Now();
   auto report = (*trainer)->Run();
   ASSERT_TRUE(report.ok()) << report.status();
-  std::printf("%s: %lld step(s) in %.2f s\n", profile.model.c_str(),
-              static_cast<long long>(steps), absl::ToDoubleSeconds(absl::Now() - start));
+  std::printf("%s: %lld step(s) in %.2f s\n", profile.model.c_str(), static_cast<long long>(steps),
+              absl::ToDoubleSeconds(absl::Now() - start));
 
   // The server holds exactly the profile's tensors, in its order.
   EXPECT_EQ((*server)->domain().signature(), Specs(profile));
@@ -90,8 +90,7 @@ void ReplayThroughServer(const ModelProfile& profile, int64_t steps) {
 }
 
 ModelProfile Committed(const std::string& name) {
-  auto profile =
-      worker::model::ReadModelProfile("deploy/experiments/profiles/" + name + ".json");
+  auto profile = worker::model::ReadModelProfile("deploy/experiments/profiles/" + name + ".json");
   EXPECT_TRUE(profile.ok()) << profile.status();
   return profile.ok() ? *profile : ModelProfile();
 }

@@ -93,8 +93,9 @@ void Describe(const model::Model& model, model::ModelProfile* out) {
   int64_t offset = 0;
   for (const ParamSpec& spec : model.parameters()) {
     out->tensors.push_back({spec.name, spec.shape, "float32"});
-    const size_t k =
-        static_cast<size_t>(std::upper_bound(begins.begin(), begins.end(), offset) - begins.begin()) - 1;
+    const size_t k = static_cast<size_t>(std::upper_bound(begins.begin(), begins.end(), offset) -
+                                         begins.begin()) -
+                     1;
     if (out->layers.size() <= k) {
       out->layers.resize(k + 1);
       out->layers[k].name = spec.name.substr(0, spec.name.find('.'));
@@ -110,9 +111,9 @@ absl::StatusOr<model::ModelProfile> MeasureModelProfile(model::Model& model, con
                                                         const Tensor& labels, const Clock* clock,
                                                         const ModelProfilerOptions& options) {
   if (options.warmup_passes < 0 || options.passes < 1 || clock == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "profiling needs >= 0 warm-up passes, >= 1 timed ones and a clock; got ",
-        options.warmup_passes, " and ", options.passes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("profiling needs >= 0 warm-up passes, >= 1 timed ones and a clock; got ",
+                     options.warmup_passes, " and ", options.passes));
   }
   const std::vector<int64_t> begins = model.LayerParameterBegins();
   if (begins.empty()) return absl::InvalidArgumentError("the model has no parameters to profile");

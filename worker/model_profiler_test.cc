@@ -59,7 +59,8 @@ TEST(ModelProfilerTest, MeasuresEveryLayerAndWritesAValidProfileThatReplays) {
   EXPECT_GT(profile->total_forward_ms + profile->total_backward_ms, 0);
 
   // The hooks and observer are gone; the JSON reads back; the profile replays.
-  absl::StatusOr<model::ModelProfile> read = model::ParseModelProfile(model::ModelProfileToJson(*profile));
+  absl::StatusOr<model::ModelProfile> read =
+      model::ParseModelProfile(model::ModelProfileToJson(*profile));
   ASSERT_TRUE(read.ok()) << read.status();
   model::ModelConfig replay;
   replay.name = "profile";

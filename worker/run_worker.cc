@@ -465,7 +465,8 @@ absl::Status Train(const WorkerOptions& options, StopRequest* stop, ChromeTraceO
   model.input_shape = data.train.sample_shape;
   model.num_classes = data.train.num_classes;
   if (!options.model_profile.empty()) {
-    PS_ASSIGN_OR_RETURN(model::ModelProfile profile, model::ReadModelProfile(options.model_profile));
+    PS_ASSIGN_OR_RETURN(model::ModelProfile profile,
+                        model::ReadModelProfile(options.model_profile));
     model.profile = std::make_shared<const model::ModelProfile>(std::move(profile));
   }
   if (!options.write_model_profile.empty()) {

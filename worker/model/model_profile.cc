@@ -125,15 +125,16 @@ absl::Status ParseTensors(const Json& tensors, ModelProfile* out,
     ModelProfile::TensorEntry entry;
     PS_ASSIGN_OR_RETURN(entry.name, String(t["name"], path + ".name"));
     if (auto [it, fresh] = index->emplace(entry.name, i); !fresh) {
-      return Bad(path + ".name", absl::StrCat("'", entry.name, "' repeats tensors[", it->second, "]"));
+      return Bad(path + ".name",
+                 absl::StrCat("'", entry.name, "' repeats tensors[", it->second, "]"));
     }
     entry.dtype = t["dtype"].is_string() ? t["dtype"].get<std::string>() : t["dtype"].dump();
     const int64_t element_bytes = ProfileDTypeBytes(entry.dtype);
     if (element_bytes == 0) {
       std::vector<std::string> known;
       for (const auto& [name, bytes] : DTypes()) known.push_back(name);
-      return Bad(path + ".dtype", absl::StrCat("unknown dtype '", entry.dtype, "' (known: ",
-                                               absl::StrJoin(known, ", "), ")"));
+      return Bad(path + ".dtype", absl::StrCat("unknown dtype '", entry.dtype,
+                                               "' (known: ", absl::StrJoin(known, ", "), ")"));
     }
     const Json& shape = t["shape"];
     if (!shape.is_array()) {
@@ -142,15 +143,16 @@ absl::Status ParseTensors(const Json& tensors, ModelProfile* out,
     int64_t elements = 1;
     bool overflow = false;
     for (size_t j = 0; j < shape.size(); ++j) {
-      PS_ASSIGN_OR_RETURN(int64_t size, Integer(shape[j], absl::StrCat(path, ".shape[", j, "]"), 1));
+      PS_ASSIGN_OR_RETURN(int64_t size,
+                          Integer(shape[j], absl::StrCat(path, ".shape[", j, "]"), 1));
       entry.shape.push_back(size);
       overflow = overflow || __builtin_mul_overflow(elements, size, &elements);
     }
     if (overflow) return Bad(path + ".shape", "its elements overflow int64");
     if (elements > kMaxProfileTensorBytes / element_bytes) {
-      return Bad(path + ".shape",
-                 absl::StrCat(elements, " elements of ", element_bytes, " bytes exceed the bound of ",
-                              kMaxProfileTensorBytes, " bytes for one tensor"));
+      return Bad(path + ".shape", absl::StrCat(elements, " elements of ", element_bytes,
+                                               " bytes exceed the bound of ",
+                                               kMaxProfileTensorBytes, " bytes for one tensor"));
     }
     total += elements * element_bytes;
     if (total > kMaxProfileModelBytes) {
@@ -184,7 +186,8 @@ absl::Status ParseLayers(const Json& layers, const absl::flat_hash_map<std::stri
     }
     for (size_t j = 0; j < tensors.size(); ++j) {
       const std::string field = absl::StrCat(path, ".tensors[", j, "]");
-      const std::string name = tensors[j].is_string() ? tensors[j].get<std::string>() : tensors[j].dump();
+      const std::string name =
+          tensors[j].is_string() ? tensors[j].get<std::string>() : tensors[j].dump();
       if (index.count(name) == 0) return Bad(field, absl::StrCat("'", name, "' is not in tensors"));
       if (auto [it, fresh] = owner.emplace(name, i); !fresh) {
         return Bad(field, absl::StrCat("'", name, "' is layers[", it->second, "]'s too"));

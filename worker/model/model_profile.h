@@ -33,7 +33,7 @@ struct ModelProfile {
   };
   struct Layer {
     std::string name;
-    std::vector<std::string> tensors;  // names in `tensors`, at least one
+    std::vector<std::string> tensors;        // names in `tensors`, at least one
     double forward_ms = 0, backward_ms = 0;  // per pass of batch_size samples
   };
 

@@ -11,7 +11,7 @@
 // so the pipeline pushes and pulls the model's real bytes, layer by layer,
 // overlapped as the measured model would overlap them.
 //
-// The rules (docs/experiments.md, "Models from profiles"):
+// The rules (docs/experiments.md, "Models from outside in the worker"):
 //  - Time: a layer's forward_ms and backward_ms are per pass of the
 //    profile's batch_size samples; a pass of n samples takes them times
 //    n / batch_size (compute linear in the batch, which a profile measured

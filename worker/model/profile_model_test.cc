@@ -73,8 +73,8 @@ ModelProfile Tiny() {
   ModelProfile p;
   p.model = "tiny";
   p.batch_size = 8;
-  p.tensors = {{"a.weight", {4, 3}, "float32"}, {"a.bias", {4}, "float32"},
-               {"b.weight", {2, 4}, "float32"}};
+  p.tensors = {
+      {"a.weight", {4, 3}, "float32"}, {"a.bias", {4}, "float32"}, {"b.weight", {2, 4}, "float32"}};
   p.layers = {{"a", {"a.weight", "a.bias"}, 2.0, 4.0}, {"b", {"b.weight"}, 1.0, 3.0}};
   return p;
 }
