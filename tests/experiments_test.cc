@@ -474,6 +474,37 @@ TEST_F(ExperimentsTest, ReplayedComputeStartsWorkersInTurnAndSaysSo) {
   EXPECT_EQ(Sh("ip netns list | grep " + prefix_), "");
 }
 
+// --model_profile: the workers replay a model profile from outside (the
+// committed PyTorch LeNet's) as their model; the row counts its parameters
+// and every worker pushed its bytes.
+TEST_F(ExperimentsTest, AModelProfileIsEveryWorkersModel) {
+  Process run("/bin/bash",
+              RunArgs({"--workers=2", "--rate=1gbit", "--batch_size=64", "--max_steps=6",
+                       "--warmup_steps=2",
+                       "--model_profile=" + Harness("profiles/lenet.json")}),
+              testing::TestTmpPath("run.log"));
+  ASSERT_EQ(run.Wait(std::chrono::seconds(120)), 0) << run.Log();
+  const Json r = ReadJsonFile(out_ + "/results.json");
+  EXPECT_EQ(r["model"], "profile:lenet");
+  EXPECT_EQ(r["dataset"], "synthetic");
+  EXPECT_EQ(r["model_parameters"], 61706);
+  EXPECT_EQ(r["steps"], 6);
+  for (int w = 0; w < 2; ++w) {
+    const std::string log = testing::ReadFileBytes(absl::StrCat(out_, "/worker-", w, ".log"));
+    EXPECT_THAT(log, HasSubstr("training the profile of lenet (61706 parameters)"));
+    EXPECT_THAT(log, HasSubstr("pushed 246824 and pulled 246824 bytes per step"));
+  }
+  // A bad profile or a second replay is refused before any host is made.
+  std::string output;
+  EXPECT_NE(testing::RunCommand(absl::StrCat("bash ", testing::ShellQuote(Harness("run.sh")),
+                                             " --model_profile=", Harness("profiles/lenet.json"),
+                                             " --compute=replay 2>&1"),
+                                &output),
+            0);
+  EXPECT_THAT(output, HasSubstr("leave out --compute=replay"));
+  EXPECT_EQ(Sh("ip netns list | grep " + prefix_), "");
+}
+
 // Two configurations (one worker behind 1 Gbit/s links, with one server and
 // with two shards) through sweep.py: one CSV row and one JSON run each, the
 // model's predictions finite, and three PNG plots.

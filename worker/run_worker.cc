@@ -17,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/chrome_trace.h"
 #include "common/clock.h"
 #include "common/cpu_device.h"
@@ -29,6 +31,7 @@
 #include "proto/parameter_server.pb.h"
 #include "worker/data/loader.h"
 #include "worker/local_parameter_store.h"
+#include "worker/model_profiler.h"
 #include "worker/remote_parameter_store.h"
 #include "worker/server_check.h"
 #include "worker/server_store.h"
@@ -94,6 +97,53 @@ absl::StatusOr<Data> LoadData(const WorkerOptions& options) {
     data.validation = std::move(split.validation);
   }
   return data;
+}
+
+// --write_model_profile: `model` measured on `device` (CPU only: elsewhere
+// the layer events time the host's enqueueing) on --batch_size zero samples
+// (a kernel's time does not depend on the values), written as a profile.
+absl::Status WriteOwnModelProfile(const WorkerOptions& options, const model::ModelConfig& model,
+                                  Device* device) {
+  if (!device->is_cpu()) {
+    return absl::InvalidArgumentError(
+        "--write_model_profile profiles on CPU devices only (pass --devices=cpu)");
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> replica, model::Model::Create(model, device));
+  PS_RETURN_IF_ERROR(replica->Initialize(options.trainer.seed));
+  Shape batch = {options.trainer.batch_size};
+  batch.insert(batch.end(), model.input_shape.begin(), model.input_shape.end());
+  PS_ASSIGN_OR_RETURN(Tensor inputs, Tensor::Zeros(device, batch));
+  PS_ASSIGN_OR_RETURN(Tensor labels, Tensor::Zeros(device, {batch[0]}, DType::kI32));
+  ModelProfilerOptions profiler;
+  profiler.model_name = model.name;
+  profiler.input = absl::StrCat(absl::StrJoin(model.input_shape, "x"), " float32 zeros (",
+                                options.dataset, "'s shape), ", model.num_classes,
+                                " classes (cross-entropy)");
+  char host[256] = "unknown";
+  gethostname(host, sizeof(host) - 1);
+  profiler.measured.where = absl::StrCat("the C++ worker on ", host, ", ", device->name());
+  profiler.measured.date = absl::FormatTime("%Y-%m-%dT%H:%MZ", absl::Now(), absl::UTCTimeZone());
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  profiler.measured.cpu = "unknown";
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      profiler.measured.cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  profiler.measured.cores = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  profiler.measured.threads = AsCpu(*device).num_threads();
+  profiler.measured.software = {{"ps-worker", "C++ worker (worker/model)"},
+                                {"profiler", "worker --write_model_profile"}};
+  PS_ASSIGN_OR_RETURN(model::ModelProfile profile,
+                      MeasureModelProfile(*replica, inputs, labels, Clock::Real(), profiler));
+  PS_RETURN_IF_ERROR(model::WriteModelProfile(profile, options.write_model_profile));
+  std::printf("wrote the model profile of %s (batch %lld, %zu layers: forward %.2f ms, backward "
+              "%.2f ms) to %s\n",
+              model.name.c_str(), static_cast<long long>(profile.batch_size),
+              profile.layers.size(), profile.total_forward_ms, profile.total_backward_ms,
+              options.write_model_profile.c_str());
+  return absl::OkStatus();
 }
 
 // --check: each of `shards` checked as this worker would connect, what to
@@ -215,9 +265,11 @@ void Announce(Trainer& trainer, const TrainerOptions& options,
   }
   std::vector<std::string> names;
   for (Device* d : devices) names.push_back(d->name());
+  const std::string model_name =
+      model.profile != nullptr ? absl::StrCat("the profile of ", model.profile->model) : model.name;
   std::printf("worker %d/%d: training %s (%lld parameters) on %s: %lld train / %lld test "
               "samples, global batch %lld, %s, %lld epochs\n",
-              rank, trainer.registration().num_workers, model.name.c_str(),
+              rank, trainer.registration().num_workers, model_name.c_str(),
               static_cast<long long>(model::TotalElements(trainer.model().parameters())),
               absl::StrJoin(names, ",").c_str(), static_cast<long long>(data.train.size()),
               static_cast<long long>(data.test.size()), static_cast<long long>(options.batch_size),
@@ -412,6 +464,14 @@ absl::Status Train(const WorkerOptions& options, StopRequest* stop, ChromeTraceO
   model::ModelConfig model = options.model;
   model.input_shape = data.train.sample_shape;
   model.num_classes = data.train.num_classes;
+  if (!options.model_profile.empty()) {
+    PS_ASSIGN_OR_RETURN(model::ModelProfile profile,
+                        model::ReadModelProfile(options.model_profile));
+    model.profile = std::make_shared<const model::ModelProfile>(std::move(profile));
+  }
+  if (!options.write_model_profile.empty()) {
+    return WriteOwnModelProfile(options, model, devices.all[0]);
+  }
 
   // The trainer's events go to the timeline (if any), to the totals the
   // heartbeats report, and to the metrics (added below).

@@ -17,7 +17,16 @@
 #include "worker/server_store.h"
 
 ABSL_FLAG(std::string, model, "lenet",
-          "softmax, mlp, lenet, lenet_relu, resnet18 or resnet18_cifar");
+          "softmax, mlp, lenet, lenet_relu, resnet18, resnet18_cifar, or profile (with "
+          "--model_profile)");
+ABSL_FLAG(std::string, model_profile, "",
+          "with --model=profile: a model profile (deploy/experiments/profiles/*.json) replayed: "
+          "its tensors are the parameters, its per-layer times the compute, scaled by this "
+          "worker's batch / the profile's batch_size (docs/experiments.md)");
+ABSL_FLAG(std::string, write_model_profile, "",
+          "measure the model's per-layer forward/backward times (2 warm-up and 5 timed passes "
+          "of --batch_size zero samples on the first CPU device), write them as a model profile "
+          "here, and exit without training");
 ABSL_FLAG(std::string, mlp_hidden, "256", "mlp hidden widths, comma-separated");
 ABSL_FLAG(int64_t, linear_block_rows, 0,
           "mlp/softmax on CPU: a linear layer of at least twice this many outputs computes in "
@@ -148,6 +157,16 @@ absl::Status DevicesAndModelFromFlags(WorkerOptions& options) {
   options.model.name = absl::GetFlag(FLAGS_model);
   PS_ASSIGN_OR_RETURN(options.model.mlp_hidden,
                       ParsePositiveIntList("--mlp_hidden", absl::GetFlag(FLAGS_mlp_hidden)));
+  options.model_profile = absl::GetFlag(FLAGS_model_profile);
+  options.write_model_profile = absl::GetFlag(FLAGS_write_model_profile);
+  if ((options.model.name == "profile") != !options.model_profile.empty()) {
+    return absl::InvalidArgumentError(
+        "--model=profile and --model_profile=FILE go together (the profile is the model)");
+  }
+  if (!options.model_profile.empty() && !options.write_model_profile.empty()) {
+    return absl::InvalidArgumentError(
+        "--write_model_profile measures a built-in model, not a replayed profile");
+  }
   options.model.linear_block_rows = absl::GetFlag(FLAGS_linear_block_rows);
   if (options.model.linear_block_rows < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -22,6 +22,12 @@ struct WorkerOptions {
   // The model: its name, mlp hidden widths and linear blocks. input_shape and
   // num_classes are the dataset's: RunWorker sets them.
   model::ModelConfig model;
+  // With model.name "profile": the model profile file replayed (RunWorker
+  // reads it into model.profile). Non-empty write_model_profile: RunWorker
+  // measures the model (model_profiler.h), writes its profile there and
+  // returns without training.
+  std::string model_profile;
+  std::string write_model_profile;
 
   // The data: a dataset name (fashion_mnist, mnist, cifar10, synthetic) and
   // its directory; a fraction of the training set (0 to 1, seeded by

@@ -25,6 +25,13 @@
 #                               default; a host whose kernel defaults to another, e.g. bbr,
 #                               would otherwise give other figures)
 #   --model=NAME [lenet] --dataset=NAME [fashion_mnist] --data_dir=DIR
+#   --model_profile=FILE        train a model from outside: every worker replays this
+#                               model profile (profiles/*.json, model_profile.py's
+#                               format) as its model (worker --model=profile): the
+#                               profile's tensors on the wire, its per-layer times
+#                               scaled by the worker's batch / the profile's. Replaces
+#                               --model; synthetic data unless --dataset is given;
+#                               the servers need nothing special
 #   --batch_size=B [256, global] --epochs=N [1] --max_steps=N [0: whole epochs]
 #   --warmup_steps=N [1]        worker 0's first N steps are left out of the measured window
 #   --sample_ms=MS [10]         period of the link and CPU counter samples
@@ -56,6 +63,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 source "$here/netns.sh"
 
 system=ps workers=2 servers=1 servers_given=0 warmup_steps=1 sample_ms=10 rate=1gbit delay=0 model=lenet dataset=fashion_mnist
+model_profile="" dataset_given=0
 data_dir=/usr/share/datasets/fashion-mnist batch_size=256 epochs=1 max_steps=0 lr=0.9
 devices=cpu:1 compute=real chunk_bytes="" server_flags="" congestion=cubic threads="" out="" csv="" prefix="psx$$" time_limit=1800 bin="" check=0
 check_seconds=5 ping_count=20
@@ -70,7 +78,8 @@ while (($#)); do
     --rate=*) rate="${1#*=}" ;;
     --delay=*) delay="${1#*=}" ;;
     --model=*) model="${1#*=}" ;;
-    --dataset=*) dataset="${1#*=}" ;;
+    --dataset=*) dataset="${1#*=}"; dataset_given=1 ;;
+    --model_profile=*) model_profile="${1#*=}" ;;
     --data_dir=*) data_dir="${1#*=}" ;;
     --batch_size=*) batch_size="${1#*=}" ;;
     --epochs=*) epochs="${1#*=}" ;;
@@ -121,6 +130,19 @@ if [[ "$system" == ddp ]]; then
   ((check == 0)) || fail "--check measures w0 -> s0: run it without --system=ddp"
   ((max_steps > 0)) || fail "--system=ddp trains --max_steps steps: give --max_steps"
   servers=0
+fi
+# A profile is the worker's model and its compute: it replays the measured
+# times itself, so timing the replay again (--compute=replay) would measure
+# sleeps. The validator names a malformed file's field before any host is made.
+if [[ -n "$model_profile" ]]; then
+  [[ "$system" == ps ]] || fail "--model_profile is for our workers (--system=ps)"
+  [[ "$compute" == real ]] ||
+    fail "--model_profile replays the profile's times already: leave out --compute=replay"
+  [[ -r "$model_profile" ]] || fail "--model_profile: cannot read $model_profile"
+  python3 "$here/model_profile.py" "$model_profile" >/dev/null || fail "--model_profile is not a valid profile"
+  model_profile="$(cd "$(dirname "$model_profile")" && pwd)/$(basename "$model_profile")"
+  model="profile:$(basename "$model_profile" .json)"
+  ((dataset_given)) || dataset=synthetic
 fi
 # The emulated hosts share one kernel and PID namespace: shared memory would
 # carry the bytes past the shaped links this run measures.
@@ -321,7 +343,9 @@ for ((r = 0; r < workers; r++)); do
     daemon_pids+=($!)
     continue
   fi
-  flags=(--server="$server_list" --worker_id="w$r" --rank="$r" --model="$model"
+  model_flags=(--model="$model")
+  [[ -n "$model_profile" ]] && model_flags=(--model=profile --model_profile="$model_profile")
+  flags=(--server="$server_list" --worker_id="w$r" --rank="$r" "${model_flags[@]}"
          --dataset="$dataset" --data_dir="$data_dir" --batch_size="$batch_size"
          --epochs="$epochs" --max_steps="$max_steps" --devices="$devices" --threads="$threads"
          --evaluate=false --progress=false --report="$out/report-w$r.json"

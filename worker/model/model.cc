@@ -46,6 +46,7 @@
 #include "worker/model/linear_layer.h"
 #include "worker/model/parameter_set.h"
 #include "worker/model/pool_layer.h"
+#include "worker/model/profile_model.h"
 #include "worker/model/residual_layer.h"
 #include "worker/model/sequential.h"
 
@@ -260,6 +261,7 @@ class LayerModel final : public Model {
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, Device* device) {
   if (device == nullptr) return absl::InvalidArgumentError("Model::Create: null device");
+  if (config.name == "profile") return CreateProfileModel(config, device);
   const Shape& in = config.input_shape;
   if (in.size() != 3 || in[0] < 1 || in[1] < 1 || in[2] < 1) {
     return absl::InvalidArgumentError(absl::StrCat("model ", config.name, ": input shape ",
@@ -289,7 +291,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown model name \"", config.name,
-                     "\"; known: softmax, mlp, lenet, lenet_relu, resnet18, resnet18_cifar"));
+                     "\"; known: softmax, mlp, lenet, lenet_relu, resnet18, resnet18_cifar, profile"));
   }
 
   // The architecture must map one sample to num_classes logits.

@@ -14,6 +14,7 @@
 #include "common/param_spec.h"
 #include "common/tensor.h"
 #include "common/timed_event.h"
+#include "worker/model/model_profile.h"
 #include "worker/model/parameter_hooks.h"
 
 namespace ps::worker::model {
@@ -23,7 +24,9 @@ struct ModelConfig {
   // "softmax", "mlp", "lenet" (sigmoid + average pooling, Dive into Deep
   // Learning's), "lenet_relu" (ReLU + max pooling), "resnet18" (D2L's
   // ResNet-18 with batch norm, section 8.6: 7x7/2 stem and max pooling),
-  // "resnet18_cifar" (D2L section 13.6's: 3x3/1 stem, no max pooling).
+  // "resnet18_cifar" (D2L section 13.6's: 3x3/1 stem, no max pooling),
+  // "profile" (`profile` replayed: profile_model.h; it ignores the input
+  // shape and num_classes).
   std::string name = "lenet";
   Shape input_shape = {1, 28, 28};  // one sample: [C, H, W]
   int64_t num_classes = 10;
@@ -33,6 +36,11 @@ struct ModelConfig {
   // and handing over, its parameters block by block under overlap; see
   // Linear). 0: every layer whole.
   int64_t linear_block_rows = 0;
+  // "profile" only: the profile replayed, shared read-only by the replicas,
+  // and the clock its passes sleep on (null: Clock::Real()), which must
+  // outlive the models.
+  std::shared_ptr<const ModelProfile> profile;
+  const Clock* profile_clock = nullptr;
 };
 
 // Loss and accuracy of a forward pass, in device memory (two floats) so the
