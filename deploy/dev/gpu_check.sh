@@ -9,10 +9,10 @@
 #                                               # else run the bundle found
 #
 # With the device tool (a session lent a GPU machine): build here, then
-#   run  carry ["out/gpu_bundle"]  timeout_s 540
+#   run  carry ["out/gpu_bundle"]  timeout_s 360
 #        command "bash deploy/dev/gpu_check.sh run --out=$OUT"
-# The run (about 3-5 minutes, 450 s at most: --budget) prints the GPU, runs
-# every bundled GPU test, LeNet and ResNet-18 training on one GPU and on two
+# The run (at most 5 minutes: --budget=300) prints the GPU, runs every
+# bundled GPU test, LeNet and the seed's ResNet-18 (D2L 13.6) training on one GPU and on two
 # logical devices sharing it, the same models in that machine's PyTorch, a
 # server with two workers, and the CPU benchmarks; it writes summary.txt,
 # summary.json and logs.tar.gz to $OUT. See deploy/dev/gpu/run_bundle.sh --help

@@ -14,7 +14,7 @@ steps, each ended by torch.cuda.synchronize(); the best run is reported
 its training files are there (pixels / 255), else uniform random pixels and
 labels; the throughput does not depend on which.
 
-    python3 deploy/dev/gpu/pytorch_gpu.py --models=lenet,resnet18 --batch_size=256
+    python3 deploy/dev/gpu/pytorch_gpu.py --models=lenet,resnet18_cifar --batch_size=256
     python3 deploy/dev/gpu/pytorch_gpu.py --json=out.json   # one JSON object per model
 
 PyTorch runs its convolutions in cuDNN (TF32 allowed for convolutions by
@@ -126,9 +126,9 @@ def measure(torch, torch_models, name, x, y, batch, lr, warmup, steps, repeats, 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="lenet,resnet18")
+    parser.add_argument("--models", default="lenet,resnet18_cifar")
     parser.add_argument("--batch_size", type=int, default=256)
-    parser.add_argument("--lr", default="lenet=0.9,resnet18=0.05",
+    parser.add_argument("--lr", default="lenet=0.9,resnet18_cifar=0.05",
                         help="a number, or model=number pairs, comma-separated")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=30)

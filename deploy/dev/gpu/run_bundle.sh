@@ -5,7 +5,7 @@
 #   bash deploy/dev/gpu/run_bundle.sh --bundle=out/gpu_bundle --out=$OUT
 #
 # Parts, in this order, each under its own timeout inside one time budget
-# (--budget, default 450 s; a part that no longer fits is not started and is
+# (--budget, default 300 s; a part that no longer fits is not started and is
 # marked NO-TIME, which fails the run):
 #   machine     the OS, CPU, C library, nvidia-smi, python3 and torch
 #   unpack      the archive (checked against its sha256) into --work
@@ -17,10 +17,12 @@
 #               loader), so a missing library or symbol stops here, named
 #   tests       every bundled GPU test (gtest XML and log each); on a GPU
 #               machine a case skipping for want of a GPU is a failure
-#   train       LeNet and ResNet-18 trained by our worker on one GPU
-#               (--devices=cuda) and on two logical devices sharing it
-#               (--devices=cuda:0,0), synthetic data; LeNet on Fashion-MNIST
-#               too when the bundle holds it (JSON reports)
+#   train       LeNet and the seed's ResNet-18 (D2L 13.6, resnet18_cifar)
+#               trained by our worker on one GPU (--devices=cuda: the
+#               overlapped path, pushes during backward) and on two logical
+#               devices sharing it (--devices=cuda:0,0), synthetic data;
+#               LeNet on Fashion-MNIST too when the bundle holds it (JSON
+#               reports)
 #   pytorch     the same models and batch in this machine's PyTorch on the GPU
 #               (deploy/dev/gpu/pytorch_gpu.py)
 #   cluster     the server daemon and two workers over loopback
@@ -53,7 +55,7 @@ set -u
 START=$(date +%s)
 # shellcheck source=deploy/dev/gpu/cuda_libs.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh" || exit 2
-bundle=out/gpu_bundle out_dir=${OUT:-} work=/tmp/ps-gpu-bundle budget=450
+bundle=out/gpu_bundle out_dir=${OUT:-} work=/tmp/ps-gpu-bundle budget=300
 parts=machine,unpack,libs,tests,train,pytorch,cluster,benchmarks jobs=4 allow_no_gpu=0
 for arg in "$@"; do
   case "$arg" in
@@ -469,8 +471,8 @@ if want train; then
     for devices in cuda cuda:0,0; do
       tag=${devices//[:,]/_}
       train "lenet_$tag" 60 --model=lenet "${synthetic[@]}" --epochs=3 --lr=0.9 --devices="$devices"
-      train "resnet18_$tag" 90 --model=resnet18 "${synthetic[@]}" --epochs=2 --lr=0.05 \
-        --devices="$devices"
+      train "resnet18_cifar_$tag" 60 --model=resnet18_cifar "${synthetic[@]}" --epochs=1 \
+        --max_steps=40 --lr=0.05 --devices="$devices"
     done
     if [[ -s "$data_dir/train-images-idx3-ubyte.gz" ]]; then
       train lenet_fashion_mnist_cuda 60 --model=lenet --dataset=fashion_mnist \
@@ -481,8 +483,8 @@ if want train; then
     train lenet_cpu 60 --model=lenet "${synthetic[@]}" --epochs=2 --lr=0.9 --devices=cpu
     train lenet_cpu_2 60 --model=lenet "${synthetic[@]}" --epochs=1 --max_steps=16 --lr=0.9 \
       --devices=cpu:2
-    train resnet18_cpu 90 --model=resnet18 --dataset=synthetic --batch_size=32 --epochs=1 \
-      --max_steps=4 --lr=0.05 --devices=cpu --evaluate=false
+    train resnet18_cifar_cpu 60 --model=resnet18_cifar --dataset=synthetic --batch_size=32 \
+      --epochs=1 --max_steps=3 --lr=0.05 --devices=cpu --evaluate=false
     if [[ -s "$data_dir/train-images-idx3-ubyte.gz" ]]; then
       train lenet_fashion_mnist_cpu 60 --model=lenet --dataset=fashion_mnist \
         --data_dir="$data_dir" --batch_size=256 --epochs=1 --max_steps=40 --lr=0.9 --devices=cpu
@@ -502,7 +504,7 @@ if want pytorch; then
     pt_data=""
     [[ -s "$data_dir/train-images-idx3-ubyte.gz" ]] && pt_data=$data_dir
     run_part pytorch 120 env PYTHONUNBUFFERED=1 "$python" "$BROOT/py/pytorch_gpu.py" \
-      --models=lenet,resnet18 --batch_size=256 --lr=lenet=0.9,resnet18=0.05 \
+      --models=lenet,resnet18_cifar --batch_size=256 --lr=lenet=0.9,resnet18_cifar=0.05 \
       --data_dir="$pt_data" --json="$LOGS/pytorch.json"
     st=$(status_of "$PART_RC")
     detail=""
@@ -589,7 +591,7 @@ fi
 if ((${#ours[@]} > 0)); then
   note ""
   note "samples/s at batch 256 (ours: worker --report after its first epoch; PyTorch: best of 3 x 30 steps)"
-  for model in lenet resnet18; do
+  for model in lenet resnet18_cifar; do
     for tag in cuda cuda_0_0 cpu; do
       o=${ours[${model}_$tag]:-}
       [[ -z "$o" ]] && continue
