@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cpu_device.h"
 #include "gtest/gtest.h"
+#include "worker/fake_stores.h"
 #include "worker/parameter_store.h"
 
 namespace ps::worker {
@@ -69,53 +70,7 @@ class DeferredCopyDevice final : public CpuDevice {
   int ordered_after_copies_ = 0;
 };
 
-// A store that completes every call at once: a push records which segments
-// it carried and their values, a pull writes the version it brings.
-class RecordingStore final : public ParameterStore {
- public:
-  struct Pushed {
-    int first = 0;
-    std::vector<float> values;
-  };
-  explicit RecordingStore(std::vector<int64_t> ends) : ends_(std::move(ends)) {}
-
-  absl::StatusOr<Registration> Register(const std::vector<ParamSpec>&,
-                                        absl::Span<const float>) override {
-    return Registration{};
-  }
-  absl::Status Push(int64_t, int64_t, absl::Span<const float>) override {
-    return absl::UnimplementedError("blocking push");
-  }
-  absl::Status WaitForVersion(int64_t) override { return absl::UnimplementedError("wait"); }
-  absl::StatusOr<int64_t> Pull(int64_t, absl::Span<float>) override {
-    return absl::UnimplementedError("blocking pull");
-  }
-  std::vector<int64_t> SegmentEnds() const override { return ends_; }
-  void PushSegments(int64_t, int64_t, int first, int last, absl::Span<const float> gradients,
-                    Done done) override {
-    {
-      absl::MutexLock lock(&mu_);
-      pushed_.push_back({first, std::vector<float>(gradients.begin() + Begin(first),
-                                                   gradients.begin() + ends_[last - 1])});
-    }
-    done(absl::OkStatus());
-  }
-  void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
-                    Done done) override {
-    for (int64_t i = Begin(first); i < ends_[last - 1]; ++i) params[i] = version;
-    done(absl::OkStatus());
-  }
-  std::vector<Pushed> pushed() {
-    absl::MutexLock lock(&mu_);
-    return pushed_;
-  }
-
- private:
-  int64_t Begin(int segment) const { return segment == 0 ? 0 : ends_[segment - 1]; }
-  const std::vector<int64_t> ends_;
-  absl::Mutex mu_;
-  std::vector<Pushed> pushed_ ABSL_GUARDED_BY(mu_);
-};
+using testing::RecordingStore;
 
 // A model of three layers of 4 parameters, a bucket each, on a
 // DeferredCopyDevice, the scheduler starting from version 5.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "worker/fake_stores.h"
 #include "worker/parameter_store.h"
 
 namespace ps::worker {
@@ -15,7 +16,7 @@ namespace {
 
 // A store whose asynchronous calls wait in a list until the test completes
 // them; pulls fill their segments with the version they bring.
-class ManualStore final : public ParameterStore {
+class ManualStore final : public testing::AsyncOnlyStore {
  public:
   struct Call {
     bool push = false;
@@ -28,20 +29,8 @@ class ManualStore final : public ParameterStore {
 
   // `streams`: each segment's (SegmentStreams); empty: all on stream 0.
   explicit ManualStore(std::vector<int64_t> ends, std::vector<int> streams = {})
-      : ends_(std::move(ends)), streams_(std::move(streams)) {}
+      : AsyncOnlyStore(std::move(ends)), streams_(std::move(streams)) {}
 
-  absl::StatusOr<Registration> Register(const std::vector<ParamSpec>&,
-                                        absl::Span<const float>) override {
-    return Registration{};
-  }
-  absl::Status Push(int64_t, int64_t, absl::Span<const float>) override {
-    return absl::UnimplementedError("blocking push");
-  }
-  absl::Status WaitForVersion(int64_t) override { return absl::UnimplementedError("wait"); }
-  absl::StatusOr<int64_t> Pull(int64_t, absl::Span<float>) override {
-    return absl::UnimplementedError("blocking pull");
-  }
-  std::vector<int64_t> SegmentEnds() const override { return ends_; }
   std::vector<int> SegmentStreams() const override {
     return streams_.empty() ? ParameterStore::SegmentStreams() : streams_;
   }
@@ -91,8 +80,7 @@ class ManualStore final : public ParameterStore {
       call = std::move(*it);
       calls_.erase(it);
       if (!call.push && status.ok()) {
-        const int64_t begin = call.first == 0 ? 0 : ends_[call.first - 1];
-        for (int64_t i = begin; i < ends_[call.last - 1]; ++i) {
+        for (int64_t i = Begin(call.first); i < ends()[call.last - 1]; ++i) {
           call.params[i] = static_cast<float>(call.iteration_or_version);
         }
       }
@@ -106,7 +94,6 @@ class ManualStore final : public ParameterStore {
                         c.iteration_or_version);
   }
 
-  const std::vector<int64_t> ends_;
   const std::vector<int> streams_;
   absl::Mutex mu_;
   std::deque<Call> calls_ ABSL_GUARDED_BY(mu_);

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "worker/compute_mode_test_util.h"
 #include "worker/data/synthetic.h"
+#include "worker/fake_stores.h"
 #include "worker/local_parameter_store.h"
 #include "worker/trainer_test_util.h"
 
@@ -231,37 +232,17 @@ class OrderLog final : public EventObserver {
 };
 
 // A LocalParameterStore whose pushes are logged as they start.
-class LoggingStore final : public ParameterStore {
+class LoggingStore final : public testing::ForwardingStore {
  public:
-  LoggingStore(ParameterStore* inner, OrderLog* log) : inner_(inner), log_(log) {}
-  absl::StatusOr<Registration> Register(const std::vector<ParamSpec>& signature,
-                                        absl::Span<const float> initial) override {
-    return inner_->Register(signature, initial);
-  }
-  absl::Status Push(int64_t iteration, int64_t num_samples,
-                    absl::Span<const float> gradients) override {
-    return inner_->Push(iteration, num_samples, gradients);
-  }
-  absl::Status WaitForVersion(int64_t version) override { return inner_->WaitForVersion(version); }
-  absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override {
-    return inner_->Pull(version, params);
-  }
-  std::vector<int64_t> SegmentEnds() const override { return inner_->SegmentEnds(); }
+  LoggingStore(ParameterStore* inner, OrderLog* log) : ForwardingStore(inner), log_(log) {}
   void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
                     absl::Span<const float> gradients, Done done) override {
     log_->Push(iteration);
-    inner_->PushSegments(iteration, num_samples, first, last, gradients, std::move(done));
-  }
-  void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
-                    Done done) override {
-    inner_->PullSegments(version, first, last, params, std::move(done));
-  }
-  absl::Status BindBuffers(absl::Span<const float> gradients, absl::Span<float> params) override {
-    return inner_->BindBuffers(gradients, params);
+    ForwardingStore::PushSegments(iteration, num_samples, first, last, gradients,
+                                  std::move(done));
   }
 
  private:
-  ParameterStore* const inner_;
   OrderLog* const log_;
 };
 
@@ -318,12 +299,13 @@ TEST(TrainerEventsTest, TheFirstPushStartsBeforeBackwardEnds) {
 // iteration `lose_at` fails as a lost server's would (before any of that
 // iteration's pushes reach the store), and Reconnect finds it again at
 // version `lose_at`.
-class LosingStore final : public ParameterStore {
+class LosingStore final : public testing::ForwardingStore {
  public:
-  LosingStore(ParameterStore* inner, int64_t lose_at) : inner_(inner), lose_at_(lose_at) {}
+  LosingStore(ParameterStore* inner, int64_t lose_at)
+      : ForwardingStore(inner), lose_at_(lose_at) {}
   absl::StatusOr<Registration> Register(const std::vector<ParamSpec>& signature,
                                         absl::Span<const float> initial) override {
-    auto registration = inner_->Register(signature, initial);
+    auto registration = inner()->Register(signature, initial);
     if (registration.ok()) registration_ = *registration;
     return registration;
   }
@@ -333,15 +315,6 @@ class LosingStore final : public ParameterStore {
     registration.version = lose_at_;
     return registration;
   }
-  absl::Status Push(int64_t iteration, int64_t num_samples,
-                    absl::Span<const float> gradients) override {
-    return inner_->Push(iteration, num_samples, gradients);
-  }
-  absl::Status WaitForVersion(int64_t version) override { return inner_->WaitForVersion(version); }
-  absl::StatusOr<int64_t> Pull(int64_t version, absl::Span<float> params) override {
-    return inner_->Pull(version, params);
-  }
-  std::vector<int64_t> SegmentEnds() const override { return inner_->SegmentEnds(); }
   void PushSegments(int64_t iteration, int64_t num_samples, int first, int last,
                     absl::Span<const float> gradients, Done done) override {
     if (iteration == lose_at_ && !lost_) {
@@ -349,18 +322,10 @@ class LosingStore final : public ParameterStore {
       done(absl::UnavailableError("server lost (injected)"));
       return;
     }
-    inner_->PushSegments(iteration, num_samples, first, last, gradients, std::move(done));
-  }
-  void PullSegments(int64_t version, int first, int last, absl::Span<float> params,
-                    Done done) override {
-    inner_->PullSegments(version, first, last, params, std::move(done));
-  }
-  absl::Status BindBuffers(absl::Span<const float> gradients, absl::Span<float> params) override {
-    return inner_->BindBuffers(gradients, params);
+    inner()->PushSegments(iteration, num_samples, first, last, gradients, std::move(done));
   }
 
  private:
-  ParameterStore* const inner_;
   const int64_t lose_at_;
   Registration registration_;
   bool lost_ = false;  // pushes come one at a time, from one thread at a time
