@@ -30,6 +30,22 @@ namespace {
 using testing::MomentumSgd;
 using testing::SyntheticDataset;
 
+// d CPU devices of one thread each (StagedCpuDevice, whose memory says it
+// is not host memory, when `staged`) and the pointers the trainer takes.
+struct TestDevices {
+  std::vector<std::unique_ptr<CpuDevice>> owned;
+  std::vector<Device*> devices;
+};
+TestDevices MakeDevices(int d, bool staged) {
+  TestDevices out;
+  for (int i = 0; i < d; ++i) {
+    out.owned.push_back(staged ? std::make_unique<StagedCpuDevice>(i, 1)
+                               : std::make_unique<CpuDevice>(i, 1));
+    out.devices.push_back(out.owned.back().get());
+  }
+  return out;
+}
+
 // Trains `steps` steps with `d` CPU devices (1 thread each) and returns the
 // final parameters. `staged`: devices that say their memory is not host
 // memory (StagedCpuDevice), so the trainer takes a CUDA device's path.
@@ -39,13 +55,8 @@ std::vector<float> TrainWithDevices(const std::string& model_name, int d, int64_
                                     bool staged = false, bool overlap = true,
                                     int64_t* store_bytes_copied = nullptr,
                                     int64_t linear_block_rows = 0) {
-  std::vector<std::unique_ptr<CpuDevice>> owned;
-  std::vector<Device*> devices;
-  for (int i = 0; i < d; ++i) {
-    owned.push_back(staged ? std::make_unique<StagedCpuDevice>(i, 1)
-                           : std::make_unique<CpuDevice>(i, 1));
-    devices.push_back(owned.back().get());
-  }
+  const TestDevices cpus = MakeDevices(d, staged);
+  const std::vector<Device*>& devices = cpus.devices;
   auto store = LocalParameterStore::Create(MomentumSgd());
   EXPECT_TRUE(store.ok()) << store.status();
   TrainerOptions options;
@@ -254,13 +265,8 @@ TEST(TrainerEventsTest, TheFirstPushStartsBeforeBackwardEnds) {
   const data::Dataset data = SyntheticDataset(512);
   for (const auto& [d, staged] : {std::pair{2, false}, std::pair{3, false}, std::pair{1, true}}) {
     SCOPED_TRACE(absl::StrCat(d, " devices", staged ? ", staged" : ""));
-    std::vector<std::unique_ptr<CpuDevice>> owned;
-    std::vector<Device*> devices;
-    for (int i = 0; i < d; ++i) {
-      owned.push_back(staged ? std::make_unique<StagedCpuDevice>(i, 1)
-                             : std::make_unique<CpuDevice>(i, 1));
-      devices.push_back(owned.back().get());
-    }
+    const TestDevices cpus = MakeDevices(d, staged);
+    const std::vector<Device*>& devices = cpus.devices;
     auto local = LocalParameterStore::Create(MomentumSgd());
     ASSERT_TRUE(local.ok()) << local.status();
     OrderLog log;
@@ -515,12 +521,8 @@ struct ObservedRun {
 // a TickingClock.
 ObservedRun RunObserved(int d, int64_t steps, bool overlap = false) {
   const data::Dataset data = SyntheticDataset(256);
-  std::vector<std::unique_ptr<CpuDevice>> owned;
-  std::vector<Device*> devices;
-  for (int i = 0; i < d; ++i) {
-    owned.push_back(std::make_unique<CpuDevice>(i, 1));
-    devices.push_back(owned.back().get());
-  }
+  const TestDevices cpus = MakeDevices(d, false);
+  const std::vector<Device*>& devices = cpus.devices;
   auto store = LocalParameterStore::Create(MomentumSgd());
   EXPECT_TRUE(store.ok()) << store.status();
   TickingClock clock;
