@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/cpu_device.h"
@@ -11,6 +12,14 @@
 #endif
 
 namespace ps::worker {
+
+void SumInDeviceOrder(float* root, absl::Span<const float* const> others, int64_t begin,
+                      int64_t end) {
+  for (const float* src : others) {
+    for (int64_t i = begin; i < end; ++i) root[i] += src[i];
+  }
+}
+
 namespace {
 
 absl::Status CheckBuffers(const std::vector<Tensor*>& buffers, size_t devices) {
@@ -40,12 +49,10 @@ class CpuCollective final : public DeviceCollective {
     if (d_count == 1) return absl::OkStatus();
     const int64_t n = buffers[0]->num_elements();
     float* root = buffers[0]->mutable_data<float>();
+    std::vector<const float*> others;
+    for (int d = 1; d < d_count; ++d) others.push_back(buffers[d]->data<float>());
     return threads_->RunOnAll([&](int slice) {
-      const int64_t begin = n * slice / d_count, end = n * (slice + 1) / d_count;
-      for (int d = 1; d < d_count; ++d) {
-        const float* src = buffers[d]->data<float>();
-        for (int64_t i = begin; i < end; ++i) root[i] += src[i];
-      }
+      SumInDeviceOrder(root, others, n * slice / d_count, n * (slice + 1) / d_count);
       return absl::OkStatus();
     });
   }

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/device.h"
 #include "common/tensor.h"
 #include "worker/device_threads.h"
@@ -31,6 +32,13 @@ namespace ps::worker {
 //
 // Errors: kInvalidArgument when the buffers are not one F32 tensor of equal
 // size per device; kInternal for a failing CUDA or NCCL call.
+// root[i] += others[0][i], then += others[1][i], ... for i in [begin, end):
+// the device order in which every sum of one worker's replicas' gradients
+// in host memory is taken (the CPU collective's, the overlap's region by
+// region), so where and when a sum runs changes no bit.
+void SumInDeviceOrder(float* root, absl::Span<const float* const> others, int64_t begin,
+                      int64_t end);
+
 class DeviceCollective {
  public:
   virtual ~DeviceCollective() = default;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/collective.h"
 
 namespace ps::worker {
 
@@ -59,6 +60,10 @@ absl::Status ReplicaOverlap::BeginStep(const std::vector<bool>& computing) {
         "the ones pushed");
   }
   computing_ = computing;
+  summed_replicas_.clear();
+  for (size_t d = 1; d < gradients_.size(); ++d) {
+    if (computing_[d]) summed_replicas_.push_back(gradients_[d]);
+  }
   return absl::OkStatus();
 }
 
@@ -101,12 +106,7 @@ void ReplicaOverlap::Advance() {
 }
 
 void ReplicaOverlap::Sum(int64_t begin, int64_t end) const {
-  float* root = gradients_[0];
-  for (size_t d = 1; d < gradients_.size(); ++d) {
-    if (!computing_[d]) continue;
-    const float* src = gradients_[d];
-    for (int64_t i = begin; i < end; ++i) root[i] += src[i];
-  }
+  SumInDeviceOrder(gradients_[0], summed_replicas_, begin, end);
 }
 
 void ReplicaOverlap::FinishStep() {

@@ -86,6 +86,9 @@ class ReplicaOverlap {
   const int64_t num_parameters_;
   std::vector<std::unique_ptr<Hooks>> hooks_;
   std::vector<bool> computing_;  // set by BeginStep, read while passes run
+  // The computing replicas' gradients after replica 0's, in device order
+  // (BeginStep): what Sum adds.
+  std::vector<const float*> summed_replicas_;
 
   absl::Mutex mu_;
   std::vector<int64_t> final_from_ ABSL_GUARDED_BY(mu_);     // per replica

@@ -321,17 +321,9 @@ absl::Status Trainer::StartFrom(int64_t version) {
   PS_RETURN_IF_ERROR(AwaitDone([&](ParameterStore::Done done) {
     store_->PullSegments(version, 0, segments, wire_parameters_, std::move(done));
   }));
-  if (host_parameters_ != nullptr) {
-    PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
-        replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_,
-        num_parameters_ * sizeof(float), CopyKind::kModel));
-    if (device_overlap_ != nullptr) device_overlap_->ParametersCopied();
-  }
   // Every replica holds the same buffers (batch-norm statistics) already; the
   // parameters come from device 0.
-  std::vector<Tensor*> params;
-  for (auto& m : replicas_) params.push_back(&m->flat_parameters());
-  PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
+  PS_RETURN_IF_ERROR(LoadPulledParameters());
   // Staging holds pulls that come while backward still reads their layer
   // (overlap only); a store updating these buffers in place pulls at once,
   // so it has nothing to stage. Without either, no staging buffer.
@@ -351,6 +343,19 @@ absl::Status Trainer::CatchUp(int64_t version) {
   PS_RETURN_IF_ERROR(AwaitDeviceCopies());
   scheduler_.reset();
   return StartFrom(version);
+}
+
+absl::Status Trainer::LoadPulledParameters() {
+  if (host_parameters_ != nullptr) {
+    PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
+        replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_,
+        num_parameters_ * static_cast<int64_t>(sizeof(float)), CopyKind::kModel));
+    // Overlapping, the next step's forward then copies none.
+    if (device_overlap_ != nullptr) device_overlap_->ParametersCopied();
+  }
+  std::vector<Tensor*> params;
+  for (auto& m : replicas_) params.push_back(&m->flat_parameters());
+  return collective_->BroadcastFromRoot(params);
 }
 
 absl::Status Trainer::AwaitDeviceCopies() {
@@ -664,14 +669,7 @@ absl::Status Trainer::TrainStep(int64_t epoch, int64_t step) {
 
   // 6. One copy to device 0 (none to a CPU device), broadcast to the rest.
   phases.Begin(EventKind::kCopyToDevice, bytes);
-  if (host_parameters_ != nullptr) {
-    PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
-        replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_, bytes,
-        CopyKind::kModel));
-  }
-  std::vector<Tensor*> params;
-  for (auto& m : replicas_) params.push_back(&m->flat_parameters());
-  PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
+  PS_RETURN_IF_ERROR(LoadPulledParameters());
   phases.End();
   return absl::OkStatus();
 }
@@ -697,21 +695,10 @@ absl::Status Trainer::FinishCommunication() {
   StepPhases phases(&phase_observers_, clock_, last_iteration_);
   phases.Begin(EventKind::kWait);
   PS_RETURN_IF_ERROR(scheduler_->AwaitAll());
-  // A device whose memory is not host memory copies a layer's parameters
-  // before its forward: here it gets all of them (and the next step none).
-  if (device_overlap_ != nullptr) {
-    PS_RETURN_IF_ERROR(devices_[0]->CopyHostToDevice(
-        replicas_[0]->flat_parameters().mutable_raw_data(), host_parameters_,
-        num_parameters_ * static_cast<int64_t>(sizeof(float)), CopyKind::kModel));
-    device_overlap_->ParametersCopied();
-  }
-  // The other replicas copy a layer's parameters before its forward: here
-  // they get all of them, so every replica holds the update.
-  if (replicas_.size() > 1) {
-    std::vector<Tensor*> params;
-    for (auto& m : replicas_) params.push_back(&m->flat_parameters());
-    PS_RETURN_IF_ERROR(collective_->BroadcastFromRoot(params));
-  }
+  // Overlapping, a device whose memory is not host memory, or a replica
+  // other than 0, copies a layer's parameters before its forward: here each
+  // gets all of them, so every replica holds the update.
+  PS_RETURN_IF_ERROR(LoadPulledParameters());
   phases.End();
   return absl::OkStatus();
 }

@@ -254,6 +254,10 @@ class Trainer {
   // Pulls exactly `version` into every replica and starts a scheduler that
   // holds it.
   absl::Status StartFrom(int64_t version);
+  // The pulled parameters (wire_parameters_) into every replica: one copy
+  // to device 0 where its memory is not host memory, then the broadcast to
+  // the others.
+  absl::Status LoadPulledParameters();
   // kFailedPrecondition when there is no scheduler (a failed Recover or
   // CatchUp leaves none): TrainStep and FinishCommunication refuse then.
   absl::Status CheckExchange() const;
