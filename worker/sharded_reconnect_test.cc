@@ -137,6 +137,14 @@ std::unique_ptr<ShardedParameterStore> MakeStore(const std::vector<std::unique_p
   return store.ok() ? std::move(store).value() : nullptr;
 }
 
+// One store per worker, rank w at w.
+std::vector<std::unique_ptr<ShardedParameterStore>> MakeStores(
+    const std::vector<std::unique_ptr<Shard>>& shards) {
+  std::vector<std::unique_ptr<ShardedParameterStore>> stores;
+  for (int w = 0; w < kWorkers; ++w) stores.push_back(MakeStore(shards, w));
+  return stores;
+}
+
 // Worker `rank` trains from `reg`'s version to kIterations with a made-up
 // gradient that depends on the parameters and the iteration, reconnecting
 // whenever a shard is lost; returns its parameters.
@@ -199,8 +207,7 @@ TEST(ShardedReconnectTest, AShardBackFromAnOlderCheckpointTakesEveryShardBackBit
   std::vector<float> reference;
   {
     auto shards = StartShards("reference");
-    std::vector<std::unique_ptr<ShardedParameterStore>> stores;
-    for (int w = 0; w < kWorkers; ++w) stores.push_back(MakeStore(shards, w));
+    auto stores = MakeStores(shards);
     reference = Train(stores, kIterations)[0];
     ASSERT_EQ(reference.size(), static_cast<size_t>(kElements));
     EXPECT_FALSE(stores[0]->job_run().empty());
@@ -208,8 +215,7 @@ TEST(ShardedReconnectTest, AShardBackFromAnOlderCheckpointTakesEveryShardBackBit
   }
 
   auto shards = StartShards("restored");
-  std::vector<std::unique_ptr<ShardedParameterStore>> stores;
-  for (int w = 0; w < kWorkers; ++w) stores.push_back(MakeStore(shards, w));
+  auto stores = MakeStores(shards);
   // 1. Five iterations, checkpoints at 2 and 4 (and 5, shard 1's final).
   Train(stores, 5);
   // 2. Shard 1 comes back from version 2, shard 0 stays at 5.
@@ -243,22 +249,19 @@ TEST(ShardedReconnectTest, AWholeJobRestartedResumesEveryShardAtOneVersion) {
   std::vector<float> reference;
   {
     auto shards = StartShards("whole-reference");
-    std::vector<std::unique_ptr<ShardedParameterStore>> stores;
-    for (int w = 0; w < kWorkers; ++w) stores.push_back(MakeStore(shards, w));
+    auto stores = MakeStores(shards);
     reference = Train(stores, kIterations)[0];
   }
   auto shards = StartShards("whole");
   {
-    std::vector<std::unique_ptr<ShardedParameterStore>> stores;
-    for (int w = 0; w < kWorkers; ++w) stores.push_back(MakeStore(shards, w));
+    auto stores = MakeStores(shards);
     Train(stores, 5);
   }
   for (auto& shard : shards) ASSERT_TRUE(shard->Stop().ok());
   shards[0]->ForgetAfter(4);
   shards[1]->ForgetAfter(2);
   for (auto& shard : shards) shard->Start();
-  std::vector<std::unique_ptr<ShardedParameterStore>> stores;
-  for (int w = 0; w < kWorkers; ++w) stores.push_back(MakeStore(shards, w));
+  auto stores = MakeStores(shards);
   std::vector<std::vector<float>> results(kWorkers);
   std::vector<std::thread> threads;
   for (int w = 0; w < kWorkers; ++w) {
@@ -279,15 +282,13 @@ TEST(ShardedReconnectTest, AWholeJobRestartedResumesEveryShardAtOneVersion) {
 TEST(ShardedReconnectTest, AShardBackWithAnotherRunsCheckpointsIsRefusedByName) {
   auto other = StartShards("other-run");
   {
-    std::vector<std::unique_ptr<ShardedParameterStore>> stores;
-    for (int w = 0; w < kWorkers; ++w) stores.push_back(MakeStore(other, w));
+    auto stores = MakeStores(other);
     Train(stores, 2);
   }
   for (auto& shard : other) ASSERT_TRUE(shard->Stop().ok());
 
   auto shards = StartShards("this-run");
-  std::vector<std::unique_ptr<ShardedParameterStore>> stores;
-  for (int w = 0; w < kWorkers; ++w) stores.push_back(MakeStore(shards, w));
+  auto stores = MakeStores(shards);
   Train(stores, 2);
   ASSERT_NE(stores[0]->job_run(), "");
   // Shard 1 restarted on its port with the other run's directory.
@@ -308,8 +309,7 @@ TEST(ShardedReconnectTest, AShardBackWithAnotherRunsCheckpointsIsRefusedByName) 
 // job would just start again.
 TEST(ShardedReconnectTest, AShardBackWithoutItsStateIsRefusedByName) {
   auto shards = StartShards("stateless");
-  std::vector<std::unique_ptr<ShardedParameterStore>> stores;
-  for (int w = 0; w < kWorkers; ++w) stores.push_back(MakeStore(shards, w));
+  auto stores = MakeStores(shards);
   Train(stores, 3);
   ASSERT_TRUE(shards[1]->Stop().ok());
   const std::string empty = absl::StrCat(testing::TempDir(), "/stateless-empty");
